@@ -1,0 +1,55 @@
+"""Held-out scoring: the quantity RL optimises, and greedy decoding beside it.
+
+`reward_mean` is the mean (weighted) reward of `group_size` samples per held-out prompt at the
+rollout temperature; `greedy_reward_mean` decodes once per prompt without sampling. Each reward
+is reported on its own as well (``reward/<name>``, ``greedy/<name>``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from .policy import Policy
+from .reward_registry import compute_rewards
+from .sampling import derive_seed
+
+EVAL_SEED_SALT = 0xE7A1
+
+
+def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns: Mapping[str, Callable],
+           weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
+           prompts_per_call: int) -> dict[str, float]:
+    totals: list[float] = []
+    per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
+    for start in range(0, len(rows), prompts_per_call):
+        chunk = rows[start:start + prompts_per_call]
+        seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
+        rollout = policy.rollout([r[prompt_column] for r in chunk], group_size, seeds, greedy=greedy)
+        columns = {k: [r.get(k) for r in chunk for _ in range(group_size)] for k in chunk[0]}
+        columns = {**rollout.columns, **columns}
+        rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, columns)
+        stacked = torch.stack([weights[k] * v for k, v in rewards.items()])
+        total = torch.where(stacked.isnan().all(0), torch.nan, stacked.nansum(0))
+        totals += total.tolist()
+        for k, v in rewards.items():
+            per_reward[k] += v.tolist()
+    mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731
+    out = {"reward_mean": mean(totals)}
+    out.update({f"reward/{k}": mean(v) for k, v in per_reward.items()})
+    return out
+
+
+@torch.no_grad()
+def evaluate(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns: Mapping[str, Callable],
+             weights: Mapping[str, float], group_size: int, seed: int,
+             prompts_per_call: int = 16) -> dict[str, float]:
+    if not rows:
+        raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
+    sampled = _score(policy, rows, prompt_column, reward_fns, weights, group_size, seed, False, prompts_per_call)
+    greedy = _score(policy, rows, prompt_column, reward_fns, weights, 1, seed, True, prompts_per_call)
+    out = dict(sampled)
+    out["greedy_reward_mean"] = greedy.pop("reward_mean")
+    out.update({k.replace("reward/", "greedy/"): v for k, v in greedy.items()})
+    return out

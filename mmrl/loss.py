@@ -1,0 +1,159 @@
+"""The group-relative clipped surrogate, the same for every family (REFERENCES.md, 'Policy loss').
+
+Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio level:
+    rho = exp(l)                       unit (GRPO, DanceGRPO)
+    rho = exp(mean_{u in chunk} l)     chunk (Chunk-GRPO)
+    rho = exp(mean_{u in row} l)       sequence (GSPO)
+    pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))      (DAPO clip-higher)
+    pg  = min(pg, -c A) where A < 0                                  (dual clip, c > 1)
+    loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u
+and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the aggregation
+over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .config import AlgorithmConfig
+from .registry import Registry
+
+KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
+AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
+RATIO_LEVELS = ("unit", "chunk", "sequence")
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 = -x with x = log pi_ref - log pi_theta (Schulman, 'Approximating KL divergence')."""
+    return logp - ref_logp
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 = x^2 / 2."""
+    return 0.5 * (ref_logp - logp) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 = exp(x) - x - 1 (unbiased, non-negative; DeepSeekMath GRPO)."""
+    x = ref_logp - logp
+    return torch.exp(x) - x - 1
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(mask: Tensor, total_units: float, total_rows: float, max_units: int) -> Tensor:
+    """w = 1 / (units in the batch)  (DAPO)."""
+    return mask / total_units
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(mask: Tensor, total_units: float, total_rows: float, max_units: int) -> Tensor:
+    """w_i = 1 / (rows x |o_i|)  (original GRPO: mean over tokens, then over sequences)."""
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return mask / (lengths * total_rows)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(mask: Tensor, total_units: float, total_rows: float, max_units: int) -> Tensor:
+    """w = 1 / (rows x max units)  (Dr. GRPO constant normaliser)."""
+    return mask / (total_rows * max_units)
+
+
+def ratio_segments(level: str, num_units: int, chunks: list[int] | None) -> list[slice]:
+    """The spans of units that share one importance ratio."""
+    if level == "unit":
+        return [slice(u, u + 1) for u in range(num_units)]
+    if level == "sequence":
+        return [slice(0, num_units)]
+    if level == "chunk":
+        if not chunks:
+            raise ValueError("algorithm.ratio_level='chunk' needs algorithm.chunks (sizes of consecutive unit spans)")
+        if sum(chunks) != num_units or min(chunks) < 1:
+            raise ValueError(f"algorithm.chunks={chunks} must be positive sizes summing to the {num_units} units")
+        out, start = [], 0
+        for size in chunks:
+            out.append(slice(start, start + size))
+            start += size
+        return out
+    raise ValueError(f"algorithm.ratio_level={level!r} is not one of {RATIO_LEVELS}")
+
+
+def grouped_log_ratio(log_ratio: Tensor, mask: Tensor, level: str, segments: list[slice] | None) -> Tensor:
+    """Replace each unit's log-ratio by the masked mean over its ratio segment."""
+    if level == "unit":
+        return log_ratio
+    if level == "sequence":
+        segments = [slice(0, log_ratio.shape[1])]
+    parts = []
+    for seg in segments:
+        lr, m = log_ratio[:, seg], mask[:, seg]
+        mean = (lr * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
+        parts.append(mean.expand_as(lr))
+    return torch.cat(parts, dim=1)
+
+
+@dataclass
+class LossTerms:
+    """The micro-batch loss and unit-weighted sums for logging (divide by `units`)."""
+
+    loss: Tensor
+    units: float
+    clipped: float
+    kl: float
+    entropy: float
+    llds_active: float
+    ratio_max_dev: float
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
+                cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
+                ref_logp: Tensor | None = None, entropy: Tensor | None = None) -> LossTerms:
+    """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
+
+    `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
+    ratio spans (`ratio_segments`) when `cfg.ratio_level == 'chunk'`.
+    """
+    logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
+    adv = advantages.float()
+    if adv.dim() == 1:
+        adv = adv[:, None]
+    log_ratio = grouped_log_ratio(logp - old_logp, mask, cfg.ratio_level, segments)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    per_unit = torch.maximum(unclipped, clipped)
+    if cfg.dual_clip is not None:
+        if cfg.dual_clip <= 1.0:
+            raise ValueError(f"algorithm.dual_clip={cfg.dual_clip} must be > 1")
+        per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
+    kl_sum = 0.0
+    if cfg.beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("algorithm.beta != 0 needs reference log-probs")
+        kl = KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
+        per_unit = per_unit + cfg.beta * kl
+        kl_sum = float((kl.detach() * mask).sum())
+    ent_sum = 0.0
+    if entropy is not None:
+        if cfg.entropy_coef != 0.0:
+            per_unit = per_unit - cfg.entropy_coef * entropy
+        ent_sum = float((entropy.detach() * mask).sum())
+    llds_rows = 0.0
+    if cfg.llds_coef != 0.0:
+        # LLDS: only rollouts whose sequence likelihood fell, only the tokens whose log-prob fell.
+        fell = ((logp - old_logp).detach() * mask).sum(dim=1, keepdim=True) < 0
+        penalty = torch.relu(old_logp - logp) * fell
+        per_unit = per_unit + cfg.llds_coef * penalty
+        llds_rows = float(fell.float().sum())
+    loss = (per_unit * weights * mask).sum()
+    units = float(mask.sum())
+    is_clipped = ((clipped > unclipped) & (mask > 0)).float().sum()
+    dev = ((ratio - 1).abs() * mask).max() if units > 0 else torch.zeros(())
+    return LossTerms(loss=loss, units=units, clipped=float(is_clipped), kl=kl_sum, entropy=ent_sum,
+                     llds_active=llds_rows, ratio_max_dev=float(dev.detach()))

@@ -1,0 +1,55 @@
+"""The adapter contract: a model seen as a policy over action units (DESIGN.md)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .rollout import Rollout
+
+
+class Policy(ABC):
+    """A task adapter. Subclasses set `Config` (a dataclass typed from the recipe's `policy:`
+    section) and `model` (the module the optimizer trains), and implement `rollout` and
+    `logprobs`. The engine applies LoRA, keeps the reference, and does everything else."""
+
+    Config: ClassVar[type]
+    model: nn.Module
+
+    @abstractmethod
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
+                greedy: bool = False) -> Rollout:
+        """Sample `group_size` completions for each prompt, under no grad. Group `g` must be a
+        function of `prompts[g]` and `seeds[g]` alone, so that rollouts do not depend on how
+        groups are spread over processes. Rows are ordered group by group."""
+
+    @abstractmethod
+    def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
+                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """fp32 log-probs [B, u] of the batch's units (and their entropies when asked), with
+        `model` (the training-wrapped module, or the reference). Called under grad."""
+
+    def unit_slices(self, batch: Rollout) -> list[slice]:
+        """How the units of a micro-batch are split for backprop (one pass by default;
+        a diffusion adapter returns one slice per denoising step)."""
+        return [slice(None)]
+
+    def concat(self, parts: Sequence[Rollout]) -> Rollout:
+        """Join rollouts drawn separately (dynamic sampling); adapters with padding override."""
+        return Rollout.concat(parts)
+
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """Negative log-likelihood of each row's `target_column` given its prompt (warm start)."""
+        raise NotImplementedError(f"{type(self).__name__} has no supervised warm start")
+
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        """Write the weights (or the LoRA adapter) in the family's own `from_pretrained` format."""
+        model.save_pretrained(path, safe_serialization=True)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device

@@ -1,0 +1,89 @@
+"""Name -> object registries, filled by plugin modules found through entry points.
+
+The engine never imports `tasks` or `rewards` by name: `load_plugins()` imports every module
+declared under the ``mmrl.plugins`` entry-point group (ours and any third party's), and their
+decorators fill the registries below.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A named collection; unknown names fail with the list of known ones."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items and self._items[name] is not obj:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        load_plugins()
+        if name not in self._items:
+            known = ", ".join(sorted(self._items)) or "none"
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}")
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        load_plugins()
+        return sorted(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        load_plugins()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import every module registered under the ``mmrl.plugins`` entry-point group, once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group="mmrl.plugins"):
+        ep.load()
+
+
+def import_user_module(spec: str) -> None:
+    """Import a user's file (``my_rewards.py``) or module (``pkg.rewards``) so it can register."""
+    path = Path(spec)
+    if spec.endswith(".py"):
+        if not path.is_file():
+            raise FileNotFoundError(f"reward_modules: file {spec!r} does not exist")
+        name = f"mmrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+# The registries every room uses.
+ADAPTERS: Registry = Registry("task adapter")
+DATASETS: Registry = Registry("dataset")
+DEMOS: Registry = Registry("demo")
+RECIPES: Registry = Registry("recipe")

@@ -1,0 +1,75 @@
+"""The rewards registry base: ``@register_reward(name)`` on ``fn(prompts, completions, **columns)``.
+
+A reward returns one ``float | None`` per completion (None: not applicable to that sample), the
+call shape of TRL's reward functions. Data-set columns arrive by name (``answer``,
+``reference``, ``boxes``, ...); a reward takes the ones it needs and ignores the rest via
+``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .registry import Registry
+
+RewardFn = Callable[..., Sequence[float | None]]
+
+REWARDS: Registry[RewardFn] = Registry("reward")
+
+
+class RewardError(RuntimeError):
+    """A reward that raised, returned the wrong number of values, or returned NaN/inf."""
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register `fn(prompts, completions, **columns) -> list[float | None]` under `name`."""
+    return REWARDS.register(name)
+
+
+def get_reward(name: str) -> RewardFn:
+    return REWARDS.get(name)
+
+
+def bind_reward(name: str, args: Mapping[str, Any] | None = None) -> RewardFn:
+    """The registered reward with recipe arguments (``rewards.NAME.args``) bound."""
+    fn = get_reward(name)
+    return functools.partial(fn, **args) if args else fn
+
+
+def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], completions: Sequence[Any],
+                    columns: Mapping[str, Sequence[Any]]) -> dict[str, Tensor]:
+    """Call each reward; return name -> float tensor [N] with NaN where it gave None.
+
+    Fails loudly, naming the reward (and the sample where one can be named), when a reward
+    raises, returns a wrong-length result, or returns NaN or an infinity.
+    """
+    n = len(completions)
+    out = {}
+    for name, fn in fns.items():
+        try:
+            values = list(fn(prompts=list(prompts), completions=list(completions), **columns))
+        except Exception as e:  # report which reward broke, keep the original traceback
+            raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
+        if len(values) != n:
+            raise RewardError(f"reward {name!r} returned {len(values)} values for {n} completions")
+        row = []
+        for i, v in enumerate(values):
+            if v is None:
+                row.append(math.nan)
+                continue
+            try:
+                f = float(v)
+            except (TypeError, ValueError):
+                raise RewardError(f"reward {name!r} returned {v!r} for sample {i} "
+                                  f"(completion {str(completions[i])[:80]!r}); expected a number or None")
+            if not math.isfinite(f):
+                raise RewardError(f"reward {name!r} returned {f} for sample {i} "
+                                  f"(completion {str(completions[i])[:80]!r})")
+            row.append(f)
+        out[name] = torch.tensor(row, dtype=torch.float32)
+    return out

@@ -1,0 +1,85 @@
+"""The rollout record shared by every adapter (DESIGN.md, 'The one contract: action units')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """N = prompts x group_size rollouts, each a sequence of U stochastic units.
+
+    `completions` is what the rewards see (text, images, audio); `columns` holds the data-set
+    fields of each row's prompt; `extras` holds whatever the adapter needs to recompute
+    log-probs (token ids, latents, timesteps): tensors whose first dimension is N, or lists of
+    length N. `old_logp` / `ref_logp` are filled by the engine when they are needed.
+    """
+
+    group_id: Tensor
+    prompts: list[Any]
+    completions: list[Any]
+    unit_mask: Tensor
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    truncated: Tensor | None = None
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.group_id.shape[0])
+
+    @property
+    def num_units(self) -> int:
+        return int(self.unit_mask.shape[1])
+
+    def select(self, rows: Sequence[int] | Tensor) -> "Rollout":
+        """The sub-rollout of the given row indices (every per-row field indexed)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("columns", "extras"):
+                picked[f.name] = {k: _take(v, idx, len(self)) for k, v in value.items()}
+            else:
+                picked[f.name] = _take(value, idx, len(self))
+        return replace(self, **picked)
+
+    @staticmethod
+    def concat(parts: Sequence["Rollout"]) -> "Rollout":
+        """Join rollouts row-wise; the adapter pads tensors to a common unit count first."""
+        if len(parts) == 1:
+            return parts[0]
+        out = {}
+        for f in fields(Rollout):
+            values = [getattr(p, f.name) for p in parts]
+            if f.name in ("columns", "extras"):
+                out[f.name] = {k: _cat([v[k] for v in values]) for k in values[0]}
+            else:
+                out[f.name] = _cat(values)
+        return Rollout(**out)
+
+
+def _take(value: Any, idx: Tensor, n: int) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
+        return value[idx.to(value.device)]
+    if isinstance(value, list) and len(value) == n:
+        return [value[i] for i in idx.tolist()]
+    return value  # shared across rows (a scalar, a prompt length, a schedule)
+
+
+def _cat(values: list[Any]) -> Any:
+    if values[0] is None:
+        return None
+    if isinstance(values[0], Tensor):
+        return torch.cat(values, dim=0)
+    if isinstance(values[0], list):
+        return [x for v in values for x in v]
+    if all(v == values[0] for v in values):
+        return values[0]
+    raise ValueError(f"cannot join rollouts whose shared field differs: {values!r}")

@@ -1,0 +1,417 @@
+"""The loop, the same for every family: sample prompts -> rollout -> rewards -> advantages ->
+`mu` update passes over streamed micro-batches -> log -> checkpoint, under `accelerate`.
+
+Distribution: the step's prompt groups are split into contiguous blocks, one per process; each
+group is sampled from its own seed (run seed, step, attempt, group index), so rollouts do not
+depend on the number of processes. Rewards are gathered so every process computes the same
+advantages and aggregation normaliser over the whole batch; each process's loss is a partial
+sum of the batch loss, scaled by the world size because data-parallel backends average gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from torch import Tensor
+
+from . import checkpoint as ckpt
+from .advantages import compute_advantages, group_variance_mask
+from .config import TrainConfig, from_dict, to_dict
+from .data import load_data
+from .evaluate import evaluate
+from .loss import AGGREGATIONS, policy_loss, ratio_segments
+from .policy import Policy
+from .registry import ADAPTERS, import_user_module, load_plugins
+from .reward_registry import bind_reward, compute_rewards
+from .rollout import Rollout
+from .sampling import PromptSampler, derive_seed
+from .tracking import Progress, Tracker
+
+
+@dataclass
+class StepBatch:
+    """This process's share of a step, with the batch-wide quantities it needs."""
+
+    rollout: Rollout               # local rows
+    advantages: Tensor             # local [n] or [n, U]
+    row_mask: Tensor               # local [n] bool: rows that take part in the loss
+    weights: Tensor                # local [n, U]: aggregation weights over the whole batch
+    metrics: dict[str, float]
+
+
+def build_policy(cfg: TrainConfig) -> Policy:
+    adapter = ADAPTERS.get(cfg.task)
+    return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+        load_plugins()
+        for module in cfg.reward_modules:
+            import_user_module(module)
+        if not cfg.rewards:
+            raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
+        self.cfg = cfg
+        self.accelerator = accelerator or Accelerator()
+        acc = self.accelerator
+        algo = cfg.algorithm
+        if cfg.optim.prompts_per_step % acc.num_processes:
+            raise ValueError(f"optim.prompts_per_step={cfg.optim.prompts_per_step} must be a multiple of "
+                             f"the {acc.num_processes} processes")
+        if algo.mu < 1:
+            raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
+        self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
+        self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
+        self.train_rows, self.eval_rows = load_data(cfg.data)
+
+        torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
+        self.policy = build_policy(cfg)
+        if cfg.policy.get("device") is None:
+            self.policy.model.to(acc.device)
+        self.lora = cfg.optim.lora.r > 0
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+            lora = cfg.optim.lora
+            self.policy.model = get_peft_model(self.policy.model, LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+        self.reference = None
+        if algo.beta != 0.0 and not self.lora:
+            self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        self.policy.model.train()
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                      betas=tuple(cfg.optim.betas))
+        from transformers import get_scheduler
+        self.scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
+                                       num_training_steps=max(cfg.max_steps, 1))
+        self.model, self.optimizer = acc.prepare(self.policy.model, optimizer)
+        acc.register_for_checkpointing(self.scheduler)
+        self.sampler = PromptSampler(self.train_rows, cfg.sampling, cfg.seed)
+        self.step = 0
+        self.output_dir = Path(cfg.output_dir)
+        resume_from = ckpt.latest_checkpoint(self.output_dir) if cfg.resume else None
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+        self.resumed = resume_from is not None
+
+    # ----- helpers ----------------------------------------------------------------------------
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _local_groups(self, num_groups: int) -> range:
+        per = num_groups // self.accelerator.num_processes
+        start = self.accelerator.process_index * per
+        return range(start, start + per)
+
+    def _gather(self, obj: Any) -> list[Any]:
+        """One object from each process, in process order (the identity on one process)."""
+        if self.accelerator.num_processes == 1:
+            return [obj]
+        return gather_object([obj])
+
+    # ----- one step ---------------------------------------------------------------------------
+    def _rollout_groups(self, step: int, attempt: int) -> tuple[Rollout, list[int], dict[str, Tensor]]:
+        """Roll out this process's groups of one draw; return them with the draw's indices and
+        the rewards of the WHOLE draw (gathered, in global row order)."""
+        cfg = self.cfg
+        group_size = cfg.algorithm.group_size
+        indices = self.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
+        local = self._local_groups(len(indices))
+        rows = [self.train_rows[indices[g]] for g in local]
+        seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
+        rollout = self.policy.rollout([r[cfg.data.prompt_column] for r in rows], group_size, seeds)
+        rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
+        for key in rows[0]:
+            rollout.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
+        rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
+        gathered = self._gather({k: v.tolist() for k, v in rewards.items()})
+        full = {k: torch.tensor([x for part in gathered for x in part[k]]) for k in rewards}
+        return rollout, indices, full
+
+    def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, int, dict[str, float]]:
+        """Rollouts and gathered rewards for a step; with DAPO dynamic sampling, keep drawing
+        until `prompts_per_step` groups have non-zero reward variance (or tries run out)."""
+        cfg = self.cfg
+        algo, samp = cfg.algorithm, cfg.sampling
+        need = cfg.optim.prompts_per_step
+        tries = samp.dynamic_max_tries if samp.dynamic else 1
+        local_parts, reward_parts, gid_parts = [], [], []
+        kept_groups = 0
+        attempt = 0
+        for attempt in range(tries):
+            rollout, indices, rewards = self._rollout_groups(step, attempt)
+            gids = torch.arange(len(indices)).repeat_interleave(algo.group_size) + attempt * len(indices)
+            total = sum(self.reward_weights[k] * torch.nan_to_num(v) for k, v in rewards.items())
+            self.sampler.update(indices, total, gids - attempt * len(indices))
+            if samp.dynamic:
+                informative = group_variance_mask(total, gids - attempt * len(indices))
+                keep_groups = informative.nonzero().flatten().tolist()[: need - kept_groups]
+            else:
+                keep_groups = list(range(len(indices)))
+            keep_global = torch.isin(gids - attempt * len(indices), torch.tensor(keep_groups, dtype=torch.long))
+            local_rows = torch.isin(rollout.group_id - attempt * len(indices),
+                                    torch.tensor(keep_groups, dtype=torch.long)).nonzero().flatten()
+            if len(local_rows):
+                local_parts.append(rollout.select(local_rows))
+            elif not local_parts and attempt == tries - 1:
+                local_parts.append(rollout.select([]))
+            reward_parts.append({k: v[keep_global] for k, v in rewards.items()})
+            gid_parts.append(gids[keep_global])
+            kept_groups += len(keep_groups)
+            if kept_groups >= need:
+                break
+        if not local_parts:
+            local_parts.append(rollout.select([]))
+        local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
+        rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
+        group_id = torch.cat(gid_parts)
+        stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups)}
+        stats.update(self.sampler.stats())
+        offset = sum(self._gather(len(local))[: self.accelerator.process_index])
+        return local, rewards, group_id, offset, stats
+
+    def _prepare_batch(self, step: int) -> StepBatch:
+        algo = self.cfg.algorithm
+        local, rewards, group_id, offset, metrics = self._collect(step)
+        adv = compute_advantages(rewards, self.reward_weights, group_id, algo)
+        n = len(local)
+        advantages = adv.advantages[offset:offset + n]
+        row_mask = adv.row_mask[offset:offset + n]
+        if algo.prune_threshold > 0:
+            small = advantages.abs().reshape(n, -1).amax(dim=1) < algo.prune_threshold
+            row_mask = row_mask & ~small
+        unit_mask = local.unit_mask * row_mask[:, None]
+        counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0))
+        total_units = max(sum(c[0] for c in counts), 1.0)
+        total_rows = max(sum(c[1] for c in counts), 1.0)
+        max_units = algo.max_units or getattr(self.policy, "max_units", None) or max(c[2] for c in counts)
+        weights = AGGREGATIONS.get(algo.aggregation)(unit_mask, total_units, total_rows, max_units)
+
+        total = adv.total_reward
+        metrics.update({
+            "reward_mean": float(torch.nanmean(total)),
+            "reward_std": float(total[~total.isnan()].std()) if (~total.isnan()).sum() > 1 else 0.0,
+            **{f"reward/{k}": float(torch.nanmean(v)) for k, v in rewards.items()},
+            **adv.stats,
+        })
+        lengths = self._gather(local.unit_mask.sum(1).tolist())
+        lengths = [x for part in lengths for x in part]
+        truncated = self._gather(local.truncated.tolist() if local.truncated is not None else [])
+        truncated = [x for part in truncated for x in part]
+        metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)
+        if truncated:
+            metrics["truncated_frac"] = sum(truncated) / len(truncated)
+        return StepBatch(local, advantages, row_mask, weights, metrics)
+
+    def _micro_batches(self, batch: StepBatch) -> list[Tensor]:
+        """Row indices of each micro-batch. Rows without gradient (zero advantage, no KL, entropy
+        or LLDS term) are skipped; every process runs the same number of micro-batches (padded
+        with empty ones) so gradient synchronisation lines up."""
+        algo = self.cfg.algorithm
+        needs_every_row = algo.beta != 0 or algo.entropy_coef != 0 or algo.llds_coef != 0
+        active = batch.row_mask.clone()
+        if not needs_every_row:
+            active &= batch.advantages.reshape(len(active), -1).abs().amax(dim=1) > 0
+        rows = active.nonzero().flatten()
+        size = self.cfg.optim.micro_batch_size
+        chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+        counts = self._gather((len(chunks), int(active.sum()), int(batch.row_mask.sum())))
+        most = max(c[0] for c in counts)
+        chunks += [rows[:0]] * (most - len(chunks))
+        batch.metrics["skipped_frac"] = 1.0 - sum(c[1] for c in counts) / max(sum(c[2] for c in counts), 1)
+        return chunks
+
+    def _unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
+        algo = self.cfg.algorithm
+        if algo.ratio_level == "sequence" or algo.llds_coef != 0:
+            return [(slice(None), None)]
+        if algo.ratio_level == "chunk":
+            segs = ratio_segments("chunk", mb.num_units, algo.chunks)
+            return [(s, [slice(0, s.stop - s.start)]) for s in segs]
+        return [(s, None) for s in self.policy.unit_slices(mb)]
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
+        """Old (or reference) log-probs of every row, in the same micro-batch layout as training,
+        so that the on-policy ratio of the first pass is exactly 1."""
+        local = batch.rollout
+        out = torch.zeros_like(local.unit_mask)
+        for rows in chunks:
+            if len(rows) == 0:
+                continue
+            mb = local.select(rows)
+            for units, _ in self._unit_slices(mb):
+                if reference and self.reference is not None:
+                    logp, _ = self.policy.logprobs(self.reference, mb, units)
+                elif reference:
+                    with self.unwrapped.disable_adapter():
+                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                else:
+                    logp, _ = self.policy.logprobs(self.model, mb, units)
+                out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
+        return out
+
+    def accumulate_gradients(self, batch: StepBatch, chunks: list[Tensor], old_logp: Tensor | None,
+                             ref_logp: Tensor | None, with_entropy: bool) -> dict[str, float]:
+        """One pass over the micro-batches: forward, loss, backward, free; gradients accumulate
+        into `.grad` and are synchronised across processes on the last backward."""
+        acc, algo = self.accelerator, self.cfg.algorithm
+        local, world = batch.rollout, acc.num_processes
+        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0,
+                "llds_active": 0.0, "ratio_max_dev": 0.0}
+        if len(local) == 0:  # this process kept no rows: take part in the synchronisation at zero
+            acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
+            return sums
+        work = [(rows, units, segs) for rows in chunks
+                for units, segs in self._unit_slices(local.select(rows if len(rows) else [0]))]
+        for k, (rows, units, segs) in enumerate(work):
+            empty = len(rows) == 0  # padding so every process runs as many backward passes
+            idx = rows if not empty else torch.tensor([0])
+            mb = local.select(idx)
+            sync = k == len(work) - 1 or world == 1
+            with nullcontext() if sync else acc.no_sync(self.model):
+                logp, entropy = self.policy.logprobs(self.model, mb, units,
+                                                     with_entropy=with_entropy or algo.entropy_coef != 0)
+                device = logp.device
+                adv = batch.advantages[idx]
+                terms = policy_loss(
+                    logp,
+                    old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach(),
+                    (adv[:, units] if adv.dim() == 2 else adv).to(device),
+                    mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device),
+                    batch.weights[idx][:, units].to(device), algo, segments=segs,
+                    ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
+                    entropy=entropy)
+                acc.backward(terms.loss * (0.0 if empty else float(world)))
+            if not empty:
+                for key in ("units", "clipped", "kl", "entropy", "llds_active"):
+                    sums[key] += getattr(terms, key)
+                sums["loss"] += float(terms.loss)
+                sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)
+        return sums
+
+    def _update(self, batch: StepBatch) -> dict[str, float]:
+        """`mu` optimizer steps on the batch, old log-probs kept from before the first."""
+        acc, algo = self.accelerator, self.cfg.algorithm
+        chunks = self._micro_batches(batch)
+        old_logp = self._no_grad_logprobs(batch, chunks, reference=False) if algo.mu > 1 else None
+        ref_logp = self._no_grad_logprobs(batch, chunks, reference=True) if algo.beta != 0 else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm, first = 0.0, None
+        for pass_index in range(algo.mu):
+            sums = self.accumulate_gradients(batch, chunks, old_logp, ref_logp, with_entropy=pass_index == 0)
+            first = first or sums
+            for p in params:  # a parameter with no gradient still takes an optimizer step at zero
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            if self.cfg.optim.max_grad_norm is not None:
+                grad_norm = float(acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
+        self.scheduler.step()
+        gathered = self._gather(first)
+        total = {k: sum(g[k] for g in gathered) for k in first}
+        units = max(total["units"], 1.0)
+        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
+                "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
+                "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
+                "lr": self.scheduler.get_last_lr()[0]}
+
+    def train_step(self) -> dict[str, float]:
+        step = self.step + 1
+        t0 = time.perf_counter()
+        batch = self._prepare_batch(step)
+        t1 = time.perf_counter()
+        metrics = dict(batch.metrics)
+        metrics.update(self._update(batch))
+        metrics["time_rollout_s"] = t1 - t0
+        metrics["time_update_s"] = time.perf_counter() - t1
+        self.step = step
+        return metrics
+
+    # ----- loop -------------------------------------------------------------------------------
+    def train(self) -> None:
+        cfg, acc = self.cfg, self.accelerator
+        metrics_file = self.output_dir / "metrics.jsonl"
+        if not self.resumed and acc.is_main_process and metrics_file.exists():
+            metrics_file.unlink()  # a fresh run in a used directory starts a fresh record
+        self.tracker = Tracker(self.output_dir, cfg.logging.report_to, cfg.logging.plot_every,
+                               config=to_dict(cfg), resume_step=self.step if self.resumed else None,
+                               enabled=acc.is_main_process)
+        progress = Progress(cfg.max_steps, initial=self.step,
+                            enabled=cfg.logging.progress and acc.is_main_process)
+        try:
+            while self.step < cfg.max_steps:
+                metrics = self.train_step()
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.eval_rows:
+                    metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+                self.tracker.log(self.step, metrics)
+                progress.update(self.step, metrics)
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save_checkpoint()
+            if not cfg.save_every or self.step % cfg.save_every:
+                self.save_checkpoint()
+        finally:
+            progress.close()
+            self.tracker.close()
+
+    def evaluate(self, rows: list[dict] | None = None) -> dict[str, float]:
+        cfg = self.cfg
+        rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
+        return evaluate(self.policy, rows, cfg.data.prompt_column, self.reward_fns, self.reward_weights,
+                        cfg.eval.group_size, cfg.seed)
+
+    def warm_start(self) -> float:
+        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
+        ws = self.cfg.warm_start
+        if ws.steps <= 0:
+            return math.nan
+        model = self.unwrapped
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=ws.lr)
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, 0xA11CE))
+        loss = torch.zeros(())
+        progress = Progress(ws.steps, enabled=self.cfg.logging.progress and self.accelerator.is_main_process,
+                            desc="warm start")
+        for step in range(1, ws.steps + 1):
+            pick = torch.randint(len(self.train_rows), (ws.batch_size,), generator=generator).tolist()
+            loss = self.policy.supervised_loss(model, [self.train_rows[i] for i in pick], ws.target_column,
+                                               self.cfg.data.prompt_column)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            progress.update(step, {"loss": float(loss)})
+        progress.close()
+        return float(loss)
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        acc = self.accelerator
+        final = ckpt.checkpoint_dir(self.output_dir, self.step)
+        tmp = ckpt.temporary_dir(self.output_dir, self.step)
+        if acc.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp), safe_serialization=True)
+        if acc.is_main_process:
+            self.policy.save_pretrained(self.unwrapped, tmp / "model")
+            ckpt.publish(tmp, final, {"step": self.step, "sampler": self.sampler.state_dict()})
+        acc.wait_for_everyone()
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.accelerator.load_state(str(path))
+        state = ckpt.read_trainer_state(path)
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,16 @@
+"""Task adapters (one module per model family), recipes and the demos' synthetic data sets.
+
+Importing this package registers every adapter, tiny model, data set, recipe and demo.
+"""
+
+from pathlib import Path
+
+from mmrl.registry import DEMOS, RECIPES
+
+from . import arithmetic, causal_lm, tiny_models  # noqa: F401  (registration)
+
+RECIPE_DIR = Path(__file__).parent / "recipes"
+for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
+    RECIPES.register(_recipe.stem)(str(_recipe))
+
+DEMOS.register("text")("text_demo")

@@ -1,0 +1,251 @@
+"""Autoregressive language models as policies: one unit per completion token.
+
+Any ``AutoModelForCausalLM`` with its tokenizer (and chat template for message-list prompts).
+Generation runs HF ``generate`` with the KV cache; sampling is done by `GroupSeededSampler`, so
+a group's completions depend on its prompt and seed only, not on which other groups share the
+batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature,
+computed by `selective_log_softmax` on the completion positions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from mmrl.policy import Policy
+from mmrl.registry import ADAPTERS
+from mmrl.rollout import Rollout
+
+from .tiny_models import TINY_MODELS
+from .token_logprobs import selective_log_softmax
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CausalLMConfig:
+    model: str = ""
+    tokenizer: str | None = None
+    tiny_args: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    device: str | None = None
+    attn_implementation: str | None = None
+    trust_remote_code: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    stop_strings: list[str] = field(default_factory=list)
+    chat_template: bool | None = None
+    system_prompt: str | None = None
+    mask_truncated: bool = False
+    gradient_checkpointing: bool = False
+    logprob_chunk_rows: int = 1024
+
+
+class GroupSeededSampler(LogitsProcessor):
+    """Temperature / top-k / top-p sampling by inverse CDF, one uniform per row per step drawn
+    from the row's group generator. Returns scores that are 0 at the drawn token and -inf
+    elsewhere, so greedy decoding in ``generate`` emits the sample."""
+
+    def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float):
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.group_size = group_size
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_k > 0:
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > self.top_p
+            probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+        u = torch.cat([torch.rand(self.group_size, generator=g, dtype=torch.float64) for g in self.generators])
+        cdf = probs.double().cumsum(-1)
+        u = (u.to(cdf.device)[:, None] * cdf[:, -1:]).clamp(max=cdf[:, -1:] * (1 - 1e-12))
+        token = torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, token, 0.0)
+
+
+@ADAPTERS.register("causal_lm")
+class CausalLMPolicy(Policy):
+    Config = CausalLMConfig
+
+    def __init__(self, cfg: CausalLMConfig):
+        if not cfg.model:
+            raise ValueError("policy.model must name a model (hub id, local path, or tiny:NAME)")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
+        if cfg.temperature <= 0:
+            raise ValueError(f"policy.temperature={cfg.temperature} must be > 0")
+        self.cfg = cfg
+        if cfg.model.startswith("tiny:"):
+            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
+            self.model.to(DTYPES[cfg.dtype])
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
+                                                           trust_remote_code=cfg.trust_remote_code)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
+                trust_remote_code=cfg.trust_remote_code)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        if cfg.device:
+            self.model.to(cfg.device)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+
+    # ----- prompts -------------------------------------------------------------------------
+    def prompt_text(self, prompt: Any) -> str:
+        """A string prompt as is; a list of chat messages through the chat template."""
+        use_template = self.cfg.chat_template
+        if use_template is None:
+            use_template = not isinstance(prompt, str)
+        if not use_template:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
+            return prompt
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.cfg.system_prompt and messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Tensor]:
+        texts = [self.prompt_text(p) for p in prompts]
+        return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+
+    # ----- rollout -------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
+                greedy: bool = False) -> Rollout:
+        cfg = self.cfg
+        enc = self._encode_prompts(prompts)
+        device = self.device
+        prompt_ids = enc["input_ids"].repeat_interleave(group_size, dim=0).to(device)
+        prompt_mask = enc["attention_mask"].repeat_interleave(group_size, dim=0).to(device)
+        gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                   pad_token_id=self.tokenizer.pad_token_id,
+                                   eos_token_id=self.model.generation_config.eos_token_id
+                                   or self.tokenizer.eos_token_id,
+                                   stop_strings=cfg.stop_strings or None)
+        processors = LogitsProcessorList()
+        if not greedy:
+            processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
+        was_training = self.model.training
+        self.model.eval()
+        sequences = self.model.generate(
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
+            logits_processor=processors, tokenizer=self.tokenizer if cfg.stop_strings else None)
+        self.model.train(was_training)
+        completion_ids = sequences[:, prompt_ids.shape[1]:]
+        unit_mask, truncated = self._completion_mask(completion_ids)
+        completion_ids = completion_ids.masked_fill(unit_mask == 0, self.tokenizer.pad_token_id)
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        if cfg.mask_truncated:
+            unit_mask = unit_mask * (~truncated)[:, None]
+        return Rollout(
+            group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
+            prompts=[p for p in prompts for _ in range(group_size)],
+            completions=texts,
+            unit_mask=unit_mask.float().cpu(),
+            truncated=truncated.cpu(),
+            extras={"prompt_ids": prompt_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
+                    "completion_ids": completion_ids.cpu(),
+                    "completion_lengths": unit_mask.sum(1).long().cpu()},
+        )
+
+    def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Units up to and including the first end token (eos or pad); truncated = no end."""
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        is_eos = torch.isin(completion_ids, torch.tensor(eos, device=completion_ids.device))
+        is_pad = completion_ids == self.tokenizer.pad_token_id
+        length = completion_ids.shape[1]
+        pos = torch.arange(length, device=completion_ids.device)
+        first_eos = torch.where(is_eos, pos, length).min(dim=1).values
+        first_pad = torch.where(is_pad & ~is_eos, pos, length).min(dim=1).values
+        end = torch.minimum(first_eos + 1, first_pad)  # eos is a unit, pad is not
+        truncated = (first_eos >= length) & (first_pad >= length)
+        if self.cfg.stop_strings:
+            ended = (first_pad < length) | (first_eos < length)
+            truncated = ~ended
+        mask = (pos[None, :] < end[:, None]).to(torch.float32)
+        return mask, truncated
+
+    def concat(self, parts: Sequence[Rollout]) -> Rollout:
+        """Pad prompt ids on the left and completion ids on the right to common widths."""
+        pad = self.tokenizer.pad_token_id
+        p_width = max(r.extras["prompt_ids"].shape[1] for r in parts)
+        c_width = max(r.num_units for r in parts)
+        fixed = []
+        for r in parts:
+            dp, dc = p_width - r.extras["prompt_ids"].shape[1], c_width - r.num_units
+            extras = dict(r.extras)
+            extras["prompt_ids"] = nn.functional.pad(r.extras["prompt_ids"], (dp, 0), value=pad)
+            extras["prompt_mask"] = nn.functional.pad(r.extras["prompt_mask"], (dp, 0), value=0)
+            extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
+            fixed.append(Rollout(group_id=r.group_id, prompts=r.prompts, completions=r.completions,
+                                 unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), columns=r.columns,
+                                 extras=extras, truncated=r.truncated))
+        return Rollout.concat(fixed)
+
+    # ----- log-probs -----------------------------------------------------------------------
+    def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
+                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        prompt_ids, prompt_mask = batch.extras["prompt_ids"], batch.extras["prompt_mask"]
+        completion_ids = batch.extras["completion_ids"]
+        width = completion_ids.shape[1]
+        used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
+        logp, ent = self._token_logprobs(model, prompt_ids, prompt_mask, completion_ids[:, :used],
+                                         batch.unit_mask[:, :used], self.cfg.temperature, with_entropy)
+        logp = nn.functional.pad(logp, (0, width - used))
+        if ent is not None:
+            ent = nn.functional.pad(ent, (0, width - used))
+        return logp[:, units], (ent[:, units] if ent is not None else None)
+
+    def _token_logprobs(self, model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
+                        completion_ids: Tensor, completion_mask: Tensor, temperature: float,
+                        with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        device = next(model.parameters()).device
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)
+        attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1).to(device)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        c = completion_ids.shape[1]
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                    logits_to_keep=c + 1, use_cache=False)
+        logits = out.logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature
+        return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
+                                     with_entropy)
+
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str,
+                        prompt_column: str = "prompt") -> Tensor:
+        """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
+        enc = self._encode_prompts([r[prompt_column] for r in rows])
+        targets = [self.tokenizer(str(r[target_column]), add_special_tokens=False)["input_ids"]
+                   + [self.tokenizer.eos_token_id] for r in rows]
+        width = max(len(t) for t in targets)
+        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width)
+        for i, t in enumerate(targets):
+            ids[i, :len(t)] = torch.tensor(t)
+            mask[i, :len(t)] = 1
+        logp, _ = self._token_logprobs(model, enc["input_ids"], enc["attention_mask"], ids, mask, 1.0, False)
+        mask = mask.to(logp.device)
+        return -(logp * mask).sum() / mask.sum()
+
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)

@@ -1,0 +1,164 @@
+"""The clipped surrogate, KL estimators, ratio levels and aggregations against hand-written
+references (plain Python loops over small numbers)."""
+
+import math
+
+import pytest
+import torch
+
+from mmrl.config import AlgorithmConfig
+from mmrl.loss import AGGREGATIONS, KL_ESTIMATORS, grouped_log_ratio, policy_loss, ratio_segments
+
+LOGP = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]]
+OLD = [[-1.1, -1.5, -0.5], [-0.9, -1.2, -2.0]]
+MASK = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+ADV = [1.5, -2.0]
+
+
+def reference_loss(logp, old, adv, mask, eps_low, eps_high, level="unit", chunks=None, dual=None,
+                   weights=None):
+    n_units = sum(sum(r) for r in mask)
+    total = 0.0
+    for i in range(len(logp)):
+        lr = [a - b for a, b in zip(logp[i], old[i])]
+        if level == "sequence":
+            valid = [lr[u] for u in range(3) if mask[i][u]]
+            lr = [sum(valid) / len(valid)] * 3
+        elif level == "chunk":
+            out, start = [], 0
+            for size in chunks:
+                valid = [lr[u] for u in range(start, start + size) if mask[i][u]]
+                mean = sum(valid) / len(valid) if valid else 0.0
+                out += [mean] * size
+                start += size
+            lr = out
+        for u in range(3):
+            if not mask[i][u]:
+                continue
+            r = math.exp(lr[u])
+            a = adv[i]
+            pg = max(-a * r, -a * min(max(r, 1 - eps_low), 1 + eps_high))
+            if dual is not None and a < 0:
+                pg = min(pg, -dual * a)
+            w = weights[i][u] if weights else 1.0 / n_units
+            total += w * pg
+    return total
+
+
+def run(cfg, weights=None, **kw):
+    logp = torch.tensor(LOGP, requires_grad=True)
+    mask = torch.tensor(MASK)
+    w = AGGREGATIONS.get("token_mean")(mask, mask.sum(), 2, 3) if weights is None else torch.tensor(weights)
+    return policy_loss(logp, torch.tensor(OLD), torch.tensor(ADV), mask, w, cfg, **kw)
+
+
+@pytest.mark.parametrize("eps_low,eps_high", [(0.2, 0.2), (0.2, 0.28), (0.05, 0.5)])
+def test_unit_clip_matches_reference(eps_low, eps_high):
+    cfg = AlgorithmConfig(eps_low=eps_low, eps_high=eps_high)
+    got = run(cfg).loss.item()
+    assert got == pytest.approx(reference_loss(LOGP, OLD, ADV, MASK, eps_low, eps_high), abs=1e-6)
+
+
+def test_sequence_level_gspo():
+    cfg = AlgorithmConfig(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)
+    got = run(cfg).loss.item()
+    assert got == pytest.approx(reference_loss(LOGP, OLD, ADV, MASK, 3e-4, 4e-4, level="sequence"), abs=1e-6)
+
+
+def test_chunk_level():
+    cfg = AlgorithmConfig(ratio_level="chunk", chunks=[1, 2])
+    segs = ratio_segments("chunk", 3, [1, 2])
+    got = run(cfg, segments=segs).loss.item()
+    assert got == pytest.approx(reference_loss(LOGP, OLD, ADV, MASK, 0.2, 0.2, level="chunk", chunks=[1, 2]),
+                                abs=1e-6)
+
+
+def test_chunk_sizes_must_cover_units():
+    with pytest.raises(ValueError, match="chunks"):
+        ratio_segments("chunk", 3, [1, 1])
+    with pytest.raises(ValueError, match="needs algorithm.chunks"):
+        ratio_segments("chunk", 3, None)
+
+
+def test_dual_clip():
+    cfg = AlgorithmConfig(eps_low=0.2, eps_high=0.2, dual_clip=1.1)
+    # a large ratio on the negative-advantage row makes the dual clip bind
+    logp = [[-1.0, -2.0, -0.5], [0.5, -1.2, -2.2]]
+    t = policy_loss(torch.tensor(logp), torch.tensor(OLD), torch.tensor(ADV), torch.tensor(MASK),
+                    torch.tensor(MASK) / 5, cfg)
+    assert t.loss.item() == pytest.approx(reference_loss(logp, OLD, ADV, MASK, 0.2, 0.2, dual=1.1), abs=1e-6)
+    no_dual = reference_loss(logp, OLD, ADV, MASK, 0.2, 0.2)
+    assert t.loss.item() < no_dual
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([-1.0, -0.2]), torch.tensor([-1.5, 0.1])
+    x = [-1.5 - -1.0, 0.1 - -0.2]
+    assert KL_ESTIMATORS.get("k1")(logp, ref).tolist() == pytest.approx([-v for v in x])
+    assert KL_ESTIMATORS.get("k2")(logp, ref).tolist() == pytest.approx([v * v / 2 for v in x])
+    assert KL_ESTIMATORS.get("k3")(logp, ref).tolist() == pytest.approx([math.exp(v) - v - 1 for v in x])
+
+
+def test_kl_term_added_with_beta():
+    ref = torch.tensor([[-1.2, -1.9, -0.7], [-0.4, -1.0, -2.0]])
+    cfg = AlgorithmConfig(beta=0.04, kl_estimator="k3")
+    got = run(cfg, ref_logp=ref)
+    base = reference_loss(LOGP, OLD, ADV, MASK, 0.2, 0.2)
+    kl = sum(math.exp(ref[i][u].item() - LOGP[i][u]) - (ref[i][u].item() - LOGP[i][u]) - 1
+             for i in range(2) for u in range(3) if MASK[i][u])
+    assert got.loss.item() == pytest.approx(base + 0.04 * kl / 5, abs=1e-6)
+    assert got.kl == pytest.approx(kl, abs=1e-5)
+    with pytest.raises(ValueError, match="reference"):
+        run(cfg)
+
+
+def test_entropy_bonus_and_llds():
+    ent = torch.tensor([[0.5, 1.0, 2.0], [1.5, 0.1, 9.0]])
+    cfg = AlgorithmConfig(entropy_coef=0.01)
+    got = run(cfg, entropy=ent).loss.item()
+    base = reference_loss(LOGP, OLD, ADV, MASK, 0.2, 0.2)
+    assert got == pytest.approx(base - 0.01 * (0.5 + 1.0 + 2.0 + 1.5 + 0.1) / 5, abs=1e-6)
+    # LLDS: row 0's sequence log-lik change is -0.1 - 0.5 + 0 = -0.4 < 0 -> active on the unit
+    # whose log-prob fell (u=1: old -1.5, new -2.0, penalty 0.5); row 1 rose (+0.6) -> inactive.
+    cfg = AlgorithmConfig(llds_coef=0.5)
+    terms = run(cfg)
+    assert terms.loss.item() == pytest.approx(base + 0.5 * 0.5 / 5, abs=1e-6)
+    assert terms.llds_active == 1
+
+
+def test_aggregations_by_hand():
+    mask = torch.tensor(MASK)
+    tm = AGGREGATIONS.get("token_mean")(mask, 5.0, 2.0, 3)
+    assert tm.flatten().tolist() == pytest.approx([0.2] * 3 + [0.2, 0.2, 0.0])
+    sm = AGGREGATIONS.get("seq_mean_token_mean")(mask, 5.0, 2.0, 3)
+    assert sm.flatten().tolist() == pytest.approx([1 / 6] * 3 + [0.25, 0.25, 0.0])
+    dr = AGGREGATIONS.get("seq_mean_token_sum_norm")(mask, 5.0, 2.0, 4)
+    assert dr.flatten().tolist() == pytest.approx([1 / 8] * 3 + [1 / 8, 1 / 8, 0.0])
+
+
+def test_on_policy_ratio_is_one_and_gradient_is_advantage_weighted():
+    cfg = AlgorithmConfig()
+    logp = torch.tensor(LOGP, requires_grad=True)
+    mask = torch.tensor(MASK)
+    w = mask / mask.sum()
+    t = policy_loss(logp, logp.detach(), torch.tensor(ADV), mask, w, cfg)
+    assert t.ratio_max_dev == 0.0 and t.clipped == 0
+    t.loss.backward()
+    expected = [-ADV[i] * w[i][u].item() for i in range(2) for u in range(3)]
+    assert logp.grad.flatten().tolist() == pytest.approx(expected)
+
+
+def test_clip_fraction_counts_clipped_units():
+    cfg = AlgorithmConfig(eps_low=0.2, eps_high=0.2)
+    # by hand: row 0 (A > 0) ratios e^.4 = 1.49 (binds: > 1.2), e^-.5, 1; row 1 (A < 0) ratios
+    # e^.6 = 1.82 (the pessimistic unclipped term wins: not clipped), 1 -> one clipped unit of 5
+    logp = [[-0.7, -2.0, -0.5], [-0.3, -1.2, -2.2]]
+    t = policy_loss(torch.tensor(logp), torch.tensor(OLD), torch.tensor(ADV), torch.tensor(MASK),
+                    torch.tensor(MASK) / 5, cfg)
+    assert t.clipped == 1
+
+
+def test_grouped_log_ratio_masks_padding():
+    lr = torch.tensor([[1.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert grouped_log_ratio(lr, mask, "sequence", None)[0, 0].item() == pytest.approx(2.0)
