@@ -25,7 +25,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
-from .advantages import compute_advantages, group_variance_mask
+from .advantages import compute_advantages, group_variance_mask, row_magnitude
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
@@ -189,7 +189,7 @@ class Trainer:
         advantages = adv.advantages[offset:offset + n]
         row_mask = adv.row_mask[offset:offset + n]
         if algo.prune_threshold > 0:
-            small = advantages.abs().reshape(n, -1).amax(dim=1) < algo.prune_threshold
+            small = row_magnitude(advantages) < algo.prune_threshold
             row_mask = row_mask & ~small
         unit_mask = local.unit_mask * row_mask[:, None]
         counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0))
@@ -222,7 +222,7 @@ class Trainer:
         needs_every_row = algo.beta != 0 or algo.entropy_coef != 0 or algo.llds_coef != 0
         active = batch.row_mask.clone()
         if not needs_every_row:
-            active &= batch.advantages.reshape(len(active), -1).abs().amax(dim=1) > 0
+            active &= row_magnitude(batch.advantages) > 0
         rows = active.nonzero().flatten()
         size = self.cfg.optim.micro_batch_size
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
@@ -297,7 +297,7 @@ class Trainer:
             if not empty:
                 for key in ("units", "clipped", "kl", "entropy", "llds_active"):
                     sums[key] += getattr(terms, key)
-                sums["loss"] += float(terms.loss)
+                sums["loss"] += terms.loss.item()
                 sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)
         return sums
 
@@ -322,7 +322,7 @@ class Trainer:
         self.scheduler.step()
         gathered = self._gather(first)
         total = {k: sum(g[k] for g in gathered) for k in first}
-        units = max(total["units"], 1.0)
+        units = total["units"] or math.nan  # nan: every row was skipped, nothing was measured
         return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
                 "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,

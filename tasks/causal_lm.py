@@ -40,6 +40,7 @@ class CausalLMConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 128
+    min_new_tokens: int = 0
     stop_strings: list[str] = field(default_factory=list)
     chat_template: bool | None = None
     system_prompt: str | None = None
@@ -134,7 +135,8 @@ class CausalLMPolicy(Policy):
         device = self.device
         prompt_ids = enc["input_ids"].repeat_interleave(group_size, dim=0).to(device)
         prompt_mask = enc["attention_mask"].repeat_interleave(group_size, dim=0).to(device)
-        gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, do_sample=False,
+        gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
+                                   do_sample=False,
                                    pad_token_id=self.tokenizer.pad_token_id,
                                    eos_token_id=self.model.generation_config.eos_token_id
                                    or self.tokenizer.eos_token_id,
@@ -160,6 +162,7 @@ class CausalLMPolicy(Policy):
             completions=texts,
             unit_mask=unit_mask.float().cpu(),
             truncated=truncated.cpu(),
+            columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
             extras={"prompt_ids": prompt_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
                     "completion_ids": completion_ids.cpu(),
                     "completion_lengths": unit_mask.sum(1).long().cpu()},

@@ -1,0 +1,11 @@
+"""Reward functions: ``fn(prompts, completions, **columns) -> list[float | None]``.
+
+``@register_reward(name)`` adds one; ``get_reward(name)`` returns it. Importing this package
+registers the built-ins.
+"""
+
+from mmrl.reward_registry import REWARDS, get_reward, register_reward
+
+from . import accuracy, format, length  # noqa: F401  (registration)
+
+__all__ = ["REWARDS", "get_reward", "register_reward"]

@@ -1,0 +1,54 @@
+"""Recipes: YAML -> typed dataclasses, dotted overrides, errors that name the key."""
+
+import pytest
+
+from mmrl.config import ConfigError, TrainConfig, load_recipe, parse_config
+
+
+def test_overrides_reach_nested_fields_with_types():
+    cfg = parse_config({"algorithm": {"beta": 0.0}}, ["algorithm.beta=0.04", "optim.lora.r=16", "seed=3",
+                                                      "sampling.dynamic=true", "algorithm.chunks=[2,3]"])
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.algorithm.beta == 0.04 and cfg.optim.lora.r == 16 and cfg.seed == 3
+    assert cfg.sampling.dynamic is True and cfg.algorithm.chunks == [2, 3]
+
+
+def test_ints_are_accepted_for_floats_but_not_the_reverse():
+    assert parse_config({"optim": {"lr": 1}}).optim.lr == 1.0
+    with pytest.raises(ConfigError, match="max_steps"):
+        parse_config({"max_steps": 1.5})
+
+
+def test_unknown_keys_are_named_with_their_path():
+    with pytest.raises(ConfigError, match="'algorithm.betta'"):
+        parse_config({}, ["algorithm.betta=0.1"])
+    with pytest.raises(ConfigError, match="'nonsense'"):
+        parse_config({"nonsense": 1})
+
+
+def test_wrong_types_and_choices_are_named():
+    with pytest.raises(ConfigError, match="algorithm.std"):
+        parse_config({}, ["algorithm.std=sometimes"])
+    with pytest.raises(ConfigError, match="resume"):
+        parse_config({}, ["resume=maybe"])
+    with pytest.raises(ConfigError, match="rewards.accuracy.weight"):
+        parse_config({"rewards": {"accuracy": {"weight": "heavy"}}})
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_config({}, ["algorithm.beta"])
+
+
+def test_overrides_do_not_mutate_the_loaded_mapping():
+    raw = {"algorithm": {"beta": 0.0}}
+    parse_config(raw, ["algorithm.beta=1.0"])
+    assert raw["algorithm"]["beta"] == 0.0
+
+
+def test_shipped_recipes_parse():
+    from mmrl.registry import RECIPES
+    for name in RECIPES.names():
+        load_recipe(RECIPES.get(name))
+
+
+def test_missing_recipe_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_recipe(tmp_path / "nope.yaml")

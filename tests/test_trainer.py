@@ -1,0 +1,115 @@
+"""The loop: streaming is exact, the on-policy ratio is 1, zero-advantage rows are skipped
+without changing the gradient, errors name what broke."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import TINY_RECIPE, tiny_overrides
+from mmrl.config import parse_config
+from mmrl.reward_registry import RewardError, register_reward
+from mmrl.trainer import Trainer
+
+
+def make_trainer(tmp_path, *extra):
+    return Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path) + list(extra)))
+
+
+def grads_for(trainer, batch, micro_batch_size):
+    trainer.cfg.optim.micro_batch_size = micro_batch_size
+    trainer.optimizer.zero_grad(set_to_none=True)
+    chunks = trainer._micro_batches(batch)
+    sums = trainer.accumulate_gradients(batch, chunks, None, None, with_entropy=True)
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return grads, sums
+
+
+@pytest.mark.parametrize("aggregation,level", [("token_mean", "unit"), ("seq_mean_token_mean", "sequence"),
+                                               ("seq_mean_token_sum_norm", "unit")])
+def test_streamed_micro_batches_equal_one_batch(tmp_path, aggregation, level):
+    t = make_trainer(tmp_path, f"algorithm.aggregation={aggregation}", f"algorithm.ratio_level={level}",
+                     "optim.prompts_per_step=4", "algorithm.group_size=4")
+    batch = t._prepare_batch(1)
+    one, sums_one = grads_for(t, batch, 16)
+    streamed, sums_streamed = grads_for(t, batch, 3)
+    assert sums_one["units"] > 0
+    assert one.keys() == streamed.keys() and one
+    for name in one:
+        assert torch.allclose(one[name], streamed[name], atol=1e-6, rtol=1e-5), name
+    assert sums_one["loss"] == pytest.approx(sums_streamed["loss"], abs=1e-6)
+
+
+def test_skipping_zero_advantage_rows_keeps_the_gradient(tmp_path):
+    t = make_trainer(tmp_path)
+    batch = t._prepare_batch(1)
+    batch.advantages[:4] = 0.0  # the first group carries no signal
+    skipped, _ = grads_for(t, batch, 4)
+    assert batch.metrics["skipped_frac"] == pytest.approx(4 / 16)
+    t.cfg.algorithm.entropy_coef = 1e-12  # forces every row through the passes, gradient unchanged
+    full, _ = grads_for(t, batch, 4)
+    for name in full:
+        assert torch.allclose(skipped[name], full[name], atol=1e-6), name
+
+
+def test_first_update_pass_is_exactly_on_policy(tmp_path):
+    t = make_trainer(tmp_path, "algorithm.mu=2")
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0
+    assert metrics["clip_frac"] == 0.0
+    assert math.isfinite(metrics["loss"])
+
+
+def test_kl_with_lora_uses_the_disabled_adapter_as_reference(tmp_path):
+    t = make_trainer(tmp_path, "algorithm.beta=0.04", "optim.lora.r=4", "optim.lora.alpha=8", "algorithm.mu=2")
+    assert t.reference is None  # no second copy of the model
+    first = t.train_step()
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == reference
+    second = t.train_step()
+    assert second["kl"] > 0.0
+
+
+def test_kl_without_lora_uses_a_frozen_copy(tmp_path):
+    t = make_trainer(tmp_path, "algorithm.beta=0.04", "optim.lr=1e-2")
+    assert t.reference is not None
+    t.train_step()
+    assert t.train_step()["kl"] > 0.0
+
+
+@register_reward("returns_nan")
+def _nan_reward(prompts, completions, **kw):
+    return [float("nan")] * len(completions)
+
+
+@register_reward("returns_too_few")
+def _short_reward(prompts, completions, **kw):
+    return [1.0]
+
+
+def test_nan_reward_is_an_error_naming_it(tmp_path):
+    t = make_trainer(tmp_path, "rewards={returns_nan: {weight: 1.0}}")
+    with pytest.raises(RewardError, match="returns_nan.*nan"):
+        t.train_step()
+
+
+def test_wrong_length_reward_is_an_error_naming_it(tmp_path):
+    t = make_trainer(tmp_path, "rewards={returns_too_few: {weight: 1.0}}")
+    with pytest.raises(RewardError, match="returns_too_few.*1 values for 16"):
+        t.train_step()
+
+
+def test_unknown_reward_and_estimator_are_named(tmp_path):
+    with pytest.raises(KeyError, match="no_such_reward"):
+        make_trainer(tmp_path, "rewards={no_such_reward: {weight: 1.0}}")
+    t = make_trainer(tmp_path, "algorithm.estimator=no_such_estimator")
+    with pytest.raises(KeyError, match="no_such_estimator"):
+        t.train_step()
+
+
+def test_dynamic_sampling_draws_until_groups_vary(tmp_path):
+    t = make_trainer(tmp_path, "sampling.dynamic=true", "sampling.dynamic_max_tries=3",
+                     "rewards={accuracy: {weight: 1.0}}")
+    metrics = t.train_step()  # a random model is never right: every group has zero variance
+    assert metrics["sampling/tries"] == 3 and metrics["sampling/groups"] == 0
+    t2 = make_trainer(tmp_path, "sampling.dynamic=true")
+    assert t2.train_step()["sampling/tries"] == 1  # digit_share varies within groups at once
