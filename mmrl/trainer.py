@@ -333,8 +333,8 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self._prepare_batch(step)
         t1 = time.perf_counter()
-        metrics = dict(batch.metrics)
-        metrics.update(self._update(batch))
+        update = self._update(batch)
+        metrics = {**batch.metrics, **update}
         metrics["time_rollout_s"] = t1 - t0
         metrics["time_update_s"] = time.perf_counter() - t1
         self.step = step

@@ -1,0 +1,42 @@
+"""1 process and 2 processes (gloo on CPU) give the same rewards, advantages, loss and weights."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from helpers import TINY_RECIPE
+
+
+def run_cli(launcher, recipe, out, steps):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = launcher + ["-m", "mmrl", "train", str(recipe), f"output_dir={out}", f"max_steps={steps}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+
+def test_one_and_two_processes_agree(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    cfg = dict(TINY_RECIPE, algorithm={"group_size": 4, "beta": 0.04}, optim={**TINY_RECIPE["optim"],
+               "micro_batch_size": 3})
+    recipe.write_text(yaml.safe_dump(cfg))
+    single = run_cli([sys.executable], recipe, tmp_path / "one", 3)
+    double = run_cli([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_port", "29533"], recipe, tmp_path / "two", 3)
+    assert len(single) == len(double) == 3
+    for a, b in zip(single, double):
+        for key in ("reward_mean", "reward/accuracy", "reward/digit_share", "advantage_mean", "advantage_std",
+                    "loss", "kl", "clip_frac", "entropy", "completion_length", "skipped_frac"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+    w1 = load_file(tmp_path / "one" / "checkpoints" / "step-000003" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "checkpoints" / "step-000003" / "model" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=1e-6), name
