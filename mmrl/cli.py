@@ -33,6 +33,17 @@ def resolve_recipe(name_or_path: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+    from .reward_registry import RewardError
+    try:
+        return _run(argv)
+    except (ConfigError, RewardError, KeyError, ValueError, FileNotFoundError, ImportError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"mmrl: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _run(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="mmrl", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Group-relative RL fine-tuning (GRPO and descendants) for generative models.",

@@ -391,9 +391,9 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            progress.update(step, {"loss": float(loss)})
+            progress.update(step, {"loss": loss.item()})
         progress.close()
-        return float(loss)
+        return loss.item()
 
     # ----- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

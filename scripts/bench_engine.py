@@ -1,0 +1,194 @@
+"""One GRPO step of mmrl against (a) the bare work and (b) TRL's GRPOTrainer, in one run.
+
+Same tiny Qwen2, same prompts, G completions of exactly T tokens each (eos suppressed), beta 0,
+one optimizer step per rollout batch, 2 CPU threads. Each contender runs in its own process
+(so peak RSS is its own) for `--steps` timed steps after `--warmup` untimed ones; the median
+step time is compared. The bare work is `generate` + a forward/backward of the same tokens with
+a plain log-softmax policy-gradient loss + an AdamW step: the floor any GRPO trainer sits on.
+
+    python scripts/bench_engine.py --json bench_engine.json
+
+prints and writes {"overhead_ratio": mmrl / bare, "trl_time_ratio": mmrl / TRL,
+"trl_peak_rss_ratio": mmrl / TRL, ...}. TRL is needed only here (`pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
+MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
+
+
+def digit_share(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_bare(args) -> list[float]:
+    import torch
+    from tasks.tiny_models import qwen2_char
+    model, tok = qwen2_char(**MODEL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    prompts = PROMPTS[: args.prompts]
+    enc = tok(prompts, padding=True, return_tensors="pt")
+    ids = enc.input_ids.repeat_interleave(args.group, 0)
+    mask = enc.attention_mask.repeat_interleave(args.group, 0)
+    times = []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            seq = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                                 top_k=0, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                                 pad_token_id=tok.pad_token_id)
+        completion = seq[:, ids.shape[1]:]
+        rewards = torch.tensor(digit_share(None, tok.batch_decode(completion, skip_special_tokens=True)))
+        adv = (rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group))
+        full_mask = torch.cat([mask, torch.ones_like(completion)], 1)
+        logits = model(input_ids=seq, attention_mask=full_mask,
+                       position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
+        logp = torch.log_softmax(logits[:, ids.shape[1] - 1:-1].float(), -1)
+        logp = logp.gather(-1, completion[..., None]).squeeze(-1)
+        loss = -(adv[:, None] * logp).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_mmrl(args) -> list[float]:
+    from mmrl.config import parse_config
+    from mmrl.reward_registry import REWARDS, register_reward
+    from mmrl.trainer import Trainer
+    if "bench_digit_share" not in REWARDS:
+        register_reward("bench_digit_share")(digit_share)
+    out = tempfile.mkdtemp(prefix="mmrl-bench-")
+    recipe = {
+        "task": "causal_lm",
+        "policy": {"model": "tiny:qwen2-char", "tiny_args": MODEL, "max_new_tokens": args.tokens,
+                   "min_new_tokens": args.tokens, "temperature": 1.0},
+        "data": {"path": _prompt_file(args)},
+        "rewards": {"bench_digit_share": {"weight": 1.0}},
+        "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
+        "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
+                  "max_grad_norm": None},
+        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
+        "output_dir": out, "max_steps": args.warmup + args.steps, "save_every": 0,
+    }
+    trainer = Trainer(parse_config(recipe))
+    times = []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        trainer.train_step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _prompt_file(args) -> str:
+    path = os.path.join(tempfile.mkdtemp(prefix="mmrl-bench-data-"), "prompts.jsonl")
+    with open(path, "w") as f:
+        for p in PROMPTS[: args.prompts]:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    return path
+
+
+def run_trl(args) -> list[float]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from tasks.tiny_models import qwen2_char
+    model, tok = qwen2_char(**MODEL)
+    times: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if state.global_step > args.warmup:
+                times.append(time.perf_counter() - self.t0)
+
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[: args.prompts]] * (args.warmup + args.steps + 1))
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group, max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
+        learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
+        lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
+                          processing_class=tok, callbacks=[StepTimer()])
+    trainer.train()
+    return times
+
+
+WORKERS = {"bare": run_bare, "mmrl": run_mmrl, "trl": run_trl}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the result here too")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="alternate the contenders this many times")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        import torch
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        times = WORKERS[args.worker](args)
+        print(json.dumps({"times": times, "peak_rss_mb": peak_rss_mb()}))
+        return
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    results: dict[str, dict] = {name: {"times": [], "peak_rss_mb": []} for name in WORKERS}
+    for _ in range(args.rounds):  # interleaved, so drift on the machine hits every contender alike
+        for name in WORKERS:
+            cmd = [sys.executable, __file__, "--worker", name] + [
+                f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{name} worker failed:\n{done.stderr[-4000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            results[name]["times"] += row["times"]
+            results[name]["peak_rss_mb"].append(row["peak_rss_mb"])
+    median = {name: statistics.median(r["times"]) for name, r in results.items()}
+    rss = {name: max(r["peak_rss_mb"]) for name, r in results.items()}
+    report = {
+        "overhead_ratio": median["mmrl"] / median["bare"],
+        "trl_time_ratio": median["mmrl"] / median["trl"],
+        "trl_peak_rss_ratio": rss["mmrl"] / rss["trl"],
+        "median_step_s": median, "peak_rss_mb": rss,
+        "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
+                  "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": MODEL},
+    }
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
