@@ -182,6 +182,17 @@ def group_variance_mask(total: Tensor, group_id: Tensor) -> Tensor:
     return out
 
 
+def weighted_total(rewards: dict[str, Tensor], weights: dict[str, float]) -> Tensor:
+    """sum_k w_k r_k over the rewards that apply to each row (NaN where none applies); an [N]
+    reward beside an [N, U] one is broadcast over units."""
+    n = len(next(iter(rewards.values())))
+    widths = [v.shape[1] for v in rewards.values() if v.dim() == 2]
+    shape = (n, max(widths)) if widths else (n,)
+    stacked = torch.stack([weights[k] * (v if v.dim() == len(shape) else v[:, None]).expand(shape).float()
+                           for k, v in rewards.items()])
+    return torch.where(stacked.isnan().all(0), torch.nan, stacked.nansum(0))
+
+
 def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], group_id: Tensor,
                        cfg) -> AdvantageResult:
     """Combine the rewards (weighted sum before normalisation, or per-reward advantages summed:
@@ -189,10 +200,9 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     estimator = ESTIMATORS.get(cfg.estimator)
     opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward)
     n = len(group_id)
-    shape = (n, max(v.shape[1] for v in rewards.values())) if any(v.dim() == 2 for v in rewards.values()) else (n,)
+    total = weighted_total(rewards, weights)
+    shape = total.shape
     rs = {k: (v if v.dim() == len(shape) else v[:, None]).expand(shape).float() for k, v in rewards.items()}
-    stacked = torch.stack([weights[k] * v for k, v in rs.items()])
-    total = torch.where(stacked.isnan().all(0), torch.nan, stacked.nansum(0))
     if cfg.reward_combine == "sum":
         adv, row_mask = estimator(total, group_id, opts)
     elif cfg.reward_combine == "advantage":

@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from .advantages import weighted_total
 from .policy import Policy
 from .reward_registry import compute_rewards
 from .sampling import derive_seed
@@ -30,9 +31,7 @@ def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns:
         columns = {k: [r.get(k) for r in chunk for _ in range(group_size)] for k in chunk[0]}
         columns = {**rollout.columns, **columns}
         rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, columns)
-        stacked = torch.stack([weights[k] * v for k, v in rewards.items()])
-        total = torch.where(stacked.isnan().all(0), torch.nan, stacked.nansum(0))
-        totals += total.tolist()
+        totals += weighted_total(rewards, weights).tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
     mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731

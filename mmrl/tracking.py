@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -13,16 +14,27 @@ REPORTERS = ("tensorboard", "wandb", "none")
 
 
 def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    """A JSON-ready value: numpy/python numbers as int or float, non-finite floats as None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl; a line cut short by a killed run is skipped."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [r for r in records if isinstance(r, dict) and "step" in r]
 
 
 def _save_figure_atomically(fig, out_png: Path) -> None:
@@ -34,53 +46,53 @@ def _save_figure_atomically(fig, out_png: Path) -> None:
     os.replace(tmp, out_png)
 
 
-def _moving_average(values: list[float], width: int) -> list[float]:
-    out, acc = [], []
+def _moving_average(values: Sequence[float], width: int) -> list[float]:
+    """Trailing mean over at most `width` points."""
+    sums = [0.0]
     for v in values:
-        acc.append(v)
-        if len(acc) > width:
-            acc.pop(0)
-        out.append(sum(acc) / len(acc))
-    return out
+        sums.append(sums[-1] + v)
+    return [(sums[i + 1] - sums[max(0, i + 1 - width)]) / min(i + 1, width) for i in range(len(values))]
+
+
+def _series(records: list[dict], key: str) -> tuple[list, list]:
+    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [s for s, _ in pts], [v for _, v in pts]
 
 
 def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
-    """Reward curves (raw and moving average) and, when logged, KL and clip fraction."""
+    """Draw reward curves (raw and moving average) and, when logged, KL and clip fraction.
+
+    Returns False, writing nothing, when there is no reward to draw."""
     from matplotlib.figure import Figure
     records = read_metrics(metrics_path)
-    keys = [k for k in ("reward_mean",) if any(k in r for r in records)]
-    keys += sorted({k for r in records for k in r if k.startswith("reward/")})
-    if not records or not keys:
+    names = ["reward_mean"] + sorted({k for r in records for k in r if k.startswith("reward/")})
+    rewards = {k: s for k in names if (s := _series(records, k))[0]}
+    if not rewards:
         return False
-    extra = [k for k in ("kl", "clip_frac") if any(r.get(k) is not None for r in records)]
-    fig = Figure(figsize=(8, 6 if extra else 4))
-    axes = fig.subplots(2 if extra else 1, 1, squeeze=False)[:, 0]
-    width = max(1, len(records) // 10)
-    for key in keys:
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if not pts:
-            continue
-        steps, values = zip(*pts)
+    extra = {k: s for k in ("kl", "clip_frac") if (s := _series(records, k))[0]}
+    fig = Figure(figsize=(8, 6.5 if extra else 4))
+    axes = fig.subplots(2 if extra else 1, 1, squeeze=False, sharex=True)[:, 0]
+    for key, (steps, values) in rewards.items():
         line, = axes[0].plot(steps, values, linewidth=0.7, alpha=0.4)
-        axes[0].plot(steps, _moving_average(list(values), width), linewidth=2, color=line.get_color(), label=key)
-    axes[0].set_title("rewards")
-    axes[0].set_xlabel("step")
+        axes[0].plot(steps, _moving_average(values, max(1, len(values) // 10)), linewidth=2,
+                     color=line.get_color(), label=key)
+    axes[0].set_title("rewards (thin: raw, thick: moving average)")
     axes[0].set_ylabel("reward")
     axes[0].legend(fontsize=8)
+    for key, (steps, values) in extra.items():
+        axes[1].plot(steps, values, label=key)
     if extra:
-        for key in extra:
-            pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-            steps, values = zip(*pts)
-            axes[1].plot(steps, values, label=key)
-        axes[1].set_xlabel("step")
+        axes[1].set_title("KL and clip fraction")
+        axes[1].set_ylabel("value")
         axes[1].legend(fontsize=8)
+    axes[-1].set_xlabel("step")
     fig.tight_layout()
     _save_figure_atomically(fig, Path(out_png))
     return True
 
 
 def plot_sample_grid(images: Sequence[Any], captions: Sequence[str], out_png: str | Path, ncols: int = 4) -> None:
-    """A PNG grid of PIL images or HxWxC uint8 arrays, each with a short caption."""
+    """Write a PNG grid of PIL images or HxW(xC) uint8 arrays, each with a short caption."""
     import numpy as np
     from matplotlib.figure import Figure
     n = len(images)
@@ -91,17 +103,19 @@ def plot_sample_grid(images: Sequence[Any], captions: Sequence[str], out_png: st
     for i, ax in enumerate(axes.flat):
         ax.axis("off")
         if i < n:
-            ax.imshow(np.asarray(images[i]))
+            image = np.asarray(images[i])
+            ax.imshow(image, cmap="gray" if image.ndim == 2 else None)
             ax.set_title(str(captions[i])[:40], fontsize=7)
     fig.tight_layout()
     _save_figure_atomically(fig, Path(out_png))
 
 
 class Tracker:
-    """metrics.jsonl + TensorBoard (+ W&B) + reward plot; a no-op where `enabled` is False."""
+    """metrics.jsonl + TensorBoard (+ W&B) + reward plot; every method is a no-op where `enabled` is False."""
 
     def __init__(self, output_dir: str | Path, report_to: Sequence[str] = ("tensorboard",), plot_every: int = 10,
                  config: dict | None = None, resume_step: int | None = None, enabled: bool = True):
+        report_to = [report_to] if isinstance(report_to, str) else list(report_to)
         for r in report_to:
             if r not in REPORTERS:
                 raise ValueError(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
@@ -118,8 +132,8 @@ class Tracker:
         if config is not None:
             (self.dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
         if resume_step is not None:
-            kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= resume_step]
-            tmp = self.metrics_path.with_suffix(".tmp")
+            kept = [r for r in read_metrics(self.metrics_path) if r["step"] <= resume_step]
+            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
             os.replace(tmp, self.metrics_path)
         self._file = open(self.metrics_path, "a")
@@ -130,11 +144,12 @@ class Tracker:
             try:
                 import wandb
             except ImportError as e:
-                raise ImportError("logging.report_to includes 'wandb' but it is not installed: "
+                raise ImportError("logging.report_to includes 'wandb' but wandb is not installed: "
                                   "pip install wandb") from e
             self.wandb = wandb.init(project="mmrl", config=config, dir=str(self.dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record `metrics` at `step` everywhere asked; redraw the plot every `plot_every` steps."""
         if not self.enabled:
             return
         record = {k: _clean(v) for k, v in metrics.items()}
@@ -142,8 +157,8 @@ class Tracker:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
         if self.writer is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.writer.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
@@ -151,6 +166,7 @@ class Tracker:
             plot_rewards(self.metrics_path, self.plot_path)
 
     def close(self) -> None:
+        """Draw the final plot and close the writers."""
         if not self.enabled:
             return
         self._file.close()
@@ -162,7 +178,9 @@ class Tracker:
 
 
 class Progress:
-    """A tqdm bar over training steps with reward, KL and clip fraction; tqdm gives the ETA."""
+    """A tqdm bar over training steps showing reward, KL and clip fraction; tqdm gives the ETA."""
+
+    SHOWN = {"reward": "reward_mean", "kl": "kl", "clip": "clip_frac", "loss": "loss"}
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "train"):
         self.bar = None
@@ -171,13 +189,14 @@ class Progress:
             self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
     def update(self, step: int, metrics: dict) -> None:
+        """Advance the bar to `step` and show the metrics present in `metrics`."""
         if self.bar is None:
             return
+        self.bar.set_postfix({k: f"{metrics[v]:.3g}" for k, v in self.SHOWN.items()
+                              if isinstance(metrics.get(v), numbers.Real)}, refresh=False)
         self.bar.update(step - self.bar.n)
-        shown = {"reward": "reward_mean", "kl": "kl", "clip": "clip_frac", "loss": "loss"}
-        self.bar.set_postfix({k: f"{metrics[v]:.3g}" for k, v in shown.items()
-                              if isinstance(metrics.get(v), (int, float))}, refresh=False)
 
     def close(self) -> None:
+        """Close the bar."""
         if self.bar is not None:
             self.bar.close()

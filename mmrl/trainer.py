@@ -25,7 +25,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
-from .advantages import compute_advantages, group_variance_mask, row_magnitude
+from .advantages import compute_advantages, group_variance_mask, row_magnitude, weighted_total
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
@@ -152,7 +152,7 @@ class Trainer:
         for attempt in range(tries):
             rollout, indices, rewards = self._rollout_groups(step, attempt)
             gids = torch.arange(len(indices)).repeat_interleave(algo.group_size) + attempt * len(indices)
-            total = sum(self.reward_weights[k] * torch.nan_to_num(v) for k, v in rewards.items())
+            total = weighted_total(rewards, self.reward_weights)
             self.sampler.update(indices, total, gids - attempt * len(indices))
             if samp.dynamic:
                 informative = group_variance_mask(total, gids - attempt * len(indices))

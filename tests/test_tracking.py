@@ -1,25 +1,45 @@
 """metrics.jsonl, TensorBoard, plots and the progress bar."""
 
+import io
 import json
+import sys
 
+import numpy as np
 import pytest
 
-from mmrl.tracking import Progress, Tracker, plot_sample_grid
+from mmrl.tracking import Progress, Tracker, plot_rewards, plot_sample_grid
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
 
 
 def test_metrics_tensorboard_and_plot(tmp_path):
     t = Tracker(tmp_path, ["tensorboard"], plot_every=2, config={"a": 1})
-    for step in range(1, 5):
-        t.log(step, {"reward_mean": step / 10, "reward/acc": step / 20, "kl": float("nan"), "clip_frac": 0.1})
+    plot = tmp_path / "plots" / "rewards.png"
+    t.log(1, {"reward_mean": 0.1, "reward/acc": 0.05, "kl": float("nan"), "clip_frac": np.float32(0.25)})
+    assert not plot.exists()
+    t.log(2, {"reward_mean": 0.2, "reward/acc": 0.1, "kl": 0.01, "clip_frac": 0.1})
+    assert plot.read_bytes()[:8] == PNG_MAGIC  # drawn after plot_every steps, before close
+    for step in (3, 4):
+        t.log(step, {"reward_mean": step / 10, "kl": float("inf")})
+    plot.unlink()
     t.close()
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2, 3, 4] and lines[0]["kl"] is None
-    png = (tmp_path / "plots" / "rewards.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    lines = _lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert lines[0] == {"step": 1, "reward_mean": 0.1, "reward/acc": 0.05, "kl": None, "clip_frac": 0.25}
+    assert lines[3]["kl"] is None and isinstance(lines[3]["reward_mean"], float)
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines()[1].startswith('{"clip_frac"')  # sorted keys
+    png = plot.read_bytes()  # redrawn on close
+    assert png[:8] == PNG_MAGIC and len(png) > 1000
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
-    assert [round(e.value, 6) for e in acc.Scalars("reward_mean")] == [0.1, 0.2, 0.3, 0.4]
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("reward_mean")] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert [e.step for e in acc.Scalars("kl")] == [2]  # non-finite values are not sent to TensorBoard
     assert json.loads((tmp_path / "config.json").read_text()) == {"a": 1}
 
 
@@ -28,28 +48,48 @@ def test_resume_drops_records_after_the_checkpoint(tmp_path):
     for step in range(1, 6):
         t.log(step, {"reward_mean": 0.0})
     t.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"reward_mean": 0.0, "st')  # a line cut short by the kill
     t = Tracker(tmp_path, ["none"], resume_step=3)
+    assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     t.log(4, {"reward_mean": 1.0})
     t.close()
-    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert [(r["step"], r["reward_mean"]) for r in _lines(tmp_path / "metrics.jsonl")] == \
+        [(1, 0.0), (2, 0.0), (3, 0.0), (4, 1.0)]
+    assert not (tmp_path / "tensorboard").exists()
 
 
-def test_bad_reporter_and_disabled_tracker(tmp_path):
-    with pytest.raises(ValueError, match="bogus"):
-        Tracker(tmp_path, ["bogus"])
-    t = Tracker(tmp_path / "off", ["tensorboard"], enabled=False)
+def test_bad_reporter_missing_wandb_and_disabled_tracker(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="bogus.*tensorboard.*wandb.*none"):
+        Tracker(tmp_path / "bad", ["bogus"])
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails as if not installed
+    with pytest.raises(ImportError, match="pip install wandb"):
+        Tracker(tmp_path / "w", ["wandb"])
+    t = Tracker(tmp_path / "off", ["tensorboard"], plot_every=1, config={"a": 1}, resume_step=0, enabled=False)
     t.log(1, {"reward_mean": 1.0})
     t.close()
-    assert not (tmp_path / "off").exists()
+    assert not (tmp_path / "off").exists() and not (tmp_path / "bad").exists()
+
+
+def test_plot_rewards_without_rewards_draws_nothing(tmp_path):
+    (tmp_path / "m.jsonl").write_text("")
+    assert plot_rewards(tmp_path / "m.jsonl", tmp_path / "a.png") is False
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    assert plot_rewards(tmp_path / "m.jsonl", tmp_path / "a.png") is False
+    assert plot_rewards(tmp_path / "missing.jsonl", tmp_path / "a.png") is False
+    assert not (tmp_path / "a.png").exists()
 
 
 def test_sample_grid_and_progress(tmp_path):
-    import numpy as np
-    images = [np.full((8, 8, 3), i * 40, dtype=np.uint8) for i in range(5)]
+    from PIL import Image
+    images = [np.full((8, 8, 3), i * 40, dtype=np.uint8) for i in range(4)] + [Image.new("RGB", (8, 8), "red")]
     plot_sample_grid(images, [f"s{i}" for i in range(5)], tmp_path / "grid.png", ncols=3)
-    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
-    for enabled in (False, True):
-        p = Progress(3, enabled=enabled)
-        p.update(1, {"reward_mean": 0.5, "kl": 0.01})
-        p.close()
+    assert (tmp_path / "grid.png").read_bytes()[:8] == PNG_MAGIC
+    p = Progress(3, enabled=False)
+    p.update(1, {"reward_mean": 0.5})
+    p.close()
+    p = Progress(3, initial=1)
+    p.bar.fp = io.StringIO()
+    p.update(2, {"reward_mean": 0.123456, "kl": 0.01, "clip_frac": 0.0})
+    assert p.bar.n == 2 and p.bar.postfix == "reward=0.123, kl=0.01, clip=0"
+    p.close()
