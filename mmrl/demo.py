@@ -43,6 +43,7 @@ def run_demo(name: str, overrides: list[str]) -> dict:
         "metric": f"mean reward of {cfg.eval.group_size} samples per held-out prompt "
                   f"(n={min(len(trainer.eval_rows), cfg.eval.max_prompts)}) at the rollout temperature",
         "before": before["reward_mean"], "after": after["reward_mean"],
+        "before_se": before["reward_mean_se"], "after_se": after["reward_mean_se"],
         "greedy_before": before["greedy_reward_mean"], "greedy_after": after["greedy_reward_mean"],
         "before_detail": before, "after_detail": after,
         "rl_steps": cfg.max_steps, "wall_s": time.perf_counter() - t0,

@@ -1,7 +1,7 @@
 """Held-out scoring: the quantity RL optimises, and greedy decoding beside it.
 
 `reward_mean` is the mean (weighted) reward of `group_size` samples per held-out prompt at the
-rollout temperature; `greedy_reward_mean` decodes once per prompt without sampling. Each reward
+rollout temperature (`reward_mean_se` its standard error over prompts); `greedy_reward_mean` decodes once per prompt without sampling. Each reward
 is reported on its own as well (``reward/<name>``, ``greedy/<name>``).
 """
 
@@ -35,7 +35,11 @@ def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns:
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
     mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731
-    out = {"reward_mean": mean(totals)}
+    per_prompt = torch.tensor(totals).view(-1, group_size).nanmean(dim=1)
+    per_prompt = per_prompt[~per_prompt.isnan()]
+    out = {"reward_mean": mean(totals),
+           # standard error over prompts (samples of one prompt are correlated)
+           "reward_mean_se": float(per_prompt.std() / len(per_prompt) ** 0.5) if len(per_prompt) > 1 else 0.0}
     out.update({f"reward/{k}": mean(v) for k, v in per_reward.items()})
     return out
 
@@ -50,5 +54,6 @@ def evaluate(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fn
     greedy = _score(policy, rows, prompt_column, reward_fns, weights, 1, seed, True, prompts_per_call)
     out = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
+    greedy.pop("reward_mean_se")
     out.update({k.replace("reward/", "greedy/"): v for k, v in greedy.items()})
     return out

@@ -34,7 +34,8 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
-        load_plugins()
+        if name not in self._items:  # plugins are imported only when a name is not yet known
+            load_plugins()
         if name not in self._items:
             known = ", ".join(sorted(self._items)) or "none"
             raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}")
