@@ -89,8 +89,10 @@ class Trainer:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.policy.model.train()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        # the fused kernel (CPU and CUDA) is several times faster than the per-tensor loop
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                      betas=tuple(cfg.optim.betas))
+                                      betas=tuple(cfg.optim.betas), fused=fused or None)
         from transformers import get_scheduler
         self.scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
                                        num_training_steps=max(cfg.max_steps, 1))

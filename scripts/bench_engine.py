@@ -115,12 +115,14 @@ def run_trl(args) -> list[float]:
     times: list[float] = []
 
     class StepTimer(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
+        """Wall time from one step's end to the next: generation, scoring and update included."""
+        last = None
 
         def on_step_end(self, a, state, control, **kw):
-            if state.global_step > args.warmup:
-                times.append(time.perf_counter() - self.t0)
+            now = time.perf_counter()
+            if state.global_step > args.warmup and self.last is not None:
+                times.append(now - self.last)
+            self.last = now
 
     data = Dataset.from_list([{"prompt": p} for p in PROMPTS[: args.prompts]] * (args.warmup + args.steps + 1))
     config = GRPOConfig(

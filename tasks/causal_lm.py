@@ -60,7 +60,9 @@ class GroupSeededSampler(LogitsProcessor):
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        logits = scores.float() / self.temperature
+        logits = scores.float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         if self.top_k > 0:
             kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -69,12 +71,12 @@ class GroupSeededSampler(LogitsProcessor):
             sorted_p, order = probs.sort(dim=-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > self.top_p
             probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-        u = torch.cat([torch.rand(self.group_size, generator=g, dtype=torch.float64) for g in self.generators])
-        cdf = probs.double().cumsum(-1)
-        u = (u.to(cdf.device)[:, None] * cdf[:, -1:]).clamp(max=cdf[:, -1:] * (1 - 1e-12))
-        token = torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1)
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, token, 0.0)
+        u = torch.cat([torch.rand(self.group_size, generator=g) for g in self.generators]).to(probs.device)
+        cdf = probs.cumsum(-1)
+        total = cdf[:, -1:]
+        token = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
+        # a token of zero probability is never drawn (u * total can equal a cdf plateau's value)
+        return scores.scatter(1, token, float("inf"))
 
 
 @ADAPTERS.register("causal_lm")
@@ -169,22 +171,42 @@ class CausalLMPolicy(Policy):
         )
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Units up to and including the first end token (eos or pad); truncated = no end."""
+        """Units up to and including the first eos, or up to the token that completes a stop
+        string; truncated = neither happened within max_new_tokens. (A sampled pad token is an
+        ordinary token: only eos and stop strings end a completion.)"""
         eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
-        is_eos = torch.isin(completion_ids, torch.tensor(eos, device=completion_ids.device))
-        is_pad = completion_ids == self.tokenizer.pad_token_id
         length = completion_ids.shape[1]
+        is_eos = torch.isin(completion_ids, torch.tensor(eos, device=completion_ids.device))
         pos = torch.arange(length, device=completion_ids.device)
-        first_eos = torch.where(is_eos, pos, length).min(dim=1).values
-        first_pad = torch.where(is_pad & ~is_eos, pos, length).min(dim=1).values
-        end = torch.minimum(first_eos + 1, first_pad)  # eos is a unit, pad is not
-        truncated = (first_eos >= length) & (first_pad >= length)
+        end = torch.where(is_eos, pos + 1, length + 1).min(dim=1).values
         if self.cfg.stop_strings:
-            ended = (first_pad < length) | (first_eos < length)
-            truncated = ~ended
+            end = torch.minimum(end, self._stop_string_ends(completion_ids, end))
+        truncated = end > length
         mask = (pos[None, :] < end[:, None]).to(torch.float32)
         return mask, truncated
+
+    def _stop_string_ends(self, completion_ids: Tensor, end: Tensor) -> Tensor:
+        """Per row, 1 + the first token index whose prefix text contains a stop string (binary
+        search over prefix lengths: containment is monotone), else length + 1."""
+        length = completion_ids.shape[1]
+        out = torch.full_like(end, length + 1)
+        stops = self.cfg.stop_strings
+
+        def hit(row: Tensor, k: int) -> bool:
+            text = self.tokenizer.decode(row[:k], skip_special_tokens=True)
+            return any(s in text for s in stops)
+
+        for i, row in enumerate(completion_ids.tolist()):
+            limit = min(int(end[i]), length)
+            if not hit(row, limit):
+                continue
+            lo, hi = 1, limit
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if hit(row, mid) else (mid + 1, hi)
+            out[i] = lo
+        return out
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:
         """Pad prompt ids on the left and completion ids on the right to common widths."""
@@ -212,7 +234,7 @@ class CausalLMPolicy(Policy):
         used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
         logp, ent = self._token_logprobs(model, prompt_ids, prompt_mask, completion_ids[:, :used],
                                          batch.unit_mask[:, :used], self.cfg.temperature, with_entropy)
-        logp = nn.functional.pad(logp, (0, width - used))
+        logp = nn.functional.pad(logp * batch.unit_mask[:, :used].to(logp.device), (0, width - used))
         if ent is not None:
             ent = nn.functional.pad(ent, (0, width - used))
         return logp[:, units], (ent[:, units] if ent is not None else None)

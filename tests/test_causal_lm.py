@@ -77,10 +77,22 @@ def test_truncated_completions_can_be_masked():
 
 def test_completion_mask_stops_after_eos(policy):
     eos, pad = policy.tokenizer.eos_token_id, policy.tokenizer.pad_token_id
-    ids = torch.tensor([[5, 6, eos, pad, pad], [5, 6, 7, 8, 9]])
+    ids = torch.tensor([[5, 6, eos, pad, pad], [5, 6, 7, 8, 9], [5, pad, 7, eos, pad]])
     mask, truncated = policy._completion_mask(ids)
-    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]  # a sampled pad is a token
+    assert truncated.tolist() == [False, True, False]
+
+
+def test_stop_strings_end_the_completion():
+    p = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=6, stop_strings=["</a>"]))
+    ids = torch.tensor([p.tokenizer("x</a>y", add_special_tokens=False)["input_ids"],
+                        p.tokenizer("abcdef", add_special_tokens=False)["input_ids"]])
+    mask, truncated = p._completion_mask(ids)
+    assert mask.tolist() == [[1, 1, 1, 1, 1, 0], [1] * 6]
     assert truncated.tolist() == [False, True]
+    r = p.rollout(["1+1="], 4, seeds=[0])
+    for text in r.completions:
+        assert "</a>" not in text[:-4]  # generation stops at the first stop string
 
 
 def test_supervised_loss_decreases(policy):
