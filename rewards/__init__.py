@@ -1,7 +1,7 @@
 """Reward functions: ``fn(prompts, completions, **columns) -> list[float | None]``.
 
 ``@register_reward(name)`` adds one; ``get_reward(name)`` returns it. Importing this package
-registers the built-ins.
+registers the built-ins: ``format``, ``accuracy``, ``length``.
 """
 
 from mmrl.reward_registry import REWARDS, get_reward, register_reward

@@ -8,13 +8,22 @@ from mmrl.reward_registry import register_reward
 
 from .text import completion_text
 
-THINK_ANSWER = r"<think>.*?</think>\s*<answer>.*?</answer>"
-ANSWER_ONLY = r"(?:<think>.*?</think>\s*)?<answer>.*?</answer>"
+# Tag contents may not themselves open or close the same tag, so "<answer>1</answer> x
+# <answer>2</answer>" (text outside the tags) does not match.
+_THINK = r"<think>(?:(?!</?think>).)*</think>"
+_ANSWER = r"<answer>(?:(?!</?answer>).)*</answer>"
+THINK_ANSWER = rf"{_THINK}\s*{_ANSWER}"
+ANSWER_ONLY = rf"(?:{_THINK}\s*)?{_ANSWER}"
 
 
 @register_reward("format")
 def format_reward(prompts, completions, pattern: str | None = None, think: bool = True, **kwargs) -> list[float]:
-    """1 if the stripped completion fully matches `pattern` (default: <think>..</think> then
-    <answer>..</answer>, the think block optional when think=False), else 0 (DeepSeek-R1)."""
-    regex = re.compile(pattern or (THINK_ANSWER if think else ANSWER_ONLY), flags=re.DOTALL)
+    """1.0 if the stripped completion fully matches the shape, else 0.0 (DeepSeek-R1 format reward).
+
+    Default shape: ``<think>...</think>`` then ``<answer>...</answer>``, only whitespace outside the
+    tags; the think block is optional when ``think=False``. A custom ``pattern`` (regex,
+    ``re.fullmatch`` with DOTALL on the stripped text) replaces the default.
+    """
+    regex = re.compile(pattern if pattern is not None else (THINK_ANSWER if think else ANSWER_ONLY),
+                       flags=re.DOTALL)
     return [1.0 if regex.fullmatch(completion_text(c).strip()) else 0.0 for c in completions]

@@ -2,14 +2,16 @@
 
 Same tiny Qwen2, same prompts, G completions of exactly T tokens each (eos suppressed), beta 0,
 one optimizer step per rollout batch, 2 CPU threads. Each contender runs in its own process
-(so peak RSS is its own) for `--steps` timed steps after `--warmup` untimed ones; the median
-step time is compared. The bare work is `generate` + a forward/backward of the same tokens with
+for `--steps` timed steps after `--warmup` untimed ones; median step times are compared. The bare work is `generate` + a forward/backward of the same tokens with
 a plain log-softmax policy-gradient loss + an AdamW step: the floor any GRPO trainer sits on.
 
     python scripts/bench_engine.py --json bench_engine.json
 
 prints and writes {"overhead_ratio": mmrl / bare, "trl_time_ratio": mmrl / TRL,
-"trl_peak_rss_ratio": mmrl / TRL, ...}. TRL is needed only here (`pip install -e ".[bench]"`).
+"trl_peak_rss_ratio": mmrl / TRL, ...}. Step times are compared within a process: each trainer's
+steps alternate with bare steps on a second copy of the model, and each trainer's time is taken
+relative to the bare steps beside it (process-to-process variation here is ~10%, larger than
+the differences measured). Peak RSS comes from each contender alone in a fresh process. TRL is needed only here (`pip install -e ".[bench]"`).
 """
 
 from __future__ import annotations
@@ -36,17 +38,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_bare(args) -> list[float]:
-    import torch
-    from tasks.tiny_models import qwen2_char
-    model, tok = qwen2_char(**MODEL)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    prompts = PROMPTS[: args.prompts]
-    enc = tok(prompts, padding=True, return_tensors="pt")
-    ids = enc.input_ids.repeat_interleave(args.group, 0)
-    mask = enc.attention_mask.repeat_interleave(args.group, 0)
-    times = []
-    for step in range(args.warmup + args.steps):
+class BareStep:
+    """generate + forward/backward of the same tokens + AdamW step, on a model of its own."""
+
+    def __init__(self, args):
+        import torch
+        from tasks.tiny_models import qwen2_char
+        self.args = args
+        self.model, self.tok = qwen2_char(**MODEL)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
+        enc = self.tok(PROMPTS[: args.prompts], padding=True, return_tensors="pt")
+        self.ids = enc.input_ids.repeat_interleave(args.group, 0)
+        self.mask = enc.attention_mask.repeat_interleave(args.group, 0)
+
+    def __call__(self) -> float:
+        import torch
+        args, model, tok, ids, mask = self.args, self.model, self.tok, self.ids, self.mask
         t0 = time.perf_counter()
         with torch.no_grad():
             seq = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
@@ -54,22 +61,23 @@ def run_bare(args) -> list[float]:
                                  pad_token_id=tok.pad_token_id)
         completion = seq[:, ids.shape[1]:]
         rewards = torch.tensor(digit_share(None, tok.batch_decode(completion, skip_special_tokens=True)))
-        adv = (rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group))
+        adv = rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group)
         full_mask = torch.cat([mask, torch.ones_like(completion)], 1)
         logits = model(input_ids=seq, attention_mask=full_mask,
                        position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
         logp = torch.log_softmax(logits[:, ids.shape[1] - 1:-1].float(), -1)
         logp = logp.gather(-1, completion[..., None]).squeeze(-1)
-        loss = -(adv[:, None] * logp).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+        (-(adv[:, None] * logp).mean()).backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return time.perf_counter() - t0
 
 
-def run_mmrl(args) -> list[float]:
+def run_bare(args, bare: BareStep) -> list[float]:
+    return [bare() for _ in range(args.warmup + args.steps)][args.warmup:]
+
+
+def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
     from mmrl.config import parse_config
     from mmrl.reward_registry import REWARDS, register_reward
     from mmrl.trainer import Trainer
@@ -89,13 +97,15 @@ def run_mmrl(args) -> list[float]:
         "output_dir": out, "max_steps": args.warmup + args.steps, "save_every": 0,
     }
     trainer = Trainer(parse_config(recipe))
-    times = []
+    times, floor = [], []
     for step in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         trainer.train_step()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return times
+            if bare is not None:
+                floor.append(bare())
+    return times, floor
 
 
 def _prompt_file(args) -> str:
@@ -106,23 +116,27 @@ def _prompt_file(args) -> str:
     return path
 
 
-def run_trl(args) -> list[float]:
+def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from tasks.tiny_models import qwen2_char
     model, tok = qwen2_char(**MODEL)
     times: list[float] = []
+    floor: list[float] = []
 
     class StepTimer(TrainerCallback):
-        """Wall time from one step's end to the next: generation, scoring and update included."""
+        """Wall time from one step's end to the next (generation, scoring and update included),
+        with the interleaved bare step left out."""
         last = None
 
         def on_step_end(self, a, state, control, **kw):
             now = time.perf_counter()
             if state.global_step > args.warmup and self.last is not None:
                 times.append(now - self.last)
-            self.last = now
+                if bare is not None:
+                    floor.append(bare())
+            self.last = time.perf_counter()
 
     data = Dataset.from_list([{"prompt": p} for p in PROMPTS[: args.prompts]] * (args.warmup + args.steps + 1))
     config = GRPOConfig(
@@ -135,53 +149,76 @@ def run_trl(args) -> list[float]:
     trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[StepTimer()])
     trainer.train()
-    return times
+    return times, floor
 
 
-WORKERS = {"bare": run_bare, "mmrl": run_mmrl, "trl": run_trl}
+CONTENDERS = ("bare", "mmrl", "trl")
+
+
+def worker(args) -> dict:
+    """One process: `--worker NAME` alone (peak RSS), or, with `--interleave`, NAME's steps
+    alternating with bare steps on a model of its own (step-time ratio within one process)."""
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.worker == "bare":
+        bare = BareStep(args)
+        return {"times": run_bare(args, bare), "floor": [], "peak_rss_mb": peak_rss_mb()}
+    bare = BareStep(args) if args.interleave else None
+    times, floor = {"mmrl": run_mmrl, "trl": run_trl}[args.worker](args, bare)
+    return {"times": times, "floor": floor, "peak_rss_mb": peak_rss_mb()}
+
+
+def launch(args, name: str, interleave: bool) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, __file__, "--worker", name] + [
+        f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")]
+    if interleave:
+        cmd.append("--interleave")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{name} worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the result here too")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="alternate the contenders this many times")
-    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
+    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-
     if args.worker:
-        import torch
-        torch.set_num_threads(args.threads)
-        torch.manual_seed(0)
-        times = WORKERS[args.worker](args)
-        print(json.dumps({"times": times, "peak_rss_mb": peak_rss_mb()}))
+        print(json.dumps(worker(args)))
         return
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    results: dict[str, dict] = {name: {"times": [], "peak_rss_mb": []} for name in WORKERS}
-    for _ in range(args.rounds):  # interleaved, so drift on the machine hits every contender alike
-        for name in WORKERS:
-            cmd = [sys.executable, __file__, "--worker", name] + [
-                f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"{name} worker failed:\n{done.stderr[-4000:]}")
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            results[name]["times"] += row["times"]
-            results[name]["peak_rss_mb"].append(row["peak_rss_mb"])
-    median = {name: statistics.median(r["times"]) for name, r in results.items()}
-    rss = {name: max(r["peak_rss_mb"]) for name, r in results.items()}
+    # memory: each contender alone in a fresh process
+    rss = {name: launch(args, name, interleave=False)["peak_rss_mb"] for name in CONTENDERS}
+    # time: each trainer's steps alternate with bare steps in the same process, so machine drift
+    # and per-process variation cancel in the ratio; rounds alternate the two trainers
+    per_step: dict[str, list[float]] = {"mmrl": [], "trl": []}
+    floor: dict[str, list[float]] = {"mmrl": [], "trl": []}
+    for _ in range(args.rounds):
+        for name in ("mmrl", "trl"):
+            row = launch(args, name, interleave=True)
+            per_step[name] += row["times"]
+            floor[name] += row["floor"]
+    over_bare = {name: statistics.median(per_step[name]) / statistics.median(floor[name]) for name in per_step}
     report = {
-        "overhead_ratio": median["mmrl"] / median["bare"],
-        "trl_time_ratio": median["mmrl"] / median["trl"],
+        "overhead_ratio": over_bare["mmrl"],
+        "trl_time_ratio": over_bare["mmrl"] / over_bare["trl"],
         "trl_peak_rss_ratio": rss["mmrl"] / rss["trl"],
-        "median_step_s": median, "peak_rss_mb": rss,
+        "trl_overhead_ratio": over_bare["trl"],
+        "median_step_s": {name: statistics.median(v) for name, v in per_step.items()},
+        "median_bare_step_s": {f"beside_{name}": statistics.median(v) for name, v in floor.items()},
+        "peak_rss_mb": rss,
         "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
                   "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": MODEL},
     }
