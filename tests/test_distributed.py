@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -13,13 +14,18 @@ from safetensors.torch import load_file
 from helpers import TINY_RECIPE
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_cli(launcher, recipe, out, steps):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = launcher + ["-m", "mmrl", "train", str(recipe), f"output_dir={out}", f"max_steps={steps}"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
 
 
 def test_one_and_two_processes_agree(tmp_path):
@@ -29,8 +35,9 @@ def test_one_and_two_processes_agree(tmp_path):
     recipe.write_text(yaml.safe_dump(cfg))
     single = run_cli([sys.executable], recipe, tmp_path / "one", 3)
     double = run_cli([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                      "--master_port", "29533"], recipe, tmp_path / "two", 3)
+                      "--master_addr", "127.0.0.1", "--master_port", str(free_port())], recipe, tmp_path / "two", 3)
     assert len(single) == len(double) == 3
+    assert any(r["loss"] != 0 and r["skipped_frac"] < 1 and r["kl"] > 0 for r in single)  # real updates happened
     for a, b in zip(single, double):
         for key in ("reward_mean", "reward/accuracy", "reward/digit_share", "advantage_mean", "advantage_std",
                     "loss", "kl", "clip_frac", "entropy", "completion_length", "skipped_frac"):

@@ -1,4 +1,4 @@
-"""Prompt sampling: deterministic, epoch-covering, curriculum order, MMR1 variance weighting."""
+"""Prompt sampling: deterministic, epoch-covering, curriculum order (SARI), MMR1 variance weighting."""
 
 import json
 
@@ -8,13 +8,23 @@ import torch
 from mmrl.config import SamplingConfig
 from mmrl.sampling import PromptSampler, curriculum_order, derive_seed
 
-ROWS = [{"prompt": str(i), "difficulty": (i * 7) % 5} for i in range(10)]
+ROWS = [{"prompt": str(i), "difficulty": (i * 7) % 5} for i in range(10)]  # 0,2,4,1,3,0,2,4,1,3
+VARIANCE = SamplingConfig(strategy="variance")
 
 
 def test_derive_seed_is_stable_and_mixes():
     assert derive_seed(1, 2, 3) == derive_seed(1, 2, 3)
-    assert derive_seed(1, 2, 3) != derive_seed(1, 3, 2)
-    assert 0 <= derive_seed(5) < 2 ** 63
+    assert derive_seed(1, 2, 3) != derive_seed(1, 3, 2) != derive_seed(1, 2)
+    seeds = {derive_seed(0, s) for s in range(1000)}
+    assert len(seeds) == 1000 and all(0 <= s < 2 ** 63 for s in seeds)
+    assert derive_seed(12, 34) == derive_seed(12, 34)
+
+
+def test_empty_dataset_and_bad_config_error():
+    with pytest.raises(ValueError, match="empty"):
+        PromptSampler([], SamplingConfig(), 0)
+    with pytest.raises(ValueError, match="variance_mix"):
+        PromptSampler(ROWS, SamplingConfig(strategy="variance", variance_mix=1.5), 0)
 
 
 def test_uniform_covers_each_prompt_once_per_epoch_and_is_reproducible():
@@ -22,53 +32,118 @@ def test_uniform_covers_each_prompt_once_per_epoch_and_is_reproducible():
     first = a.draw(1, 4) + a.draw(2, 4) + a.draw(3, 2)
     assert sorted(first) == list(range(10))
     assert first == b.draw(1, 4) + b.draw(2, 4) + b.draw(3, 2)
-    assert a.draw(4, 10) != first  # a new epoch, a new order
+    second = a.draw(4, 10)
+    assert sorted(second) == list(range(10)) and second != first  # wrapped: a new epoch, a new order
+    assert a.stats()["sampling/epoch"] == 2.0
     assert PromptSampler(ROWS, SamplingConfig(), seed=1).draw(1, 10) != first
 
 
+def test_uniform_wrap_inside_a_step_does_not_repeat_and_epochs_stay_complete():
+    for seed in range(20):
+        s = PromptSampler(ROWS, SamplingConfig(), seed)
+        epoch0 = s.draw(1, 8)
+        step2 = s.draw(2, 4)  # the last 2 of epoch 0, then 2 of epoch 1
+        assert len(set(step2)) == 4
+        assert sorted(epoch0 + step2[:2]) == list(range(10))
+        epoch1 = step2[2:] + s.draw(3, 8)
+        assert sorted(epoch1) == list(range(10))
+
+
 def test_dynamic_attempts_do_not_repeat_prompts():
-    s = PromptSampler(ROWS, SamplingConfig(), seed=0)
-    drawn = s.draw(1, 3, attempt=0) + s.draw(1, 3, attempt=1) + s.draw(1, 3, attempt=2)
-    assert len(set(drawn)) == 9
+    for cfg in (SamplingConfig(), VARIANCE, SamplingConfig(curriculum_column="difficulty")):
+        s = PromptSampler(ROWS, cfg, seed=0)
+        s.draw(0, 7)
+        drawn = s.draw(1, 3, attempt=0) + s.draw(1, 3, attempt=1) + s.draw(1, 3, attempt=2)
+        assert len(set(drawn)) == 9, cfg
+        # a step asking for more prompts than there are repeats only once every prompt is used
+        more = s.draw(2, 6) + s.draw(2, 6, attempt=1)
+        assert sorted(set(more[:10])) == list(range(10)), cfg
 
 
 def test_curriculum_easy_to_hard_and_reverse():
     order = curriculum_order(ROWS, "difficulty")
     assert [ROWS[i]["difficulty"] for i in order] == sorted(r["difficulty"] for r in ROWS)
-    assert order[:2] == [0, 5]  # ties keep data-set order
-    s = PromptSampler(ROWS, SamplingConfig(curriculum_column="difficulty", curriculum_descending=True), 0)
-    assert [ROWS[i]["difficulty"] for i in s.draw(1, 10)] == sorted((r["difficulty"] for r in ROWS), reverse=True)
+    assert order == [0, 5, 3, 8, 1, 6, 4, 9, 2, 7]  # ties keep data-set order
+    assert curriculum_order(ROWS, "difficulty", descending=True) == [2, 7, 4, 9, 1, 6, 3, 8, 0, 5]
+    s = PromptSampler(ROWS, SamplingConfig(curriculum_column="difficulty"), 0)
+    assert s.draw(1, 4) + s.draw(2, 4) + s.draw(3, 4) == order + order[:2]  # walked, wrapping around
+    d = PromptSampler(ROWS, SamplingConfig(curriculum_column="difficulty", curriculum_descending=True), 0)
+    assert [ROWS[i]["difficulty"] for i in d.draw(1, 10)] == sorted((r["difficulty"] for r in ROWS),
+                                                                   reverse=True)
 
 
 def test_curriculum_column_must_be_numeric():
     with pytest.raises(ValueError, match="row 0"):
         PromptSampler([{"prompt": "x"}], SamplingConfig(curriculum_column="difficulty"), 0)
+    rows = [{"difficulty": 1}, {"difficulty": 2}, {"difficulty": "hard"}]
+    with pytest.raises(ValueError, match=r"'difficulty'.*row 2"):
+        PromptSampler(rows, SamplingConfig(curriculum_column="difficulty"), 0)
 
 
 def test_variance_sampling_probabilities_by_hand():
     rows = ROWS[:4]
     s = PromptSampler(rows, SamplingConfig(strategy="variance", variance_mix=0.5, variance_window=2), 0)
+    assert s.probabilities().tolist() == pytest.approx([0.25] * 4)  # nothing seen: all 0.25
     # prompt 0: outcomes 1,0,1,0 -> variance .25; prompt 1: all 1 -> 0; prompt 2: all 0 -> 0;
-    # prompt 3: never seen -> the max seen, .25
+    # prompt 3: never seen -> the max seen, .25. Sum VPS = .5.
     s.update([0, 1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
     s.update([0], torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
-    p = s.probabilities().tolist()
-    assert p == pytest.approx([0.5 * 0.5 + 0.125, 0.125, 0.125, 0.5 * 0.5 + 0.125])
+    p = [0.5 * 0.25 / 0.5 + 0.5 / 4, 0.5 / 4, 0.5 / 4, 0.5 * 0.25 / 0.5 + 0.5 / 4]
+    assert p == [0.375, 0.125, 0.125, 0.375]
+    assert s.probabilities().tolist() == pytest.approx(p)
     counts = torch.zeros(4)
-    for step in range(3000):
+    for step in range(4000):
         for i in s.draw(step, 1):
             counts[i] += 1
-    assert (counts / counts.sum()).tolist() == pytest.approx(p, abs=0.03)
+    assert (counts / counts.sum()).tolist() == pytest.approx(p, abs=0.025)  # ~3.5 standard errors
+    assert s.stats()["sampling/mean_vps"] == pytest.approx(0.125)
 
 
-def test_state_dict_round_trip_gives_the_same_draws():
-    cfg = SamplingConfig(strategy="variance")
+def test_variance_window_diversity_and_nan():
+    s = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance", variance_window=2,
+                                               diversity_weight=0.5, variance_mix=1.0), 0)
+    ids = torch.tensor([0, 0])
+    for r in ([1.0, 1.0], [0.0, float("nan")], [0.0, 0.0], [0.0, 0.0]):
+        s.update([0], torch.tensor(r), ids)
+    assert list(s.outcomes[0]) == [0.0, 0.0, 0.0, 0.0]  # the last 2 * group_size finite rewards
+    s.update([0, 1], torch.tensor([0.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), diversity=[0.2, 0.0])
+    vps = s.vps().tolist()
+    assert vps == pytest.approx([0.5 * 0.2, 0.25])
+    assert s.probabilities().tolist() == pytest.approx([0.1 / 0.35, 0.25 / 0.35])
+    zero = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance"), 0)
+    zero.update([0, 1], torch.ones(4), torch.tensor([0, 0, 1, 1]))
+    assert zero.probabilities().tolist() == pytest.approx([0.5, 0.5])  # all VPS 0: uniform
+
+
+def test_variance_draws_are_deterministic_and_differ_by_step():
+    a, b = PromptSampler(ROWS, VARIANCE, 7), PromptSampler(ROWS, VARIANCE, 7)
+    for s in (a, b):
+        s.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    draws = [a.draw(step, 4) for step in range(6)]
+    assert draws == [b.draw(step, 4) for step in range(6)]
+    assert all(len(set(d)) == 4 for d in draws)
+    assert len({tuple(d) for d in draws}) > 1
+    c = PromptSampler(ROWS, VARIANCE, 7)
+    c.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    assert c.draw(3, 4) == draws[3]  # a step's draw depends on (seed, step, attempt, windows)
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(), VARIANCE, SamplingConfig(curriculum_column="difficulty")])
+def test_state_dict_round_trip_gives_the_same_draws(cfg):
     a = PromptSampler(ROWS, cfg, 3)
-    a.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    a.draw(0, 7)
+    a.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), diversity=[0.5, 0.1])
+    a.draw(1, 4)  # wraps mid-step for the sequential walk; the next attempt must remember it
     b = PromptSampler(ROWS, cfg, 3)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert [a.draw(s, 3) for s in range(5)] == [b.draw(s, 3) for s in range(5)]
-    u1, u2 = PromptSampler(ROWS, SamplingConfig(), 3), PromptSampler(ROWS, SamplingConfig(), 3)
-    u1.draw(1, 7)
-    u2.load_state_dict(json.loads(json.dumps(u1.state_dict())))
-    assert u1.draw(2, 6) == u2.draw(2, 6)
+    assert a.stats() == b.stats()
+
+    def rest(s):
+        out = [s.draw(1, 3, attempt=1)]
+        for step in range(2, 7):
+            out.append(s.draw(step, 3))
+            s.update(out[-1], torch.tensor([float(step % 2), 1.0] * 3), torch.arange(3).repeat_interleave(2))
+        return out
+
+    assert rest(a) == rest(b)
+    assert a.state_dict() == b.state_dict()
