@@ -60,7 +60,7 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
 
 
 def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
-    """Draw reward curves (raw and moving average) and, when logged, KL and clip fraction.
+    """Draw reward curves (raw and moving average) and, when logged, KL, clip fraction and entropy.
 
     Returns False, writing nothing, when there is no reward to draw."""
     from matplotlib.figure import Figure
@@ -69,7 +69,7 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
     rewards = {k: s for k in names if (s := _series(records, k))[0]}
     if not rewards:
         return False
-    extra = {k: s for k in ("kl", "clip_frac") if (s := _series(records, k))[0]}
+    extra = {k: s for k in ("kl", "clip_frac", "entropy") if (s := _series(records, k))[0]}
     fig = Figure(figsize=(8, 6.5 if extra else 4))
     axes = fig.subplots(2 if extra else 1, 1, squeeze=False, sharex=True)[:, 0]
     for key, (steps, values) in rewards.items():
@@ -82,7 +82,7 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
     for key, (steps, values) in extra.items():
         axes[1].plot(steps, values, label=key)
     if extra:
-        axes[1].set_title("KL and clip fraction")
+        axes[1].set_title("KL, clip fraction and entropy")
         axes[1].set_ylabel("value")
         axes[1].legend(fontsize=8)
     axes[-1].set_xlabel("step")
