@@ -41,6 +41,18 @@ def bind_reward(name: str, args: Mapping[str, Any] | None = None) -> RewardFn:
     return functools.partial(fn, **args) if args else fn
 
 
+def reward_metrics(fns: Mapping[str, RewardFn]) -> dict[str, float]:
+    """Extra metrics a reward reports about its last calls (e.g. failed compiles by reason):
+    a reward function may carry a ``pop_metrics()`` attribute; keys come back as
+    ``reward/<name>/<key>``."""
+    out = {}
+    for name, fn in fns.items():
+        pop = getattr(getattr(fn, "func", fn), "pop_metrics", None)
+        if pop is not None:
+            out.update({f"reward/{name}/{k}": float(v) for k, v in pop().items()})
+    return out
+
+
 def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], completions: Sequence[Any],
                     columns: Mapping[str, Sequence[Any]]) -> dict[str, Tensor]:
     """Call each reward; return name -> float tensor [N] with NaN where it gave None.

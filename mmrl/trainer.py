@@ -32,7 +32,7 @@ from .evaluate import evaluate
 from .loss import AGGREGATIONS, policy_loss, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, compute_rewards
+from .reward_registry import bind_reward, compute_rewards, reward_metrics
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -123,9 +123,10 @@ class Trainer:
         return gather_object([obj])
 
     # ----- one step ---------------------------------------------------------------------------
-    def _rollout_groups(self, step: int, attempt: int) -> tuple[Rollout, list[int], dict[str, Tensor]]:
-        """Roll out this process's groups of one draw; return them with the draw's indices and
-        the rewards of the WHOLE draw (gathered, in global row order)."""
+    def _rollout_groups(self, step: int, attempt: int) -> tuple[Rollout, list[int], dict[str, Tensor],
+                                                               dict[str, float]]:
+        """Roll out this process's groups of one draw; return them with the draw's indices, the
+        rewards of the WHOLE draw (gathered, in global row order) and the rewards' own metrics."""
         cfg = self.cfg
         group_size = cfg.algorithm.group_size
         indices = self.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
@@ -137,9 +138,13 @@ class Trainer:
         for key in rows[0]:
             rollout.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
         rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
-        gathered = self._gather({k: v.tolist() for k, v in rewards.items()})
-        full = {k: torch.tensor([x for part in gathered for x in part[k]]) for k in rewards}
-        return rollout, indices, full
+        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, reward_metrics(self.reward_fns)))
+        full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
+        extra: dict[str, float] = {}
+        for _, counts in gathered:
+            for key, value in counts.items():
+                extra[key] = extra.get(key, 0.0) + value
+        return rollout, indices, full, extra
 
     def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, int, dict[str, float]]:
         """Rollouts and gathered rewards for a step; with DAPO dynamic sampling, keep drawing
@@ -151,8 +156,11 @@ class Trainer:
         local_parts, reward_parts, gid_parts = [], [], []
         kept_groups = 0
         attempt = 0
+        reward_extra: dict[str, float] = {}
         for attempt in range(tries):
-            rollout, indices, rewards = self._rollout_groups(step, attempt)
+            rollout, indices, rewards, extra = self._rollout_groups(step, attempt)
+            for key, value in extra.items():
+                reward_extra[key] = reward_extra.get(key, 0.0) + value
             gids = torch.arange(len(indices)).repeat_interleave(algo.group_size) + attempt * len(indices)
             total = weighted_total(rewards, self.reward_weights)
             self.sampler.update(indices, total, gids - attempt * len(indices))
@@ -178,7 +186,7 @@ class Trainer:
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
         group_id = torch.cat(gid_parts)
-        stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups)}
+        stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups), **reward_extra}
         stats.update(self.sampler.stats())
         offset = sum(self._gather(len(local))[: self.accelerator.process_index])
         return local, rewards, group_id, offset, stats

@@ -1,0 +1,182 @@
+"""LaTeX render reward (Table2LaTeX-RL style): a visual score between the renderings of the
+completion and of the reference, and a structure score on the code, combined with weights.
+
+visual = SSIM (Wang et al. 2004; Gaussian window sigma 1.5, C1 = 0.01^2, C2 = 0.03^2) of the two
+grayscale renderings, aligned top-left and padded with white to a common size.
+structure = for tables, a TEDS-style tree similarity 1 - TED / max(|T1|, |T2|) over the
+table -> rows -> cells tree (rows matched in order, a cell's relabel cost its normalised token edit
+distance); for formulas, 1 - normalised token edit distance.
+A snippet that does not compile, or uses a forbidden primitive, scores 0; the reasons are counted
+and reported through `pop_metrics()` (logged by the engine as ``reward/latex_render/...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from mmrl.reward_registry import register_reward
+
+from .latex_sandbox import Render, compile_latex
+from .text import completion_text
+
+FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|special|catcode|"
+                       r"usepackage|documentclass|newwrite|newread|end\{document\})", re.IGNORECASE)
+_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\s]")
+_reference_cache: dict[tuple, Render] = {}
+_failures: Counter = Counter()
+
+
+def latex_tokens(code: str) -> list[str]:
+    """Commands (``\\frac``), escaped symbols and single non-space characters."""
+    return _TOKEN.findall(code)
+
+
+def edit_distance(a: list, b: list, sub_cost=None) -> float:
+    """Levenshtein distance; `sub_cost(x, y)` in [0, 1] replaces the 0/1 substitution cost."""
+    prev = [float(j) for j in range(len(b) + 1)]
+    for i, x in enumerate(a, 1):
+        cur = [float(i)] + [0.0] * len(b)
+        for j, y in enumerate(b, 1):
+            sub = (0.0 if x == y else 1.0) if sub_cost is None else sub_cost(x, y)
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + sub)
+        prev = cur
+    return prev[-1]
+
+
+def token_similarity(a: str, b: str) -> float:
+    ta, tb = latex_tokens(a), latex_tokens(b)
+    if not ta and not tb:
+        return 1.0
+    return 1.0 - edit_distance(ta, tb) / max(len(ta), len(tb))
+
+
+def table_tree(code: str) -> list[list[str]]:
+    """Rows of cells of a tabular body (rules and the environment lines dropped)."""
+    body = re.sub(r"\\begin\{tabular\}\{[^}]*\}|\\end\{tabular\}|\\hline|\\toprule|\\midrule|\\bottomrule"
+                  r"|\\cline\{[^}]*\}", " ", code)
+    rows = [r.strip() for r in re.split(r"\\\\", body)]
+    return [[c.strip() for c in r.split("&")] for r in rows if r]
+
+
+def teds(a: str, b: str) -> float:
+    """1 - TED / max(|T1|, |T2|) on table -> rows -> cells trees (nodes: table, rows, cells)."""
+    ta, tb = table_tree(a), table_tree(b)
+    size = lambda t: 1 + sum(1 + len(r) for r in t)  # noqa: E731
+
+    def cell_cost(x: str, y: str) -> float:
+        return 1.0 - token_similarity(x, y)
+
+    def row_cost(x: list[str], y: list[str]) -> float:
+        return edit_distance(x, y, cell_cost)
+
+    # inserting or deleting a row costs the row node and its cells
+    prev = [float(sum(1 + len(r) for r in tb[:j])) for j in range(len(tb) + 1)]
+    for i, x in enumerate(ta, 1):
+        cur = [prev[0] + 1 + len(x)] + [0.0] * len(tb)
+        for j, y in enumerate(tb, 1):
+            cur[j] = min(prev[j] + 1 + len(x), cur[j - 1] + 1 + len(y), prev[j - 1] + row_cost(x, y))
+        prev = cur
+    return max(0.0, 1.0 - prev[-1] / max(size(ta), size(tb)))
+
+
+def ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean SSIM of two grayscale images in [0, 1], padded with white to a common size."""
+    from scipy.ndimage import gaussian_filter
+    h, w = max(a.shape[0], b.shape[0]), max(a.shape[1], b.shape[1])
+    pad = lambda x: np.pad(x, ((0, h - x.shape[0]), (0, w - x.shape[1])), constant_values=1.0)  # noqa: E731
+    x, y = pad(a).astype(np.float64), pad(b).astype(np.float64)
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    mx, my = gaussian_filter(x, 1.5), gaussian_filter(y, 1.5)
+    sxx = gaussian_filter(x * x, 1.5) - mx * mx
+    syy = gaussian_filter(y * y, 1.5) - my * my
+    sxy = gaussian_filter(x * y, 1.5) - mx * my
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return float(np.clip(s.mean(), 0.0, 1.0))
+
+
+def extract_latex(text: str) -> str:
+    """The LaTeX of a completion: a fenced block's content, or the text without $ delimiters."""
+    fenced = re.findall(r"```(?:latex|tex)?\s*(.*?)```", text, flags=re.DOTALL)
+    code = fenced[-1] if fenced else text
+    return code.strip().strip("$").strip()
+
+
+def _kind(reference: str, kind: str) -> str:
+    if kind != "auto":
+        return kind
+    return "table" if "\\begin{tabular}" in reference else "formula"
+
+
+def pop_metrics() -> dict[str, float]:
+    """Counts of failed compiles by reason since the last call (the engine logs them)."""
+    out = {f"fail/{reason}": float(n) for reason, n in _failures.items()}
+    _failures.clear()
+    return out
+
+
+def _reason(error: str) -> str:
+    if error.startswith("forbidden"):
+        return "forbidden"
+    if error == "timeout":
+        return "timeout"
+    if "capacity exceeded" in error:
+        return "capacity"
+    if "larger than" in error or error == "binary input":
+        return "input"
+    return "compile"
+
+
+@register_reward("latex_render")
+def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
+                        structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
+                        **kwargs) -> list[float | None]:
+    """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1]."""
+    if len(reference) != len(completions):
+        raise ValueError(f"latex_render: column 'reference' has {len(reference)} values for "
+                         f"{len(completions)} completions")
+    if visual_weight < 0 or structure_weight < 0 or visual_weight + structure_weight <= 0:
+        raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")
+    codes = [extract_latex(completion_text(c)) for c in completions]
+    kinds = [None if r is None else _kind(r, kind) for r in reference]
+
+    def render(i: int) -> Render | None:
+        if reference[i] is None:
+            return None
+        bad = FORBIDDEN.search(codes[i])
+        if bad:
+            return Render(None, "latex", f"forbidden command {bad.group(0)}")
+        return compile_latex(codes[i], kinds[i], timeout=timeout)
+
+    def render_reference(i: int) -> Render | None:
+        if reference[i] is None:
+            return None
+        key = (reference[i], kinds[i])
+        if key not in _reference_cache:
+            _reference_cache[key] = compile_latex(reference[i], kinds[i], timeout=timeout)
+        return _reference_cache[key]
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        candidates = list(pool.map(render, range(len(codes))))
+        references = list(pool.map(render_reference, range(len(codes))))
+    total = visual_weight + structure_weight
+    out: list[float | None] = []
+    for i, (cand, ref) in enumerate(zip(candidates, references)):
+        if cand is None:
+            out.append(None)
+            continue
+        if ref.image is None:
+            raise ValueError(f"latex_render: reference {i} does not render ({ref.error}): {reference[i][:80]!r}")
+        if cand.image is None:
+            _failures[_reason(cand.error)] += 1
+            out.append(0.0)
+            continue
+        structure = teds(codes[i], reference[i]) if kinds[i] == "table" else token_similarity(codes[i], reference[i])
+        out.append((visual_weight * ssim(cand.image, ref.image) + structure_weight * structure) / total)
+    return out
+
+
+latex_render_reward.pop_metrics = pop_metrics

@@ -1,0 +1,132 @@
+"""Compile model-written LaTeX to an image inside a sandbox.
+
+Every compile runs `latex` then `dvipng` in a fresh temporary directory that is its only working
+directory, with: no shell escape (`-no-shell-escape`, `shell_escape=f`), `openin_any=p` and
+`openout_any=p` (no absolute paths, no `..`, no dot files), HOME pointed at the temp dir, a
+wall-time limit (the whole process group is killed), CPU-time, address-space and file-size
+limits on each process, a cap on input size, and a page cap (only page 1 is rendered; a page
+counter hook stops TeX after `max_pages`). A failed or killed compile returns no image and the
+reason. Without TeX on the machine, formulas fall back to matplotlib's mathtext.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+PREAMBLE = r"""\documentclass[12pt]{article}
+\usepackage{amsmath,amssymb}
+\pagestyle{empty}
+\AddToHook{shipout/after}{\ifnum\value{page}>%(max_pages)d \batchmode\csname @@end\endcsname\fi}
+\begin{document}
+"""
+
+
+@dataclass
+class Render:
+    """A grayscale image in [0, 1] (1 = white), or None with the reason the compile failed."""
+
+    image: np.ndarray | None
+    renderer: str
+    error: str | None = None
+
+
+def tex_available() -> bool:
+    return shutil.which("latex") is not None and shutil.which("dvipng") is not None
+
+
+def wrap_document(snippet: str, kind: str, max_pages: int) -> str:
+    """A minimal document around a formula (display math) or a table (as written)."""
+    body = f"\\[\n{snippet}\n\\]" if kind == "formula" else snippet
+    return PREAMBLE % {"max_pages": max_pages} + body + "\n\\end{document}\n"
+
+
+def _limits(cpu_s: int, memory_mb: int, file_mb: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def _run(cmd: list[str], cwd: str, timeout: float, memory_mb: int, file_mb: int) -> tuple[int | None, str]:
+    """Run in its own process group under resource limits; kill the group on timeout."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd, "TEXMFOUTPUT": cwd,
+           "openin_any": "p", "openout_any": "p", "shell_escape": "f", "TEXMFVAR": cwd, "TEXMFCONFIG": cwd,
+           "LC_ALL": "C"}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_limits(int(timeout) + 1, memory_mb, file_mb))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        return None, "timeout"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the group outlives the call
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def compile_latex(snippet: str, kind: str = "formula", timeout: float = 10.0, memory_mb: int = 1024,
+                  max_bytes: int = 20_000, max_pages: int = 1, dpi: int = 150) -> Render:
+    """Render `snippet` (a formula or a tabular) to a grayscale image, sandboxed."""
+    if kind not in ("formula", "table"):
+        raise ValueError(f"latex kind={kind!r} is not one of formula, table")
+    if len(snippet.encode(errors="replace")) > max_bytes:
+        return Render(None, "latex", f"input larger than {max_bytes} bytes")
+    if "\x00" in snippet or not snippet.isprintable() and any(ord(c) < 9 for c in snippet):
+        return Render(None, "latex", "binary input")
+    if not tex_available():
+        return _mathtext(snippet, kind, dpi)
+    with tempfile.TemporaryDirectory(prefix="mmrl-latex-") as work:
+        with open(os.path.join(work, "doc.tex"), "w") as f:
+            f.write(wrap_document(snippet, kind, max_pages))
+        code, log = _run(["latex", "-no-shell-escape", "-interaction=nonstopmode", "-halt-on-error",
+                          "doc.tex"], work, timeout, memory_mb, file_mb=32)
+        if code != 0 or not os.path.exists(os.path.join(work, "doc.dvi")):
+            return Render(None, "latex", "timeout" if code is None else _first_error(log))
+        code, log = _run(["dvipng", "-q", "-T", "tight", "-D", str(dpi), "-bg", "White", "-gray",
+                          "-p", "1", "-l", "1", "-o", "page.png", "doc.dvi"], work, timeout, memory_mb, file_mb=32)
+        png = os.path.join(work, "page.png")
+        if code != 0 or not os.path.exists(png):
+            return Render(None, "latex", "timeout" if code is None else "dvipng failed")
+        return Render(_load_gray(png), "latex")
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if line.startswith("!"):
+            return line[:200]
+    return "latex failed"
+
+
+def _load_gray(path_or_buffer) -> np.ndarray:
+    from PIL import Image
+    with Image.open(path_or_buffer) as im:
+        return np.asarray(im.convert("L"), dtype=np.float32) / 255.0
+
+
+def _mathtext(snippet: str, kind: str, dpi: int) -> Render:
+    """matplotlib's mathtext, for formulas on machines without TeX."""
+    if kind != "formula":
+        return Render(None, "mathtext", "tables need TeX (latex and dvipng)")
+    from matplotlib import mathtext
+    buf = io.BytesIO()
+    try:
+        mathtext.math_to_image(f"${snippet}$", buf, dpi=dpi, format="png")
+    except Exception as e:  # mathtext's parser raises ValueError and others on bad input
+        return Render(None, "mathtext", f"mathtext: {str(e).splitlines()[0][:200]}")
+    buf.seek(0)
+    return Render(_load_gray(buf), "mathtext")

@@ -1,0 +1,98 @@
+"""The sandboxed LaTeX render reward: the attack suite scores 0, finishes in time, touches
+nothing outside its temp dir and leaves no process; identical LaTeX scores 1; a one-cell change
+scores lower than the identical table."""
+
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from rewards import get_reward
+from rewards.latex_render import pop_metrics, ssim, teds, token_similarity
+from rewards.latex_sandbox import compile_latex, tex_available
+
+needs_tex = pytest.mark.skipif(not tex_available(), reason="latex and dvipng are not installed")
+FORMULA = r"\frac{a+b}{\sqrt{c}} = x^{2}"
+TABLE = r"\begin{tabular}{|c|c|}\hline a & b \\ \hline 1 & 2 \\ \hline\end{tabular}"
+ATTACKS = {
+    "input": r"\input{/etc/passwd}",
+    "openin": r"\newread\f \openin\f=/etc/hostname \read\f to\x \x",
+    "write18": r"\immediate\write18{touch OUTSIDE} x",
+    "write_outside": r"\newwrite\f \immediate\openout\f=OUTSIDE \immediate\write\f{hi}\immediate\closeout\f x",
+    "recursive_macro": r"\def\a{\a x}\a",
+    "infinite_loop": r"\loop x \iftrue\repeat",
+    "page_bomb": r"\newcount\n \n=0 \loop \ifnum\n<20000 \advance\n1 \null\newpage\repeat",
+    "binary": "\x00\x01\x02\xff\xfe\x7f garbage",
+    "huge": "x" * 100_000,
+}
+
+
+def latex_processes() -> int:
+    out = subprocess.run(["ps", "-eo", "comm"], capture_output=True, text=True).stdout.split()
+    return sum(name in ("latex", "pdftex", "dvipng") for name in out)
+
+
+@needs_tex
+def test_attacks_score_zero_in_time_and_touch_nothing(tmp_path):
+    outside = tmp_path / "pwned.txt"
+    reward = get_reward("latex_render")
+    pop_metrics()
+    for name, code in ATTACKS.items():
+        code = code.replace("OUTSIDE", str(outside))
+        t0 = time.perf_counter()
+        score = reward(None, [code], reference=[FORMULA], timeout=5)
+        assert score == [0.0], name
+        assert time.perf_counter() - t0 < 8, name
+        assert not outside.exists(), name
+    assert latex_processes() == 0
+    fails = pop_metrics()
+    assert sum(fails.values()) == len(ATTACKS) and fails.get("fail/forbidden", 0) >= 3
+
+
+@needs_tex
+def test_the_sandbox_itself_blocks_reads_and_writes(tmp_path):
+    # past the reward's denylist: the compile itself must refuse absolute paths
+    target = tmp_path / "written.txt"
+    r = compile_latex(r"\newwrite\f \immediate\openout\f=" + str(target) + r" \immediate\write\f{x} y")
+    assert r.image is None and not target.exists()
+    r = compile_latex(r"\input{/etc/hostname}")
+    assert r.image is None
+
+
+@needs_tex
+def test_identical_scores_one_and_a_changed_cell_scores_lower():
+    reward = get_reward("latex_render")
+    same = reward(None, [FORMULA, TABLE], reference=[FORMULA, TABLE])
+    assert same == pytest.approx([1.0, 1.0])
+    changed = TABLE.replace("1 & 2", "1 & 3")
+    lower = reward(None, [changed], reference=[TABLE])[0]
+    assert 0.5 < lower < 1.0
+    assert reward(None, ["```latex\n" + FORMULA + "\n```"], reference=[FORMULA]) == pytest.approx([1.0])
+    assert reward(None, [FORMULA], reference=[None]) == [None]
+
+
+def test_structure_scores_by_hand():
+    assert token_similarity(r"\frac{a}{b}", r"\frac{a}{c}") == pytest.approx(1 - 1 / 7)
+    # one row of two cells changed in one cell of one token: TED 1 over 1 + 2 rows x (1 + 2) nodes
+    a = r"a & b \\ 1 & 2"
+    b = r"a & b \\ 1 & 3"
+    assert teds(a, b) == pytest.approx(1 - 1 / 7)
+    assert teds(a, r"a & b") == pytest.approx(1 - 3 / 7)  # a deleted row costs its 3 nodes
+
+
+def test_ssim_properties():
+    rng = np.random.default_rng(0)
+    img = rng.random((20, 30)).astype(np.float32)
+    assert ssim(img, img) == pytest.approx(1.0)
+    assert ssim(img, 1 - img) < 0.2
+    assert ssim(img[:10], img) < 1.0  # padding with white is not free
+
+
+def test_bad_arguments_are_named():
+    reward = get_reward("latex_render")
+    with pytest.raises(ValueError, match="'reference' has 1 values for 2"):
+        reward(None, ["a", "b"], reference=["a"])
+    with pytest.raises(ValueError, match="kind"):
+        compile_latex("x", kind="poem")
