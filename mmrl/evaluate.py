@@ -19,7 +19,7 @@ from .sampling import derive_seed
 EVAL_SEED_SALT = 0xE7A1
 
 
-def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns: Mapping[str, Callable],
+def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
            prompts_per_call: int) -> dict[str, float]:
     totals: list[float] = []
@@ -27,7 +27,7 @@ def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns:
     for start in range(0, len(rows), prompts_per_call):
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
-        rollout = policy.rollout([r[prompt_column] for r in chunk], group_size, seeds, greedy=greedy)
+        rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
         columns = {k: [r.get(k) for r in chunk for _ in range(group_size)] for k in chunk[0]}
         columns = {**rollout.columns, **columns}
         rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, columns)
@@ -45,13 +45,13 @@ def _score(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns:
 
 
 @torch.no_grad()
-def evaluate(policy: Policy, rows: Sequence[dict], prompt_column: str, reward_fns: Mapping[str, Callable],
+def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
              weights: Mapping[str, float], group_size: int, seed: int,
              prompts_per_call: int = 16) -> dict[str, float]:
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
-    sampled = _score(policy, rows, prompt_column, reward_fns, weights, group_size, seed, False, prompts_per_call)
-    greedy = _score(policy, rows, prompt_column, reward_fns, weights, 1, seed, True, prompts_per_call)
+    sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call)
+    greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call)
     out = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")

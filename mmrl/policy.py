@@ -19,13 +19,20 @@ class Policy(ABC):
 
     Config: ClassVar[type]
     model: nn.Module
+    prompt_column: str = "prompt"  # set by the engine from `data.prompt_column`
 
     @abstractmethod
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
-        """Sample `group_size` completions for each prompt, under no grad. Group `g` must be a
-        function of `prompts[g]` and `seeds[g]` alone, so that rollouts do not depend on how
-        groups are spread over processes. Rows are ordered group by group."""
+        """Sample `group_size` completions for each prompt, under no grad. A prompt is a data-set
+        row (a dict: the adapter reads `prompt_column` and whatever else it needs, e.g. images)
+        or the bare prompt itself. Group `g` must be a function of `prompts[g]` and `seeds[g]`
+        alone, so that rollouts do not depend on how groups are spread over processes. Rows are
+        ordered group by group; `Rollout.prompts` holds the prompt as the rewards should see it."""
+
+    def prompt_of(self, row: Any) -> Any:
+        """The prompt of a data-set row (a row that is not a dict is the prompt itself)."""
+        return row[self.prompt_column] if isinstance(row, dict) else row
 
     @abstractmethod
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),

@@ -76,6 +76,7 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
         self.policy = build_policy(cfg)
+        self.policy.prompt_column = cfg.data.prompt_column
         if cfg.policy.get("device") is None:
             self.policy.model.to(acc.device)
         self.lora = cfg.optim.lora.r > 0
@@ -133,7 +134,7 @@ class Trainer:
         local = self._local_groups(len(indices))
         rows = [self.train_rows[indices[g]] for g in local]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
-        rollout = self.policy.rollout([r[cfg.data.prompt_column] for r in rows], group_size, seeds)
+        rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         for key in rows[0]:
             rollout.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
@@ -379,7 +380,7 @@ class Trainer:
     def evaluate(self, rows: list[dict] | None = None) -> dict[str, float]:
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
-        return evaluate(self.policy, rows, cfg.data.prompt_column, self.reward_fns, self.reward_weights,
+        return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
                         cfg.eval.group_size, cfg.seed)
 
     def warm_start(self) -> float:
@@ -396,8 +397,7 @@ class Trainer:
                             desc="warm start")
         for step in range(1, ws.steps + 1):
             pick = torch.randint(len(self.train_rows), (ws.batch_size,), generator=generator).tolist()
-            loss = self.policy.supervised_loss(model, [self.train_rows[i] for i in pick], ws.target_column,
-                                               self.cfg.data.prompt_column)
+            loss = self.policy.supervised_loss(model, [self.train_rows[i] for i in pick], ws.target_column)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -125,7 +125,7 @@ class CausalLMPolicy(Policy):
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Tensor]:
-        texts = [self.prompt_text(p) for p in prompts]
+        texts = [self.prompt_text(self.prompt_of(p)) for p in prompts]
         return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
 
     # ----- rollout -------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class CausalLMPolicy(Policy):
             unit_mask = unit_mask * (~truncated)[:, None]
         return Rollout(
             group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
-            prompts=[p for p in prompts for _ in range(group_size)],
+            prompts=[self.prompt_of(p) for p in prompts for _ in range(group_size)],
             completions=texts,
             unit_mask=unit_mask.float().cpu(),
             truncated=truncated.cpu(),
@@ -255,10 +255,9 @@ class CausalLMPolicy(Policy):
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
 
-    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str,
-                        prompt_column: str = "prompt") -> Tensor:
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
-        enc = self._encode_prompts([r[prompt_column] for r in rows])
+        enc = self._encode_prompts(rows)
         targets = [self.tokenizer(str(r[target_column]), add_special_tokens=False)["input_ids"]
                    + [self.tokenizer.eos_token_id] for r in rows]
         width = max(len(t) for t in targets)
