@@ -91,15 +91,7 @@ class CausalLMPolicy(Policy):
         if cfg.temperature <= 0:
             raise ValueError(f"policy.temperature={cfg.temperature} must be > 0")
         self.cfg = cfg
-        if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
-        else:
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
-                                                           trust_remote_code=cfg.trust_remote_code)
-            self.model = AutoModelForCausalLM.from_pretrained(
-                cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
-                trust_remote_code=cfg.trust_remote_code)
+        self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
@@ -108,6 +100,22 @@ class CausalLMPolicy(Policy):
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
+
+    def _load(self, cfg: CausalLMConfig) -> None:
+        """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
+        if cfg.model.startswith("tiny:"):
+            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
+            self.model.to(DTYPES[cfg.dtype])
+            return
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
+                                                       trust_remote_code=cfg.trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code)
+
+    def suppressed_tokens(self) -> list[int]:
+        """Token ids never sampled (a text model: none)."""
+        return []
 
     # ----- prompts -------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
@@ -124,35 +132,61 @@ class CausalLMPolicy(Policy):
             messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Tensor]:
+    def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
+        """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with
+        `prompt_` are [P, L] tensors padded on the left), plus adapter-specific entries."""
         texts = [self.prompt_text(self.prompt_of(p)) for p in prompts]
-        return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
+
+    @staticmethod
+    def _expand(enc: dict[str, Any], group_size: int) -> dict[str, Any]:
+        """Per-row inputs: every prompt's entry repeated for its `group_size` rows (tensors by
+        repeat_interleave, per-prompt lists by reference, without copying)."""
+        out = {}
+        for key, value in enc.items():
+            if isinstance(value, Tensor):
+                out[key] = value.repeat_interleave(group_size, dim=0)
+            else:
+                out[key] = [v for v in value for _ in range(group_size)]
+        return out
+
+    def _model_inputs(self, rows: dict[str, Any], completion_ids: Tensor | None = None,
+                      completion_mask: Tensor | None = None) -> dict[str, Tensor]:
+        """Keyword inputs of `generate` (prompt only) or of the forward (prompt + completion)."""
+        device = self.device
+        input_ids, attention = rows["prompt_ids"], rows["prompt_mask"]
+        if completion_ids is None:
+            return {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
+        input_ids = torch.cat([input_ids, completion_ids], dim=1).to(device)
+        attention = torch.cat([attention, completion_mask.to(attention.dtype)], dim=1).to(device)
+        return {"input_ids": input_ids, "attention_mask": attention,
+                "position_ids": (attention.cumsum(-1) - 1).clamp(min=0)}
 
     # ----- rollout -------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
         cfg = self.cfg
-        enc = self._encode_prompts(prompts)
-        device = self.device
-        prompt_ids = enc["input_ids"].repeat_interleave(group_size, dim=0).to(device)
-        prompt_mask = enc["attention_mask"].repeat_interleave(group_size, dim=0).to(device)
+        rows = self._expand(self._encode_prompts(prompts), group_size)
+        inputs = self._model_inputs(rows)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
                                    pad_token_id=self.tokenizer.pad_token_id,
                                    eos_token_id=self.model.generation_config.eos_token_id
                                    or self.tokenizer.eos_token_id,
-                                   stop_strings=cfg.stop_strings or None)
+                                   stop_strings=cfg.stop_strings or None,
+                                   suppress_tokens=self.suppressed_tokens() or None)
         processors = LogitsProcessorList()
         if not greedy:
             processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
         was_training = self.model.training
         self.model.eval()
         sequences = self.model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
-            logits_processor=processors, tokenizer=self.tokenizer if cfg.stop_strings else None)
+            **inputs, generation_config=gen_cfg, logits_processor=processors,
+            tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
-        completion_ids = sequences[:, prompt_ids.shape[1]:]
+        completion_ids = sequences[:, inputs["input_ids"].shape[1]:]
         unit_mask, truncated = self._completion_mask(completion_ids)
         completion_ids = completion_ids.masked_fill(unit_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -165,9 +199,7 @@ class CausalLMPolicy(Policy):
             unit_mask=unit_mask.float().cpu(),
             truncated=truncated.cpu(),
             columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
-            extras={"prompt_ids": prompt_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
-                    "completion_ids": completion_ids.cpu(),
-                    "completion_lengths": unit_mask.sum(1).long().cpu()},
+            extras={**rows, "completion_ids": completion_ids.cpu()},
         )
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -217,8 +249,9 @@ class CausalLMPolicy(Policy):
         for r in parts:
             dp, dc = p_width - r.extras["prompt_ids"].shape[1], c_width - r.num_units
             extras = dict(r.extras)
-            extras["prompt_ids"] = nn.functional.pad(r.extras["prompt_ids"], (dp, 0), value=pad)
-            extras["prompt_mask"] = nn.functional.pad(r.extras["prompt_mask"], (dp, 0), value=0)
+            for key, value in r.extras.items():
+                if key.startswith("prompt_") and isinstance(value, Tensor):
+                    extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
             extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
             fixed.append(Rollout(group_id=r.group_id, prompts=r.prompts, completions=r.completions,
                                  unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), columns=r.columns,
@@ -228,27 +261,23 @@ class CausalLMPolicy(Policy):
     # ----- log-probs -----------------------------------------------------------------------
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        prompt_ids, prompt_mask = batch.extras["prompt_ids"], batch.extras["prompt_mask"]
         completion_ids = batch.extras["completion_ids"]
         width = completion_ids.shape[1]
         used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
-        logp, ent = self._token_logprobs(model, prompt_ids, prompt_mask, completion_ids[:, :used],
+        logp, ent = self._token_logprobs(model, batch.extras, completion_ids[:, :used],
                                          batch.unit_mask[:, :used], self.cfg.temperature, with_entropy)
         logp = nn.functional.pad(logp * batch.unit_mask[:, :used].to(logp.device), (0, width - used))
         if ent is not None:
             ent = nn.functional.pad(ent, (0, width - used))
         return logp[:, units], (ent[:, units] if ent is not None else None)
 
-    def _token_logprobs(self, model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
-                        completion_ids: Tensor, completion_mask: Tensor, temperature: float,
+    def _token_logprobs(self, model: nn.Module, rows: dict[str, Any], completion_ids: Tensor,
+                        completion_mask: Tensor, temperature: float,
                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        device = next(model.parameters()).device
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)
-        attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1).to(device)
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         c = completion_ids.shape[1]
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                    logits_to_keep=c + 1, use_cache=False)
+        out = model(**self._model_inputs(rows, completion_ids, completion_mask), logits_to_keep=c + 1,
+                    use_cache=False)
+        device = out.logits.device
         logits = out.logits[:, :-1]
         if temperature != 1.0:
             logits = logits / temperature
@@ -257,7 +286,7 @@ class CausalLMPolicy(Policy):
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
-        enc = self._encode_prompts(rows)
+        prompts = self._encode_prompts(rows)
         targets = [self.tokenizer(str(r[target_column]), add_special_tokens=False)["input_ids"]
                    + [self.tokenizer.eos_token_id] for r in rows]
         width = max(len(t) for t in targets)
@@ -266,7 +295,7 @@ class CausalLMPolicy(Policy):
         for i, t in enumerate(targets):
             ids[i, :len(t)] = torch.tensor(t)
             mask[i, :len(t)] = 1
-        logp, _ = self._token_logprobs(model, enc["input_ids"], enc["attention_mask"], ids, mask, 1.0, False)
+        logp, _ = self._token_logprobs(model, prompts, ids, mask, 1.0, False)
         mask = mask.to(logp.device)
         return -(logp * mask).sum() / mask.sum()
 

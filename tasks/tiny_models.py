@@ -51,3 +51,52 @@ def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0
     """A Qwen2 decoder over the character tokenizer (the text demo's policy)."""
     tokenizer = char_tokenizer()
     return tiny_qwen2(tokenizer, hidden, layers, heads, seed), tokenizer
+
+
+QWEN_VL_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                    "<|video_pad|>"]
+QWEN_VL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@TINY_MODELS.register("qwen2.5-vl-char")
+def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32,
+                   rope_theta: float = 10.0, max_pixels: int = 112 * 112, seed: int = 0):
+    """A Qwen2.5-VL (1-layer vision tower, `layers`-layer text model over characters) with its
+    processor: Qwen's image processor and a chat template with the vision tokens. A small
+    `rope_theta` lets a tiny model tell its few visual tokens apart."""
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
+                              Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIALS})
+    tokenizer.chat_template = QWEN_VL_TEMPLATE
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14, merge_size=2)
+    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                    video_processor=Qwen2VLVideoProcessor(), chat_template=QWEN_VL_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    half = hidden // heads // 2  # rotary frequencies per head, split over (time, height, width)
+    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                         rope_scaling={"type": "mrope", "mrope_section": section}, rope_theta=rope_theta,
+                         max_position_embeddings=2048, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id),
+        vision_config=dict(depth=1, hidden_size=vision_hidden, intermediate_size=vision_hidden * 2, num_heads=2,
+                           out_hidden_size=hidden, fullatt_block_indexes=[0], window_size=56),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.eos_token_id
+    return model, processor
