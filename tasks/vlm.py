@@ -65,6 +65,10 @@ class VLMPolicy(CausalLMPolicy):
                 trust_remote_code=cfg.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
 
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        model.save_pretrained(path, safe_serialization=True)
+        self.processor.save_pretrained(path)
+
     def suppressed_tokens(self) -> list[int]:
         """The multimodal placeholder tokens (image / video / audio pads, vision start and end):
         sampled inside a completion they would be read as slots for features that do not exist."""
