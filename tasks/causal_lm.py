@@ -278,7 +278,7 @@ class CausalLMPolicy(Policy):
         out = model(**self._model_inputs(rows, completion_ids, completion_mask), logits_to_keep=c + 1,
                     use_cache=False)
         device = out.logits.device
-        logits = out.logits[:, :-1]
+        logits = out.logits[:, -(c + 1):-1]  # some models return every position despite logits_to_keep
         if temperature != 1.0:
             logits = logits / temperature
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,

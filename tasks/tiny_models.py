@@ -100,3 +100,39 @@ def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hid
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id
     return model, processor
+
+
+QWEN_AUDIO_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
+QWEN_AUDIO_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@TINY_MODELS.register("qwen2-audio-char")
+def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hidden: int = 32, seed: int = 0):
+    """A Qwen2-Audio (1-layer Whisper-style encoder, `layers`-layer text model over characters)
+    with its processor: Whisper's 128-mel feature extractor and a chat template with audio slots."""
+    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
+                              WhisperFeatureExtractor)
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_AUDIO_SPECIALS})
+    tokenizer.chat_template = QWEN_AUDIO_TEMPLATE
+    processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer,
+                                    chat_template=QWEN_AUDIO_TEMPLATE)
+    config = Qwen2AudioConfig(
+        audio_config=dict(d_model=audio_hidden, encoder_layers=1, encoder_attention_heads=2,
+                          encoder_ffn_dim=audio_hidden * 2, num_mel_bins=128),
+        text_config=dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=hidden,
+                         intermediate_size=hidden * 2, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=max(1, heads // 2), pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2AudioForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.eos_token_id
+    return model, processor

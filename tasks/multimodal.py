@@ -1,0 +1,112 @@
+"""Multimodal language models as policies (shared by the vision and audio adapters): one unit
+per completion token, images or audio in the prompt.
+
+Each prompt is processed on its own (chat template with one slot per image or clip, then the
+model's processor), so a row's inputs never depend on the other rows of a batch; the
+per-token processor outputs (``mm_token_type_ids``, ``token_type_ids``) are left-padded with the
+ids, the others (``pixel_values``, ``image_grid_thw``, ...) are kept per prompt and joined for each
+batch. Generation and the completion log-probs see exactly the same processor outputs; the
+multimodal rotary positions are computed by the model from ids, grids and attention mask.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
+from .tiny_models import TINY_MODELS
+
+TOKEN_KEYS = ("input_ids", "attention_mask")
+
+
+class MultimodalPolicy(CausalLMPolicy):
+    """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
+    (`_media`)."""
+
+    def _load(self, cfg: CausalLMConfig) -> None:
+        if cfg.model.startswith("tiny:"):
+            self.model, self.processor = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
+            self.model.to(DTYPES[cfg.dtype])
+        else:
+            self._load_pretrained(cfg)
+        self.tokenizer = self.processor.tokenizer
+
+    @abstractmethod
+    def _load_pretrained(self, cfg: CausalLMConfig) -> None:
+        """Set `model` and `processor` with `from_pretrained(cfg.model)`."""
+
+    @abstractmethod
+    def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
+        """(chat content items, one per image or clip; keyword inputs of the processor)."""
+
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        model.save_pretrained(path, safe_serialization=True)
+        self.processor.save_pretrained(path)
+
+    def suppressed_tokens(self) -> list[int]:
+        """The multimodal placeholder tokens (image / video / audio pads, vision start and end):
+        sampled inside a completion they would be read as slots for features that do not exist."""
+        cfg = self.model.config
+        names = [k for k in cfg.to_dict() if k.endswith(("_token_id", "_token_index")) and
+                 any(m in k for m in ("image", "video", "vision", "audio"))]
+        return sorted({int(getattr(cfg, k)) for k in names if isinstance(getattr(cfg, k), int)})
+
+    def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
+        per_token: dict[str, list[Tensor]] = {}
+        per_prompt: dict[str, list[Tensor]] = {}
+        ids = []
+        for row in prompts:
+            content, media = self._media(row)
+            content = content + [{"type": "text", "text": self.prompt_of(row)}]
+            messages = [{"role": "user", "content": content}]
+            if self.cfg.system_prompt:
+                messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
+            chat = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            enc = self.processor(text=[chat], return_tensors="pt", **media)
+            ids.append(enc["input_ids"][0])
+            for key, value in enc.items():
+                if key in TOKEN_KEYS:
+                    continue
+                if value.dim() == 2 and value.shape == enc["input_ids"].shape:
+                    per_token.setdefault(key, []).append(value[0])
+                else:
+                    per_prompt.setdefault(key, []).append(value)
+        width = max(len(x) for x in ids)
+        left_pad = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v)  # noqa: E731
+                                              for x in xs])
+        out: dict[str, Any] = {
+            "prompt_ids": left_pad(ids, self.tokenizer.pad_token_id),
+            "prompt_mask": left_pad([torch.ones_like(x) for x in ids], 0),
+        }
+        out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
+        out.update(per_prompt)
+        return out
+
+    def _model_inputs(self, rows: dict[str, Any], completion_ids: Tensor | None = None,
+                      completion_mask: Tensor | None = None) -> dict[str, Tensor]:
+        inputs = super()._model_inputs(rows, completion_ids, completion_mask)
+        inputs.pop("position_ids", None)  # multimodal rotary positions come from ids, grids and mask
+        device, dtype = self.device, next(self.model.parameters()).dtype
+        width = 0 if completion_ids is None else completion_ids.shape[1]
+        for key, value in rows.items():
+            if key in ("prompt_ids", "prompt_mask", "completion_ids"):
+                continue
+            if key.startswith("prompt_"):
+                inputs[key[len("prompt_"):]] = nn.functional.pad(value, (0, width)).to(device)
+            else:
+                joined = torch.cat(list(value), dim=0).to(device)
+                inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
+        return inputs
+
+
+def column_values(row: Any, column: str) -> list:
+    """A row's value(s) in `column` as a list (none when absent)."""
+    if not isinstance(row, dict) or row.get(column) is None:
+        return []
+    value = row[column]
+    return list(value) if isinstance(value, (list, tuple)) else [value]
