@@ -1,0 +1,282 @@
+"""Transcript rewards: word and character error rate against the `reference` column.
+
+``wer`` and ``cer`` score text completions; ``asr_wer`` scores audio completions (waveforms) by
+transcribing them with a Whisper model first. All three give ``1 - min(error rate, 1)``, so a
+perfect transcript scores 1 and one with at least as many errors as reference words scores 0.
+
+Error rates (jiwer, Levenshtein alignment): ``WER = (S + D + I) / N`` with S substitutions,
+D deletions, I insertions and N reference words; CER is the same over characters (spaces
+included). Both can exceed 1 when the hypothesis has many insertions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from typing import Any, Sequence
+
+import jiwer
+import numpy as np
+
+from mmrl.reward_registry import register_reward
+
+from .text import completion_text
+
+# -- normalisation -------------------------------------------------------------------------------
+
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+         "fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2032": "'"})
+_NUMBER = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(?![\w]|[.,]\d)")
+
+
+def number_to_words(n: int) -> str:
+    """English words for 0 <= n <= 999999, without "and" or hyphens: 21 -> "twenty one",
+    105 -> "one hundred five", 12000 -> "twelve thousand"."""
+    if not 0 <= n <= 999_999:
+        raise ValueError(f"number_to_words: n={n!r} is outside 0..999999")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    if n < 1000:
+        return _ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_to_words(n % 100))
+    return number_to_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + number_to_words(n % 1000))
+
+
+def _spell_number(m: re.Match) -> str:
+    n = int(m.group(1).replace(",", ""))
+    return number_to_words(n) if n <= 999_999 else m.group(0)
+
+
+def normalize_transcript(text: str, lowercase: bool = True, strip_punctuation: bool = True,
+                         numbers_to_words: bool = False) -> str:
+    """Normalise a transcript before scoring.
+
+    Always: Unicode NFKC, typographic apostrophes to ``'``, whitespace collapsed and stripped.
+    ``lowercase``: casefold. ``numbers_to_words``: whole-word digit runs 0..999999 (also
+    ``1,000``-style groups; leading zeros ignored) spelled out in English, ``"21"`` ->
+    ``"twenty one"``; larger numbers, decimals and digits glued to letters (``3rd``) are left as
+    they are. ``strip_punctuation``: hyphens and dashes become spaces, other punctuation (Unicode
+    category P*) is removed, except an apostrophe between two letters/digits (``"don't"``).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"normalize_transcript: text={text!r:.80} is not a string")
+    text = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+    if lowercase:
+        text = text.lower()
+    if numbers_to_words:
+        text = _NUMBER.sub(_spell_number, text)
+    if strip_punctuation:
+        chars = []
+        for i, ch in enumerate(text):
+            cat = unicodedata.category(ch)
+            if ch == "'" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
+                chars.append(ch)
+            elif cat == "Pd":  # hyphens and dashes separate words
+                chars.append(" ")
+            elif cat.startswith("P"):
+                chars.append("")
+            else:
+                chars.append(ch)
+        text = "".join(chars)
+    return " ".join(text.split())
+
+
+# -- error rates ---------------------------------------------------------------------------------
+
+def _error_rate(measure, reference: str, hypothesis: str, norm: dict) -> float:
+    ref = normalize_transcript(reference, **norm)
+    hyp = normalize_transcript(hypothesis, **norm)
+    if not ref:  # undefined (N = 0): every hypothesis token is an insertion; capped at 1
+        return 0.0 if not hyp else 1.0
+    if not hyp:  # every reference token is a deletion
+        return 1.0
+    return float(measure(ref, hyp))
+
+
+def word_error_rate(reference: str, hypothesis: str, **norm: Any) -> float:
+    """WER = (S + D + I) / N over the normalised texts (``norm``: the `normalize_transcript`
+    options), via ``jiwer.wer``. An empty reference gives 0.0 for an empty hypothesis and 1.0
+    otherwise (every hypothesis word is an insertion; we cap at 1)."""
+    return _error_rate(jiwer.wer, reference, hypothesis, norm)
+
+
+def char_error_rate(reference: str, hypothesis: str, **norm: Any) -> float:
+    """CER = (S + D + I) / N over the characters of the normalised texts (spaces count), via
+    ``jiwer.cer``; empty references as in `word_error_rate`."""
+    return _error_rate(jiwer.cer, reference, hypothesis, norm)
+
+
+def _score(name: str, rate, hypotheses: Sequence[str], reference: Sequence[Any], norm: dict) -> list[float | None]:
+    out: list[float | None] = []
+    for i, (hyp, ref) in enumerate(zip(hypotheses, reference)):
+        if ref is None:
+            out.append(None)
+            continue
+        if not isinstance(ref, str):
+            raise ValueError(f"{name}: reference[{i}]={ref!r:.80} is not a string")
+        out.append(1.0 - min(rate(ref, hyp, **norm), 1.0))
+    return out
+
+
+def _check_lengths(name: str, completions: Sequence[Any], reference: Sequence[Any]) -> None:
+    if reference is None or isinstance(reference, str):
+        raise ValueError(f"{name}: column 'reference' must be a list of transcripts, got {reference!r:.80}")
+    if len(reference) != len(completions):
+        raise ValueError(f"{name}: column 'reference' has {len(reference)} values for "
+                         f"{len(completions)} completions")
+
+
+@register_reward("wer")
+def wer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
+               numbers_to_words: bool = False, **kwargs) -> list[float | None]:
+    """1 - min(WER, 1) of each completion's text against `reference`; None where the reference
+    is None. Completions are strings or chat-message lists."""
+    _check_lengths("wer", completions, reference)
+    norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
+    return _score("wer", word_error_rate, [completion_text(c) for c in completions], reference, norm)
+
+
+@register_reward("cer")
+def cer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
+               numbers_to_words: bool = False, **kwargs) -> list[float | None]:
+    """1 - min(CER, 1) of each completion's text against `reference`; None where the reference
+    is None."""
+    _check_lengths("cer", completions, reference)
+    norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
+    return _score("cer", char_error_rate, [completion_text(c) for c in completions], reference, norm)
+
+
+# -- audio completions: Whisper transcription ---------------------------------------------------
+
+_ASR_MODELS: dict[tuple[str, str | None], tuple[Any, Any]] = {}  # (name, device) -> (processor, model)
+_REGISTERED: dict[str, tuple[Any, Any]] = {}
+
+
+def register_asr_model(name: str, processor: Any, model: Any) -> None:
+    """Make an already-built Whisper ``(processor, model)`` pair available as ``model=name``
+    (no download; e.g. a tiny random model in tests). It is used on whatever device it is on
+    unless the reward is given ``device``."""
+    _REGISTERED[name] = (processor, model)
+
+
+def _resolve_device(device: Any) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def load_asr_model(name: str, device: Any = None) -> tuple[Any, Any]:
+    """The Whisper (processor, model) for `name` (a hub id or a local directory) on `device`
+    (default: cuda when available, else cpu), loaded once per (name, device) and cached; a pair
+    from `register_asr_model` is returned as registered (moved to `device` when one is given)."""
+    if name in _REGISTERED:
+        processor, model = _REGISTERED[name]
+        if device is not None:
+            model.to(device)
+        return processor, model
+    key = (name, _resolve_device(device))
+    if key not in _ASR_MODELS:
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        processor = WhisperProcessor.from_pretrained(name)
+        model = WhisperForConditionalGeneration.from_pretrained(name).to(key[1]).eval()
+        _ASR_MODELS[key] = (processor, model)
+    return _ASR_MODELS[key]
+
+
+def resample(wave: np.ndarray, orig_rate: int, target_rate: int) -> np.ndarray:
+    """`wave` resampled from `orig_rate` to `target_rate` Hz with a polyphase filter
+    (``scipy.signal.resample_poly``); output length ceil(len * target / orig)."""
+    if orig_rate == target_rate:
+        return wave
+    from scipy.signal import resample_poly
+
+    g = math.gcd(int(orig_rate), int(target_rate))
+    return resample_poly(wave, int(target_rate) // g, int(orig_rate) // g).astype(np.float32)
+
+
+def _waveform(completion: Any, i: int, sampling_rate: int | None) -> tuple[np.ndarray, int]:
+    """(float32 1-D samples, rate) of one audio completion."""
+    rate = sampling_rate
+    if isinstance(completion, dict):
+        if "array" not in completion:
+            raise ValueError(f"asr_wer: completion {i} is a dict without an 'array' of samples")
+        rate = completion.get("sampling_rate", sampling_rate)
+        completion = completion["array"]
+    try:
+        import torch
+
+        if isinstance(completion, torch.Tensor):
+            completion = completion.detach().float().cpu().numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(completion, np.ndarray) or completion.ndim != 1 or not (
+            np.issubdtype(completion.dtype, np.floating)):
+        raise ValueError(f"asr_wer: completion {i} is not audio (a 1-D float array or tensor of samples, "
+                         f"or {{'array': ..., 'sampling_rate': ...}}): got {type(completion).__name__} "
+                         f"{getattr(completion, 'shape', '')}")
+    if rate is None:
+        raise ValueError(f"asr_wer: completion {i} has no sampling rate (give 'sampling_rate' in the "
+                         f"completion dict or the sampling_rate= argument)")
+    if not (isinstance(rate, (int, np.integer)) or float(rate).is_integer()) or rate <= 0:
+        raise ValueError(f"asr_wer: completion {i} has sampling_rate={rate!r}, not a positive integer")
+    return completion.astype(np.float32, copy=False), int(rate)
+
+
+def transcribe(waveforms: Sequence[np.ndarray], processor: Any, model: Any, batch_size: int = 16,
+               language: str | None = None, max_new_tokens: int | None = None) -> list[str]:
+    """Greedy Whisper transcripts of 1-D waveforms already at the feature extractor's rate."""
+    import torch
+
+    rate = processor.feature_extractor.sampling_rate
+    param = next(model.parameters())
+    gen_kwargs: dict[str, Any] = {"do_sample": False, "num_beams": 1}
+    if max_new_tokens is not None:
+        gen_kwargs["max_new_tokens"] = max_new_tokens
+    if language is not None:
+        gen_kwargs.update(language=language, task="transcribe")
+    out: list[str] = []
+    with torch.no_grad():
+        for start in range(0, len(waveforms), batch_size):
+            batch = list(waveforms[start:start + batch_size])
+            feats = processor.feature_extractor(batch, sampling_rate=rate, return_tensors="pt")
+            ids = model.generate(feats.input_features.to(param.device, param.dtype), **gen_kwargs)
+            out.extend(t.strip() for t in processor.batch_decode(ids, skip_special_tokens=True))
+    return out
+
+
+@register_reward("asr_wer")
+def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper-tiny",
+                   sampling_rate: int | None = None, batch_size: int = 16, language: str | None = None,
+                   device: Any = None, max_new_tokens: int | None = None, lowercase: bool = True,
+                   strip_punctuation: bool = True, numbers_to_words: bool = False,
+                   **kwargs) -> list[float | None]:
+    """1 - min(WER, 1) of the Whisper transcript of each audio completion against `reference`.
+
+    Completions are waveforms: 1-D float numpy arrays or torch tensors (rate from
+    `sampling_rate`) or ``{"array": ..., "sampling_rate": ...}``; they are resampled to the
+    feature extractor's rate (16 kHz) when theirs differs. `model` is a hub id, a local
+    directory or a name given to `register_asr_model`; it is loaded once per (model, device).
+    Transcription is batched and greedy. None where the reference is None (those are not
+    transcribed).
+    """
+    _check_lengths("asr_wer", completions, reference)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"asr_wer: batch_size={batch_size!r} must be a positive integer")
+    waves = [_waveform(c, i, sampling_rate) for i, c in enumerate(completions)]
+    todo = [i for i, ref in enumerate(reference) if ref is not None]
+    hypotheses = [""] * len(completions)
+    if todo:
+        processor, asr = load_asr_model(model, device)
+        target = processor.feature_extractor.sampling_rate
+        batch = [resample(waves[i][0], waves[i][1], target) for i in todo]
+        for i, text in zip(todo, transcribe(batch, processor, asr, batch_size, language, max_new_tokens)):
+            hypotheses[i] = text
+    norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
+    return _score("asr_wer", word_error_rate, hypotheses, reference, norm)
