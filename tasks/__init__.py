@@ -14,3 +14,4 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
     RECIPES.register(_recipe.stem)(str(_recipe))
 
 DEMOS.register("text")("text_demo")
+DEMOS.register("grounding")("grounding")
