@@ -13,8 +13,16 @@ import time
 from pathlib import Path
 
 from .config import load_recipe
-from .registry import DEMOS, RECIPES
+from .registry import DEMO_FIGURES, DEMOS, RECIPES
 from .trainer import Trainer
+
+
+FIGURE_ROWS = 8
+
+
+def _greedy_completions(trainer: Trainer) -> list:
+    rows = trainer.eval_rows[:FIGURE_ROWS]
+    return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
 
 
 def run_demo(name: str, overrides: list[str]) -> dict:
@@ -30,6 +38,7 @@ def run_demo(name: str, overrides: list[str]) -> dict:
     else:
         trainer.warm_start()
         before = trainer.evaluate()
+        before["greedy_samples"] = _greedy_completions(trainer)
         if trainer.accelerator.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             before_path.write_text(json.dumps(before, indent=1))
@@ -37,6 +46,12 @@ def run_demo(name: str, overrides: list[str]) -> dict:
         f"greedy {before['greedy_reward_mean']:.3f}")
     trainer.train()
     after = trainer.evaluate()
+    after["greedy_samples"] = _greedy_completions(trainer)
+    if name in DEMO_FIGURES and trainer.accelerator.is_main_process:
+        figure = out / "plots" / "samples.png"
+        DEMO_FIGURES.get(name)(trainer.eval_rows[:FIGURE_ROWS], before["greedy_samples"],
+                               after["greedy_samples"], figure)
+        say(f"[mmrl demo {name}] wrote {figure}")
     say(f"[mmrl demo {name}] after RL:  sampled reward {after['reward_mean']:.3f}, "
         f"greedy {after['greedy_reward_mean']:.3f}")
     summary = {

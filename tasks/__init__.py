@@ -5,7 +5,7 @@ Importing this package registers every adapter, tiny model, data set, recipe and
 
 from pathlib import Path
 
-from mmrl.registry import DEMOS, RECIPES
+from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
 from . import audio, causal_lm, shapes, text_tasks, tiny_models, vlm  # noqa: F401  (registration)
 
@@ -15,3 +15,4 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 
 DEMOS.register("text")("text_demo")
 DEMOS.register("grounding")("grounding")
+DEMO_FIGURES.register("grounding")(shapes.draw_predictions)

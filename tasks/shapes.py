@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 from mmrl.registry import DATASETS
+from mmrl.tracking import plot_sample_grid
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40)}
 SHAPES = ("circle", "square")
@@ -39,3 +42,26 @@ def shapes(n_train: int = 2000, n_eval: int = 64, size: int = 56, objects: int =
     """Shapes drawn later may overlap earlier ones; the question names one (colour, shape)."""
     rng = random.Random(seed)
     return {"train": shape_rows(n_train, size, objects, rng), "eval": shape_rows(n_eval, size, objects, rng)}
+
+
+def answer_box(text: str) -> list[float] | None:
+    """The first four numbers of the demo's answer format `<answer>[x1, y1, x2, y2]</answer>`."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", text.split("<answer>")[-1])
+    return [float(v) for v in numbers[:4]] if len(numbers) >= 4 else None
+
+
+def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png: str | Path) -> None:
+    """Each held-out image with its true box (green), the greedy box before RL (red) and after
+    RL (blue), in a PNG grid."""
+    from PIL import ImageDraw
+    images, captions = [], []
+    for row, b, a in zip(rows, before, after):
+        image = row["image"].convert("RGB").resize((224, 224))
+        scale = 224 / row["image_size"][0]
+        draw = ImageDraw.Draw(image)
+        for box, colour in ((row["boxes"][0], (0, 160, 0)), (answer_box(b), (220, 0, 0)), (answer_box(a), (0, 0, 230))):
+            if box is not None and box[2] > box[0] and box[3] > box[1]:
+                draw.rectangle([v * scale for v in box], outline=colour, width=2)
+        images.append(image)
+        captions.append(row["prompt"])
+    plot_sample_grid(images, captions, out_png, ncols=4)

@@ -86,3 +86,18 @@ def test_streaming_and_a_training_step(tmp_path):
     assert metrics["ratio_max_dev"] == 0.0
     changed = [n for n, p in t.model.named_parameters() if not torch.equal(before[n], p)]
     assert any("visual" in n for n in changed) and any("language_model" in n for n in changed)
+
+
+def test_grounding_demo_writes_summary_and_box_figure(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "mmrl", "demo", "grounding", f"output_dir={tmp_path}",
+                           "warm_start.steps=2", "max_steps=1", "eval.max_prompts=4", "eval.group_size=2",
+                           "data.args.n_train=8", "logging.progress=false"],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"before", "after", "greedy_before", "greedy_after"} <= set(summary)
+    assert (tmp_path / "plots" / "samples.png").read_bytes()[:4] == b"\x89PNG"
