@@ -110,15 +110,34 @@ def char_error_rate(reference: str, hypothesis: str, **norm: Any) -> float:
     return _error_rate(jiwer.cer, reference, hypothesis, norm)
 
 
-def _score(name: str, rate, hypotheses: Sequence[str], reference: Sequence[Any], norm: dict) -> list[float | None]:
-    out: list[float | None] = []
-    for i, (hyp, ref) in enumerate(zip(hypotheses, reference)):
-        if ref is None:
-            out.append(None)
-            continue
-        if not isinstance(ref, str):
+def error_rates(references: Sequence[str], hypotheses: Sequence[str], unit: str = "word",
+                **norm: Any) -> list[float]:
+    """Per-pair (S + D + I) / N for many pairs with ONE alignment call (``jiwer.process_words``
+    or ``process_characters``); empty references or hypotheses as in `word_error_rate`."""
+    refs = [normalize_transcript(r, **norm) for r in references]
+    hyps = [normalize_transcript(h, **norm) for h in hypotheses]
+    out = [0.0 if not r and not h else 1.0 for r, h in zip(refs, hyps)]
+    both = [i for i, (r, h) in enumerate(zip(refs, hyps)) if r and h]
+    if both:
+        process = jiwer.process_words if unit == "word" else jiwer.process_characters
+        aligned = process([refs[i] for i in both], [hyps[i] for i in both])
+        for i, chunks, ref_units in zip(both, aligned.alignments, aligned.references):
+            errors = sum(max(c.ref_end_idx - c.ref_start_idx, c.hyp_end_idx - c.hyp_start_idx)
+                         for c in chunks if c.type != "equal")
+            out[i] = errors / len(ref_units)
+    return out
+
+
+def _score(name: str, unit: str, hypotheses: Sequence[str], reference: Sequence[Any],
+           norm: dict) -> list[float | None]:
+    for i, ref in enumerate(reference):
+        if ref is not None and not isinstance(ref, str):
             raise ValueError(f"{name}: reference[{i}]={ref!r:.80} is not a string")
-        out.append(1.0 - min(rate(ref, hyp, **norm), 1.0))
+    rows = [i for i, ref in enumerate(reference) if ref is not None]
+    rates = error_rates([reference[i] for i in rows], [hypotheses[i] for i in rows], unit, **norm)
+    out: list[float | None] = [None] * len(reference)
+    for i, rate in zip(rows, rates):
+        out[i] = 1.0 - min(rate, 1.0)
     return out
 
 
@@ -137,7 +156,7 @@ def wer_reward(prompts, completions, reference, lowercase: bool = True, strip_pu
     is None. Completions are strings or chat-message lists."""
     _check_lengths("wer", completions, reference)
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("wer", word_error_rate, [completion_text(c) for c in completions], reference, norm)
+    return _score("wer", "word", [completion_text(c) for c in completions], reference, norm)
 
 
 @register_reward("cer")
@@ -147,7 +166,7 @@ def cer_reward(prompts, completions, reference, lowercase: bool = True, strip_pu
     is None."""
     _check_lengths("cer", completions, reference)
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("cer", char_error_rate, [completion_text(c) for c in completions], reference, norm)
+    return _score("cer", "char", [completion_text(c) for c in completions], reference, norm)
 
 
 # -- audio completions: Whisper transcription ---------------------------------------------------
@@ -279,4 +298,4 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
         for i, text in zip(todo, transcribe(batch, processor, asr, batch_size, language, max_new_tokens)):
             hypotheses[i] = text
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("asr_wer", word_error_rate, hypotheses, reference, norm)
+    return _score("asr_wer", "word", hypotheses, reference, norm)

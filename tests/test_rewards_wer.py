@@ -186,3 +186,15 @@ def test_asr_wer_bad_audio(tiny_whisper):
         fn([None], [good], reference=["a"], model="tiny-test")
     with pytest.raises(ValueError, match="'reference' has 2 values for 1 completions"):
         fn([None], [good], reference=["a", "b"], model="tiny-test", sampling_rate=16000)
+
+
+def test_batched_error_rates_equal_one_pair_at_a_time():
+    import random
+
+    from rewards.wer import char_error_rate, error_rates, word_error_rate
+    rng = random.Random(0)
+    words = "the a cat dog sat on mat blue red went home fast".split()
+    refs = [" ".join(rng.choices(words, k=rng.randint(0, 10))) for _ in range(200)]
+    hyps = [" ".join(rng.choices(words, k=rng.randint(0, 10))) for _ in range(200)]
+    assert error_rates(refs, hyps) == [word_error_rate(r, h) for r, h in zip(refs, hyps)]
+    assert error_rates(refs, hyps, "char") == [char_error_rate(r, h) for r, h in zip(refs, hyps)]
