@@ -1,8 +1,9 @@
 """LaTeX render reward (Table2LaTeX-RL style): a visual score between the renderings of the
 completion and of the reference, and a structure score on the code, combined with weights.
 
-visual = SSIM (Wang et al. 2004; Gaussian window sigma 1.5, C1 = 0.01^2, C2 = 0.03^2) of the two
-grayscale renderings, aligned top-left and padded with white to a common size.
+visual = mean of SSIM (Wang et al. 2004; Gaussian window sigma 1.5, C1 = 0.01^2, C2 = 0.03^2) and
+CW-SSIM (Sampat et al. 2009) of the two grayscale renderings, aligned top-left and padded with
+white to a common size.
 structure = for tables, a TEDS-style tree similarity 1 - TED / max(|T1|, |T2|) over the
 table -> rows -> cells tree (rows matched in order, a cell's relabel cost its normalised token edit
 distance); for formulas, 1 - normalised token edit distance.
@@ -20,6 +21,7 @@ import numpy as np
 
 from mmrl.reward_registry import register_reward
 
+from . import latex_sandbox
 from .latex_sandbox import Render, compile_latex
 from .text import completion_text
 
@@ -28,6 +30,7 @@ FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|sp
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\s]")
 _reference_cache: dict[tuple, Render] = {}
 _failures: Counter = Counter()
+_renderers: Counter = Counter()
 
 
 def latex_tokens(code: str) -> list[str]:
@@ -83,12 +86,17 @@ def teds(a: str, b: str) -> float:
     return max(0.0, 1.0 - prev[-1] / max(size(ta), size(tb)))
 
 
-def ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean SSIM of two grayscale images in [0, 1], padded with white to a common size."""
-    from scipy.ndimage import gaussian_filter
+def pad_to_common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both images aligned top-left and padded with white (1.0) to the larger size, float64."""
     h, w = max(a.shape[0], b.shape[0]), max(a.shape[1], b.shape[1])
     pad = lambda x: np.pad(x, ((0, h - x.shape[0]), (0, w - x.shape[1])), constant_values=1.0)  # noqa: E731
-    x, y = pad(a).astype(np.float64), pad(b).astype(np.float64)
+    return pad(a).astype(np.float64), pad(b).astype(np.float64)
+
+
+def ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean SSIM of two grayscale images in [0, 1] (Wang et al. 2004), padded to a common size."""
+    from scipy.ndimage import gaussian_filter
+    x, y = pad_to_common(a, b)
     c1, c2 = 0.01 ** 2, 0.03 ** 2
     mx, my = gaussian_filter(x, 1.5), gaussian_filter(y, 1.5)
     sxx = gaussian_filter(x * x, 1.5) - mx * mx
@@ -96,6 +104,39 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     sxy = gaussian_filter(x * y, 1.5) - mx * my
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
     return float(np.clip(s.mean(), 0.0, 1.0))
+
+
+def _gabor_bank(scales=(2.0, 4.0), orientations: int = 4) -> list[np.ndarray]:
+    """Complex Gabor kernels (wavelength 4 sigma): the complex sub-bands of CW-SSIM."""
+    kernels = []
+    for sigma in scales:
+        half = int(3 * sigma)
+        yy, xx = np.mgrid[-half:half + 1, -half:half + 1].astype(np.float64)
+        envelope = np.exp(-(xx ** 2 + yy ** 2) / (2 * sigma ** 2))
+        for k in range(orientations):
+            theta = np.pi * k / orientations
+            phase = 2 * np.pi * (xx * np.cos(theta) + yy * np.sin(theta)) / (4 * sigma)
+            kernel = envelope * np.exp(1j * phase)
+            kernels.append(kernel - envelope * kernel.sum() / envelope.sum())  # zero mean
+    return kernels
+
+
+def cw_ssim(a: np.ndarray, b: np.ndarray, window: int = 7, k: float = 0.01) -> float:
+    """Complex-wavelet SSIM (Sampat et al. 2009): per sub-band and local window,
+    (2 |sum c1 conj(c2)| + K) / (sum |c1|^2 + sum |c2|^2 + K), averaged; insensitive to the small
+    shifts and scalings two renderings of the same LaTeX show. A complex Gabor bank (2 scales x
+    4 orientations) stands in for the steerable pyramid."""
+    from scipy.ndimage import uniform_filter
+    from scipy.signal import fftconvolve
+    x, y = pad_to_common(1.0 - a, 1.0 - b)  # ink as signal, paper as zero
+    scores = []
+    for kernel in _gabor_bank():
+        c1, c2 = fftconvolve(x, kernel, mode="same"), fftconvolve(y, kernel, mode="same")
+        cross = c1 * np.conj(c2)
+        num = 2 * np.abs(uniform_filter(cross.real, window) + 1j * uniform_filter(cross.imag, window)) + k
+        den = uniform_filter(np.abs(c1) ** 2, window) + uniform_filter(np.abs(c2) ** 2, window) + k
+        scores.append((num / den).mean())
+    return float(np.clip(np.mean(scores), 0.0, 1.0))
 
 
 def extract_latex(text: str) -> str:
@@ -112,9 +153,12 @@ def _kind(reference: str, kind: str) -> str:
 
 
 def pop_metrics() -> dict[str, float]:
-    """Counts of failed compiles by reason since the last call (the engine logs them)."""
+    """Counts since the last call (the engine logs them): failed compiles by reason, and the
+    renderer used (`latex`, or `mathtext` on machines without TeX)."""
     out = {f"fail/{reason}": float(n) for reason, n in _failures.items()}
+    out.update({f"renderer/{name}": float(n) for name, n in _renderers.items()})
     _failures.clear()
+    _renderers.clear()
     return out
 
 
@@ -154,7 +198,7 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
     def render_reference(i: int) -> Render | None:
         if reference[i] is None:
             return None
-        key = (reference[i], kinds[i])
+        key = (reference[i], kinds[i], latex_sandbox.tex_available())  # a mathtext render never stands in for TeX
         if key not in _reference_cache:
             _reference_cache[key] = compile_latex(reference[i], kinds[i], timeout=timeout)
         return _reference_cache[key]
@@ -170,12 +214,14 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
             continue
         if ref.image is None:
             raise ValueError(f"latex_render: reference {i} does not render ({ref.error}): {reference[i][:80]!r}")
+        _renderers[cand.renderer] += 1
         if cand.image is None:
             _failures[_reason(cand.error)] += 1
             out.append(0.0)
             continue
         structure = teds(codes[i], reference[i]) if kinds[i] == "table" else token_similarity(codes[i], reference[i])
-        out.append((visual_weight * ssim(cand.image, ref.image) + structure_weight * structure) / total)
+        visual = 0.5 * (ssim(cand.image, ref.image) + cw_ssim(cand.image, ref.image))
+        out.append((visual_weight * visual + structure_weight * structure) / total)
     return out
 
 

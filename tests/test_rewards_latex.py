@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rewards import get_reward
-from rewards.latex_render import pop_metrics, ssim, teds, token_similarity
+from rewards.latex_render import cw_ssim, pop_metrics, ssim, teds, token_similarity
 from rewards.latex_sandbox import compile_latex, tex_available
 
 needs_tex = pytest.mark.skipif(not tex_available(), reason="latex and dvipng are not installed")
@@ -47,7 +47,8 @@ def test_attacks_score_zero_in_time_and_touch_nothing(tmp_path):
         assert time.perf_counter() - t0 < 8, name
         assert not outside.exists(), name
     assert latex_processes() == 0
-    fails = pop_metrics()
+    counts = pop_metrics()
+    fails = {k: v for k, v in counts.items() if k.startswith("fail/")}
     assert sum(fails.values()) == len(ATTACKS) and fails.get("fail/forbidden", 0) >= 3
 
 
@@ -96,3 +97,26 @@ def test_bad_arguments_are_named():
         reward(None, ["a", "b"], reference=["a"])
     with pytest.raises(ValueError, match="kind"):
         compile_latex("x", kind="poem")
+
+
+@needs_tex
+def test_cw_ssim_tolerates_small_shifts_and_separates_formulas():
+    a = compile_latex(r"\frac{a+b}{c}").image
+    shifted = np.pad(a, ((0, 0), (2, 0)), constant_values=1.0)
+    other = compile_latex(r"x^2 + y^2 = z^2").image
+    assert cw_ssim(a, a) == pytest.approx(1.0)
+    assert cw_ssim(a, shifted) > ssim(a, shifted) + 0.1
+    assert cw_ssim(a, other) < cw_ssim(a, shifted)
+
+
+def test_mathtext_fallback_without_tex(monkeypatch):
+    import rewards.latex_sandbox as sandbox
+    monkeypatch.setattr(sandbox, "tex_available", lambda: False)
+    r = sandbox.compile_latex(r"\frac{a}{b}")
+    assert r.renderer == "mathtext" and r.image is not None and r.image.min() < 0.5
+    table = sandbox.compile_latex(TABLE, kind="table")
+    assert table.image is None and "TeX" in table.error
+    reward = get_reward("latex_render")
+    pop_metrics()
+    assert reward(None, [FORMULA], reference=[FORMULA]) == pytest.approx([1.0])  # FORMULA's TeX render is cached
+    assert pop_metrics() == {"renderer/mathtext": 1.0}
