@@ -31,6 +31,18 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
                                    unk_token="<unk>", padding_side="left")
 
 
+def seeded_model(model_class, config, tokenizer, seed: int):
+    """`model_class(config)` initialised from `seed` (the global RNG is left as it was), with the
+    tokenizer's pad / eos ids in its generation config."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.eos_token_id
+    return model
+
+
 def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0,
                max_positions: int = 512) -> Qwen2ForCausalLM:
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
@@ -38,12 +50,7 @@ def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, se
                          num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_positions,
                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return seeded_model(Qwen2ForCausalLM, config, tokenizer, seed)
 
 
 @TINY_MODELS.register("qwen2-char")
@@ -93,13 +100,7 @@ def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hid
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.eos_token_id
-    return model, processor
+    return seeded_model(Qwen2_5_VLForConditionalGeneration, config, tokenizer, seed), processor
 
 
 QWEN_AUDIO_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
@@ -129,10 +130,4 @@ def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hi
                          num_key_value_heads=max(1, heads // 2), pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id),
         audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2AudioForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.eos_token_id
-    return model, processor
+    return seeded_model(Qwen2AudioForConditionalGeneration, config, tokenizer, seed), processor
