@@ -1,0 +1,40 @@
+"""Synthetic audio question answering (the R1-AQA shape: multiple choice, accuracy + format):
+two sine tones in a clip, "which tone is higher, A (first) or B (second)?"."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from mmrl.registry import DATASETS
+
+RATE = 16000
+
+
+def tone_pair(rng: random.Random, seconds: float = 0.5) -> tuple[np.ndarray, str]:
+    """Two tones with a short gap; the answer letter names the higher one."""
+    low, high = sorted(rng.sample(range(220, 1760, 20), 2))
+    first_high = rng.random() < 0.5
+    freqs = (high, low) if first_high else (low, high)
+    t = np.arange(int(RATE * seconds)) / RATE
+    gap = np.zeros(RATE // 10, dtype=np.float32)
+    clip = np.concatenate([0.3 * np.sin(2 * np.pi * freqs[0] * t), gap, 0.3 * np.sin(2 * np.pi * freqs[1] * t)])
+    return clip.astype(np.float32), "A" if first_high else "B"
+
+
+@DATASETS.register("tones")
+def tones(n_train: int = 1000, n_eval: int = 64, seed: int = 0):
+    """Rows: {"prompt", "audio": {"array", "sampling_rate"}, "answer": "A" | "B", "target"}."""
+    rng = random.Random(seed)
+
+    def rows(n: int) -> list[dict]:
+        out = []
+        for _ in range(n):
+            clip, answer = tone_pair(rng)
+            out.append({"prompt": "Which tone is higher? (A) the first (B) the second",
+                        "audio": {"array": clip, "sampling_rate": RATE}, "answer": answer,
+                        "target": f"<answer>{answer}</answer>"})
+        return out
+
+    return {"train": rows(n_train), "eval": rows(n_eval)}
