@@ -30,6 +30,11 @@ class Policy(ABC):
         alone, so that rollouts do not depend on how groups are spread over processes. Rows are
         ordered group by group; `Rollout.prompts` holds the prompt as the rewards should see it."""
 
+    @property
+    def max_units(self) -> int | None:
+        """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""
+        return None
+
     def prompt_of(self, row: Any) -> Any:
         """The prompt of a data-set row (a row that is not a dict is the prompt itself)."""
         return row[self.prompt_column] if isinstance(row, dict) else row

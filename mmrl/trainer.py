@@ -49,6 +49,18 @@ class StepBatch:
     metrics: dict[str, float]
 
 
+def add_counts(into: dict[str, float], counts: dict[str, float]) -> None:
+    for key, value in counts.items():
+        into[key] = into.get(key, 0.0) + value
+
+
+def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:
+    """Where a process's rows sit in the whole batch: rows of a group keep their order, and
+    groups are matched by id (under dynamic sampling a process's groups are not contiguous)."""
+    positions = [(batch_group_id == g).nonzero().flatten() for g in torch.unique_consecutive(local_group_id)]
+    return torch.cat(positions) if positions else torch.zeros(0, dtype=torch.long)
+
+
 def build_policy(cfg: TrainConfig) -> Policy:
     adapter = ADAPTERS.get(cfg.task)
     return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
@@ -143,70 +155,61 @@ class Trainer:
         full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
         extra: dict[str, float] = {}
         for _, counts in gathered:
-            for key, value in counts.items():
-                extra[key] = extra.get(key, 0.0) + value
+            add_counts(extra, counts)
         return rollout, indices, full, extra
 
-    def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, int, dict[str, float]]:
-        """Rollouts and gathered rewards for a step; with DAPO dynamic sampling, keep drawing
-        until `prompts_per_step` groups have non-zero reward variance (or tries run out)."""
+    def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, dict[str, float]]:
+        """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
+        DAPO dynamic sampling, keep drawing until `prompts_per_step` groups have non-zero reward
+        variance (or tries run out). Group ids are unique across draws."""
         cfg = self.cfg
-        algo, samp = cfg.algorithm, cfg.sampling
+        samp = cfg.sampling
         need = cfg.optim.prompts_per_step
         tries = samp.dynamic_max_tries if samp.dynamic else 1
         local_parts, reward_parts, gid_parts = [], [], []
-        kept_groups = 0
-        attempt = 0
+        kept_groups = attempt = 0
         reward_extra: dict[str, float] = {}
         for attempt in range(tries):
             rollout, indices, rewards, extra = self._rollout_groups(step, attempt)
-            for key, value in extra.items():
-                reward_extra[key] = reward_extra.get(key, 0.0) + value
-            gids = torch.arange(len(indices)).repeat_interleave(algo.group_size) + attempt * len(indices)
+            add_counts(reward_extra, extra)
+            draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
             total = weighted_total(rewards, self.reward_weights)
-            self.sampler.update(indices, total, gids - attempt * len(indices))
-            if samp.dynamic:
-                informative = group_variance_mask(total, gids - attempt * len(indices))
-                keep_groups = informative.nonzero().flatten().tolist()[: need - kept_groups]
-            else:
-                keep_groups = list(range(len(indices)))
-            keep_global = torch.isin(gids - attempt * len(indices), torch.tensor(keep_groups, dtype=torch.long))
-            local_rows = torch.isin(rollout.group_id - attempt * len(indices),
-                                    torch.tensor(keep_groups, dtype=torch.long)).nonzero().flatten()
-            if len(local_rows):
-                local_parts.append(rollout.select(local_rows))
-            elif not local_parts and attempt == tries - 1:
-                local_parts.append(rollout.select([]))
-            reward_parts.append({k: v[keep_global] for k, v in rewards.items()})
-            gid_parts.append(gids[keep_global])
-            kept_groups += len(keep_groups)
+            self.sampler.update(indices, total, draw_gid)
+            keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
+            keep &= torch.cumsum(keep, 0) <= need - kept_groups  # no more groups than the batch needs
+            local_part = rollout.select(keep[rollout.group_id - attempt * len(indices)].nonzero().flatten())
+            if len(local_part):
+                local_parts.append(local_part)
+            reward_parts.append({k: v[keep[draw_gid]] for k, v in rewards.items()})
+            gid_parts.append((draw_gid + attempt * len(indices))[keep[draw_gid]])
+            kept_groups += int(keep.sum())
             if kept_groups >= need:
                 break
-        if not local_parts:
+        if not local_parts:  # this process kept no group: an empty rollout of the right kind
             local_parts.append(rollout.select([]))
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
-        group_id = torch.cat(gid_parts)
         stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups), **reward_extra}
         stats.update(self.sampler.stats())
-        offset = sum(self._gather(len(local))[: self.accelerator.process_index])
-        return local, rewards, group_id, offset, stats
+        return local, rewards, torch.cat(gid_parts), stats
 
     def _prepare_batch(self, step: int) -> StepBatch:
         algo = self.cfg.algorithm
-        local, rewards, group_id, offset, metrics = self._collect(step)
+        local, rewards, group_id, metrics = self._collect(step)
         adv = compute_advantages(rewards, self.reward_weights, group_id, algo)
         n = len(local)
-        advantages = adv.advantages[offset:offset + n]
-        row_mask = adv.row_mask[offset:offset + n]
+        rows = batch_positions(group_id, local.group_id)
+        advantages, row_mask = adv.advantages[rows], adv.row_mask[rows]
         if algo.prune_threshold > 0:
             small = row_magnitude(advantages) < algo.prune_threshold
             row_mask = row_mask & ~small
         unit_mask = local.unit_mask * row_mask[:, None]
-        counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0))
+        truncated = local.truncated.tolist() if local.truncated is not None else []
+        counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0,
+                               local.unit_mask.sum(1).tolist(), truncated))
         total_units = max(sum(c[0] for c in counts), 1.0)
         total_rows = max(sum(c[1] for c in counts), 1.0)
-        max_units = algo.max_units or getattr(self.policy, "max_units", None) or max(c[2] for c in counts)
+        max_units = algo.max_units or self.policy.max_units or max(c[2] for c in counts)
         weights = AGGREGATIONS.get(algo.aggregation)(unit_mask, total_units, total_rows, max_units)
 
         total = adv.total_reward
@@ -216,10 +219,8 @@ class Trainer:
             **{f"reward/{k}": float(torch.nanmean(v)) for k, v in rewards.items()},
             **adv.stats,
         })
-        lengths = self._gather(local.unit_mask.sum(1).tolist())
-        lengths = [x for part in lengths for x in part]
-        truncated = self._gather(local.truncated.tolist() if local.truncated is not None else [])
-        truncated = [x for part in truncated for x in part]
+        lengths = [x for c in counts for x in c[3]]
+        truncated = [x for c in counts for x in c[4]]
         metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)
         if truncated:
             metrics["truncated_frac"] = sum(truncated) / len(truncated)

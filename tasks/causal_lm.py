@@ -113,6 +113,10 @@ class CausalLMPolicy(Policy):
             cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code)
 
+    @property
+    def max_units(self) -> int:
+        return self.cfg.max_new_tokens
+
     def suppressed_tokens(self) -> list[int]:
         """Token ids never sampled (a text model: none)."""
         return []

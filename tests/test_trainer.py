@@ -113,3 +113,20 @@ def test_dynamic_sampling_draws_until_groups_vary(tmp_path):
     assert metrics["sampling/tries"] == 3 and metrics["sampling/groups"] == 0
     t2 = make_trainer(tmp_path, "sampling.dynamic=true")
     assert t2.train_step()["sampling/tries"] == 1  # digit_share varies within groups at once
+
+
+def test_batch_positions_follow_groups_not_process_order():
+    from mmrl.trainer import batch_positions
+    # whole batch in draw order: draw 0 (groups 0, 1), draw 1 (groups 4, 5); this process kept 1 and 5
+    batch = torch.tensor([0, 0, 1, 1, 4, 4, 5, 5])
+    assert batch_positions(batch, torch.tensor([1, 1, 5, 5])).tolist() == [2, 3, 6, 7]
+    assert batch_positions(batch, torch.tensor([], dtype=torch.long)).tolist() == []
+
+
+def test_dr_grpo_normaliser_is_the_max_completion_length(tmp_path):
+    t = make_trainer(tmp_path, "algorithm.aggregation=seq_mean_token_sum_norm")
+    assert t.policy.max_units == 8  # a constant, not the widest rollout of the step
+    batch = t._prepare_batch(1)
+    kept = batch.rollout.unit_mask.bool() & batch.row_mask[:, None]
+    rows = int(batch.row_mask.sum())
+    assert torch.allclose(batch.weights[kept], torch.full((int(kept.sum()),), 1.0 / (rows * 8)))  # max_new_tokens 8
