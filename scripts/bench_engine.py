@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from bench_report import emit
+
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
 MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
 
@@ -222,11 +224,7 @@ def main() -> None:
         "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
                   "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": MODEL},
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

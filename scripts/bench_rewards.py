@@ -8,9 +8,10 @@ use (one jiwer alignment call for the batch; sandboxed compiles on a thread pool
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
+
+from bench_report import emit
 
 WORDS = "the a cat dog sat on mat blue red went home fast slow over under river bank".split()
 
@@ -56,11 +57,7 @@ def main() -> None:
         report["latex_speedup"] = report["latex_parallel_per_s"] / report["latex_serial_per_s"]
         report["latex_workers"] = args.workers
     report["batch"] = args.batch
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":
