@@ -28,9 +28,8 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
-        columns = {k: [r.get(k) for r in chunk for _ in range(group_size)] for k in chunk[0]}
-        columns = {**rollout.columns, **columns}
-        rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, columns)
+        rollout.add_data_columns(chunk, group_size)
+        rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, rollout.columns)
         totals += weighted_total(rewards, weights).tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()

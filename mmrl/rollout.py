@@ -36,6 +36,12 @@ class Rollout:
     def num_units(self) -> int:
         return int(self.unit_mask.shape[1])
 
+    def add_data_columns(self, rows: Sequence[dict], group_size: int) -> None:
+        """Give every row its prompt's data-set fields (for the rewards); columns the adapter
+        set itself (e.g. `completion_ids`) take precedence."""
+        for key in rows[0] if rows else ():
+            self.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
+
     def select(self, rows: Sequence[int] | Tensor) -> "Rollout":
         """The sub-rollout of the given row indices (every per-row field indexed)."""
         idx = torch.as_tensor(rows, dtype=torch.long)

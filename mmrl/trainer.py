@@ -148,8 +148,7 @@ class Trainer:
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
         rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
-        for key in rows[0]:
-            rollout.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
+        rollout.add_data_columns(rows, group_size)
         rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
         gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, reward_metrics(self.reward_fns)))
         full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
