@@ -161,7 +161,8 @@ def _check_value(tp: Any, value: Any, key: str) -> Any:
                 return _check_value(arg, value, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{key}: {value!r} fits none of {tp}")
+        # one alternative (an Optional field): its own message says what was expected
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} fits none of {tp}")
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
