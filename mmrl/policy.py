@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +45,19 @@ class Policy(ABC):
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """fp32 log-probs [B, u] of the batch's units (and their entropies when asked), with
         `model` (the training-wrapped module, or the reference). Called under grad."""
+
+    def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
+                        batch: Rollout, units: slice = slice(None),
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`logprobs` plus the closed-form per-unit KL(pi_theta || pi_ref) [B, u] under grad, for
+        families whose units have one (`algorithm.kl_estimator: closed_form`, e.g. Gaussian
+        denoising steps). `reference()` enters a context that yields the reference module."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
+                                  "choose algorithm.kl_estimator among k1, k2, k3")
+
+    def set_training_step(self, step: int) -> None:
+        """Told by the trainer before each step's rollouts (schedules that move with training,
+        e.g. a sliding window of trained steps); evaluation does not change it."""
 
     def unit_slices(self, batch: Rollout) -> list[slice]:
         """How the units of a micro-batch are split for backprop (one pass by default;

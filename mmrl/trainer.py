@@ -14,7 +14,7 @@ import copy
 import math
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from .advantages import compute_advantages, group_variance_mask, row_magnitude, 
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
-from .loss import AGGREGATIONS, policy_loss, ratio_segments
+from .loss import AGGREGATIONS, CLOSED_FORM_KL, policy_loss, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import bind_reward, compute_rewards, reward_metrics
@@ -128,6 +128,19 @@ class Trainer:
         per = num_groups // self.accelerator.num_processes
         start = self.accelerator.process_index * per
         return range(start, start + per)
+
+    @contextmanager
+    def _reference_model(self):
+        """The reference module: the frozen copy, or the model with its LoRA adapter disabled."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.unwrapped.disable_adapter():
+                yield self.model
+
+    @property
+    def _closed_form_kl(self) -> bool:
+        return self.cfg.algorithm.beta != 0 and self.cfg.algorithm.kl_estimator == CLOSED_FORM_KL
 
     def _gather(self, obj: Any) -> list[Any]:
         """One object from each process, in process order (the identity on one process)."""
@@ -263,11 +276,9 @@ class Trainer:
                 continue
             mb = local.select(rows)
             for units, _ in self._unit_slices(mb):
-                if reference and self.reference is not None:
-                    logp, _ = self.policy.logprobs(self.reference, mb, units)
-                elif reference:
-                    with self.unwrapped.disable_adapter():
-                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                if reference:
+                    with self._reference_model() as ref:
+                        logp, _ = self.policy.logprobs(ref, mb, units)
                 else:
                     logp, _ = self.policy.logprobs(self.model, mb, units)
                 out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
@@ -292,8 +303,13 @@ class Trainer:
             mb = local.select(idx)
             sync = k == len(work) - 1 or world == 1
             with nullcontext() if sync else acc.no_sync(self.model):
-                logp, entropy = self.policy.logprobs(self.model, mb, units,
-                                                     with_entropy=with_entropy or algo.entropy_coef != 0)
+                want_entropy = with_entropy or algo.entropy_coef != 0
+                kl = None
+                if self._closed_form_kl:
+                    logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self._reference_model, mb, units,
+                                                                    with_entropy=want_entropy)
+                else:
+                    logp, entropy = self.policy.logprobs(self.model, mb, units, with_entropy=want_entropy)
                 device = logp.device
                 adv = batch.advantages[idx]
                 terms = policy_loss(
@@ -303,7 +319,7 @@ class Trainer:
                     mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device),
                     batch.weights[idx][:, units].to(device), algo, segments=segs,
                     ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-                    entropy=entropy)
+                    entropy=entropy, kl=kl)
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
                 for key in ("units", "clipped", "kl", "entropy", "llds_active"):
@@ -317,7 +333,8 @@ class Trainer:
         acc, algo = self.accelerator, self.cfg.algorithm
         chunks = self._micro_batches(batch)
         old_logp = self._no_grad_logprobs(batch, chunks, reference=False) if algo.mu > 1 else None
-        ref_logp = self._no_grad_logprobs(batch, chunks, reference=True) if algo.beta != 0 else None
+        ref_logp = (self._no_grad_logprobs(batch, chunks, reference=True)
+                    if algo.beta != 0 and not self._closed_form_kl else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         for pass_index in range(algo.mu):
@@ -342,6 +359,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         step = self.step + 1
         t0 = time.perf_counter()
+        self.policy.set_training_step(step)
         batch = self._prepare_batch(step)
         t1 = time.perf_counter()
         update = self._update(batch)
