@@ -59,6 +59,20 @@ class Policy(ABC):
         """Told by the trainer before each step's rollouts (schedules that move with training,
         e.g. a sliding window of trained steps); evaluation does not change it."""
 
+    def step_rewards(self, batch: Rollout, score: Callable[[list[int], list[Any]], dict[str, Tensor]]
+                     ) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} for step-level credit assignment (e.g. TP-GRPO, which
+        scores intermediate states), or None: one reward per rollout. `score(rows, completions)`
+        scores extra completions, completion j standing for row rows[j] (its prompt and data
+        columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
+        `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        return None
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts the adapter reports about its last rollouts (summed over processes), logged as
+        ``policy/<key>``; reading them resets them."""
+        return {}
+
     def unit_slices(self, batch: Rollout) -> list[slice]:
         """How the units of a micro-batch are split for backprop (one pass by default;
         a diffusion adapter returns one slice per denoising step)."""

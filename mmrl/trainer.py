@@ -163,7 +163,13 @@ class Trainer:
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows, group_size)
         rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
-        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, reward_metrics(self.reward_fns)))
+        per_unit = self.policy.step_rewards(rollout, lambda picked, completions: compute_rewards(
+            self.reward_fns, [rollout.prompts[i] for i in picked], completions,
+            {k: [v[i] for i in picked] for k, v in rollout.columns.items()}))
+        if per_unit is not None:  # step-level credit: these replace the rollout rewards
+            rewards = per_unit
+        counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
+        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts))
         full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
         extra: dict[str, float] = {}
         for _, counts in gathered:
@@ -186,7 +192,7 @@ class Trainer:
             add_counts(reward_extra, extra)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
             total = weighted_total(rewards, self.reward_weights)
-            self.sampler.update(indices, total, draw_gid)
+            self.sampler.update(indices, total if total.dim() == 1 else total.nanmean(1), draw_gid)  # [N, U]: row means
             keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
             keep &= torch.cumsum(keep, 0) <= need - kept_groups  # no more groups than the batch needs
             local_part = rollout.select(keep[rollout.group_id - attempt * len(indices)].nonzero().flatten())

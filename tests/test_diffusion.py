@@ -208,3 +208,64 @@ def test_lora_training_with_the_closed_form_kl(tmp_path):
     assert first["kl"] == 0.0 and first["ratio_max_dev"] == 0.0  # LoRA B starts at 0: policy = reference
     second = t.train_step()
     assert second["kl"] > 0.0
+
+
+def test_turning_points_on_hand_made_trajectories():
+    from tasks.diffusion.turning_point import step_rewards
+    # R_0..R_4; trend D = +0.4. d = [-0.1, +0.3, -0.2, +0.4]
+    scores = torch.tensor([[0.5, 0.4, 0.7, 0.5, 0.9]], dtype=torch.float64)
+    rewards, tp = step_rewards(scores)
+    # step 0: d_0 = -0.1 against R_4 - R_1 = +0.5: no; step 1 flips - to +: yes; step 2: no; step 3 flips: yes
+    assert tp.tolist() == [[False, True, False, True]]
+    assert torch.allclose(rewards, torch.tensor([[-0.1, 0.9 - 0.4, -0.2, 0.9 - 0.5]], dtype=torch.float64))
+    # a monotone trajectory has no turning point but its first step (consistent with the rest)
+    rewards, tp = step_rewards(torch.tensor([[0.0, 0.1, 0.3, 0.6]], dtype=torch.float64))
+    assert tp.tolist() == [[True, False, False]]
+    assert torch.allclose(rewards, torch.tensor([[0.6, 0.2, 0.3]], dtype=torch.float64))
+    # falling trend: the sign test is relative to D
+    _, tp = step_rewards(torch.tensor([[1.0, 1.2, 0.8, 0.5]], dtype=torch.float64))
+    assert tp.tolist() == [[False, True, False]]
+
+
+def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
+    recipe = copy.deepcopy(RECIPE)
+    recipe["policy"].update({"turning_points": True, "schedule": {"kind": "window", "start": 1, "size": 2},
+                             "tp_max_extra_passes": 40})
+    recipe["algorithm"]["estimator"] = "step"
+    t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}"]))
+    batch = t._prepare_batch(1)
+    assert batch.advantages.shape == (6, 4)
+    assert (batch.advantages[:, [0, 3]] == 0).all()
+    # states 1, 2 complete with 3 and 2 ODE steps (x CFG 2); state 3 is followed by ODE only
+    assert batch.metrics["policy/tp_extra_denoiser_calls"] == 6 * 2 * (3 + 2)
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0
+    t.policy.cfg.tp_max_extra_passes = 4
+    with pytest.raises(ValueError, match="policy.tp_max_extra_passes=4"):
+        t._prepare_batch(2)
+
+
+def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
+    from mmrl.loss import grouped_log_ratio
+    from tasks.diffusion.chunks import calibrate_chunks, chunk_sizes, relative_l1_change
+    # a hand-made trajectory: x_k = 1, 2, 4, 5, 6 (one latent dim): changes 1, 1, 0.25, 0.2
+    traj = torch.tensor([[1.0, 2.0, 4.0, 5.0, 6.0]])[..., None]
+    change = relative_l1_change(traj)
+    assert torch.allclose(change, torch.tensor([1.0, 1.0, 0.25, 0.2]))
+    # cumulative share 0.41, 0.82, 0.92, 1: half is reached at step 1
+    assert chunk_sizes(change, 2) == [2, 2] and chunk_sizes(change, 3) == [1, 1, 2]
+    assert chunk_sizes(torch.ones(16), 4) == [4, 4, 4, 4]
+    with pytest.raises(ValueError, match="num_chunks=5"):
+        chunk_sizes(change, 5)
+    # one ratio per chunk: the masked mean of the log-ratios of its steps
+    lr = torch.tensor([[0.1, 0.3, -0.2, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    grouped = grouped_log_ratio(lr, mask, "chunk", [slice(0, 2), slice(2, 4)])
+    assert torch.allclose(grouped, torch.tensor([[0.2, 0.2, -0.2, -0.2]]))
+    policy = make("sd3")
+    assert sum(calibrate_chunks(policy, ["red circle"], 2, group_size=2)) == 4
+    # the trainer backpropagates chunk by chunk; a second pass sees ratios != 1
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_level=chunk",
+                                      "algorithm.chunks=[2,2]", "algorithm.mu=2"]))
+    assert [s for s, _ in t._unit_slices(t._prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
+    assert t.train_step()["ratio_max_dev"] == 0.0

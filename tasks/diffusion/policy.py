@@ -33,6 +33,7 @@ from ..tiny_models import TINY_MODELS
 from .families import Family, family_of, sd15_with_ddim
 from .samplers import EPS_SAMPLERS, SAMPLERS, gaussian_logprob, gaussian_mean_kl
 from .schedule import StepSchedule
+from .turning_point import step_rewards
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
@@ -44,7 +45,9 @@ class DiffusionConfig:
     sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
     (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
     eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. cfg: classifier-free guidance
-    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding."""
+    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
+    turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
+    `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
 
     model: str = ""
     tiny_args: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +63,9 @@ class DiffusionConfig:
     noise_level: float = 0.7
     schedule: StepSchedule = field(default_factory=StepSchedule)
     decode_batch: int = 8
+    turning_points: bool = False
+    tp_eta: float = 1.0
+    tp_max_extra_passes: int = 64
 
 
 def load_pipeline(cfg: DiffusionConfig):
@@ -99,6 +105,7 @@ class DiffusionPolicy(Policy):
         if cfg.device:
             self.pipe.to(cfg.device)
         self.training_step = 0
+        self._counts: dict[str, float] = {}
 
     # ----- the contract ------------------------------------------------------------------------
     @property
@@ -224,6 +231,61 @@ class DiffusionPolicy(Policy):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), Flow-GRPO's ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims."""
         return self._units(model, batch, units, with_entropy, reference)
+
+    # ----- TP-GRPO ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _ode_complete(self, batch: Rollout, k: int) -> Tensor:
+        """The trajectory's state k completed by the ODE (deterministic DDIM) to the last level."""
+        ex, device = batch.extras, self.device
+        levels = ex["levels"][0].tolist()
+        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
+        x = ex["latents"][:, k].to(device)
+        for j in range(k, batch.num_units):
+            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.cfg)
+            x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
+        return x
+
+    def step_rewards(self, batch: Rollout, score) -> dict[str, Tensor] | None:
+        """TP-GRPO: the states x_a .. x_b around the trained window [a, b) completed by the ODE and
+        scored; step rewards from `turning_point.step_rewards` on [a, b), NaN elsewhere."""
+        if not self.cfg.turning_points:
+            return None
+        trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
+        if not trained or trained != list(range(trained[0], trained[-1] + 1)):
+            raise ValueError("policy.turning_points needs one contiguous window of trained steps "
+                             "(policy.schedule.kind: window or sliding_window)")
+        a, b, n = trained[0], trained[-1] + 1, len(batch)
+        stochastic = batch.extras["stochastic"][0].tolist()
+        states, passes = [], 0
+        for k in range(a, b + 1):
+            if not any(stochastic[k:]):  # the rest is the ODE: the completion is the final image
+                states.append(list(batch.completions))
+                continue
+            passes += batch.num_units - k
+            states.append(self._decode(self._ode_complete(batch, k)))
+        calls = passes * (2 if self.cfg.cfg else 1)
+        if calls > self.cfg.tp_max_extra_passes:
+            raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
+                             f"extra denoiser calls per rollout for the window [{a}, {b}) of {batch.num_units} steps")
+        rows = [i for _ in states for i in range(n)]
+        scores = score(rows, [img for state in states for img in state])
+        out = {}
+        for name, values in scores.items():
+            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta)
+            full = torch.full((n, batch.num_units), float("nan"), dtype=torch.float64)
+            full[:, a:b] = step
+            out[name] = full.float()
+            self._count("tp_turning_points", float(tp.sum()))
+        self._count("tp_extra_denoiser_calls", float(calls * n))
+        return out
+
+    def _count(self, key: str, value: float) -> None:
+        self._counts[key] = self._counts.get(key, 0.0) + value
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._counts = self._counts, {}
+        return out
 
     def save_pretrained(self, model: nn.Module, path: Path) -> None:
         model.save_pretrained(path, safe_serialization=True)
