@@ -12,5 +12,6 @@ from . import latex_render  # noqa: F401,E402  (registration)
 from . import iou  # noqa: F401,E402  (registration)
 from . import wer  # noqa: F401,E402  (registration)
 from . import colour_shape  # noqa: F401,E402  (registration)
+from . import clip  # noqa: F401,E402  (registration)
 
 __all__ = ["REWARDS", "get_reward", "register_reward"]
