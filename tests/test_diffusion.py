@@ -269,3 +269,14 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
                                       "algorithm.chunks=[2,2]", "algorithm.mu=2"]))
     assert [s for s, _ in t._unit_slices(t._prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
     assert t.train_step()["ratio_max_dev"] == 0.0
+
+
+@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point"])
+def test_recipes_run_a_step(recipe, tmp_path):
+    from mmrl.config import load_recipe
+    from mmrl.registry import RECIPES
+    cfg = load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", "algorithm.group_size=2",
+                                           "optim.prompts_per_step=1", "max_steps=1", "logging.progress=false",
+                                           "logging.report_to=[none]"])
+    metrics = Trainer(cfg).train_step()
+    assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
