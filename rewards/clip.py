@@ -6,6 +6,7 @@ batched under no grad.
                MLP head (the improved predictor's Linear stack) on CLIP ViT-L/14 image embeddings;
                weights from `head` (a .pth / .safetensors state dict)
     hpsv2      HPSv2: `clip` with a ViT-H-14 and the HPS checkpoint given as `pretrained` (a path)
+    pickscore  exp(logit_scale) cos / 26 with the PickScore_v1 transformers CLIPModel (a local directory)
 
 `model` is an open_clip model name; `pretrained` an open_clip tag (e.g. "openai") or a local
 weights file; `model_config` a JSON model config (registered under its file stem, for
@@ -146,3 +147,44 @@ def aesthetic(prompts, completions, head: str | None = None, model: str = "ViT-L
         raise ValueError(f"aesthetic head {head!r} takes {mlp.layers[0].in_features}-d embeddings; "
                          f"the CLIP model gives {emb.shape[1]}")
     return mlp(emb).squeeze(-1).tolist()
+
+
+@functools.lru_cache(maxsize=2)
+def load_hf_clip(path: str, processor: str | None, device: str):
+    """A transformers CLIPModel with its tokenizer and image processor (PickScore), cached."""
+    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+    for p in (path, processor):
+        if p and not Path(p).exists():
+            raise FileNotFoundError(f"pickscore: {p!r} does not exist")
+    net = CLIPModel.from_pretrained(path).to(device).eval().requires_grad_(False)
+    source = processor or path
+    return net, AutoTokenizer.from_pretrained(source), AutoImageProcessor.from_pretrained(source)
+
+
+def _features(out) -> torch.Tensor:
+    """Projected CLIP features (transformers 5 returns them as the output's pooler_output)."""
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+@register_reward("pickscore")
+def pickscore(prompts, completions, path: str | None = None, processor: str | None = None,
+              device: str | None = None, batch_size: int = 32, **columns):
+    """PickScore: exp(logit_scale) cos(E_img, E_txt) / 26 with the PickScore_v1 CLIPModel (a local
+    directory in `path`; `processor` the CLIP-H processor directory when it is elsewhere)."""
+    if not path:
+        raise ValueError("pickscore needs args.path: a local directory of the PickScore_v1 CLIPModel")
+    dev = _device(device)
+    net, tokenizer, image_processor = load_hf_clip(path, processor, dev)
+    scores = []
+    with torch.no_grad():
+        for i in range(0, len(completions), batch_size):
+            images = [img.convert("RGB") for img in completions[i:i + batch_size]]
+            texts = [_prompt_text(p) for p in prompts[i:i + batch_size]]
+            pixels = image_processor(images=images, return_tensors="pt")["pixel_values"].to(dev)
+            tokens = tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(dev)
+            img = _features(net.get_image_features(pixel_values=pixels))
+            txt = _features(net.get_text_features(**tokens))
+            img = img / img.norm(dim=-1, keepdim=True)
+            txt = txt / txt.norm(dim=-1, keepdim=True)
+            scores += (net.logit_scale.exp() * (img * txt).sum(-1) / 26).float().tolist()
+    return scores

@@ -57,3 +57,30 @@ def test_aesthetic_linear_and_mlp_heads(tiny, tmp_path):
         aesthetic(["x"], IMAGES[:1], head=str(tmp_path / "missing.pth"), **tiny)
     with pytest.raises(ValueError, match="args.head"):
         aesthetic(["x"], IMAGES[:1], **tiny)
+
+
+def test_pickscore_from_a_local_clip_model(tmp_path):
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+    from rewards.clip import pickscore
+    from tasks.tiny_models import char_tokenizer
+    tok = char_tokenizer()
+    tok.padding_side = "right"  # as CLIP tokenizers pad
+    config = CLIPConfig(text_config={"vocab_size": len(tok), "hidden_size": 16, "intermediate_size": 32,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
+                        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+                        projection_dim=8)
+    torch.manual_seed(0)
+    CLIPModel(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    got = pickscore(["red", "blue"], IMAGES[:2], path=str(tmp_path), device="cpu", batch_size=1)
+    net = CLIPModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        pixels = CLIPImageProcessor.from_pretrained(tmp_path)(images=IMAGES[:2], return_tensors="pt")["pixel_values"]
+        img = net.get_image_features(pixel_values=pixels).pooler_output
+        txt = net.get_text_features(**tok(["red", "blue"], padding=True, return_tensors="pt")).pooler_output
+    want = net.logit_scale.exp() * torch.nn.functional.cosine_similarity(img, txt) / 26
+    assert torch.allclose(torch.tensor(got), want, atol=1e-5)
+    with pytest.raises(ValueError, match="args.path"):
+        pickscore(["x"], IMAGES[:1])
