@@ -51,6 +51,12 @@ class Family:
     def decode(self, latents: Tensor, height: int, width: int) -> list:
         raise NotImplementedError
 
+    def image_latents(self, pixels: Tensor) -> Tensor:
+        """Latents [B, ...] of images [B, 3, H, W] in [-1, 1] (the VAE's mean, scaled)."""
+        vae = self.pipe.vae
+        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mean
+        return ((z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor).float()
+
     # ----- shared helpers
     @property
     def dtype(self) -> torch.dtype:
@@ -165,6 +171,10 @@ class Flux(Family):
         f = self.pipe.vae_scale_factor
         return self._vae_image(self.pipe._unpack_latents(latents, height, width, f))
 
+    def image_latents(self, pixels):
+        z = super().image_latents(pixels)
+        return self.pipe._pack_latents(z, z.shape[0], z.shape[1], z.shape[2], z.shape[3])
+
 
 class SD15(Family):
     kind = "eps"
@@ -213,11 +223,14 @@ class SD15(Family):
 def family_of(pipe, size: tuple[int, int]) -> Family:
     """The family of a loaded pipeline, by its class."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline
-    for cls, fam in ((StableDiffusion3Pipeline, SD3), (FluxPipeline, Flux), (StableDiffusionPipeline, SD15)):
+
+    from .pixel import PixelFlow, PixelFlowPipeline
+    for cls, fam in ((StableDiffusion3Pipeline, SD3), (FluxPipeline, Flux), (StableDiffusionPipeline, SD15),
+                     (PixelFlowPipeline, PixelFlow)):
         if isinstance(pipe, cls):
             return fam(pipe, size)
     raise ValueError(f"{type(pipe).__name__} is not a supported pipeline "
-                     "(StableDiffusion3Pipeline, FluxPipeline, StableDiffusionPipeline)")
+                     "(StableDiffusion3Pipeline, FluxPipeline, StableDiffusionPipeline, PixelFlowPipeline)")
 
 
 def sd15_with_ddim(pipe) -> Any:

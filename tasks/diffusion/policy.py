@@ -63,6 +63,7 @@ class DiffusionConfig:
     noise_level: float = 0.7
     schedule: StepSchedule = field(default_factory=StepSchedule)
     decode_batch: int = 8
+    cfg_dropout: float = 0.1
     turning_points: bool = False
     tp_eta: float = 1.0
     tp_max_extra_passes: int = 64
@@ -231,6 +232,42 @@ class DiffusionPolicy(Policy):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), Flow-GRPO's ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims."""
         return self._units(model, batch, units, with_entropy, reference)
+
+    # ----- warm start -------------------------------------------------------------------------------
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """The denoising loss on the rows' target images (`target_column`: PIL images or paths),
+        prompts dropped to "" with probability `cfg_dropout` so that CFG has an unconditional model.
+        Flow: x_s = (1 - s) x0 + s eps, s ~ U(0, 1), target v = eps - x0 (rectified flow);
+        eps models: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t ~ U{0..T-1}, target eps (DDPM)."""
+        import numpy as np
+        from PIL import Image
+        self._sync_devices()
+        device, cfg = self.device, self.cfg
+        pixels = []
+        for i, row in enumerate(rows):
+            image = row.get(target_column) if isinstance(row, dict) else None
+            if image is None:
+                raise KeyError(f"warm start: row {i} has no target image column {target_column!r}")
+            image = Image.open(image) if isinstance(image, (str, Path)) else image
+            arr = np.asarray(image.convert("RGB").resize((cfg.width, cfg.height)), dtype=np.float32)
+            pixels.append(torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1)
+        with torch.no_grad():
+            x0 = self.family.image_latents(torch.stack(pixels).to(device))
+            keep = torch.rand(len(rows)) >= cfg.cfg_dropout
+            texts = [str(self.prompt_of(r)) if k else "" for r, k in zip(rows, keep.tolist())]
+            cond = self.family.encode(texts, False)
+        eps = torch.randn_like(x0)
+        shape = (-1,) + (1,) * (x0.dim() - 1)
+        if self.family.kind == "flow":
+            s = torch.rand(len(rows), device=device)
+            x = (1 - s.view(shape)) * x0 + s.view(shape) * eps
+            target, t = eps - x0, s * self.pipe.scheduler.config.num_train_timesteps
+        else:
+            t = torch.randint(0, self.pipe.scheduler.config.num_train_timesteps, (len(rows),), device=device)
+            ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
+            x, target = ab.sqrt() * x0 + (1 - ab).sqrt() * eps, eps
+        pred = self.family.predict(model, x, t, cond, cfg.guidance_scale, False)
+        return torch.nn.functional.mse_loss(pred.float(), target.float())
 
     # ----- TP-GRPO ------------------------------------------------------------------------------
     @torch.no_grad()

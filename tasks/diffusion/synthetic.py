@@ -36,3 +36,19 @@ def colour_shapes(n_train: int = 256, n_eval: int = 16, size: int = 32, seed: in
     train = [row(*rng.choice(pairs)) for _ in range(n_train)]
     held_out = [row(*pairs[i % len(pairs)]) for i in range(n_eval)]
     return {"train": train, "eval": held_out}
+
+
+def draw_samples(rows: list[dict], before: list, after: list, out_png) -> None:
+    """A PNG grid: each held-out prompt's target drawing, then the greedy (ODE) sample of the
+    same prompt and seed before and after RL."""
+    from PIL import Image
+
+    from mmrl.tracking import plot_sample_grid
+    images, captions = [], []
+    for row, b, a in zip(rows, before, after):
+        for image, tag in ((row["image"], "target"), (b, "before"), (a, "after")):
+            if not hasattr(image, "convert"):  # a resumed run kept only the type name
+                image = Image.new("RGB", (16, 16), (128, 128, 128))
+            images.append(image.convert("RGB").resize((96, 96), 0))
+            captions.append(f"{row['prompt']} ({tag})")
+    plot_sample_grid(images, captions, out_png, ncols=6)
