@@ -324,3 +324,17 @@ def test_t2i_demo_raises_the_held_out_reward(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["after"] - summary["before"] >= 0.05, summary
     assert (tmp_path / "plots" / "samples.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    grads = []
+    for checkpointing in (False, True):
+        policy = make("sd3", gradient_checkpointing=checkpointing)
+        assert policy.model.gradient_checkpointing is checkpointing
+        batch = policy.rollout(["red circle"], 2, seeds=[4])
+        logp, _ = policy.logprobs(policy.model, batch, slice(0, 2))
+        logp.sum().backward()
+        grads.append({n: p.grad for n, p in policy.model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name

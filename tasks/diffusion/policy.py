@@ -63,6 +63,7 @@ class DiffusionConfig:
     noise_level: float = 0.7
     schedule: StepSchedule = field(default_factory=StepSchedule)
     decode_batch: int = 8
+    gradient_checkpointing: bool = False
     cfg_dropout: float = 0.1
     turning_points: bool = False
     tp_eta: float = 1.0
@@ -103,6 +104,8 @@ class DiffusionPolicy(Policy):
                 module.requires_grad_(False).eval()
         self.model = self.family.denoiser
         self.model.requires_grad_(True)
+        if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
+            self.model.enable_gradient_checkpointing()
         if cfg.device:
             self.pipe.to(cfg.device)
         self.training_step = 0
