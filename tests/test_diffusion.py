@@ -241,6 +241,7 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
     assert batch.metrics["policy/tp_extra_denoiser_calls"] == 6 * 2 * (3 + 2)
     metrics = t.train_step()
     assert metrics["ratio_max_dev"] == 0.0
+    assert t.policy.training_step == 1  # the trainer tells the policy (sliding windows move with it)
     t.policy.cfg.tp_max_extra_passes = 4
     with pytest.raises(ValueError, match="policy.tp_max_extra_passes=4"):
         t._prepare_batch(2)

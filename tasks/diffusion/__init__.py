@@ -2,4 +2,4 @@
 trained-step schedule, the adapter, Chunk-GRPO chunks, TP-GRPO step rewards, tiny pipelines
 (and the t2i demo's pixel-space flow pipeline and synthetic coloured shapes)."""
 
-from . import pixel, policy, synthetic, tiny  # noqa: F401  (registration)
+from . import policy, synthetic, tiny  # noqa: F401  (registration)

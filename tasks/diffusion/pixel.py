@@ -1,16 +1,14 @@
-"""A tiny pixel-space flow-matching text-to-image pipeline for the CPU demo: an SD3 MMDiT over
-RGB pixels in [-1, 1] (no VAE), conditioned on a tiny CLIP text encoder (token states and the
-pooled projection), FlowMatchEulerDiscreteScheduler. It is a `DiffusionPipeline`, so it saves,
-loads and moves like any diffusers pipeline."""
+"""A pixel-space flow-matching text-to-image pipeline for the CPU demo: an SD3 MMDiT over RGB
+pixels in [-1, 1] (no VAE), conditioned on a CLIP text encoder (token states and the pooled
+projection), FlowMatchEulerDiscreteScheduler. It is a `DiffusionPipeline`, so it saves, loads
+and moves like any diffusers pipeline. (Imported on first use: diffusers is slow to import.)"""
 
 from __future__ import annotations
 
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-from ..tiny_models import TINY_MODELS
 from .families import SD3
-from .tiny import _clip, _tokenizer
 
 
 class PixelFlowPipeline(DiffusionPipeline):
@@ -47,19 +45,3 @@ class PixelFlow(SD3):
         from PIL import Image
         arr = ((latents.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
         return [Image.fromarray(a) for a in arr]
-
-
-@TINY_MODELS.register("pixel-flow")
-def tiny_pixel_flow(seed: int = 0, layers: int = 2, heads: int = 2, head_dim: int = 16, size: int = 16,
-                    patch: int = 2):
-    """A PixelFlowPipeline for `size` x `size` images."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tok = _tokenizer()
-        transformer = SD3Transformer2DModel(sample_size=size, patch_size=patch, in_channels=3, out_channels=3,
-                                            num_layers=layers, attention_head_dim=head_dim,
-                                            num_attention_heads=heads, joint_attention_dim=32,
-                                            caption_projection_dim=heads * head_dim, pooled_projection_dim=32,
-                                            pos_embed_max_size=size // patch)
-        return PixelFlowPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
-                                 text_encoder=_clip(tok), tokenizer=tok)

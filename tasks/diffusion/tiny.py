@@ -1,5 +1,6 @@
-"""Tiny random diffusers pipelines assembled in memory (tests, CPU recipes; no download):
-SD3, FLUX.1 and SD 1.5 with tiny CLIP / T5 text encoders over the character tokenizer."""
+"""Tiny random diffusers pipelines assembled in memory (tests, CPU recipes, the t2i demo; no download):
+SD3, FLUX.1 and SD 1.5 with tiny CLIP / T5 text encoders over the character tokenizer, and the
+demo's pixel-space flow pipeline."""
 
 from __future__ import annotations
 
@@ -92,3 +93,22 @@ def tiny_sd15(seed: int = 0):
         return StableDiffusionPipeline(unet=unet, scheduler=scheduler, vae=_vae(4, sd15=True), text_encoder=_clip(tok, projection=False),
                                        tokenizer=tok, safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)
+
+
+@TINY_MODELS.register("pixel-flow")
+def tiny_pixel_flow(seed: int = 0, layers: int = 2, heads: int = 2, head_dim: int = 16, size: int = 16,
+                    patch: int = 2):
+    """A PixelFlowPipeline (`pixel.py`) for `size` x `size` images."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+
+    from .pixel import PixelFlowPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = _tokenizer()
+        transformer = SD3Transformer2DModel(sample_size=size, patch_size=patch, in_channels=3, out_channels=3,
+                                            num_layers=layers, attention_head_dim=head_dim,
+                                            num_attention_heads=heads, joint_attention_dim=32,
+                                            caption_projection_dim=heads * head_dim, pooled_projection_dim=32,
+                                            pos_embed_max_size=size // patch)
+        return PixelFlowPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+                                 text_encoder=_clip(tok), tokenizer=tok)
