@@ -177,8 +177,11 @@ RECIPE = {
 }
 
 
-def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeypatch):
-    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}"]))
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeypatch, name):
+    model, sampler, cfg = FAMILIES[name]
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.sampler={sampler}",
+                                      f"policy.cfg={str(cfg).lower()}"]))
     batch = t._prepare_batch(1)
     assert (batch.advantages != 0).any()
     grads = []
