@@ -126,6 +126,24 @@ def test_image_logprobs_and_gradients_equal_the_plain_forward():
     assert_equal_to_plain(policy, with_lengths(policy, batch, LENGTHS), SELECTIONS)
 
 
+class VideoPolicy(VLMPolicy):
+    """The VLM adapter reading one video (frames [T, H, W, 3]) per row: Qwen2.5-VL's video path
+    (temporal rotary positions spaced by `second_per_grid_ts`) through the same processor."""
+
+    def _media(self, row):
+        return [{"type": "video"}], {"videos": [row["video"]]}
+
+
+def test_video_logprobs_and_gradients_equal_the_plain_forward():
+    policy = VideoPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))
+    rows = [{"prompt": "what moves?", "video": RNG.integers(0, 255, (4, 28, 56, 3), dtype=np.uint8)},
+            {"prompt": "count", "video": RNG.integers(0, 255, (4, 56, 28, 3), dtype=np.uint8)},
+            {"prompt": "where?", "video": RNG.integers(0, 255, (2, 28, 28, 3), dtype=np.uint8)}]
+    batch = policy.rollout(rows, 3, seeds=[1, 2, 3])
+    assert "video_grid_thw" in batch.extras
+    assert_equal_to_plain(policy, with_lengths(policy, batch, LENGTHS), SELECTIONS)
+
+
 def test_audio_logprobs_and_gradients_equal_the_plain_forward():
     policy = AudioLMPolicy(AudioLMConfig(model="tiny:qwen2-audio-char", max_new_tokens=8))
     rows = [{"prompt": "what?", "audio": clip(8000, 8000)}, {"prompt": "who speaks?", "audio": clip(24000, 16000)},
