@@ -15,6 +15,7 @@ prints and writes {"time_ratio": shared / plain, "memory_ratio": shared / plain,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -110,6 +111,7 @@ def main() -> None:
                         help="shorter prompt lengths timed too (where the auto threshold comes from)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
     device = "cuda" if torch.cuda.is_available() else None
     policies = {name: CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", device=device,
                                                     prefix_sharing="on" if name == "shared" else "off"))
@@ -118,7 +120,7 @@ def main() -> None:
     sweep = [compare(policies, p, args.group, args.completion, args.repeats, memory=False) for p in args.sweep]
     emit({"time_ratio": main_run["time_ratio"], "memory_ratio": main_run["memory_ratio"],
           "group": args.group, "completion": args.completion, **main_run, "threads": args.threads,
-          "device": device or "cpu", "model": "tiny:qwen2-char (hidden 128, 2 layers)", "sweep": sweep}, args.json)
+          "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)], "device": device or "cpu", "model": "tiny:qwen2-char (hidden 128, 2 layers)", "sweep": sweep}, args.json)
 
 
 if __name__ == "__main__":

@@ -314,7 +314,7 @@ class CausalLMPolicy(Policy):
         mode = self.cfg.prefix_sharing
         if mode == "off":
             return None
-        reason = unsupported_reason(self.model.config.get_text_config(decoder=True))
+        reason = unsupported_reason(self.model.config)
         if reason is not None:
             if not self._sharing_fallback_logged:
                 logger.warning("policy.prefix_sharing=%s: %s; log-probs use the plain forward", mode, reason)

@@ -14,7 +14,8 @@ tokens run drop from ``k (P + C)`` to ``P + k C``.
 The mask goes through the model's own attention (SDPA: boolean, eager: additive float; a
 ``{"full_attention", "sliding_attention"}`` dict when the model has sliding-window layers);
 attention implementations that take no dense mask (flash attention, flex attention) are not
-supported and the adapters fall back to the plain forward.
+supported, nor are models whose prompts attend bidirectionally in places (Gemma 3's image
+blocks, PaliGemma's prefix): for those the adapters fall back to the plain forward.
 """
 
 from __future__ import annotations
@@ -158,8 +159,20 @@ class SharedLayout:
         return masks if len(masks) > 1 else masks["full_attention"]
 
 
-def unsupported_reason(text_config) -> str | None:
-    """Why a model cannot take the shared-prefix mask (None when it can)."""
+# model families whose prompts attend bidirectionally in places (image blocks, the whole prefix):
+# transformers builds their masks with block ids / `or_mask_function`, which a custom 4D mask
+# replaces, so they keep the plain forward
+BIDIRECTIONAL_PROMPT_MODELS = frozenset({"gemma3", "gemma4", "gemma4_unified", "paligemma", "molmo2", "git",
+                                         "hrm_text", "deepseek_ocr2", "unlimited_ocr"})
+
+
+def unsupported_reason(config) -> str | None:
+    """Why a model (its top-level config) cannot take the shared-prefix mask (None when it can)."""
+    text_config = config.get_text_config(decoder=True)
+    if getattr(config, "model_type", None) in BIDIRECTIONAL_PROMPT_MODELS:
+        return f"{config.model_type} attends bidirectionally inside prompts, which the shared-prefix mask does not"
+    if getattr(text_config, "use_bidirectional_attention", False) or not getattr(text_config, "is_causal", True):
+        return "the model's attention is not causal"
     impl = getattr(text_config, "_attn_implementation", None)
     if impl not in SHARED_ATTENTION:
         return f"attention implementation {impl!r} takes no dense 4D mask (supported: {SHARED_ATTENTION})"

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import TINY_RECIPE, tiny_overrides
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer, build_policy
 from tasks.audio import AudioLMConfig, AudioLMPolicy
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.prefix_sharing import SharedLayout, prompt_groups, worth_sharing
+from tasks.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
 from tasks.tiny_models import seeded_model
 from tasks.vlm import VLMConfig, VLMPolicy
 
@@ -181,6 +181,9 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
     assert len([r for r in caplog.records if "plain forward" in r.getMessage()]) == 1
+    policy.model.config._attn_implementation = "sdpa"
+    assert unsupported_reason(policy.model.config) is None
+    assert "bidirectionally" in unsupported_reason(Gemma3Config())
 
 
 def streamed_grads(trainer, batch, sizes):
