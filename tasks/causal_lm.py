@@ -344,12 +344,19 @@ class CausalLMPolicy(Policy):
                                                          next(self.model.parameters()).dtype, self.device)
         out = model(**inputs, logits_to_keep=layout.region + 1, use_cache=False)
         device = out.logits.device
-        kept = out.logits[:, -(layout.region + 1):-1]  # sequence positions W - 1 .. W + R - 2
-        logits = kept.reshape(-1, kept.shape[-1])[layout.gather.to(device)]
+        kept = out.logits[:, -(layout.region + 1):]  # sequence positions W - 1 .. W + R - 1
         if temperature != 1.0:
-            logits = logits / temperature
-        return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
-                                     with_entropy)
+            kept = kept / temperature
+        chunk = self.cfg.logprob_chunk_rows
+        # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
+        first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],
+                                                 completion_ids[:, 0].to(device), chunk, with_entropy)
+        region, region_ent = selective_log_softmax(kept[:, 1:], layout.next_ids().to(device), chunk, with_entropy)
+        index = layout.gather.to(device)
+        is_first = torch.arange(index.shape[1], device=device)[None, :] == 0
+        logp = torch.where(is_first, first[:, None], region.reshape(-1)[index])
+        ent = torch.where(is_first, first_ent[:, None], region_ent.reshape(-1)[index]) if with_entropy else None
+        return logp, ent
 
     def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:
         """Keyword inputs of the shared forward but the mask: ids and position ids."""

@@ -83,7 +83,8 @@ class SharedLayout:
     segment: Tensor      # [S, T] PREFIX, PADDING, or the micro-batch row the completion token belongs to
     offset: Tensor       # [S, T] index of a completion token within its completion (0 for prefix / padding)
     plain_index: Tensor  # [S, T] the token's index in its row of the plain forward (sliding windows)
-    gather: Tensor       # [N, C] index into the flattened [S, R] kept logits of the logit predicting each unit
+    row_group: Tensor    # [N] the sequence each micro-batch row sits in
+    gather: Tensor       # [N, C] for units t >= 1: index into the flattened [S, R] predictions of the region
     width: int           # W
     region: int          # R
 
@@ -105,6 +106,7 @@ class SharedLayout:
         segment[:, :width] = PREFIX
         offset = torch.zeros(s, total, dtype=torch.long)
         plain_index = torch.arange(total).repeat(s, 1)
+        row_group = torch.zeros(n, dtype=torch.long)
         gather = torch.zeros(n, c, dtype=torch.long)
         for g, rows in enumerate(groups):
             start = width
@@ -116,12 +118,17 @@ class SharedLayout:
                 segment[g, cols] = r
                 offset[g, cols] = t
                 plain_index[g, cols] = width + t
-                # unit t is predicted by the logit at the previous token: the prefix's last token for
-                # t = 0, else completion token t - 1; kept logits start at sequence position W - 1
-                local = torch.where(t == 0, 0, start - width + t)
-                gather[r, :span] = g * region + local
+                # unit t >= 1 is predicted at the completion's token t - 1 (region column start - W + t - 1);
+                # unit 0 at the prefix's last token, shared by the group
+                row_group[r] = g
+                gather[r, 1:span] = g * region + start - width + t[1:] - 1
                 start += span
-        return cls(groups, input_ids, valid, segment, offset, plain_index, gather, width, region)
+        return cls(groups, input_ids, valid, segment, offset, plain_index, row_group, gather, width, region)
+
+    def next_ids(self) -> Tensor:
+        """[S, R] the token after each region token (what its logit predicts; 0 past the end)."""
+        after = self.input_ids[:, self.width + 1:]
+        return torch.cat([after, after.new_zeros(after.shape[0], 1)], dim=1)
 
     def place(self, prefix_values: Tensor, fill: int | float = 0) -> Tensor:
         """A per-token prefix input [S, W] laid out over the shared sequences [S, T]."""

@@ -33,26 +33,30 @@ def clip(n, rate):
 
 
 def test_layout_masks_positions_and_gather_by_hand():
-    # one prompt [pad, a, b]; completions of 2 and 1 units (width 3)
+    # one prompt [pad, a, b]; completions [4, 5] and [6, 9] (width 3)
     layout = SharedLayout.build(torch.tensor([[0, 7, 8]]), torch.tensor([[0, 1, 1]]),
-                                torch.tensor([[4, 5, 0], [6, 0, 0]]), torch.tensor([2, 1]), [[0, 1]], pad_id=0)
-    assert layout.input_ids.tolist() == [[0, 7, 8, 4, 5, 6]]
-    assert layout.segment.tolist() == [[-1, -1, -1, 0, 0, 1]]
-    expected = [[1, 0, 0, 0, 0, 0],   # a padding query sees only itself
-                [0, 1, 0, 0, 0, 0],
-                [0, 1, 1, 0, 0, 0],
-                [0, 1, 1, 1, 0, 0],   # completion 0: the prompt and itself, causally
-                [0, 1, 1, 1, 1, 0],
-                [0, 1, 1, 0, 0, 1]]   # completion 1 does not see completion 0
+                                torch.tensor([[4, 5, 0], [6, 9, 0]]), torch.tensor([2, 2]), [[0, 1]], pad_id=0)
+    assert layout.input_ids.tolist() == [[0, 7, 8, 4, 5, 6, 9]]
+    assert layout.segment.tolist() == [[-1, -1, -1, 0, 0, 1, 1]]
+    expected = [[1, 0, 0, 0, 0, 0, 0],   # a padding query sees only itself
+                [0, 1, 0, 0, 0, 0, 0],
+                [0, 1, 1, 0, 0, 0, 0],
+                [0, 1, 1, 1, 0, 0, 0],   # completion 0: the prompt and itself, causally
+                [0, 1, 1, 1, 1, 0, 0],
+                [0, 1, 1, 0, 0, 1, 0],   # completion 1 does not see completion 0
+                [0, 1, 1, 0, 0, 1, 1]]
     config = Qwen2Config()
     config._attn_implementation = "sdpa"
     assert layout.attention_mask(config, torch.float32, torch.device("cpu"))[0, 0].int().tolist() == expected
     config._attn_implementation = "eager"
     additive = layout.attention_mask(config, torch.float32, torch.device("cpu"))[0, 0]
     assert (additive == 0).int().tolist() == expected
-    # kept logits start at the prompt's last token: unit 0 of every completion reads logit 0
-    assert layout.gather.tolist() == [[0, 1, 0], [0, 0, 0]]
-    assert layout.positions(torch.tensor([[0, 0, 1, 2]])).tolist() == [[0, 0, 1, 2, 3, 2]]
+    # region tokens [4, 5, 6, 9] predict [5, 6, 9, pad]; unit 1 of row 0 is read at region column 0,
+    # unit 1 of row 1 at column 2; units 0 come from the prompt's last logit
+    assert layout.next_ids().tolist() == [[5, 6, 9, 0]]
+    assert layout.gather[:, 1].tolist() == [0, 2] and layout.row_group.tolist() == [0, 0]
+    # both completions continue from the position after the prompt
+    assert layout.positions(torch.tensor([[0, 0, 1, 2]])).tolist() == [[0, 0, 1, 2, 3, 2, 3]]
 
 
 def test_rows_are_grouped_by_group_and_prompt():
