@@ -332,8 +332,8 @@ class CausalLMPolicy(Policy):
         """`_token_logprobs` with each group's prompt run once: one sequence per group holding the
         prompt and the group's completions, under the shared-prefix mask."""
         n = completion_ids.shape[0]
-        first = torch.tensor([g[0] for g in groups])
-        prefix = {k: _pick(v, first, n) for k, v in rows.items() if k != "completion_ids"}
+        leaders = torch.tensor([g[0] for g in groups])  # one row stands for its group's prompt
+        prefix = {k: _pick(v, leaders, n) for k, v in rows.items() if k != "completion_ids"}
         start = int(prefix["prompt_mask"].any(0).int().argmax())  # drop columns that are padding in every prompt
         prefix = {k: v[:, start:] if k.startswith("prompt_") and isinstance(v, Tensor) else v
                   for k, v in prefix.items()}

@@ -77,7 +77,6 @@ class SharedLayout:
     T = W + R tokens: the prefixes, left-padded to W, then each group's completions, right-padded
     to R."""
 
-    groups: list[list[int]]
     input_ids: Tensor    # [S, T]
     valid: Tensor        # [S, T] a real token (a key others may attend to)
     segment: Tensor      # [S, T] PREFIX, PADDING, or the micro-batch row the completion token belongs to
@@ -123,7 +122,7 @@ class SharedLayout:
                 row_group[r] = g
                 gather[r, 1:span] = g * region + start - width + t[1:] - 1
                 start += span
-        return cls(groups, input_ids, valid, segment, offset, plain_index, row_group, gather, width, region)
+        return cls(input_ids, valid, segment, offset, plain_index, row_group, gather, width, region)
 
     def next_ids(self) -> Tensor:
         """[S, R] the token after each region token (what its logit predicts; 0 past the end)."""
