@@ -5,18 +5,25 @@ Generation runs HF ``generate`` with the KV cache; sampling is done by `GroupSee
 a group's completions depend on its prompt and seed only, not on which other groups share the
 batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature,
 computed by `selective_log_softmax` on the completion positions only.
+
+With `shared_prefill` (the default), each prompt is prefilled once, its media encoded once, and
+its KV cache repeated for the G rows of its group before sampling, instead of prefilling G
+identical copies; the samples are the same either way.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
@@ -54,6 +61,12 @@ class CausalLMConfig:
     # log-prob passes run each group's prompt once (tasks/prefix_sharing.py); YAML's on/off are
     # booleans, so true / false mean on / off
     prefix_sharing: Literal["auto", "on", "off"] | bool = "auto"
+    shared_prefill: bool = True
+
+
+@lru_cache(maxsize=None)
+def _log_once(message: str) -> None:
+    logger.warning(message)
 
 
 class GroupSeededSampler(LogitsProcessor):
@@ -184,8 +197,8 @@ class CausalLMPolicy(Policy):
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
         cfg = self.cfg
-        rows = self._expand(self._encode_prompts(prompts), group_size)
-        inputs = self._model_inputs(rows)
+        encoded = self._encode_prompts(prompts)
+        rows = self._expand(encoded, group_size)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
                                    pad_token_id=self.tokenizer.pad_token_id,
@@ -198,11 +211,15 @@ class CausalLMPolicy(Policy):
             processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
         was_training = self.model.training
         self.model.eval()
-        sequences = self.model.generate(
-            **inputs, generation_config=gen_cfg, logits_processor=processors,
+        generator = self.model.generate.__self__  # the transformers model, also under a PEFT wrapper
+        inputs = None
+        if cfg.shared_prefill and group_size > 1:
+            inputs = self._shared_prefill(generator, encoded, rows, group_size)
+        sequences = generator.generate(
+            **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
             tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
-        completion_ids = sequences[:, inputs["input_ids"].shape[1]:]
+        completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
         unit_mask, truncated = self._completion_mask(completion_ids)
         completion_ids = completion_ids.masked_fill(unit_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -217,6 +234,49 @@ class CausalLMPolicy(Policy):
             columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
             extras={**rows, "completion_ids": completion_ids.cpu()},
         )
+
+    def _shared_prefill(self, generator: nn.Module, encoded: dict[str, Any], rows: dict[str, Any],
+                        group_size: int) -> dict[str, Any] | None:
+        """`generate`'s inputs for the expanded `rows`, with a KV cache of every prompt but its last
+        token computed ONCE per prompt (its media encoded once) and repeated for the `group_size`
+        rows of its group; `generate` then runs each row's last prompt token on that cache and
+        samples. Position ids (multimodal rotary ones included) come from the model's own
+        `generate` rule on the whole prompt, so the rows see the positions of a plain prefill.
+        None, logged once, where the model cannot continue from a repeated cache."""
+        ids = encoded["prompt_ids"]
+        media_slots = torch.tensor(self.suppressed_tokens(), dtype=ids.dtype)
+        reason = None
+        if ids.shape[1] < 2:
+            reason = "a one-token prompt has nothing to prefill"
+        elif torch.isin(ids[:, -1], media_slots).any():
+            reason = "a prompt ends with a media placeholder"
+        elif not hasattr(generator, "_prepare_position_ids_for_generation"):
+            reason = f"{type(generator).__name__} has no generate-time position ids"
+        if reason is None:
+            forward_args = inspect.signature(generator.forward).parameters
+            positions = None
+            if "position_ids" in forward_args:  # as `generate` does, for the models that take them
+                whole = self._model_inputs(encoded)
+                positions = generator._prepare_position_ids_for_generation(whole["input_ids"], whole)
+            head = self._model_inputs({k: v[:, :-1] if k.startswith("prompt_") else v for k, v in encoded.items()})
+            if positions is not None:
+                head["position_ids"] = positions[..., :-1]
+            keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+            cache = generator(**head, use_cache=True, **keep).past_key_values
+            if not isinstance(cache, Cache) or cache.get_seq_length() != ids.shape[1] - 1:
+                reason = f"{type(generator).__name__} returned no KV cache of the prompt's length"
+            elif not all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
+                         for layer in cache.layers):  # recurrent states are not repeated by the cache
+                reason = f"{type(generator).__name__}'s cache is not made of key/value layers"
+        if reason is not None:
+            _log_once(f"shared prefill off, every group member is prefilled: {reason}")
+            return None
+        cache.batch_repeat_interleave(group_size)
+        inputs = self._model_inputs({k: v for k, v in rows.items() if k.startswith("prompt_")})
+        if positions is not None:
+            inputs["position_ids"] = positions.repeat_interleave(group_size, dim=positions.dim() - 2)
+        inputs["past_key_values"] = cache
+        return inputs
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first eos, or up to the token that completes a stop
