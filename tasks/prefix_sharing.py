@@ -64,7 +64,7 @@ def worth_sharing(prompt_mask: Tensor, lengths: Tensor, groups: list[list[int]])
     """`prefix_sharing: auto`: share when the shared forward runs at most AUTO_TOKEN_RATIO of the
     plain forward's tokens. Measured by scripts/bench_prefix.py (tiny Qwen2, G 8, completions of
     64, CPU): the shared training pass breaks even at a token ratio of about 0.6-0.7 (prompts of
-    32-64 tokens) and takes 0.63-0.66 of the plain time at 0.42 (128 tokens); 0.5 keeps a margin for
+    32-64 tokens) and takes 0.63-0.75 of the plain time at 0.42 (128 tokens; three runs); 0.5 keeps a margin for
     what the token count leaves out: the dense mask's attention over all of a group's completions,
     and plain rows' access to mask-free (flash) attention kernels on GPU."""
     plain, shared = token_counts(prompt_mask, lengths, groups)
