@@ -98,7 +98,8 @@ def compare(policies: dict[str, CausalLMPolicy], prefix: int, group: int, comple
                 "time_ratio": round(med["shared"] / med["plain"], 4)})
     if memory:
         peaks = {k: peak_bytes(lambda: train_pass(p, batch, advantages)) for k, p in policies.items()}
-        out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2), "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
+        out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2),
+                    "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
                     "memory_ratio": round(peaks["shared"] / peaks["plain"], 4)})
     return out
 

@@ -207,7 +207,8 @@ def assert_grads_close(a, b):
 
 
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):
-    t = Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on", "algorithm.mu": 2})))
+    overrides = tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on", "algorithm.mu": 2})
+    t = Trainer(parse_config(TINY_RECIPE, overrides))
     batch = t._prepare_batch(1)
     one, streamed = streamed_grads(t, batch, (16, 3))  # 3 rows a micro-batch: groups of 4 split
     assert_grads_close(one, streamed)
