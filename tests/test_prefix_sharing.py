@@ -98,9 +98,14 @@ def assert_equal_to_plain(policy, batch, selections):
                 if gs is not None:
                     assert (gs - gp).abs().max() <= TOL
             assert plain[2][0].abs().max() > 0
+        policy.cfg.prefix_sharing = "on"
+        with torch.no_grad():
+            old, _ = policy.logprobs(policy.model, batch)
+        new, _ = policy.logprobs(policy.model, batch)
+        assert torch.equal(old, new)  # the on-policy ratio is exactly 1
     finally:
         del policy._shared_token_logprobs
-    assert len(shared_calls) == len(selections)  # the shared path ran
+    assert len(shared_calls) == len(selections) + 2  # the shared path ran
 
 
 SELECTIONS = [list(range(9)), [1, 2, 3, 4], [8, 0, 4, 5], [6]]  # whole groups, parts of groups, mixed order
