@@ -5,7 +5,10 @@ One group of G completions of C tokens after a P-token prompt on the tiny Qwen2 
 `policy.prefix_sharing` on and off. Times are medians over `--repeats` runs, the two variants
 alternating; peak memory is the most bytes the pass holds at once beyond what existed before it
 (CUDA: `max_memory_allocated`; CPU: the profiler's allocation events replayed in order).
-A sweep over shorter prompts shows where sharing starts to pay (the `auto` threshold).
+A sweep over shorter prompts shows where sharing starts to pay (the `auto` threshold), and the
+same comparison with a 32k-token vocabulary (`large_vocab`) shows the part sharing cannot remove:
+the output layer and log-softmax over the completion tokens, which on a 2-layer, 128-wide model
+cost ten times the transformer layers per token (on a 7B model about a tenth).
 
     python scripts/bench_prefix.py --json scripts/results/bench_prefix.json
 
@@ -29,6 +32,7 @@ from bench_report import emit  # noqa: E402
 
 from mmrl.rollout import Rollout  # noqa: E402
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from tasks.tiny_models import seeded_model  # noqa: E402
 from tasks.prefix_sharing import completion_lengths, prompt_groups, token_counts  # noqa: E402
 
 
@@ -94,9 +98,21 @@ def compare(policies: dict[str, CausalLMPolicy], prefix: int, group: int, comple
                 "time_ratio": round(med["shared"] / med["plain"], 4)})
     if memory:
         peaks = {k: peak_bytes(lambda: train_pass(p, batch, advantages)) for k, p in policies.items()}
-        out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2), "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
+        out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2),
+                    "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
                     "memory_ratio": round(peaks["shared"] / peaks["plain"], 4)})
     return out
+
+
+def with_vocabulary(policies: dict[str, CausalLMPolicy], size: int) -> dict[str, CausalLMPolicy]:
+    """The same policies sharing one tiny Qwen2 whose output layer spans `size` tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    plain = policies["plain"]
+    config = Qwen2Config(**{**plain.model.config.to_dict(), "vocab_size": size})
+    model = seeded_model(Qwen2ForCausalLM, config, plain.tokenizer, 0).to(plain.device)
+    for policy in policies.values():
+        policy.model = model
+    return policies
 
 
 def main() -> None:
@@ -107,6 +123,7 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--large-vocab", type=int, default=32000)
     parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
                         help="shorter prompt lengths timed too (where the auto threshold comes from)")
     args = parser.parse_args()
@@ -118,9 +135,13 @@ def main() -> None:
                 for name in ("plain", "shared")}
     main_run = compare(policies, args.prefix, args.group, args.completion, args.repeats, memory=True)
     sweep = [compare(policies, p, args.group, args.completion, args.repeats, memory=False) for p in args.sweep]
+    large_vocab = compare(with_vocabulary(policies, args.large_vocab), args.prefix, args.group, args.completion,
+                          args.repeats, memory=True)
     emit({"time_ratio": main_run["time_ratio"], "memory_ratio": main_run["memory_ratio"],
           "group": args.group, "completion": args.completion, **main_run, "threads": args.threads,
-          "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)], "device": device or "cpu", "model": "tiny:qwen2-char (hidden 128, 2 layers)", "sweep": sweep}, args.json)
+          "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)], "device": device or "cpu",
+          "model": "tiny:qwen2-char (hidden 128, 2 layers, 99-token vocabulary)", "sweep": sweep,
+          "large_vocab": {"vocab_size": args.large_vocab, **large_vocab}}, args.json)
 
 
 if __name__ == "__main__":

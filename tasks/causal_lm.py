@@ -411,11 +411,14 @@ class CausalLMPolicy(Policy):
         # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
         first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],
                                                  completion_ids[:, 0].to(device), chunk, with_entropy)
-        region, region_ent = selective_log_softmax(kept[:, 1:], layout.next_ids().to(device), chunk, with_entropy)
+        targets = layout.next_ids().to(device)  # over all kept logits (no strided copy); column 0 unused
+        targets = torch.cat([targets[:, :1], targets], dim=1)
+        region, region_ent = selective_log_softmax(kept, targets, chunk, with_entropy)
         index = layout.gather.to(device)
         is_first = torch.arange(index.shape[1], device=device)[None, :] == 0
-        logp = torch.where(is_first, first[:, None], region.reshape(-1)[index])
-        ent = torch.where(is_first, first_ent[:, None], region_ent.reshape(-1)[index]) if with_entropy else None
+        logp = torch.where(is_first, first[:, None], region[:, 1:].reshape(-1)[index])
+        ent = (torch.where(is_first, first_ent[:, None], region_ent[:, 1:].reshape(-1)[index])
+               if with_entropy else None)
         return logp, ent
 
     def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:

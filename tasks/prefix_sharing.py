@@ -64,9 +64,9 @@ def worth_sharing(prompt_mask: Tensor, lengths: Tensor, groups: list[list[int]])
     """`prefix_sharing: auto`: share when the shared forward runs at most AUTO_TOKEN_RATIO of the
     plain forward's tokens. Measured by scripts/bench_prefix.py (tiny Qwen2, G 8, completions of
     64, CPU): the shared training pass breaks even at a token ratio of about 0.6-0.7 (prompts of
-    32-64 tokens) and takes 0.63-0.66 of the plain time at 0.42 (128 tokens); 0.5 keeps a margin for
-    what the token count leaves out: the dense mask's attention over all of a group's completions,
-    and plain rows' access to mask-free (flash) attention kernels on GPU."""
+    32-64 tokens) and takes 0.63-0.75 of the plain time at 0.42 (128 tokens; three runs). 0.5
+    keeps a margin for what the token count leaves out: the dense mask's attention over all of a
+    group's completions, and plain rows' access to mask-free (flash) attention kernels on GPU."""
     plain, shared = token_counts(prompt_mask, lengths, groups)
     return shared <= AUTO_TOKEN_RATIO * plain
 
@@ -129,9 +129,9 @@ class SharedLayout:
         after = self.input_ids[:, self.width + 1:]
         return torch.cat([after, after.new_zeros(after.shape[0], 1)], dim=1)
 
-    def place(self, prefix_values: Tensor, fill: int | float = 0) -> Tensor:
-        """A per-token prefix input [S, W] laid out over the shared sequences [S, T]."""
-        out = prefix_values.new_full((prefix_values.shape[0], self.width + self.region), fill)
+    def place(self, prefix_values: Tensor) -> Tensor:
+        """A per-token prefix input [S, W] laid out over the shared sequences [S, T] (0 after it)."""
+        out = prefix_values.new_zeros((prefix_values.shape[0], self.width + self.region))
         out[:, :self.width] = prefix_values
         return out
 

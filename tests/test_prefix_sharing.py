@@ -98,9 +98,14 @@ def assert_equal_to_plain(policy, batch, selections):
                 if gs is not None:
                     assert (gs - gp).abs().max() <= TOL
             assert plain[2][0].abs().max() > 0
+        policy.cfg.prefix_sharing = "on"
+        with torch.no_grad():
+            old, _ = policy.logprobs(policy.model, batch)
+        new, _ = policy.logprobs(policy.model, batch)
+        assert torch.equal(old, new)  # the on-policy ratio is exactly 1
     finally:
         del policy._shared_token_logprobs
-    assert len(shared_calls) == len(selections)  # the shared path ran
+    assert len(shared_calls) == len(selections) + 2  # the shared path ran
 
 
 SELECTIONS = [list(range(9)), [1, 2, 3, 4], [8, 0, 4, 5], [6]]  # whole groups, parts of groups, mixed order
@@ -207,7 +212,8 @@ def assert_grads_close(a, b):
 
 
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):
-    t = Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on", "algorithm.mu": 2})))
+    overrides = tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on", "algorithm.mu": 2})
+    t = Trainer(parse_config(TINY_RECIPE, overrides))
     batch = t._prepare_batch(1)
     one, streamed = streamed_grads(t, batch, (16, 3))  # 3 rows a micro-batch: groups of 4 split
     assert_grads_close(one, streamed)
