@@ -13,7 +13,7 @@ import torch
 
 from .advantages import weighted_total
 from .policy import Policy
-from .reward_registry import compute_rewards
+from .reward_registry import score_rollout
 from .sampling import derive_seed
 
 EVAL_SEED_SALT = 0xE7A1
@@ -28,8 +28,8 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
-        rollout.add_data_columns(chunk, group_size)
-        rewards = compute_rewards(reward_fns, rollout.prompts, rollout.completions, rollout.columns)
+        rollout.add_data_columns(chunk)
+        _, rewards, _ = score_rollout(reward_fns, rollout)
         totals += weighted_total(rewards, weights).tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
