@@ -12,11 +12,14 @@ multimodal rotary positions are computed by the model from ids, grids and attent
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from mmrl.rollout import Rollout
 
 from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
 from .tiny_models import TINY_MODELS
@@ -58,9 +61,9 @@ class MultimodalPolicy(CausalLMPolicy):
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         per_token: dict[str, list[Tensor]] = {}
-        per_prompt: dict[str, list[Tensor]] = {}
+        per_prompt: dict[str, dict[int, Tensor]] = {}
         ids = []
-        for row in prompts:
+        for i, row in enumerate(prompts):
             content, media = self._media(row)
             content = content + [{"type": "text", "text": self.prompt_of(row)}]
             messages = [{"role": "user", "content": content}]
@@ -75,7 +78,7 @@ class MultimodalPolicy(CausalLMPolicy):
                 if value.dim() == 2 and value.shape == enc["input_ids"].shape:
                     per_token.setdefault(key, []).append(value[0])
                 else:
-                    per_prompt.setdefault(key, []).append(value)
+                    per_prompt.setdefault(key, {})[i] = value
         width = max(len(x) for x in ids)
         left_pad = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v)  # noqa: E731
                                               for x in xs])
@@ -84,8 +87,17 @@ class MultimodalPolicy(CausalLMPolicy):
             "prompt_mask": left_pad([torch.ones_like(x) for x in ids], 0),
         }
         out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
-        out.update(per_prompt)
+        for key, values in per_prompt.items():  # a prompt without this input (no video, ...) gets 0 rows of it
+            empty = next(iter(values.values()))[:0]
+            out[key] = [values.get(i, empty) for i in range(len(prompts))]
         return out
+
+    def concat(self, parts: Sequence[Rollout]) -> Rollout:
+        """As the text adapter's; a part whose prompts lack a per-prompt input that another part
+        has (no video among them) gets 0 rows of it for each row."""
+        empty = {k: v[0][:0] for p in parts for k, v in p.extras.items() if isinstance(v, list) and v}
+        filled = [replace(p, extras={**{k: [e] * len(p) for k, e in empty.items()}, **p.extras}) for p in parts]
+        return super().concat(filled)
 
     def _model_inputs(self, rows: dict[str, Any], completion_ids: Tensor | None = None,
                       completion_mask: Tensor | None = None) -> dict[str, Tensor]:
@@ -100,7 +112,8 @@ class MultimodalPolicy(CausalLMPolicy):
                 inputs[key[len("prompt_"):]] = nn.functional.pad(value, (0, width)).to(device)
             else:
                 joined = torch.cat(list(value), dim=0).to(device)
-                inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
+                if len(joined):  # else no row of the batch has this input
+                    inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
         return inputs
 
 
