@@ -99,11 +99,13 @@ class VLMPolicy(MultimodalPolicy):
         media: dict[str, Any] = {"images": images or None}
         clips = self._clips(row)
         if clips:
-            media.update(videos=[c.frames for c in clips], video_metadata=[c.metadata() for c in clips])
+            # the frames are sampled already: the processor must not sample them again
+            media.update(videos=[c.frames for c in clips], video_metadata=[c.metadata() for c in clips],
+                         videos_kwargs={"do_sample_frames": False})
             size = {k: v for k, v in (("shortest_edge", cfg.video_min_pixels),
                                       ("longest_edge", cfg.video_max_pixels)) if v}
             if size:
-                media["videos_kwargs"] = {"size": size}
+                media["videos_kwargs"]["size"] = size
         return [{"type": "image"} for _ in images] + [{"type": "video"} for _ in clips], media
 
     @torch.no_grad()

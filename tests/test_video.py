@@ -3,6 +3,7 @@ sizes (files written with PyAV, frame lists), frame sampling by count and by rat
 invariance with T-GRPO's shuffled rollouts, exact on-policy log-probs, streaming, a training step,
 the T-GRPO bonus per group, broken video files named."""
 
+import sys
 from pathlib import Path
 
 import av
@@ -193,3 +194,29 @@ def test_streaming_and_a_training_step(tmp_path):
     assert any("visual" in n for n in changed) and any("language_model" in n for n in changed)
     held_out = t.evaluate()  # scored on the ordered rows only
     assert {"reward/t_grpo", "reward_mean_se", "greedy/t_grpo"} <= set(held_out)
+
+
+@pytest.mark.slow
+def test_t_grpo_one_and_two_processes_agree(tmp_path):
+    """Groups are spread over two processes (gloo on CPU): the bonus, the shuffled rows' rewards,
+    the loss and the weights equal one process's."""
+    import yaml
+    from safetensors.torch import load_file
+    from test_distributed import free_port, run_cli
+    recipe = tmp_path / "recipe.yaml"  # a graded "accuracy" (digit share) so the bonus varies between groups
+    cfg = dict(VIDEO_RECIPE, rewards={"digit_share": {"weight": 1.0}, "t_grpo": {
+        "weight": 1.0, "args": {"accuracy": "digit_share", "correct_above": 0.0, "mu": 1.0}}},
+        optim={**VIDEO_RECIPE["optim"], "prompts_per_step": 4, "micro_batch_size": 5})
+    recipe.write_text(yaml.safe_dump(cfg))
+    single = run_cli([sys.executable], recipe, tmp_path / "one", 2)
+    double = run_cli([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_addr", "127.0.0.1", "--master_port", str(free_port())], recipe, tmp_path / "two", 2)
+    assert any(0 < r["reward/t_grpo/bonus_groups"] < r["reward/t_grpo/groups"] for r in single)
+    for a, b in zip(single, double):
+        for key in ("reward/t_grpo", "reward/t_grpo/groups", "reward/t_grpo/bonus_groups",
+                    "auxiliary/reward/digit_share", "reward/digit_share", "loss", "advantage_std"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+    w1 = load_file(tmp_path / "one" / "checkpoints" / "step-000002" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "checkpoints" / "step-000002" / "model" / "model.safetensors")
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=1e-6), name
