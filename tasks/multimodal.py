@@ -25,6 +25,9 @@ from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
 from .tiny_models import TINY_MODELS
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
+# times, not features: kept in fp32 (in bf16, 0.8 s per grid becomes 0.8008 and shifts Qwen2.5-VL's
+# rotary time positions away from what the model was trained with)
+FP32_KEYS = ("second_per_grid_ts",)
 
 
 class MultimodalPolicy(CausalLMPolicy):
@@ -113,7 +116,7 @@ class MultimodalPolicy(CausalLMPolicy):
             else:
                 joined = torch.cat(list(value), dim=0).to(device)
                 if len(joined):  # else no row of the batch has this input
-                    inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
+                    inputs[key] = joined.to(dtype) if joined.is_floating_point() and key not in FP32_KEYS else joined
         return inputs
 
 

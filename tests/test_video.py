@@ -68,6 +68,14 @@ def test_second_per_grid_follows_the_sampling_rate(tmp_path):
     assert enc["video_grid_thw"][0].tolist() == [[3, 2, 2]]
 
 
+def test_times_stay_fp32_in_a_bf16_model():
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", dtype="bfloat16", fps=2.5, **SMALL_FRAMES))
+    rows = policy._expand(policy._encode_prompts([{"prompt": "q", "video": np.zeros((5, 28, 28, 3), np.uint8)}]), 1)
+    inputs = policy._model_inputs(rows)
+    assert inputs["pixel_values_videos"].dtype == torch.bfloat16
+    assert inputs["second_per_grid_ts"].dtype == torch.float32
+
+
 def test_broken_video_file_is_named(tmp_path):
     bad = tmp_path / "broken.mp4"
     bad.write_bytes(b"not a video" * 20)
@@ -164,7 +172,8 @@ VIDEO_RECIPE = {
     "policy": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 6, "num_frames": 4, "shuffled_rollouts": 2,
                **SMALL_FRAMES},
     "data": {"name": "moving_dot", "args": {"n_train": 16, "n_eval": 4, "frames": 6, "size": 56}},
-    "rewards": {"digit_share": {"weight": 1.0}, "t_grpo": {"weight": 1.0, "args": {"accuracy_args": {"mode": "choice"}}}},
+    "rewards": {"digit_share": {"weight": 1.0},
+                "t_grpo": {"weight": 1.0, "args": {"accuracy_args": {"mode": "choice"}}}},
     "reward_modules": [str(Path(__file__).parent / "digit_reward.py")],
     "algorithm": {"group_size": 3},
     "optim": {"lr": 1e-2, "prompts_per_step": 3, "micro_batch_size": 9},
