@@ -203,6 +203,8 @@ def test_streaming_and_a_training_step(tmp_path):
     assert any("visual" in n for n in changed) and any("language_model" in n for n in changed)
     held_out = t.evaluate()  # scored on the ordered rows only
     assert {"reward/t_grpo", "reward_mean_se", "greedy/t_grpo"} <= set(held_out)
+    assert held_out["reward/t_grpo/groups"] == held_out["greedy/t_grpo/groups"] == 4.0  # the 4 held-out prompts
+    assert t.train_step()["reward/t_grpo/groups"] == 3.0  # evaluation's counts stay out of training's
 
 
 @pytest.mark.slow
