@@ -71,6 +71,10 @@ class VLMPolicy(MultimodalPolicy):
     def __init__(self, cfg: VLMConfig):
         if cfg.num_frames is not None and cfg.fps is not None:
             raise ValueError(f"policy.num_frames={cfg.num_frames} and policy.fps={cfg.fps}: give one of them")
+        for name in ("num_frames", "fps", "max_frames"):
+            value = getattr(cfg, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"policy.{name}={value} must be > 0")
         if cfg.shuffled_rollouts < 0:
             raise ValueError(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} must be >= 0")
         super().__init__(cfg)

@@ -84,6 +84,8 @@ def test_broken_video_file_is_named(tmp_path):
         policy.rollout([{"prompt": "x", "video": str(bad)}], 1, seeds=[0])
     with pytest.raises(ValueError, match="missing.mp4"):
         policy.rollout([{"prompt": "x", "video": str(tmp_path / "missing.mp4")}], 1, seeds=[0])
+    with pytest.raises(ValueError, match="policy.num_frames=0"):
+        VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", num_frames=0))
     with pytest.raises(ValueError, match="frame 1"):
         load_video([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.float32)])
 
