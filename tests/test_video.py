@@ -68,6 +68,17 @@ def test_second_per_grid_follows_the_sampling_rate(tmp_path):
     assert enc["video_grid_thw"][0].tolist() == [[3, 2, 2]]
 
 
+def test_one_video_or_a_list_of_videos(tmp_path):
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", num_frames=3, **SMALL_FRAMES))
+    path = str(write_clip(tmp_path / "c.mp4", 10, 5))
+    frames = [np.zeros((8, 8, 3), np.uint8)] * 4
+    assert [len(c.frames) for c in policy._clips({"video": frames})] == [3]  # a list of frames is one video
+    assert [len(c.frames) for c in policy._clips({"video": np.stack(frames)})] == [3]
+    assert [len(c.frames) for c in policy._clips({"video": [path, {"frames": frames[:2]}]})] == [3, 2]
+    content, media = policy._media({"video": [path, path]})
+    assert content == [{"type": "video"}] * 2 and len(media["videos"]) == 2
+
+
 def test_times_stay_fp32_in_a_bf16_model():
     policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", dtype="bfloat16", fps=2.5, **SMALL_FRAMES))
     rows = policy._expand(policy._encode_prompts([{"prompt": "q", "video": np.zeros((5, 28, 28, 3), np.uint8)}]), 1)
