@@ -29,7 +29,8 @@ class Policy(ABC):
         row (a dict: the adapter reads `prompt_column` and whatever else it needs, e.g. images)
         or the bare prompt itself. Group `g` must be a function of `prompts[g]` and `seeds[g]`
         alone, so that rollouts do not depend on how groups are spread over processes. Rows are
-        ordered group by group; `Rollout.prompts` holds the prompt as the rewards should see it."""
+        ordered group by group (a group's block may hold auxiliary rows, see `Rollout.auxiliary`);
+        `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @property
     def max_units(self) -> int | None:

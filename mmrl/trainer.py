@@ -32,7 +32,7 @@ from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, policy_loss, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, compute_rewards, reward_metrics
+from .reward_registry import bind_reward, compute_rewards, reward_metrics, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -150,9 +150,10 @@ class Trainer:
 
     # ----- one step ---------------------------------------------------------------------------
     def _rollout_groups(self, step: int, attempt: int) -> tuple[Rollout, list[int], dict[str, Tensor],
-                                                               dict[str, float]]:
+                                                               dict[str, float], dict[str, Tensor]]:
         """Roll out this process's groups of one draw; return them with the draw's indices, the
-        rewards of the WHOLE draw (gathered, in global row order) and the rewards' own metrics."""
+        rewards of the WHOLE draw (gathered, in global row order), the rewards' own metrics and the
+        rewards of the whole draw's auxiliary rows (gathered; dropped from the rollout)."""
         cfg = self.cfg
         group_size = cfg.algorithm.group_size
         indices = self.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
@@ -161,20 +162,23 @@ class Trainer:
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
         rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
-        rollout.add_data_columns(rows, group_size)
-        rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
+        rollout.add_data_columns(rows)
+        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout)
         per_unit = self.policy.step_rewards(rollout, lambda picked, completions: compute_rewards(
             self.reward_fns, [rollout.prompts[i] for i in picked], completions,
-            {k: [v[i] for i in picked] for k, v in rollout.columns.items()}))
+            {**{k: [v[i] for i in picked] for k, v in rollout.columns.items()},
+             "group_id": [int(rollout.group_id[i]) for i in picked], "auxiliary": [False] * len(picked)}))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
         counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
-        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts))
-        full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
+        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts,
+                                 {k: v.tolist() for k, v in auxiliary.items()}))
+        full = {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}
         extra: dict[str, float] = {}
-        for _, counts in gathered:
+        for _, counts, _ in gathered:
             add_counts(extra, counts)
-        return rollout, indices, full, extra
+        auxiliary = {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary}
+        return rollout, indices, full, extra, auxiliary
 
     def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, dict[str, float]]:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -187,9 +191,11 @@ class Trainer:
         local_parts, reward_parts, gid_parts = [], [], []
         kept_groups = attempt = 0
         reward_extra: dict[str, float] = {}
+        auxiliary_parts = []
         for attempt in range(tries):
-            rollout, indices, rewards, extra = self._rollout_groups(step, attempt)
+            rollout, indices, rewards, extra, auxiliary = self._rollout_groups(step, attempt)
             add_counts(reward_extra, extra)
+            auxiliary_parts.append(auxiliary)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
             total = weighted_total(rewards, self.reward_weights)
             self.sampler.update(indices, total if total.dim() == 1 else total.nanmean(1), draw_gid)  # [N, U]: row means
@@ -208,6 +214,10 @@ class Trainer:
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
         stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups), **reward_extra}
+        for k in auxiliary_parts[0]:  # e.g. T-GRPO's shuffled-frame accuracy beside reward/<name>
+            values = torch.cat([p[k] for p in auxiliary_parts])
+            if not values.isnan().all():
+                stats[f"auxiliary/reward/{k}"] = float(values.nanmean())
         stats.update(self.sampler.stats())
         return local, rewards, torch.cat(gid_parts), stats
 

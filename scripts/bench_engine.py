@@ -10,8 +10,8 @@ a plain log-softmax policy-gradient loss + an AdamW step: the floor any GRPO tra
 prints and writes {"overhead_ratio": mmrl / bare, "trl_time_ratio": mmrl / TRL,
 "trl_peak_rss_ratio": mmrl / TRL, ...}. Step times are compared within a process: each trainer's
 steps alternate with bare steps on a second copy of the model, and each trainer's time is taken
-relative to the bare steps beside it (process-to-process variation here is ~10%, larger than
-the differences measured). Peak RSS comes from each contender alone in a fresh process. TRL is needed only here (`pip install -e ".[bench]"`).
+relative to the bare steps beside it (harness in `bench_harness.py`). Peak RSS comes from each
+contender alone in a fresh process. TRL is needed only here (`pip install -e ".[bench]"`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from bench_harness import compare, over_bare, peak_rss_mb, timed_steps, trl_step_timer
 from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
@@ -34,10 +32,6 @@ MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
 
 def digit_share(prompts, completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class BareStep:
@@ -99,14 +93,7 @@ def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
         "output_dir": out, "max_steps": args.warmup + args.steps, "save_every": 0,
     }
     trainer = Trainer(parse_config(recipe))
-    times, floor = [], []
-    for step in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        trainer.train_step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-            if bare is not None:
-                floor.append(bare())
+    times, floor, _ = timed_steps(trainer.train_step, args.warmup, args.steps, bare)
     return times, floor
 
 
@@ -120,26 +107,11 @@ def _prompt_file(args) -> str:
 
 def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from tasks.tiny_models import qwen2_char
     model, tok = qwen2_char(**MODEL)
     times: list[float] = []
     floor: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        """Wall time from one step's end to the next (generation, scoring and update included),
-        with the interleaved bare step left out."""
-        last = None
-
-        def on_step_end(self, a, state, control, **kw):
-            now = time.perf_counter()
-            if state.global_step > args.warmup and self.last is not None:
-                times.append(now - self.last)
-                if bare is not None:
-                    floor.append(bare())
-            self.last = time.perf_counter()
-
     data = Dataset.from_list([{"prompt": p} for p in PROMPTS[: args.prompts]] * (args.warmup + args.steps + 1))
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
@@ -149,7 +121,7 @@ def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
         report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
         lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
     trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
-                          processing_class=tok, callbacks=[StepTimer()])
+                          processing_class=tok, callbacks=[trl_step_timer(args.warmup, times, floor, bare)])
     trainer.train()
     return times, floor
 
@@ -171,19 +143,6 @@ def worker(args) -> dict:
     return {"times": times, "floor": floor, "peak_rss_mb": peak_rss_mb()}
 
 
-def launch(args, name: str, interleave: bool) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, __file__, "--worker", name] + [
-        f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")]
-    if interleave:
-        cmd.append("--interleave")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"{name} worker failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the result here too")
@@ -201,23 +160,17 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
-    # memory: each contender alone in a fresh process
-    rss = {name: launch(args, name, interleave=False)["peak_rss_mb"] for name in CONTENDERS}
-    # time: each trainer's steps alternate with bare steps in the same process, so machine drift
-    # and per-process variation cancel in the ratio; rounds alternate the two trainers
-    per_step: dict[str, list[float]] = {"mmrl": [], "trl": []}
-    floor: dict[str, list[float]] = {"mmrl": [], "trl": []}
-    for _ in range(args.rounds):
-        for name in ("mmrl", "trl"):
-            row = launch(args, name, interleave=True)
-            per_step[name] += row["times"]
-            floor[name] += row["floor"]
-    over_bare = {name: statistics.median(per_step[name]) / statistics.median(floor[name]) for name in per_step}
+    # memory: each contender alone in a fresh process; time: each trainer's steps alternate with
+    # bare steps in the same process, so machine drift and per-process variation cancel in the
+    # ratio; rounds alternate the two trainers
+    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")}
+    rss, per_step, floor, _ = compare(__file__, options, args.threads, args.rounds, ("mmrl", "trl"), CONTENDERS)
+    ratio = {name: over_bare(per_step[name], floor[name]) for name in per_step}
     report = {
-        "overhead_ratio": over_bare["mmrl"],
-        "trl_time_ratio": over_bare["mmrl"] / over_bare["trl"],
+        "overhead_ratio": ratio["mmrl"],
+        "trl_time_ratio": ratio["mmrl"] / ratio["trl"],
         "trl_peak_rss_ratio": rss["mmrl"] / rss["trl"],
-        "trl_overhead_ratio": over_bare["trl"],
+        "trl_overhead_ratio": ratio["trl"],
         "median_step_s": {name: statistics.median(v) for name, v in per_step.items()},
         "median_bare_step_s": {f"beside_{name}": statistics.median(v) for name, v in floor.items()},
         "peak_rss_mb": rss,

@@ -5,24 +5,35 @@ Generation runs HF ``generate`` with the KV cache; sampling is done by `GroupSee
 a group's completions depend on its prompt and seed only, not on which other groups share the
 batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature,
 computed by `selective_log_softmax` on the completion positions only.
+
+With `shared_prefill` (the default), each prompt is prefilled once, its media encoded once, and
+its KV cache repeated for the G rows of its group before sampling, instead of prefilling G
+identical copies; the samples are the same either way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import inspect
+import logging
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 
+from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
 from .tiny_models import TINY_MODELS
 from .token_logprobs import selective_log_softmax
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,6 +58,15 @@ class CausalLMConfig:
     mask_truncated: bool = False
     gradient_checkpointing: bool = False
     logprob_chunk_rows: int = 1024
+    # log-prob passes run each group's prompt once (tasks/prefix_sharing.py); YAML's on/off are
+    # booleans, so true / false mean on / off
+    prefix_sharing: Literal["auto", "on", "off"] | bool = "auto"
+    shared_prefill: bool = True
+
+
+@lru_cache(maxsize=None)
+def _log_once(message: str) -> None:
+    logger.warning(message)
 
 
 class GroupSeededSampler(LogitsProcessor):
@@ -90,7 +110,12 @@ class CausalLMPolicy(Policy):
             raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         if cfg.temperature <= 0:
             raise ValueError(f"policy.temperature={cfg.temperature} must be > 0")
+        if isinstance(cfg.prefix_sharing, bool):
+            cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
+        if cfg.prefix_sharing not in ("auto", "on", "off"):
+            raise ValueError(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         self.cfg = cfg
+        self._sharing_fallback_logged = False
         self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -172,8 +197,8 @@ class CausalLMPolicy(Policy):
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
         cfg = self.cfg
-        rows = self._expand(self._encode_prompts(prompts), group_size)
-        inputs = self._model_inputs(rows)
+        encoded = self._encode_prompts(prompts)
+        rows = self._expand(encoded, group_size)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
                                    pad_token_id=self.tokenizer.pad_token_id,
@@ -186,11 +211,15 @@ class CausalLMPolicy(Policy):
             processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
         was_training = self.model.training
         self.model.eval()
-        sequences = self.model.generate(
-            **inputs, generation_config=gen_cfg, logits_processor=processors,
+        generator = self.model.generate.__self__  # the transformers model, also under a PEFT wrapper
+        inputs = None
+        if cfg.shared_prefill and group_size > 1:
+            inputs = self._shared_prefill(generator, encoded, rows, group_size)
+        sequences = generator.generate(
+            **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
             tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
-        completion_ids = sequences[:, inputs["input_ids"].shape[1]:]
+        completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
         unit_mask, truncated = self._completion_mask(completion_ids)
         completion_ids = completion_ids.masked_fill(unit_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -205,6 +234,49 @@ class CausalLMPolicy(Policy):
             columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
             extras={**rows, "completion_ids": completion_ids.cpu()},
         )
+
+    def _shared_prefill(self, generator: nn.Module, encoded: dict[str, Any], rows: dict[str, Any],
+                        group_size: int) -> dict[str, Any] | None:
+        """`generate`'s inputs for the expanded `rows`, with a KV cache of every prompt but its last
+        token computed ONCE per prompt (its media encoded once) and repeated for the `group_size`
+        rows of its group; `generate` then runs each row's last prompt token on that cache and
+        samples. Position ids (multimodal rotary ones included) come from the model's own
+        `generate` rule on the whole prompt, so the rows see the positions of a plain prefill.
+        None, logged once, where the model cannot continue from a repeated cache."""
+        ids = encoded["prompt_ids"]
+        media_slots = torch.tensor(self.suppressed_tokens(), dtype=ids.dtype)
+        reason = None
+        if ids.shape[1] < 2:
+            reason = "a one-token prompt has nothing to prefill"
+        elif torch.isin(ids[:, -1], media_slots).any():
+            reason = "a prompt ends with a media placeholder"
+        elif not hasattr(generator, "_prepare_position_ids_for_generation"):
+            reason = f"{type(generator).__name__} has no generate-time position ids"
+        if reason is None:
+            forward_args = inspect.signature(generator.forward).parameters
+            positions = None
+            if "position_ids" in forward_args:  # as `generate` does, for the models that take them
+                whole = self._model_inputs(encoded)
+                positions = generator._prepare_position_ids_for_generation(whole["input_ids"], whole)
+            head = self._model_inputs({k: v[:, :-1] if k.startswith("prompt_") else v for k, v in encoded.items()})
+            if positions is not None:
+                head["position_ids"] = positions[..., :-1]
+            keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+            cache = generator(**head, use_cache=True, **keep).past_key_values
+            if not isinstance(cache, Cache) or cache.get_seq_length() != ids.shape[1] - 1:
+                reason = f"{type(generator).__name__} returned no KV cache of the prompt's length"
+            elif not all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
+                         for layer in cache.layers):  # recurrent states are not repeated by the cache
+                reason = f"{type(generator).__name__}'s cache is not made of key/value layers"
+        if reason is not None:
+            _log_once(f"shared prefill off, every group member is prefilled: {reason}")
+            return None
+        cache.batch_repeat_interleave(group_size)
+        inputs = self._model_inputs({k: v for k, v in rows.items() if k.startswith("prompt_")})
+        if positions is not None:
+            inputs["position_ids"] = positions.repeat_interleave(group_size, dim=positions.dim() - 2)
+        inputs["past_key_values"] = cache
+        return inputs
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first eos, or up to the token that completes a stop
@@ -257,9 +329,7 @@ class CausalLMPolicy(Policy):
                 if key.startswith("prompt_") and isinstance(value, Tensor):
                     extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
             extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
-            fixed.append(Rollout(group_id=r.group_id, prompts=r.prompts, completions=r.completions,
-                                 unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), columns=r.columns,
-                                 extras=extras, truncated=r.truncated))
+            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras))
         return Rollout.concat(fixed)
 
     # ----- log-probs -----------------------------------------------------------------------
@@ -268,9 +338,15 @@ class CausalLMPolicy(Policy):
         completion_ids = batch.extras["completion_ids"]
         width = completion_ids.shape[1]
         used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
-        logp, ent = self._token_logprobs(model, batch.extras, completion_ids[:, :used],
-                                         batch.unit_mask[:, :used], self.cfg.temperature, with_entropy)
-        logp = nn.functional.pad(logp * batch.unit_mask[:, :used].to(logp.device), (0, width - used))
+        mask = batch.unit_mask[:, :used]
+        groups = self._shared_prefix_groups(batch, mask)
+        if groups is None:
+            logp, ent = self._token_logprobs(model, batch.extras, completion_ids[:, :used], mask,
+                                             self.cfg.temperature, with_entropy)
+        else:
+            logp, ent = self._shared_token_logprobs(model, batch.extras, groups, completion_ids[:, :used],
+                                                    mask, self.cfg.temperature, with_entropy)
+        logp = nn.functional.pad(logp * mask.to(logp.device), (0, width - used))
         if ent is not None:
             ent = nn.functional.pad(ent, (0, width - used))
         return logp[:, units], (ent[:, units] if ent is not None else None)
@@ -287,6 +363,71 @@ class CausalLMPolicy(Policy):
             logits = logits / temperature
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
+
+    # ----- shared-prefix log-probs (tasks/prefix_sharing.py) -----------------------------------
+    def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
+        """The micro-batch's rows grouped by prompt when its log-probs run with the prompt shared
+        (`policy.prefix_sharing`), else None. The choice depends on the micro-batch alone, so the
+        old, reference and training passes over it take the same path."""
+        mode = self.cfg.prefix_sharing
+        if mode == "off":
+            return None
+        reason = unsupported_reason(self.model.config)
+        if reason is not None:
+            if not self._sharing_fallback_logged:
+                logger.warning("policy.prefix_sharing=%s: %s; log-probs use the plain forward", mode, reason)
+                self._sharing_fallback_logged = True
+            return None
+        groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"])
+        if mode == "auto" and not worth_sharing(batch.extras["prompt_mask"], completion_lengths(completion_mask),
+                                                groups):
+            return None
+        return groups
+
+    def _shared_token_logprobs(self, model: nn.Module, rows: dict[str, Any], groups: list[list[int]],
+                               completion_ids: Tensor, completion_mask: Tensor, temperature: float,
+                               with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """`_token_logprobs` with each group's prompt run once: one sequence per group holding the
+        prompt and the group's completions, under the shared-prefix mask."""
+        n = completion_ids.shape[0]
+        leaders = torch.tensor([g[0] for g in groups])  # one row stands for its group's prompt
+        prefix = {k: _pick(v, leaders, n) for k, v in rows.items() if k != "completion_ids"}
+        start = int(prefix["prompt_mask"].any(0).int().argmax())  # drop columns that are padding in every prompt
+        prefix = {k: v[:, start:] if k.startswith("prompt_") and isinstance(v, Tensor) else v
+                  for k, v in prefix.items()}
+        layout = SharedLayout.build(prefix["prompt_ids"], prefix["prompt_mask"], completion_ids,
+                                    completion_lengths(completion_mask), groups, self.tokenizer.pad_token_id)
+        inputs = self._shared_model_inputs(prefix, layout)
+        inputs["attention_mask"] = layout.attention_mask(self.model.config.get_text_config(decoder=True),
+                                                         next(self.model.parameters()).dtype, self.device)
+        out = model(**inputs, logits_to_keep=layout.region + 1, use_cache=False)
+        device = out.logits.device
+        kept = out.logits[:, -(layout.region + 1):]  # sequence positions W - 1 .. W + R - 1
+        if temperature != 1.0:
+            kept = kept / temperature
+        chunk = self.cfg.logprob_chunk_rows
+        # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
+        first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],
+                                                 completion_ids[:, 0].to(device), chunk, with_entropy)
+        targets = layout.next_ids().to(device)  # over all kept logits (no strided copy); column 0 unused
+        targets = torch.cat([targets[:, :1], targets], dim=1)
+        region, region_ent = selective_log_softmax(kept, targets, chunk, with_entropy)
+        index = layout.gather.to(device)
+        is_first = torch.arange(index.shape[1], device=device)[None, :] == 0
+        logp = torch.where(is_first, first[:, None], region[:, 1:].reshape(-1)[index])
+        ent = (torch.where(is_first, first_ent[:, None], region_ent[:, 1:].reshape(-1)[index])
+               if with_entropy else None)
+        return logp, ent
+
+    def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:
+        """Keyword inputs of the shared forward but the mask: ids and position ids."""
+        return {"input_ids": layout.input_ids.to(self.device),
+                "position_ids": layout.positions(self._prefix_positions(prefix)).to(self.device)}
+
+    def _prefix_positions(self, prefix: dict[str, Any]) -> Tensor:
+        """Positions [S, W + 1] of each prompt and of the token after it, as `_model_inputs` gives."""
+        mask = prefix["prompt_mask"]
+        return (torch.cat([mask, torch.ones_like(mask[:, :1])], 1).cumsum(-1) - 1).clamp(min=0)
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
@@ -306,3 +447,12 @@ class CausalLMPolicy(Policy):
     def save_pretrained(self, model: nn.Module, path: Path) -> None:
         model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+
+def _pick(value: Any, idx: Tensor, n: int) -> Any:
+    """Rows `idx` of a per-row extra (a tensor or list of length n); anything else as is."""
+    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
+        return value[idx.to(value.device)]
+    if isinstance(value, list) and len(value) == n:
+        return [value[i] for i in idx.tolist()]
+    return value

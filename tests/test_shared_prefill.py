@@ -1,0 +1,81 @@
+"""Shared prefill in the rollout: each prompt is prefilled once and its KV cache repeated for its
+group. The samples must equal those of prefilling every group member, for the text, vision and
+audio tiny models, with prompts of different lengths and images of different sizes."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tasks.audio import AudioLMConfig, AudioLMPolicy
+from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
+from tasks.vlm import VLMConfig, VLMPolicy
+
+RNG = np.random.default_rng(0)
+
+
+def image(h, w):
+    return Image.fromarray(RNG.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def clip(seconds, rate):
+    return {"array": RNG.standard_normal(int(seconds * rate)) * 0.1, "sampling_rate": rate}
+
+
+CASES = {
+    "text": (lambda: CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=12)),
+             ["12+34=", "5+6=", "a longer prompt, padded less"]),
+    "vlm": (lambda: VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8)),
+            [{"prompt": "where is it?", "image": image(56, 84)},
+             {"prompt": "red?", "image": image(112, 56)},
+             {"prompt": "two images", "image": [image(56, 56), image(28, 56)]}]),
+    "audio": (lambda: AudioLMPolicy(AudioLMConfig(model="tiny:qwen2-audio-char", max_new_tokens=8)),
+              [{"prompt": "what?", "audio": clip(0.5, 8000)},
+               {"prompt": "who speaks here?", "audio": clip(1.5, 16000)}]),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    make, rows = CASES[request.param]
+    return make(), rows
+
+
+def rollout(policy, rows, shared, **kwargs):
+    policy.cfg.shared_prefill = shared
+    try:
+        return policy.rollout(rows, 4, seeds=list(range(7, 7 + len(rows))), **kwargs)
+    finally:
+        policy.cfg.shared_prefill = True
+
+
+def test_shared_prefill_samples_equal_the_plain_prefill(case):
+    policy, rows = case
+    shared, plain = rollout(policy, rows, True), rollout(policy, rows, False)
+    assert shared.completions == plain.completions
+    assert torch.equal(shared.extras["completion_ids"], plain.extras["completion_ids"])
+    assert torch.equal(shared.unit_mask, plain.unit_mask)
+    assert len(set(shared.completions)) > len(rows)  # real samples, not one string per group
+    greedy_shared, greedy_plain = rollout(policy, rows, True, greedy=True), rollout(policy, rows, False, greedy=True)
+    assert greedy_shared.completions == greedy_plain.completions
+
+
+def test_first_step_on_the_repeated_cache_equals_a_plain_prefill(case):
+    """The logits the first sample is drawn from, per row: last prompt token on the repeated
+    cache (with the model's own positions, multimodal rotary ones included) vs the whole prompt."""
+    policy, rows = case
+    encoded = policy._encode_prompts(rows)
+    expanded = policy._expand(encoded, 3)
+    inputs = policy._shared_prefill(policy.model, encoded, expanded, 3)
+    with torch.no_grad():
+        step = policy.model(input_ids=inputs["input_ids"][:, -1:], attention_mask=inputs["attention_mask"],
+                            position_ids=inputs["position_ids"][..., -1:], past_key_values=inputs["past_key_values"])
+        whole = policy.model(**policy._model_inputs(expanded))
+    assert torch.allclose(step.logits[:, -1], whole.logits[:, -1], atol=1e-5)
+
+
+def test_one_token_prompts_fall_back_to_the_plain_prefill():
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=6))
+    encoded = policy._encode_prompts(["7", "8"])
+    assert policy._shared_prefill(policy.model, encoded, policy._expand(encoded, 2), 2) is None
+    assert rollout(policy, ["7", "8"], True).completions == rollout(policy, ["7", "8"], False).completions
