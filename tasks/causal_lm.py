@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 
+from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
 from .tiny_models import TINY_MODELS
 from .token_logprobs import selective_log_softmax
 
@@ -57,6 +58,9 @@ class CausalLMConfig:
     mask_truncated: bool = False
     gradient_checkpointing: bool = False
     logprob_chunk_rows: int = 1024
+    # log-prob passes run each group's prompt once (tasks/prefix_sharing.py); YAML's on/off are
+    # booleans, so true / false mean on / off
+    prefix_sharing: Literal["auto", "on", "off"] | bool = "auto"
     shared_prefill: bool = True
 
 
@@ -106,7 +110,12 @@ class CausalLMPolicy(Policy):
             raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         if cfg.temperature <= 0:
             raise ValueError(f"policy.temperature={cfg.temperature} must be > 0")
+        if isinstance(cfg.prefix_sharing, bool):
+            cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
+        if cfg.prefix_sharing not in ("auto", "on", "off"):
+            raise ValueError(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         self.cfg = cfg
+        self._sharing_fallback_logged = False
         self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -332,9 +341,15 @@ class CausalLMPolicy(Policy):
         completion_ids = batch.extras["completion_ids"]
         width = completion_ids.shape[1]
         used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
-        logp, ent = self._token_logprobs(model, batch.extras, completion_ids[:, :used],
-                                         batch.unit_mask[:, :used], self.cfg.temperature, with_entropy)
-        logp = nn.functional.pad(logp * batch.unit_mask[:, :used].to(logp.device), (0, width - used))
+        mask = batch.unit_mask[:, :used]
+        groups = self._shared_prefix_groups(batch, mask)
+        if groups is None:
+            logp, ent = self._token_logprobs(model, batch.extras, completion_ids[:, :used], mask,
+                                             self.cfg.temperature, with_entropy)
+        else:
+            logp, ent = self._shared_token_logprobs(model, batch.extras, groups, completion_ids[:, :used],
+                                                    mask, self.cfg.temperature, with_entropy)
+        logp = nn.functional.pad(logp * mask.to(logp.device), (0, width - used))
         if ent is not None:
             ent = nn.functional.pad(ent, (0, width - used))
         return logp[:, units], (ent[:, units] if ent is not None else None)
@@ -351,6 +366,71 @@ class CausalLMPolicy(Policy):
             logits = logits / temperature
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
+
+    # ----- shared-prefix log-probs (tasks/prefix_sharing.py) -----------------------------------
+    def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
+        """The micro-batch's rows grouped by prompt when its log-probs run with the prompt shared
+        (`policy.prefix_sharing`), else None. The choice depends on the micro-batch alone, so the
+        old, reference and training passes over it take the same path."""
+        mode = self.cfg.prefix_sharing
+        if mode == "off":
+            return None
+        reason = unsupported_reason(self.model.config)
+        if reason is not None:
+            if not self._sharing_fallback_logged:
+                logger.warning("policy.prefix_sharing=%s: %s; log-probs use the plain forward", mode, reason)
+                self._sharing_fallback_logged = True
+            return None
+        groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"])
+        if mode == "auto" and not worth_sharing(batch.extras["prompt_mask"], completion_lengths(completion_mask),
+                                                groups):
+            return None
+        return groups
+
+    def _shared_token_logprobs(self, model: nn.Module, rows: dict[str, Any], groups: list[list[int]],
+                               completion_ids: Tensor, completion_mask: Tensor, temperature: float,
+                               with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """`_token_logprobs` with each group's prompt run once: one sequence per group holding the
+        prompt and the group's completions, under the shared-prefix mask."""
+        n = completion_ids.shape[0]
+        leaders = torch.tensor([g[0] for g in groups])  # one row stands for its group's prompt
+        prefix = {k: _pick(v, leaders, n) for k, v in rows.items() if k != "completion_ids"}
+        start = int(prefix["prompt_mask"].any(0).int().argmax())  # drop columns that are padding in every prompt
+        prefix = {k: v[:, start:] if k.startswith("prompt_") and isinstance(v, Tensor) else v
+                  for k, v in prefix.items()}
+        layout = SharedLayout.build(prefix["prompt_ids"], prefix["prompt_mask"], completion_ids,
+                                    completion_lengths(completion_mask), groups, self.tokenizer.pad_token_id)
+        inputs = self._shared_model_inputs(prefix, layout)
+        inputs["attention_mask"] = layout.attention_mask(self.model.config.get_text_config(decoder=True),
+                                                         next(self.model.parameters()).dtype, self.device)
+        out = model(**inputs, logits_to_keep=layout.region + 1, use_cache=False)
+        device = out.logits.device
+        kept = out.logits[:, -(layout.region + 1):]  # sequence positions W - 1 .. W + R - 1
+        if temperature != 1.0:
+            kept = kept / temperature
+        chunk = self.cfg.logprob_chunk_rows
+        # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
+        first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],
+                                                 completion_ids[:, 0].to(device), chunk, with_entropy)
+        targets = layout.next_ids().to(device)  # over all kept logits (no strided copy); column 0 unused
+        targets = torch.cat([targets[:, :1], targets], dim=1)
+        region, region_ent = selective_log_softmax(kept, targets, chunk, with_entropy)
+        index = layout.gather.to(device)
+        is_first = torch.arange(index.shape[1], device=device)[None, :] == 0
+        logp = torch.where(is_first, first[:, None], region[:, 1:].reshape(-1)[index])
+        ent = (torch.where(is_first, first_ent[:, None], region_ent[:, 1:].reshape(-1)[index])
+               if with_entropy else None)
+        return logp, ent
+
+    def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:
+        """Keyword inputs of the shared forward but the mask: ids and position ids."""
+        return {"input_ids": layout.input_ids.to(self.device),
+                "position_ids": layout.positions(self._prefix_positions(prefix)).to(self.device)}
+
+    def _prefix_positions(self, prefix: dict[str, Any]) -> Tensor:
+        """Positions [S, W + 1] of each prompt and of the token after it, as `_model_inputs` gives."""
+        mask = prefix["prompt_mask"]
+        return (torch.cat([mask, torch.ones_like(mask[:, :1])], 1).cumsum(-1) - 1).clamp(min=0)
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
@@ -370,3 +450,12 @@ class CausalLMPolicy(Policy):
     def save_pretrained(self, model: nn.Module, path: Path) -> None:
         model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+
+def _pick(value: Any, idx: Tensor, n: int) -> Any:
+    """Rows `idx` of a per-row extra (a tensor or list of length n); anything else as is."""
+    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
+        return value[idx.to(value.device)]
+    if isinstance(value, list) and len(value) == n:
+        return [value[i] for i in idx.tolist()]
+    return value

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
+from .prefix_sharing import SharedLayout
 from .tiny_models import TINY_MODELS
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
@@ -102,6 +103,41 @@ class MultimodalPolicy(CausalLMPolicy):
                 joined = torch.cat(list(value), dim=0).to(device)
                 inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
         return inputs
+
+    def _joined(self, prefix: dict[str, Any]) -> dict[str, Tensor]:
+        """The per-prompt processor outputs of `prefix` (one entry per prompt) joined for a batch."""
+        device, dtype = self.device, next(self.model.parameters()).dtype
+        out = {}
+        for key, value in prefix.items():
+            if key.startswith("prompt_") or key == "completion_ids":
+                continue
+            joined = torch.cat(list(value), dim=0).to(device)
+            out[key] = joined.to(dtype) if joined.is_floating_point() else joined
+        return out
+
+    def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:
+        inputs = super()._shared_model_inputs(prefix, layout)
+        for key, value in prefix.items():
+            if key.startswith("prompt_") and key not in ("prompt_ids", "prompt_mask"):
+                inputs[key[len("prompt_"):]] = layout.place(value).to(self.device)
+        inputs.update(self._joined(prefix))
+        return inputs
+
+    def _prefix_positions(self, prefix: dict[str, Any]) -> Tensor:
+        """Multimodal rotary positions [3, S, W + 1] from the model's own `get_rope_index` (Qwen2-VL,
+        Qwen2.5-VL, Qwen3-VL: images and videos alike) over each prompt plus one text token;
+        text positions for models without one."""
+        rope_index = next((m.get_rope_index for m in self.model.modules() if hasattr(m, "get_rope_index")), None)
+        if rope_index is None or "prompt_mm_token_type_ids" not in prefix:
+            return super()._prefix_positions(prefix)
+        device = self.device
+        extend = lambda x, v: torch.cat([x, torch.full_like(x[:, :1], v)], 1).to(device)  # noqa: E731
+        per_token = {k[len("prompt_"):]: extend(v, 0) for k, v in prefix.items()
+                     if k.startswith("prompt_") and k not in ("prompt_ids", "prompt_mask")}
+        positions, _ = rope_index(extend(prefix["prompt_ids"], self.tokenizer.pad_token_id),
+                                  attention_mask=extend(prefix["prompt_mask"], 1), **per_token,
+                                  **self._joined(prefix))
+        return positions
 
 
 def column_values(row: Any, column: str) -> list:

@@ -1,0 +1,148 @@
+"""Prefix sharing (tasks/prefix_sharing.py) against the plain log-prob forward, in one run.
+
+One group of G completions of C tokens after a P-token prompt on the tiny Qwen2 (hidden 128,
+2 layers): the training pass's forward + backward through `CausalLMPolicy.logprobs` with
+`policy.prefix_sharing` on and off. Times are medians over `--repeats` runs, the two variants
+alternating; peak memory is the most bytes the pass holds at once beyond what existed before it
+(CUDA: `max_memory_allocated`; CPU: the profiler's allocation events replayed in order).
+A sweep over shorter prompts shows where sharing starts to pay (the `auto` threshold), and the
+same comparison with a 32k-token vocabulary (`large_vocab`) shows the part sharing cannot remove:
+the output layer and log-softmax over the completion tokens, which on a 2-layer, 128-wide model
+cost ten times the transformer layers per token (on a 7B model about a tenth).
+
+    python scripts/bench_prefix.py --json scripts/results/bench_prefix.json
+
+prints and writes {"time_ratio": shared / plain, "memory_ratio": shared / plain, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_report import emit  # noqa: E402
+
+from mmrl.rollout import Rollout  # noqa: E402
+from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from tasks.tiny_models import seeded_model  # noqa: E402
+from tasks.prefix_sharing import completion_lengths, prompt_groups, token_counts  # noqa: E402
+
+
+def group_batch(policy: CausalLMPolicy, prefix: int, group: int, completion: int, seed: int = 0) -> Rollout:
+    """One prompt of `prefix` random tokens with `group` random completions of `completion` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    low, high = 3, len(policy.tokenizer)  # past the char tokenizer's pad / eos / unk
+    prompt = torch.randint(low, high, (1, prefix), generator=g).repeat(group, 1)
+    completions = torch.randint(low, high, (group, completion), generator=g)
+    return Rollout(group_id=torch.zeros(group, dtype=torch.long), prompts=[""] * group, completions=[""] * group,
+                   unit_mask=torch.ones(group, completion),
+                   extras={"prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completions})
+
+
+def train_pass(policy: CausalLMPolicy, batch: Rollout, advantages: Tensor) -> None:
+    logp, _ = policy.logprobs(policy.model, batch)
+    (-(logp * advantages[:, None]).sum() / batch.unit_mask.sum()).backward()
+    policy.model.zero_grad(set_to_none=True)
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def peak_bytes(fn) -> int:
+    """Most bytes allocated at once while `fn` runs, beyond those allocated before it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def compare(policies: dict[str, CausalLMPolicy], prefix: int, group: int, completion: int, repeats: int,
+            memory: bool) -> dict:
+    batch = group_batch(policies["plain"], prefix, group, completion)
+    advantages = torch.linspace(-1, 1, group)
+    lengths = completion_lengths(batch.unit_mask)
+    plain_tokens, shared_tokens = token_counts(batch.extras["prompt_mask"], lengths,
+                                               prompt_groups(batch.group_id, batch.extras["prompt_ids"]))
+    times: dict[str, list[float]] = {"plain": [], "shared": []}
+    for name, policy in policies.items():  # warm-up
+        train_pass(policy, batch, advantages)
+    for _ in range(repeats):
+        for name, policy in policies.items():
+            times[name].append(seconds(lambda: train_pass(policy, batch, advantages)))
+    out = {"prefix": prefix, "token_ratio": round(shared_tokens / plain_tokens, 4)}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out.update({"plain_s": round(med["plain"], 5), "shared_s": round(med["shared"], 5),
+                "time_ratio": round(med["shared"] / med["plain"], 4)})
+    if memory:
+        peaks = {k: peak_bytes(lambda: train_pass(p, batch, advantages)) for k, p in policies.items()}
+        out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2),
+                    "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
+                    "memory_ratio": round(peaks["shared"] / peaks["plain"], 4)})
+    return out
+
+
+def with_vocabulary(policies: dict[str, CausalLMPolicy], size: int) -> dict[str, CausalLMPolicy]:
+    """The same policies sharing one tiny Qwen2 whose output layer spans `size` tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    plain = policies["plain"]
+    config = Qwen2Config(**{**plain.model.config.to_dict(), "vocab_size": size})
+    model = seeded_model(Qwen2ForCausalLM, config, plain.tokenizer, 0).to(plain.device)
+    for policy in policies.values():
+        policy.model = model
+    return policies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prefix", type=int, default=1024)
+    parser.add_argument("--completion", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--large-vocab", type=int, default=32000)
+    parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
+                        help="shorter prompt lengths timed too (where the auto threshold comes from)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    device = "cuda" if torch.cuda.is_available() else None
+    policies = {name: CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", device=device,
+                                                    prefix_sharing="on" if name == "shared" else "off"))
+                for name in ("plain", "shared")}
+    main_run = compare(policies, args.prefix, args.group, args.completion, args.repeats, memory=True)
+    sweep = [compare(policies, p, args.group, args.completion, args.repeats, memory=False) for p in args.sweep]
+    large_vocab = compare(with_vocabulary(policies, args.large_vocab), args.prefix, args.group, args.completion,
+                          args.repeats, memory=True)
+    emit({"time_ratio": main_run["time_ratio"], "memory_ratio": main_run["memory_ratio"],
+          "group": args.group, "completion": args.completion, **main_run, "threads": args.threads,
+          "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)], "device": device or "cpu",
+          "model": "tiny:qwen2-char (hidden 128, 2 layers, 99-token vocabulary)", "sweep": sweep,
+          "large_vocab": {"vocab_size": args.large_vocab, **large_vocab}}, args.json)
+
+
+if __name__ == "__main__":
+    main()
