@@ -129,10 +129,13 @@ def trl_step(script: str, options: dict, rounds: int, shared_only: bool) -> dict
     """mmrl / TRL step time, each over the bare steps interleaved beside it, from `script`'s
     mmrl and trl workers (`shared_only`: bench_vlm's mmrl steps with the shared prefill)."""
     _, times, floor, extra = compare_steps(script, options, options["threads"], rounds, ("mmrl", "trl"), ())
-    if shared_only:
-        times["mmrl"], _ = split_of(times["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
+    split = {}
+    if shared_only:  # bench_vlm's workers also report each step's rollout / log-prob / update time
+        times["mmrl"], split["mmrl"] = split_of(times["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
+        times["trl"], split["trl"] = split_of(times["trl"], extra["trl"], lambda e: True)
     over = {name: over_bare(times[name], floor[name]) for name in times}
     return {"trl_time_ratio": round(over["mmrl"] / over["trl"], 4),
+            **({"split_s": {n: {p: round(t, 4) for p, t in v.items()} for n, v in split.items()}} if split else {}),
             "over_bare": {name: round(v, 4) for name, v in over.items()},
             "median_step_s": {name: round(statistics.median(v), 4) for name, v in times.items()},
             "median_bare_step_s": {name: round(statistics.median(v), 4) for name, v in floor.items()},
@@ -154,6 +157,7 @@ def main() -> None:
                         help="also time whole GRPO steps against TRL (needs trl: pip install -e '.[bench]')")
     parser.add_argument("--trl-steps", type=int, default=6, help="timed steps per trainer process")
     parser.add_argument("--trl-rounds", type=int, default=2, help="trainer processes per contender")
+    parser.add_argument("--trl-threads", type=int, default=2, help="CPU threads of the trainer processes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
@@ -165,7 +169,8 @@ def main() -> None:
     sweep = [compare(policies, p, args.group, args.completion, args.repeats, memory=False) for p in args.sweep]
     large_vocab = compare(with_vocabulary(policies, args.large_vocab), args.prefix, args.group, args.completion,
                           args.repeats, memory=True)
-    steps = {"steps": args.trl_steps, "warmup": 1, "group": args.group, "prompts": 2, "tokens": 32, "threads": 2}
+    steps = {"steps": args.trl_steps, "warmup": 1, "group": args.group, "prompts": 2, "tokens": 32,
+             "threads": args.trl_threads}
     trl = {}
     if args.trl:
         here = Path(__file__).resolve().parent
