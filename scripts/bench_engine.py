@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
+import string
 import tempfile
 import time
 
@@ -28,6 +30,19 @@ from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
 MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
+
+
+def model_args(args) -> dict:
+    """The tiny Qwen2's size: MODEL, or `--hidden` / `--layers` where given."""
+    return {**MODEL, "hidden": args.hidden or MODEL["hidden"], "layers": args.layers or MODEL["layers"]}
+
+
+def prompts(args) -> list[str]:
+    """The step's prompts; with `--prompt-tokens N`, each led by seeded random digits and spaces
+    to N characters (N tokens of the character tokenizer)."""
+    rng = random.Random(0)
+    return ["".join(rng.choice(string.digits + " ") for _ in range(args.prompt_tokens - len(p))) + p
+            for p in PROMPTS[: args.prompts]]
 
 
 def digit_share(prompts, completions, **kwargs):
@@ -41,9 +56,9 @@ class BareStep:
         import torch
         from tasks.tiny_models import qwen2_char
         self.args = args
-        self.model, self.tok = qwen2_char(**MODEL)
+        self.model, self.tok = qwen2_char(**model_args(args))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
-        enc = self.tok(PROMPTS[: args.prompts], padding=True, return_tensors="pt")
+        enc = self.tok(prompts(args), padding=True, return_tensors="pt")
         self.ids = enc.input_ids.repeat_interleave(args.group, 0)
         self.mask = enc.attention_mask.repeat_interleave(args.group, 0)
 
@@ -82,8 +97,9 @@ def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
     out = tempfile.mkdtemp(prefix="mmrl-bench-")
     recipe = {
         "task": "causal_lm",
-        "policy": {"model": "tiny:qwen2-char", "tiny_args": MODEL, "max_new_tokens": args.tokens,
-                   "min_new_tokens": args.tokens, "temperature": 1.0},
+        "policy": {"model": "tiny:qwen2-char", "tiny_args": model_args(args), "max_new_tokens": args.tokens,
+                   "min_new_tokens": args.tokens, "temperature": 1.0, "prefix_sharing": "auto",
+                   "shared_prefill": True},
         "data": {"path": _prompt_file(args)},
         "rewards": {"bench_digit_share": {"weight": 1.0}},
         "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
@@ -100,7 +116,7 @@ def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
 def _prompt_file(args) -> str:
     path = os.path.join(tempfile.mkdtemp(prefix="mmrl-bench-data-"), "prompts.jsonl")
     with open(path, "w") as f:
-        for p in PROMPTS[: args.prompts]:
+        for p in prompts(args):
             f.write(json.dumps({"prompt": p}) + "\n")
     return path
 
@@ -109,10 +125,10 @@ def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
     from tasks.tiny_models import qwen2_char
-    model, tok = qwen2_char(**MODEL)
+    model, tok = qwen2_char(**model_args(args))
     times: list[float] = []
     floor: list[float] = []
-    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[: args.prompts]] * (args.warmup + args.steps + 1))
+    data = Dataset.from_list([{"prompt": p} for p in prompts(args)] * (args.warmup + args.steps + 1))
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group, max_completion_length=args.tokens,
@@ -151,6 +167,10 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=0,
+                        help="lengthen each prompt to this many tokens (bench_prefix: 512)")
+    parser.add_argument("--hidden", type=int, default=0, help="model width (default: MODEL's)")
+    parser.add_argument("--layers", type=int, default=0, help="model depth (default: MODEL's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
     parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
@@ -163,7 +183,8 @@ def main() -> None:
     # memory: each contender alone in a fresh process; time: each trainer's steps alternate with
     # bare steps in the same process, so machine drift and per-process variation cancel in the
     # ratio; rounds alternate the two trainers
-    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")}
+    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "prompt_tokens",
+                                             "hidden", "layers", "threads")}
     rss, per_step, floor, _ = compare(__file__, options, args.threads, args.rounds, ("mmrl", "trl"), CONTENDERS)
     ratio = {name: over_bare(per_step[name], floor[name]) for name in per_step}
     report = {
@@ -174,8 +195,9 @@ def main() -> None:
         "median_step_s": {name: statistics.median(v) for name, v in per_step.items()},
         "median_bare_step_s": {f"beside_{name}": statistics.median(v) for name, v in floor.items()},
         "peak_rss_mb": rss,
-        "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
-                  "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": MODEL},
+        "setup": {"group": args.group, "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
+                  "completion_tokens": args.tokens,
+                  "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": model_args(args)},
     }
     emit(report, args.json)
 

@@ -93,7 +93,7 @@ def launch(script: str, name: str, options: dict[str, Any], interleave: bool, th
     """`python script --worker NAME --key=value ...` in a fresh process; its last stdout line, as JSON."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, script, "--worker", name] + [f"--{k}={v}" for k, v in options.items()]
+    cmd = [sys.executable, script, "--worker", name] + [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     if interleave:
         cmd.append("--interleave")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -10,9 +10,17 @@ same comparison with a 32k-token vocabulary (`large_vocab`) shows the part shari
 the output layer and log-softmax over the completion tokens, which on a 2-layer, 128-wide model
 cost ten times the transformer layers per token (on a 7B model about a tenth).
 
+Then one whole GRPO step of mmrl as a user runs it (`policy.prefix_sharing: auto`, shared
+prefill on, micro-batches of whole groups) against TRL's `GRPOTrainer`, 2 CPU threads: with a
+512-token text prompt on the same tiny Qwen2 (bench_engine.py's contenders, prompts lengthened)
+and with a tiny Qwen2.5-VL at 256 visual tokens (bench_vlm.py's contenders, mmrl's
+shared-prefill steps). Each trainer's step time is taken relative to bare steps interleaved in
+its own process (bench_harness.py).
+
     python scripts/bench_prefix.py --json scripts/results/bench_prefix.json
 
-prints and writes {"time_ratio": shared / plain, "memory_ratio": shared / plain, ...}.
+prints and writes {"time_ratio": shared / plain, "memory_ratio": shared / plain,
+"trl_time_ratio_long_prefix": mmrl / TRL, "trl_time_ratio_vlm": mmrl / TRL, ...}.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_harness import compare as compare_steps, over_bare  # noqa: E402
 from bench_report import emit  # noqa: E402
+from bench_vlm import split_of, visual_tokens  # noqa: E402
 
 from mmrl.rollout import Rollout  # noqa: E402
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
@@ -115,6 +125,23 @@ def with_vocabulary(policies: dict[str, CausalLMPolicy], size: int) -> dict[str,
     return policies
 
 
+def trl_step(script: str, options: dict, rounds: int, shared_only: bool) -> dict:
+    """mmrl / TRL step time, each over the bare steps interleaved beside it, from `script`'s
+    mmrl and trl workers (`shared_only`: bench_vlm's mmrl steps with the shared prefill)."""
+    _, times, floor, extra = compare_steps(script, options, options["threads"], rounds, ("mmrl", "trl"), ())
+    split = {}
+    if shared_only:  # bench_vlm's workers also report each step's rollout / log-prob / update time
+        times["mmrl"], split["mmrl"] = split_of(times["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
+        times["trl"], split["trl"] = split_of(times["trl"], extra["trl"], lambda e: True)
+    over = {name: over_bare(times[name], floor[name]) for name in times}
+    return {"trl_time_ratio": round(over["mmrl"] / over["trl"], 4),
+            **({"split_s": {n: {p: round(t, 4) for p, t in v.items()} for n, v in split.items()}} if split else {}),
+            "over_bare": {name: round(v, 4) for name, v in over.items()},
+            "median_step_s": {name: round(statistics.median(v), 4) for name, v in times.items()},
+            "median_bare_step_s": {name: round(statistics.median(v), 4) for name, v in floor.items()},
+            "timed_steps": {name: len(v) for name, v in times.items()}, **options}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the report here")
@@ -126,6 +153,11 @@ def main() -> None:
     parser.add_argument("--large-vocab", type=int, default=32000)
     parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
                         help="shorter prompt lengths timed too (where the auto threshold comes from)")
+    parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time whole GRPO steps against TRL (needs trl: pip install -e '.[bench]')")
+    parser.add_argument("--trl-steps", type=int, default=6, help="timed steps per trainer process")
+    parser.add_argument("--trl-rounds", type=int, default=2, help="trainer processes per contender")
+    parser.add_argument("--trl-threads", type=int, default=2, help="CPU threads of the trainer processes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
@@ -137,11 +169,24 @@ def main() -> None:
     sweep = [compare(policies, p, args.group, args.completion, args.repeats, memory=False) for p in args.sweep]
     large_vocab = compare(with_vocabulary(policies, args.large_vocab), args.prefix, args.group, args.completion,
                           args.repeats, memory=True)
+    steps = {"steps": args.trl_steps, "warmup": 1, "group": args.group, "prompts": 2, "tokens": 32,
+             "threads": args.trl_threads}
+    trl = {}
+    if args.trl:
+        here = Path(__file__).resolve().parent
+        trl["long_prefix"] = trl_step(str(here / "bench_engine.py"),
+                                      {**steps, "prompt_tokens": 512, "hidden": 128, "layers": 2},
+                                      args.trl_rounds, shared_only=False)
+        trl["vlm"] = {"visual_tokens_per_image": visual_tokens(),
+                      **trl_step(str(here / "bench_vlm.py"), steps,
+                                 args.trl_rounds, shared_only=True)}
     emit({"time_ratio": main_run["time_ratio"], "memory_ratio": main_run["memory_ratio"],
+          **{f"trl_time_ratio_{k}": v["trl_time_ratio"] for k, v in trl.items()},
           "group": args.group, "completion": args.completion, **main_run, "threads": args.threads,
           "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)], "device": device or "cpu",
           "model": "tiny:qwen2-char (hidden 128, 2 layers, 99-token vocabulary)", "sweep": sweep,
-          "large_vocab": {"vocab_size": args.large_vocab, **large_vocab}}, args.json)
+          "large_vocab": {"vocab_size": args.large_vocab, **large_vocab},
+          **({"trl_step": trl, "load_average_1min_end": round(os.getloadavg()[0], 2)} if trl else {})}, args.json)
 
 
 if __name__ == "__main__":

@@ -211,11 +211,10 @@ class CausalLMPolicy(Policy):
             processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
         was_training = self.model.training
         self.model.eval()
-        generator = self.model.generate.__self__  # the transformers model, also under a PEFT wrapper
         inputs = None
         if cfg.shared_prefill and group_size > 1:
-            inputs = self._shared_prefill(generator, encoded, rows, group_size)
-        sequences = generator.generate(
+            inputs = self._shared_prefill(encoded, rows, group_size)
+        sequences = self.model.generate(
             **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
             tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
@@ -235,7 +234,7 @@ class CausalLMPolicy(Policy):
             extras={**rows, "completion_ids": completion_ids.cpu()},
         )
 
-    def _shared_prefill(self, generator: nn.Module, encoded: dict[str, Any], rows: dict[str, Any],
+    def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],
                         group_size: int) -> dict[str, Any] | None:
         """`generate`'s inputs for the expanded `rows`, with a KV cache of every prompt but its last
         token computed ONCE per prompt (its media encoded once) and repeated for the `group_size`
@@ -243,6 +242,8 @@ class CausalLMPolicy(Policy):
         samples. Position ids (multimodal rotary ones included) come from the model's own
         `generate` rule on the whole prompt, so the rows see the positions of a plain prefill.
         None, logged once, where the model cannot continue from a repeated cache."""
+        # the transformers model answers what it takes (a PEFT wrapper's forward takes **kwargs)
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         ids = encoded["prompt_ids"]
         media_slots = torch.tensor(self.suppressed_tokens(), dtype=ids.dtype)
         reason = None
@@ -250,24 +251,24 @@ class CausalLMPolicy(Policy):
             reason = "a one-token prompt has nothing to prefill"
         elif torch.isin(ids[:, -1], media_slots).any():
             reason = "a prompt ends with a media placeholder"
-        elif not hasattr(generator, "_prepare_position_ids_for_generation"):
-            reason = f"{type(generator).__name__} has no generate-time position ids"
+        elif not hasattr(base, "_prepare_position_ids_for_generation"):
+            reason = f"{type(base).__name__} has no generate-time position ids"
         if reason is None:
-            forward_args = inspect.signature(generator.forward).parameters
+            forward_args = inspect.signature(base.forward).parameters
             positions = None
             if "position_ids" in forward_args:  # as `generate` does, for the models that take them
                 whole = self._model_inputs(encoded)
-                positions = generator._prepare_position_ids_for_generation(whole["input_ids"], whole)
+                positions = base._prepare_position_ids_for_generation(whole["input_ids"], whole)
             head = self._model_inputs({k: v[:, :-1] if k.startswith("prompt_") else v for k, v in encoded.items()})
             if positions is not None:
                 head["position_ids"] = positions[..., :-1]
             keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
-            cache = generator(**head, use_cache=True, **keep).past_key_values
+            cache = self.model(**head, use_cache=True, **keep).past_key_values
             if not isinstance(cache, Cache) or cache.get_seq_length() != ids.shape[1] - 1:
-                reason = f"{type(generator).__name__} returned no KV cache of the prompt's length"
+                reason = f"{type(base).__name__} returned no KV cache of the prompt's length"
             elif not all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
                          for layer in cache.layers):  # recurrent states are not repeated by the cache
-                reason = f"{type(generator).__name__}'s cache is not made of key/value layers"
+                reason = f"{type(base).__name__}'s cache is not made of key/value layers"
         if reason is not None:
             _log_once(f"shared prefill off, every group member is prefilled: {reason}")
             return None

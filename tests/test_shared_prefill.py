@@ -66,7 +66,7 @@ def test_first_step_on_the_repeated_cache_equals_a_plain_prefill(case):
     policy, rows = case
     encoded = policy._encode_prompts(rows)
     expanded = policy._expand(encoded, 3)
-    inputs = policy._shared_prefill(policy.model, encoded, expanded, 3)
+    inputs = policy._shared_prefill(encoded, expanded, 3)
     with torch.no_grad():
         step = policy.model(input_ids=inputs["input_ids"][:, -1:], attention_mask=inputs["attention_mask"],
                             position_ids=inputs["position_ids"][..., -1:], past_key_values=inputs["past_key_values"])
@@ -77,5 +77,21 @@ def test_first_step_on_the_repeated_cache_equals_a_plain_prefill(case):
 def test_one_token_prompts_fall_back_to_the_plain_prefill():
     policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=6))
     encoded = policy._encode_prompts(["7", "8"])
-    assert policy._shared_prefill(policy.model, encoded, policy._expand(encoded, 2), 2) is None
+    assert policy._shared_prefill(encoded, policy._expand(encoded, 2), 2) is None
     assert rollout(policy, ["7", "8"], True).completions == rollout(policy, ["7", "8"], False).completions
+
+
+def test_shared_prefill_under_a_lora_wrapper():
+    """The engine's LoRA wraps the model in PEFT, whose forward hides the model's arguments: the
+    multimodal positions must still come from the model's own rule."""
+    from peft import LoraConfig, get_peft_model
+    make, rows = CASES["vlm"]
+    policy = make()
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    for name, p in policy.model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    shared = rollout(policy, rows, True)
+    assert shared.completions == rollout(policy, rows, False).completions
+    with policy.model.disable_adapter():
+        assert rollout(policy, rows, True).completions != shared.completions  # the adapter is live

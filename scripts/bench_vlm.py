@@ -1,0 +1,266 @@
+"""One GRPO step of mmrl on a vision-language model, split into rollout, log-prob and update,
+against TRL's GRPOTrainer and the bare work, in one run.
+
+Same tiny Qwen2.5-VL (the grounding recipe's, with 448 x 448 images: 256 visual tokens each),
+same synthetic shapes images and questions, G completions of exactly T tokens (eos suppressed),
+beta 0, one optimizer step per rollout batch, 2 CPU threads. The bare work is plain `generate`
+(every group member prefilled with its image) + a forward/backward of the same tokens with a
+log-softmax policy-gradient loss + an AdamW step. mmrl's steps alternate between its shared
+prefill (each prompt and image prefilled once, the KV cache repeated for the group: the default)
+and the plain prefill (`policy.shared_prefill=false`), which give the same samples.
+
+    python scripts/bench_vlm.py --json bench_vlm.json
+
+prints and writes {"trl_time_ratio": mmrl / TRL, "trl_time_ratio_no_share": ...,
+"rollout_speedup": plain prefill / shared prefill, "split_s": {...}, ...}. Phases: rollout =
+sampling + rewards + advantages (TRL: `_generate_and_score_completions`), log-prob = the forward
+passes that compute token log-probs (TRL: `_get_per_token_logps_and_entropies`), update = the
+rest of the step (backward, optimizer). Step times are taken relative to bare steps interleaved
+in the same process (`bench_harness.py`). TRL is needed only here (`pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+
+from bench_harness import PhaseTimer, compare, over_bare, peak_rss_mb, timed_steps, trl_step_timer
+from bench_report import emit
+
+SIZE = 448  # pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
+MODEL = {"hidden": 128, "layers": 2, "heads": 4, "vision_hidden": 64, "rope_theta": 10.0,
+         "max_pixels": SIZE * SIZE, "seed": 0}
+PHASES = ("rollout", "logprob", "update")
+
+
+def digit_share(prompts, completions, **kwargs):
+    """Share of digits in a completion (TRL passes conversational completions as messages)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
+
+
+def shape_data(n: int) -> list[dict]:
+    from tasks.shapes import shape_rows
+    return shape_rows(n, SIZE, 2, random.Random(0))
+
+
+def messages(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+
+
+class BareVLMStep:
+    """Plain `generate` + forward/backward of the same tokens + AdamW step, on a model of its own."""
+
+    def __init__(self, args):
+        import torch
+        from tasks.tiny_models import qwen25_vl_char
+        self.args = args
+        self.model, self.processor = qwen25_vl_char(**MODEL)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
+        rows = shape_data(args.prompts)
+        texts = [self.processor.apply_chat_template(messages(r["prompt"]), tokenize=False, add_generation_prompt=True)
+                 for r in rows]
+        enc = self.processor(text=texts, images=[r["image"] for r in rows], padding=True, return_tensors="pt")
+        g = args.group
+        patches = enc["pixel_values"].shape[0] // len(rows)  # every image has the same size
+        self.inputs = {
+            "input_ids": enc["input_ids"].repeat_interleave(g, 0),
+            "attention_mask": enc["attention_mask"].repeat_interleave(g, 0),
+            "mm_token_type_ids": enc["mm_token_type_ids"].repeat_interleave(g, 0),
+            "pixel_values": enc["pixel_values"].view(len(rows), patches, -1).repeat_interleave(g, 0).flatten(0, 1),
+            "image_grid_thw": enc["image_grid_thw"].repeat_interleave(g, 0),
+        }
+        self.suppress = [self.model.config.image_token_id, self.model.config.video_token_id,
+                         self.model.config.vision_start_token_id, self.model.config.vision_end_token_id]
+
+    def __call__(self) -> float:
+        import torch
+        args, model, inputs = self.args, self.model, self.inputs
+        tok = self.processor.tokenizer
+        width = inputs["input_ids"].shape[1]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            seq = model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=args.tokens,
+                                 min_new_tokens=args.tokens, pad_token_id=tok.pad_token_id,
+                                 suppress_tokens=self.suppress)
+        completion = seq[:, width:]
+        rewards = torch.tensor(digit_share(None, tok.batch_decode(completion, skip_special_tokens=True)))
+        adv = rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group)
+        mask = torch.cat([inputs["attention_mask"], torch.ones_like(completion)], 1)
+        types = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, completion.shape[1]))
+        logits = model(input_ids=seq, attention_mask=mask, mm_token_type_ids=types,
+                       pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]).logits
+        logp = torch.log_softmax(logits[:, width - 1:-1].float(), -1)
+        logp = logp.gather(-1, completion[..., None]).squeeze(-1)
+        (-(adv[:, None] * logp).mean()).backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return time.perf_counter() - t0
+
+
+def _data_file(args) -> str:
+    """The benchmark's rows as JSONL, images as PNG files beside it."""
+    folder = tempfile.mkdtemp(prefix="mmrl-bench-vlm-")
+    path = os.path.join(folder, "rows.jsonl")
+    with open(path, "w") as f:
+        for i, row in enumerate(shape_data(args.prompts * 4)):
+            image = os.path.join(folder, f"{i}.png")
+            row["image"].save(image)
+            f.write(json.dumps({"prompt": row["prompt"], "image": image}) + "\n")
+    return path
+
+
+def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
+    """Steps alternate between the shared prefill and the plain one (same samples either way)."""
+    from mmrl.config import parse_config
+    from mmrl.reward_registry import REWARDS, register_reward
+    from mmrl.trainer import Trainer
+    if "bench_digit_share" not in REWARDS:
+        register_reward("bench_digit_share")(digit_share)
+    recipe = {
+        "task": "vlm",
+        "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": MODEL, "max_new_tokens": args.tokens,
+                   "min_new_tokens": args.tokens, "temperature": 1.0},
+        "data": {"path": _data_file(args)},
+        "rewards": {"bench_digit_share": {"weight": 1.0}},
+        "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
+        "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
+                  "max_grad_norm": None},
+        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
+        "output_dir": tempfile.mkdtemp(prefix="mmrl-bench-"), "max_steps": args.warmup + args.steps,
+        "save_every": 0,
+    }
+    trainer = Trainer(parse_config(recipe))
+    phases = PhaseTimer()
+    phases.wrap(trainer, "_prepare_batch", "rollout")
+    phases.wrap(trainer.policy, "logprobs", "logprob")
+    count = iter(range(10 ** 9))
+
+    def step() -> dict:
+        shared = next(count) % 2 == 0
+        trainer.policy.cfg.shared_prefill = shared
+        phases.take()
+        trainer.train_step()
+        return {"shared_prefill": shared, **phases.take()}
+
+    return timed_steps(step, args.warmup, args.steps, bare)
+
+
+def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from tasks.tiny_models import qwen25_vl_char
+    model, processor = qwen25_vl_char(**MODEL)
+    rows = shape_data(args.prompts * 4)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "image": r["image"]}
+                              for r in rows] * (args.warmup + args.steps + 1))
+    times: list[float] = []
+    floor: list[float] = []
+    split: list[dict] = []
+    phases = PhaseTimer()
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group, max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
+        learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
+        lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
+                          processing_class=processor,
+                          callbacks=[trl_step_timer(args.warmup, times, floor, bare, phases, split)])
+    phases.wrap(trainer, "_generate_and_score_completions", "rollout")
+    phases.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob")
+    trainer.train()
+    return times, floor, split
+
+
+CONTENDERS = ("bare", "mmrl", "trl")
+
+
+def worker(args) -> dict:
+    """One process: `--worker NAME` alone (peak RSS), or, with `--interleave`, NAME's steps
+    alternating with bare steps on a model of its own (step-time ratio within one process)."""
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.worker == "bare":
+        bare = BareVLMStep(args)
+        times = [bare() for _ in range(args.warmup + args.steps)][args.warmup:]
+        return {"times": times, "floor": [], "peak_rss_mb": peak_rss_mb()}
+    bare = BareVLMStep(args) if args.interleave else None
+    times, floor, extra = {"mmrl": run_mmrl, "trl": run_trl}[args.worker](args, bare)
+    return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
+
+
+def visual_tokens() -> int:
+    from tasks.tiny_models import qwen25_vl_char
+    _, processor = qwen25_vl_char(**MODEL)
+    grid = processor.image_processor(images=[shape_data(1)[0]["image"]], return_tensors="pt")["image_grid_thw"]
+    return int(grid.prod()) // processor.image_processor.merge_size ** 2
+
+
+def split_of(times: list[float], extra: list[dict], keep) -> tuple[list[float], dict[str, float]]:
+    """The step times of the steps `keep` selects, and their median phase times (update = the
+    step's time outside rollout and log-prob)."""
+    rows = [(t, e) for t, e in zip(times, extra) if keep(e)]
+    phase = {p: statistics.median(e.get(p, 0.0) for _, e in rows) for p in ("rollout", "logprob")}
+    phase["update"] = statistics.median(t - e.get("rollout", 0.0) - e.get("logprob", 0.0) for t, e in rows)
+    return [t for t, _ in rows], phase
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the result here too")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per process (mmrl: half of them shared)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
+    parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure each contender's peak RSS alone in a fresh process")
+    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+
+    tokens = visual_tokens()
+    if tokens < 256:
+        raise SystemExit(f"{tokens} visual tokens per image; the benchmark needs >= 256")
+    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")}
+    rss, per_step, floor, extra = compare(__file__, options, args.threads, args.rounds, ("mmrl", "trl"),
+                                          CONTENDERS if args.rss else ())
+    shared_times, shared_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
+    plain_times, plain_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: not e["shared_prefill"])
+    trl_times, trl_split = split_of(per_step["trl"], extra["trl"], lambda e: True)
+    bare = {name: statistics.median(v) for name, v in floor.items()}
+    trl_ratio = over_bare(trl_times, floor["trl"])
+    report = {
+        "trl_time_ratio": over_bare(shared_times, floor["mmrl"]) / trl_ratio,
+        "trl_time_ratio_no_share": over_bare(plain_times, floor["mmrl"]) / trl_ratio,
+        "rollout_speedup": plain_split["rollout"] / shared_split["rollout"],
+        "trl_phase_ratio": {p: (shared_split[p] / bare["mmrl"]) / (trl_split[p] / bare["trl"]) for p in PHASES},
+        "overhead_ratio": over_bare(shared_times, floor["mmrl"]),
+        "trl_overhead_ratio": trl_ratio,
+        **({"trl_peak_rss_ratio": rss["mmrl"] / rss["trl"], "peak_rss_mb": rss} if rss else {}),
+        "split_s": {"mmrl": shared_split, "mmrl_no_share": plain_split, "trl": trl_split},
+        "median_step_s": {"mmrl": statistics.median(shared_times), "mmrl_no_share": statistics.median(plain_times),
+                          "trl": statistics.median(trl_times)},
+        "median_bare_step_s": {f"beside_{name}": v for name, v in bare.items()},
+        "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
+                  "visual_tokens_per_image": tokens, "threads": args.threads,
+                  "timed_steps": args.steps * args.rounds, "model": MODEL},
+    }
+    emit(report, args.json)
+
+
+if __name__ == "__main__":
+    main()
