@@ -47,6 +47,7 @@ class AlgorithmConfig:
     llds_coef: float = 0.0
     prune_threshold: float = 0.0
     mu: int = 1
+    objective: str = "clip"
 
 
 @dataclass
