@@ -197,7 +197,7 @@ def test_supervised_loss_is_the_masked_diffusion_loss():
     loss = p.supervised_loss(p.model, rows, "target")
     gen = torch.Generator()
     gen.set_state(state)
-    t = 1e-3 + (1 - 1e-3) * torch.rand(2, generator=gen)
+    t = 1e-3 + (1 - 1e-3) * (torch.tensor([0.0, 1.0]) + torch.rand((), generator=gen)) / 2
     masked = torch.rand(2, 8, generator=gen) < t[:, None]
     total = 0.0
     for i, r in enumerate(rows):

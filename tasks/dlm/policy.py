@@ -263,8 +263,10 @@ class DLMPolicy(Policy):
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """LLaDA's masked-diffusion SFT loss: the target (+ EOS filler up to `gen_length`) masked
-        at t ~ U(eps, 1) per row, loss = mean_rows (1 / (t L)) sum_{masked} -log p(y_u | x_t)
-        (Nie et al. 2025, eq. 5), the prompt never masked."""
+        at time t per row, loss = mean_rows (1 / (t L)) sum_{masked} -log p(y_u | x_t)
+        (Nie et al. 2025, eq. 5), the prompt never masked. The rows' times are stratified,
+        t_i = eps + (1 - eps) (i + u) / B with one u ~ U(0, 1) (MDLM's low-discrepancy sampler,
+        Sahoo et al. 2024): still uniform per row, with far less variance from the 1/t weight."""
         prompt_ids, prompt_mask = self._encode(rows)
         width, eos = self.cfg.gen_length, self.eos_ids[0]
         targets = torch.full((len(rows), width), eos, dtype=torch.long)
@@ -275,7 +277,7 @@ class DLMPolicy(Policy):
                                  f"policy.gen_length={width} leaves no room for EOS")
             targets[i, :len(ids)] = torch.tensor(ids)
         eps = 1e-3
-        t = eps + (1 - eps) * torch.rand(len(rows), generator=self.sft_generator)
+        t = eps + (1 - eps) * (torch.arange(len(rows)) + torch.rand((), generator=self.sft_generator)) / len(rows)
         masked = torch.rand(len(rows), width, generator=self.sft_generator) < t[:, None]
         ids = torch.cat([prompt_ids, targets.masked_fill(masked, self.mask_id)], dim=1)
         attention = torch.cat([prompt_mask, torch.ones(len(rows), width, dtype=prompt_mask.dtype)], dim=1)
