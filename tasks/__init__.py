@@ -15,4 +15,5 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 
 DEMOS.register("text")("text_demo")
 DEMOS.register("grounding")("grounding")
+DEMOS.register("dlm")("dlm_demo")
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)

@@ -264,3 +264,13 @@ def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
     t.accumulate_gradients = spy
     t._update(batch)
     assert chunks and seen == [(0, True), (1, True), (2, True)]  # lr 0: the model never moves
+
+
+def test_a_saved_policy_reloads_bidirectional(tmp_path, policy):
+    policy.save_pretrained(policy.model, tmp_path)
+    again = DLMPolicy(DLMConfig(model=str(tmp_path), gen_length=8, block_length=4, steps=4))
+    assert again.mask_id == policy.mask_id
+    batch = policy.rollout(PROMPTS, 2, seeds=[1, 2])
+    with torch.no_grad():
+        assert torch.allclose(again.logprobs(again.model, batch)[0], policy.logprobs(policy.model, batch)[0],
+                              atol=1e-5)
