@@ -419,6 +419,8 @@ class Trainer:
             pick = torch.randint(len(self.train_rows), (ws.batch_size,), generator=generator).tolist()
             loss = self.policy.supervised_loss(model, [self.train_rows[i] for i in pick], ws.target_column)
             loss.backward()
+            if ws.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, ws.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
             progress.update(step, {"loss": loss.item()})

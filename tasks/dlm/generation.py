@@ -17,7 +17,8 @@ answer early. Classifier-free guidance (LLaDA): z = z_u + (w + 1) (z_c - z_u), z
 canvas with the prompt masked.
 
 All noise is drawn from one generator per group (seeded from the group's seed), so a group's
-completions depend on its prompt and seed only; the global RNG is never touched.
+completions depend on its prompt and seed only; the global RNG is never touched. Greedy decoding
+(no seeds, or T = 0) takes the argmax; greedy ``random`` remasking commits left to right.
 """
 
 from __future__ import annotations
@@ -109,9 +110,7 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
                                           device=device)], dim=1)
     attention = torch.cat([prompt_mask, torch.ones(rows, cfg.gen_length, dtype=prompt_mask.dtype,
                                                    device=device)], dim=1)
-    unconditional = None
-    if cfg.cfg_scale > 0:
-        unconditional = prompt_mask.bool()
+    prompt_tokens = prompt_mask.bool() if cfg.cfg_scale > 0 else None  # masked in CFG's unconditional pass
     num_blocks = cfg.gen_length // cfg.block_length
     for b in range(num_blocks):
         start, stop = plen + b * cfg.block_length, plen + (b + 1) * cfg.block_length
@@ -119,7 +118,7 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
         steps = cfg.steps // num_blocks if cfg.schedule == "uniform" else ascending_steps(cfg.block_length)
         counts = transfer_counts(cfg.block_length, steps, cfg.schedule)
         for s, k in enumerate(counts):
-            logits = _guided_logits(logits_fn, x, attention, positions, unconditional, cfg.cfg_scale, mask_id)
+            logits = _guided_logits(logits_fn, x, attention, positions, prompt_tokens, cfg.cfg_scale, mask_id)
             uniforms = _group_uniforms(generators, group_size, logits.shape, device) if not greedy else None
             x0 = gumbel_argmax(logits, cfg.temperature, uniforms)
             if cfg.remasking == "low_confidence":

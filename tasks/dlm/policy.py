@@ -53,7 +53,7 @@ class DLMConfig:
     # decoding (generation.py)
     gen_length: int = 32
     block_length: int = 32
-    steps: int = 32
+    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
     temperature: float = 1.0
     remasking: str = "low_confidence"
     schedule: str = "uniform"
