@@ -274,3 +274,13 @@ def test_a_saved_policy_reloads_bidirectional(tmp_path, policy):
     with torch.no_grad():
         assert torch.allclose(again.logprobs(again.model, batch)[0], policy.logprobs(policy.model, batch)[0],
                               atol=1e-5)
+
+
+def test_joined_rollouts_score_as_drawn(policy):
+    short, long = policy.rollout(["5+6="], 2, seeds=[1]), policy.rollout(["123+456="], 2, seeds=[2])
+    joined = policy.concat([short, long])
+    assert joined.extras["prompt_ids"].shape[1] == long.extras["prompt_ids"].shape[1]
+    with torch.no_grad():
+        both = policy.logprobs(policy.model, joined)[0]
+        alone = torch.cat([policy.logprobs(policy.model, short)[0], policy.logprobs(policy.model, long)[0]])
+    assert torch.allclose(both, alone, atol=1e-5)

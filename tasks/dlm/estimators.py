@@ -86,7 +86,10 @@ def diffu_grpo(generators: list[torch.Generator], prompt_mask: Tensor, width: in
     rows, plen = prompt_mask.shape
     if not 0 <= args.p_mask < 1:
         raise ValueError(f"policy.p_mask={args.p_mask} must be in [0, 1)")
-    prompt_masked = (_uniform(generators, plen) < args.p_mask) & prompt_mask.bool().cpu()
+    # one draw per real prompt token (prompts are left-padded), so padding never moves the mask
+    prompt_masked = torch.zeros(rows, plen, dtype=torch.bool)
+    for i, (g, n) in enumerate(zip(generators, prompt_mask.sum(1).tolist())):
+        prompt_masked[i, plen - n:] = torch.rand(n, generator=g) < args.p_mask
     return [View(masked=torch.ones(rows, width, dtype=torch.bool), prompt_masked=prompt_masked,
                  weight=torch.ones(rows))]
 
