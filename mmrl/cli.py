@@ -12,12 +12,13 @@ from .registry import DEMOS, RECIPES, load_plugins
 
 def _catalogue() -> str:
     from .advantages import ESTIMATORS
-    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, RATIO_LEVELS
+    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES, RATIO_LEVELS
     from .reward_registry import REWARDS
     from .registry import ADAPTERS
     load_plugins()
     rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
             ("advantage estimators (algorithm.estimator)", ESTIMATORS.names()),
+            ("objectives (algorithm.objective)", OBJECTIVES.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
             ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
             ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),

@@ -47,6 +47,7 @@ class AlgorithmConfig:
     llds_coef: float = 0.0
     prune_threshold: float = 0.0
     mu: int = 1
+    objective: str = "clip"
 
 
 @dataclass
@@ -116,12 +117,13 @@ class EvalConfig:
 @dataclass
 class WarmStartConfig:
     """Supervised warm start before RL (used by the demos): `steps` passes of `batch_size`
-    rows on the data set's `target_column`."""
+    rows on the data set's `target_column`, gradients clipped to `max_grad_norm` if set."""
 
     steps: int = 0
     lr: float = 1e-3
     batch_size: int = 32
     target_column: str = "target"
+    max_grad_norm: float | None = None
 
 
 @dataclass

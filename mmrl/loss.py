@@ -9,12 +9,15 @@ Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio lev
     loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u
 and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the aggregation
 over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
+
+`algorithm.objective` picks the surrogate from OBJECTIVES: ``clip`` (the above) or ``wd1``
+(ratio-free weighted likelihood, `weighted_likelihood_loss`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -99,6 +102,25 @@ def grouped_log_ratio(log_ratio: Tensor, mask: Tensor, level: str, segments: lis
     return torch.cat(parts, dim=1)
 
 
+def add_regularisers(per_unit: Tensor, logp: Tensor, mask: Tensor, cfg: AlgorithmConfig,
+                     ref_logp: Tensor | None, entropy: Tensor | None, kl: Tensor | None
+                     ) -> tuple[Tensor, float, float]:
+    """per_unit + beta KL_u - entropy_coef H_u, with the unit sums of KL and entropy for logging.
+    KL is the policy's closed-form `kl` when given, else `cfg.kl_estimator` on (logp, ref_logp)."""
+    kl_sum = ent_sum = 0.0
+    if cfg.beta != 0.0:
+        if kl is None and ref_logp is None:
+            raise ValueError("algorithm.beta != 0 needs reference log-probs")
+        kl = kl.float() if kl is not None else KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
+        per_unit = per_unit + cfg.beta * kl
+        kl_sum = float((kl.detach() * mask).sum())
+    if entropy is not None:
+        if cfg.entropy_coef != 0.0:
+            per_unit = per_unit - cfg.entropy_coef * entropy
+        ent_sum = float((entropy.detach() * mask).sum())
+    return per_unit, kl_sum, ent_sum
+
+
 @dataclass
 class LossTerms:
     """The micro-batch loss and unit-weighted sums for logging (divide by `units`)."""
@@ -135,18 +157,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         if cfg.dual_clip <= 1.0:
             raise ValueError(f"algorithm.dual_clip={cfg.dual_clip} must be > 1")
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
-    kl_sum = 0.0
-    if cfg.beta != 0.0:
-        if kl is None and ref_logp is None:
-            raise ValueError("algorithm.beta != 0 needs reference log-probs")
-        kl = kl.float() if kl is not None else KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
-        per_unit = per_unit + cfg.beta * kl
-        kl_sum = float((kl.detach() * mask).sum())
-    ent_sum = 0.0
-    if entropy is not None:
-        if cfg.entropy_coef != 0.0:
-            per_unit = per_unit - cfg.entropy_coef * entropy
-        ent_sum = float((entropy.detach() * mask).sum())
+    per_unit, kl_sum, ent_sum = add_regularisers(per_unit, logp, mask, cfg, ref_logp, entropy, kl)
     llds_rows = 0.0
     if cfg.llds_coef != 0.0:
         # LLDS: only rollouts whose sequence likelihood fell, only the tokens whose log-prob fell.
@@ -160,3 +171,52 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     dev = ((ratio - 1).abs() * mask).max() if units > 0 else torch.zeros(())
     return LossTerms(loss=loss, units=units, clipped=float(is_clipped), kl=kl_sum, entropy=ent_sum,
                      llds_active=llds_rows, ratio_max_dev=float(dev.detach()))
+
+
+def wd1_coefficients(advantages: Tensor, group_id: Tensor, row_mask: Tensor) -> Tensor:
+    """c_i = softmax_g(-A)_i - softmax_g(A)_i over the rows of i's group g that take part
+    (`row_mask`), 0 elsewhere (wd1, Tang et al. 2025; softmax per group, not per local batch)."""
+    out = torch.zeros_like(advantages, dtype=torch.float32)
+    for g in torch.unique(group_id):
+        rows = ((group_id == g) & row_mask).nonzero().flatten()
+        if len(rows):
+            a = advantages[rows].float()
+            out[rows] = torch.softmax(-a, dim=0) - torch.softmax(a, dim=0)
+    return out
+
+
+def weighted_likelihood_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
+                             cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
+                             ref_logp: Tensor | None = None, entropy: Tensor | None = None,
+                             kl: Tensor | None = None) -> LossTerms:
+    """wd1's ratio-free objective: loss_u = c_i log pi_theta(u) (+ beta KL_u - entropy_coef H_u),
+    with c_i = `advantages` from `wd1_coefficients`. Summed with unit weights (log L_i = sum of
+    its units) it is wd1's -sum_i softmax(A)_i log L_i + sum_i softmax(-A)_i log L_i; the
+    aggregations `token_mean` and `seq_mean_token_sum_norm` scale that by a positive constant per
+    batch, `seq_mean_token_mean` uses length-normalised log L_i. No ratio, no old log-probs."""
+    logp, mask = logp.float(), mask.float()
+    coef = advantages.float()
+    if coef.dim() != 1:
+        raise ValueError("algorithm.objective='wd1' needs one advantage per row, not step-level rewards")
+    per_unit = coef[:, None] * logp
+    per_unit, kl_sum, ent_sum = add_regularisers(per_unit, logp, mask, cfg, ref_logp, entropy, kl)
+    loss = (per_unit * weights * mask).sum()
+    dev = (((logp - old_logp.float()).detach().exp() - 1).abs() * mask).max() if mask.sum() > 0 else torch.zeros(())
+    return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, kl=kl_sum, entropy=ent_sum,
+                     llds_active=0.0, ratio_max_dev=float(dev))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A surrogate: its micro-batch `loss` (policy_loss's signature), whether it takes the
+    importance ratio (then old log-probs are kept for mu > 1), and an optional map of the WHOLE
+    batch's advantages [N] to per-row coefficients, (advantages, group_id, row_mask) -> [N]."""
+
+    loss: Callable[..., LossTerms]
+    uses_ratio: bool
+    row_coefficients: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
+
+
+OBJECTIVES: Registry[Objective] = Registry("objective")
+OBJECTIVES.register("clip")(Objective(policy_loss, uses_ratio=True))
+OBJECTIVES.register("wd1")(Objective(weighted_likelihood_loss, uses_ratio=False, row_coefficients=wd1_coefficients))

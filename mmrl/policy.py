@@ -74,6 +74,14 @@ class Policy(ABC):
         ``policy/<key>``; reading them resets them."""
         return {}
 
+    def pass_view(self, batch: Rollout, pass_index: int) -> Rollout | None:
+        """The batch as update pass `pass_index` (0 .. mu-1) scores it, for adapters whose
+        log-probs are Monte Carlo estimates redrawn each pass (a masked diffusion LM draws a fresh
+        mask per pass, d1); None (the default) when every pass scores the batch alike. The engine
+        then computes the old (and reference) log-probs of each pass from its own view, before
+        the first update, so every pass's ratio is taken under one draw."""
+        return None
+
     def unit_slices(self, batch: Rollout) -> list[slice]:
         """How the units of a micro-batch are split for backprop (one pass by default;
         a diffusion adapter returns one slice per denoising step)."""

@@ -15,7 +15,7 @@ import math
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from .advantages import compute_advantages, group_variance_mask, row_magnitude, 
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
-from .loss import AGGREGATIONS, CLOSED_FORM_KL, policy_loss, ratio_segments
+from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import bind_reward, compute_rewards, reward_metrics, score_rollout
@@ -82,6 +82,7 @@ class Trainer:
                              f"the {acc.num_processes} processes")
         if algo.mu < 1:
             raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
+        self.objective = OBJECTIVES.get(algo.objective)
         self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
         self.train_rows, self.eval_rows = load_data(cfg.data)
@@ -227,7 +228,13 @@ class Trainer:
         adv = compute_advantages(rewards, self.reward_weights, group_id, algo)
         n = len(local)
         rows = batch_positions(group_id, local.group_id)
-        advantages, row_mask = adv.advantages[rows], adv.row_mask[rows]
+        whole = adv.advantages
+        if self.objective.row_coefficients is not None:
+            if whole.dim() != 1:
+                raise ValueError(f"algorithm.objective={algo.objective!r} needs one advantage per row, "
+                                 "not step-level rewards")
+            whole = self.objective.row_coefficients(whole, group_id, adv.row_mask)
+        advantages, row_mask = whole[rows], adv.row_mask[rows]
         if algo.prune_threshold > 0:
             small = row_magnitude(advantages) < algo.prune_threshold
             row_mask = row_mask & ~small
@@ -328,7 +335,7 @@ class Trainer:
                     logp, entropy = self.policy.logprobs(self.model, mb, units, with_entropy=want_entropy)
                 device = logp.device
                 adv = batch.advantages[idx]
-                terms = policy_loss(
+                terms = self.objective.loss(
                     logp,
                     old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach(),
                     (adv[:, units] if adv.dim() == 2 else adv).to(device),
@@ -345,16 +352,29 @@ class Trainer:
         return sums
 
     def _update(self, batch: StepBatch) -> dict[str, float]:
-        """`mu` optimizer steps on the batch, old log-probs kept from before the first."""
+        """`mu` optimizer steps on the batch, old log-probs kept from before the first. A policy
+        whose log-probs are redrawn each pass (`Policy.pass_view`) gets the old and reference
+        log-probs of every pass from that pass's own view, all before the first step."""
         acc, algo = self.accelerator, self.cfg.algorithm
         chunks = self._micro_batches(batch)
-        old_logp = self._no_grad_logprobs(batch, chunks, reference=False) if algo.mu > 1 else None
-        ref_logp = (self._no_grad_logprobs(batch, chunks, reference=True)
-                    if algo.beta != 0 and not self._closed_form_kl else None)
+        views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
+        passes = [batch if view is None else replace(batch, rollout=view) for view in views]
+        redrawn = any(view is not None for view in views)
+
+        def per_pass(reference: bool) -> list[Tensor]:
+            if not redrawn:
+                return [self._no_grad_logprobs(batch, chunks, reference)] * algo.mu
+            return [self._no_grad_logprobs(p, chunks, reference) for p in passes]
+
+        keep_old = algo.mu > 1 and self.objective.uses_ratio
+        old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
+        ref_logp = (per_pass(reference=True) if algo.beta != 0 and not self._closed_form_kl
+                    else [None] * algo.mu)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         for pass_index in range(algo.mu):
-            sums = self.accumulate_gradients(batch, chunks, old_logp, ref_logp, with_entropy=pass_index == 0)
+            sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
+                                             with_entropy=pass_index == 0)
             first = first or sums
             for p in params:  # a parameter with no gradient still takes an optimizer step at zero
                 if p.grad is None:
@@ -433,6 +453,8 @@ class Trainer:
             pick = torch.randint(len(self.train_rows), (ws.batch_size,), generator=generator).tolist()
             loss = self.policy.supervised_loss(model, [self.train_rows[i] for i in pick], ws.target_column)
             loss.backward()
+            if ws.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, ws.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
             progress.update(step, {"loss": loss.item()})

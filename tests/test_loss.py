@@ -162,3 +162,33 @@ def test_grouped_log_ratio_masks_padding():
     lr = torch.tensor([[1.0, 3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     assert grouped_log_ratio(lr, mask, "sequence", None)[0, 0].item() == pytest.approx(2.0)
+
+
+def test_wd1_weighted_likelihood_matches_reference():
+    """wd1: -sum_i softmax_g(A)_i log L_i + sum_i softmax_g(-A)_i log L_i, softmax per group."""
+    from mmrl.loss import OBJECTIVES, wd1_coefficients
+    adv = torch.tensor([1.0, -0.5, -0.5, 2.0, 0.0, -2.0])
+    group = torch.tensor([0, 0, 0, 1, 1, 1])
+    row_mask = torch.tensor([True, True, True, True, True, False])
+    logp = torch.tensor([[-1.0, -0.5], [-2.0, -0.1], [-0.3, -0.2], [-1.5, -0.7], [-0.2, -0.9], [-3.0, -1.0]],
+                        requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    groups = [([0, 1, 2], [1.0, -0.5, -0.5]), ([3, 4], [2.0, 0.0])]  # row 5 takes no part
+    expected = 0.0
+    for rows, a in groups:
+        pos = [math.exp(x) / sum(math.exp(y) for y in a) for x in a]
+        neg = [math.exp(-x) / sum(math.exp(-y) for y in a) for x in a]
+        for i, p, q in zip(rows, pos, neg):
+            log_lik = sum(logp[i, u].item() * mask[i, u].item() for u in range(2))
+            expected += -p * log_lik + q * log_lik
+    coef = wd1_coefficients(adv, group, row_mask)
+    assert coef[5] == 0
+    objective = OBJECTIVES.get("wd1")
+    assert objective.row_coefficients is wd1_coefficients and not objective.uses_ratio
+    terms = objective.loss(logp, logp.detach(), coef, mask * row_mask[:, None], torch.ones(6, 2),
+                           AlgorithmConfig())
+    assert terms.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert terms.ratio_max_dev == 0.0
+    # a group with equal rewards pushes nothing
+    assert torch.equal(wd1_coefficients(torch.zeros(3), torch.zeros(3, dtype=torch.long),
+                                        torch.ones(3, dtype=torch.bool)), torch.zeros(3))

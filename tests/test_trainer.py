@@ -130,3 +130,14 @@ def test_dr_grpo_normaliser_is_the_max_completion_length(tmp_path):
     kept = batch.rollout.unit_mask.bool() & batch.row_mask[:, None]
     rows = int(batch.row_mask.sum())
     assert torch.allclose(batch.weights[kept], torch.full((int(kept.sum()),), 1.0 / (rows * 8)))  # max_new_tokens 8
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_warm_start_clips_gradients_when_asked(tmp_path, monkeypatch, clip):
+    trainer = make_trainer(tmp_path, "warm_start.steps=3", "warm_start.batch_size=4",
+                           f"warm_start.max_grad_norm={'null' if clip is None else clip}")
+    norms = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, limit: norms.append(limit) or real(params, limit))
+    trainer.warm_start()
+    assert norms == ([] if clip is None else [clip] * 3)

@@ -1,0 +1,159 @@
+"""LLaDA's semi-autoregressive block decoding of a masked diffusion LM, seeded per group.
+
+The completion starts as `gen_length` mask tokens, split into blocks of `block_length` decoded
+left to right (Nie et al. 2025, LLaDA, appendix B). Within a block, step s predicts every masked
+position at once, x0 = argmax(z / T + Gumbel) (sampling at temperature T through the Gumbel-max
+trick; T = 0 is greedy), and commits the k_s positions of highest confidence; the rest stay masked:
+
+* ``low_confidence`` remasking: confidence = p(x0) under softmax(z);
+* ``random`` remasking: confidence ~ U(0, 1).
+
+k_s comes from the step schedule: ``uniform`` spreads the block's masks evenly over
+`steps / num_blocks` steps (LLaDA); ``ascending`` commits 1, 2, 4, ... tokens (CJ-GRPO's
+Ascending Step-Size scheduler, ~log2(block_length) steps). With EOS early rejection (CJ-GRPO's
+EOSER) the confidence of an EOS prediction is scaled by gamma_s, rising linearly from
+`eos_min_gamma` at the first step of a block to 1 at its last, so the model does not close the
+answer early. Classifier-free guidance (LLaDA): z = z_u + (w + 1) (z_c - z_u), z_u from the same
+canvas with the prompt masked.
+
+All noise is drawn from one generator per group (seeded from the group's seed), so a group's
+completions depend on its prompt and seed only; the global RNG is never touched. Greedy decoding
+(no seeds, or T = 0) takes the argmax; greedy ``random`` remasking commits left to right.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+REMASKING = ("low_confidence", "random")
+SCHEDULES = ("uniform", "ascending")
+
+# (canvas ids [B, L], attention mask [B, L], positions whose logits are wanted [K]) -> logits [B, K, V]
+LogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class DecodeConfig:
+    gen_length: int = 32
+    block_length: int = 32
+    steps: int = 32
+    temperature: float = 1.0
+    remasking: str = "low_confidence"
+    schedule: str = "uniform"
+    cfg_scale: float = 0.0
+    eos_early_rejection: bool = False
+    eos_min_gamma: float = 0.4
+
+    def check(self) -> None:
+        if self.gen_length < 1 or self.block_length < 1 or self.gen_length % self.block_length:
+            raise ValueError(f"policy.gen_length={self.gen_length} must be a positive multiple of "
+                             f"policy.block_length={self.block_length}")
+        blocks = self.gen_length // self.block_length
+        if self.schedule == "uniform" and (self.steps < blocks or self.steps % blocks):
+            raise ValueError(f"policy.steps={self.steps} must be a positive multiple of the {blocks} blocks "
+                             f"(gen_length / block_length)")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"policy.remasking={self.remasking!r} is not one of {REMASKING}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"policy.schedule={self.schedule!r} is not one of {SCHEDULES}")
+        if self.temperature < 0:
+            raise ValueError(f"policy.temperature={self.temperature} must be >= 0")
+        if not 0 < self.eos_min_gamma <= 1:
+            raise ValueError(f"policy.eos_min_gamma={self.eos_min_gamma} must be in (0, 1]")
+
+
+def transfer_counts(masked: int, steps: int, schedule: str) -> list[int]:
+    """Tokens committed at each step of a block with `masked` masks: ``uniform`` gives
+    masked // steps each, the remainder to the first steps (LLaDA); ``ascending`` gives
+    1, 2, 4, ... with the last step taking what is left (CJ-GRPO)."""
+    if schedule == "uniform":
+        base, extra = divmod(masked, steps)
+        return [base + (1 if s < extra else 0) for s in range(steps)]
+    counts, left, size = [], masked, 1
+    while left > 0:
+        counts.append(min(size, left))
+        left -= counts[-1]
+        size *= 2
+    return counts
+
+
+def ascending_steps(block_length: int) -> int:
+    """Steps of the ascending schedule for one block: ceil(log2(block_length + 1))."""
+    return math.ceil(math.log2(block_length + 1))
+
+
+def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
+    """argmax(z / T - log(-log u)) in float64 (low-precision Gumbel noise degrades MDLM samples,
+    Zheng et al. 2024); plain argmax at T = 0."""
+    if temperature == 0 or uniforms is None:
+        return logits.argmax(dim=-1)
+    z = logits.double() / temperature
+    return (z - torch.log(-torch.log(uniforms.clamp_min(1e-300)))).argmax(dim=-1)
+
+
+@torch.no_grad()
+def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, cfg: DecodeConfig,
+                 mask_id: int, eos_id: int | None, seeds: Sequence[int] | None, group_size: int) -> Tensor:
+    """Completion ids [B, gen_length] for left-padded prompts [B, P] (rows grouped by
+    `group_size`, group g drawing from `seeds[g]`; `seeds=None` decodes greedily)."""
+    cfg.check()
+    device = prompt_ids.device
+    rows, plen = prompt_ids.shape
+    greedy = seeds is None or cfg.temperature == 0
+    generators = None if seeds is None else [torch.Generator().manual_seed(int(s)) for s in seeds]
+    x = torch.cat([prompt_ids, torch.full((rows, cfg.gen_length), mask_id, dtype=prompt_ids.dtype,
+                                          device=device)], dim=1)
+    attention = torch.cat([prompt_mask, torch.ones(rows, cfg.gen_length, dtype=prompt_mask.dtype,
+                                                   device=device)], dim=1)
+    prompt_tokens = prompt_mask.bool() if cfg.cfg_scale > 0 else None  # masked in CFG's unconditional pass
+    num_blocks = cfg.gen_length // cfg.block_length
+    for b in range(num_blocks):
+        start, stop = plen + b * cfg.block_length, plen + (b + 1) * cfg.block_length
+        positions = torch.arange(start, stop, device=device)
+        steps = cfg.steps // num_blocks if cfg.schedule == "uniform" else ascending_steps(cfg.block_length)
+        counts = transfer_counts(cfg.block_length, steps, cfg.schedule)
+        for s, k in enumerate(counts):
+            logits = _guided_logits(logits_fn, x, attention, positions, prompt_tokens, cfg.cfg_scale, mask_id)
+            uniforms = _group_uniforms(generators, group_size, logits.shape, device) if not greedy else None
+            x0 = gumbel_argmax(logits, cfg.temperature, uniforms)
+            if cfg.remasking == "low_confidence":
+                probs = torch.softmax(logits.double(), dim=-1)
+                confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
+            elif generators is None:  # greedy random remasking: left to right
+                confidence = -positions.double().expand(rows, -1).clone()
+            else:
+                confidence = _group_uniforms(generators, group_size, (rows, cfg.block_length), device)
+            if cfg.eos_early_rejection and eos_id is not None:
+                gamma = cfg.eos_min_gamma + (1 - cfg.eos_min_gamma) * (s / max(len(counts) - 1, 1))
+                confidence = torch.where(x0 == eos_id, confidence * gamma, confidence)
+            block = x[:, start:stop]
+            still = block == mask_id
+            confidence = confidence.masked_fill(~still, float("-inf"))
+            chosen = confidence.topk(k, dim=-1).indices
+            commit = torch.zeros_like(still).scatter_(1, chosen, True) & still
+            x[:, start:stop] = torch.where(commit, x0, block)
+    return x[:, plen:]
+
+
+def _guided_logits(logits_fn: LogitsFn, x: Tensor, attention: Tensor, positions: Tensor,
+                   prompt: Tensor | None, scale: float, mask_id: int) -> Tensor:
+    if prompt is None:
+        return logits_fn(x, attention, positions)
+    bare = x.clone()
+    bare[:, :prompt.shape[1]] = bare[:, :prompt.shape[1]].masked_fill(prompt, mask_id)
+    both = logits_fn(torch.cat([x, bare]), torch.cat([attention, attention]), positions)
+    cond, uncond = both.chunk(2)
+    return uncond + (scale + 1) * (cond - uncond)
+
+
+def _group_uniforms(generators: list[torch.Generator], group_size: int, shape: Sequence[int],
+                    device: torch.device) -> Tensor:
+    """U(0, 1) of `shape` (rows first), each group's rows drawn from its own generator."""
+    per = (group_size, *shape[1:])
+    u = torch.cat([torch.rand(per, generator=g, dtype=torch.float64) for g in generators])
+    return u.to(device)

@@ -1,0 +1,292 @@
+"""Masked diffusion language models (LLaDA-style) as policies: one unit per completion token.
+
+Any model that predicts masked tokens with bidirectional attention: LLaDA-8B-Instruct and Dream-7B
+through `trust_remote_code` (``AutoModel``, as their model cards load them), or a `transformers`
+decoder class made bidirectional (``config.is_causal = False`` and every attention module's
+``is_causal = False``), like the built-in tiny model ``tiny:dlm-char``. Rollouts decode with
+LLaDA's semi-autoregressive blocks (`generation.py`); log-probs come from a registered estimator
+(`estimators.py`) whose masks are drawn from seeds kept in the rollout, a fresh draw for each
+update pass (`pass_view`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+import transformers
+from transformers import AutoTokenizer
+
+from mmrl.policy import Policy
+from mmrl.registry import ADAPTERS
+from mmrl.rollout import Rollout
+from mmrl.sampling import derive_seed
+
+from ..causal_lm import DTYPES
+from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
+from ..token_logprobs import selective_log_softmax
+from .estimators import ESTIMATORS, EstimatorArgs, view_seed
+from .generation import DecodeConfig, block_decode
+
+AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
+MASK_SEED_SALT = 0xD1
+
+
+@dataclass
+class DLMConfig:
+    model: str = ""
+    tokenizer: str | None = None
+    tiny_args: dict[str, Any] = field(default_factory=dict)
+    auto_class: str = "AutoModelForCausalLM"
+    trust_remote_code: bool = False
+    dtype: str = "float32"
+    device: str | None = None
+    mask_token_id: int | None = None       # default: the tokenizer's mask token (LLaDA: 126336)
+    logits_shift: bool = False             # Dream: logits at i predict token i + 1
+    attention_mask: Literal["2d", "4d", "none"] = "2d"  # how padding is shown (Dream: 4d)
+    chat_template: bool | None = None
+    system_prompt: str | None = None
+    # decoding (generation.py)
+    gen_length: int = 32
+    block_length: int = 32
+    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
+    temperature: float = 1.0
+    remasking: str = "low_confidence"
+    schedule: str = "uniform"
+    cfg_scale: float = 0.0
+    eos_early_rejection: bool = False
+    eos_min_gamma: float = 0.4
+    # log-prob estimator (estimators.py)
+    estimator: str = "diffu_grpo"
+    p_mask: float = 0.15
+    elbo_points: int = 4
+    gradient_checkpointing: bool = False
+    sft_seed: int = 0
+
+
+def make_bidirectional(model: nn.Module) -> nn.Module:
+    """Full attention in a transformers decoder: `config.is_causal = False` makes the mask
+    builders return a bidirectional (padding-only) mask, and clearing each attention module's
+    `is_causal` stops SDPA / flash kernels from applying a causal mask when none is passed."""
+    for config in {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values():
+        config.is_causal = False
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = False
+    return model
+
+
+@TINY_MODELS.register("dlm-char")
+def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
+    """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token."""
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    return make_bidirectional(tiny_qwen2(tokenizer, hidden, layers, heads, seed)), tokenizer
+
+
+@ADAPTERS.register("dlm")
+class DLMPolicy(Policy):
+    Config = DLMConfig
+
+    def __init__(self, cfg: DLMConfig):
+        if not cfg.model:
+            raise ValueError("policy.model must name a model (hub id, local path, or tiny:NAME)")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
+        if cfg.auto_class not in AUTO_CLASSES:
+            raise ValueError(f"policy.auto_class={cfg.auto_class!r} is not one of {AUTO_CLASSES}")
+        self.estimate = ESTIMATORS.get(cfg.estimator)
+        self.decode = DecodeConfig(cfg.gen_length, cfg.block_length, cfg.steps, cfg.temperature, cfg.remasking,
+                                   cfg.schedule, cfg.cfg_scale, cfg.eos_early_rejection, cfg.eos_min_gamma)
+        self.decode.check()
+        self.cfg = cfg
+        self._load(cfg)
+        self.mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else self.tokenizer.mask_token_id
+        if self.mask_id is None:
+            raise ValueError(f"policy.mask_token_id: the tokenizer of {cfg.model!r} has no mask token; set it")
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        eos = getattr(self.model, "generation_config", None)
+        eos = getattr(eos, "eos_token_id", None) or self.tokenizer.eos_token_id
+        self.eos_ids = eos if isinstance(eos, list) else [eos]
+        if cfg.device:
+            self.model.to(cfg.device)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        accepted = inspect.signature(self.model.forward).parameters
+        self._accepts = {name for name in ("attention_mask", "position_ids", "logits_to_keep", "use_cache")
+                         if name in accepted}
+        self.sft_generator = torch.Generator().manual_seed(cfg.sft_seed)
+
+    def _load(self, cfg: DLMConfig) -> None:
+        if cfg.model.startswith("tiny:"):
+            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
+            self.model.to(DTYPES[cfg.dtype])
+            return
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
+                                                       trust_remote_code=cfg.trust_remote_code)
+        auto = getattr(transformers, cfg.auto_class)
+        self.model = make_bidirectional(auto.from_pretrained(cfg.model, dtype=DTYPES[cfg.dtype],
+                                                             trust_remote_code=cfg.trust_remote_code))
+
+    @property
+    def max_units(self) -> int:
+        return self.cfg.gen_length
+
+    # ----- the model ----------------------------------------------------------------------
+    def logits(self, model: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
+        """Logits [B, K, V] predicting the tokens at `positions` [K] of the canvas `ids` [B, L]."""
+        device = next(model.parameters()).device
+        ids, attention, positions = ids.to(device), attention.to(device), positions.to(device)
+        wanted = positions - 1 if self.cfg.logits_shift else positions
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if self.cfg.attention_mask == "2d" and "attention_mask" in self._accepts:
+            kwargs["attention_mask"] = attention
+        elif self.cfg.attention_mask == "4d" and "attention_mask" in self._accepts:
+            kwargs["attention_mask"] = (attention[:, None, :, None] * attention[:, None, None, :]).bool()
+        if "position_ids" in self._accepts:
+            kwargs["position_ids"] = (attention.cumsum(-1) - 1).clamp(min=0)
+        if "use_cache" in self._accepts:
+            kwargs["use_cache"] = False
+        if "logits_to_keep" in self._accepts:
+            return model(**kwargs, logits_to_keep=wanted).logits
+        return model(**kwargs).logits[:, wanted]
+
+    # ----- prompts ------------------------------------------------------------------------
+    def prompt_text(self, prompt: Any) -> str:
+        """A string prompt as is; a list of chat messages through the chat template."""
+        use_template = self.cfg.chat_template
+        if use_template is None:
+            use_template = not isinstance(prompt, str)
+        if not use_template:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
+            return prompt
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.cfg.system_prompt and messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _encode(self, rows: Sequence[Any]) -> tuple[Tensor, Tensor]:
+        texts = [self.prompt_text(self.prompt_of(r)) for r in rows]
+        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        return enc["input_ids"], enc["attention_mask"]
+
+    # ----- rollout ------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
+                greedy: bool = False) -> Rollout:
+        prompt_ids, prompt_mask = self._encode(prompts)
+        prompt_ids = prompt_ids.repeat_interleave(group_size, 0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
+        was_training = self.model.training
+        self.model.eval()
+        completion_ids = block_decode(
+            lambda x, a, p: self.logits(self.model, x, a, p), prompt_ids.to(self.device),
+            prompt_mask.to(self.device), self.decode, self.mask_id, self.eos_ids[0],
+            None if greedy else seeds, group_size).cpu()
+        self.model.train(was_training)
+        unit_mask, truncated = self._completion_mask(completion_ids)
+        ends = unit_mask.sum(1).long().tolist()
+        texts = [self.tokenizer.decode(ids[:n], skip_special_tokens=True) for ids, n in zip(completion_ids, ends)]
+        mask_seeds = torch.tensor([derive_seed(int(s), MASK_SEED_SALT, j) for s in seeds for j in range(group_size)])
+        return Rollout(
+            group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
+            prompts=[self.prompt_of(p) for p in prompts for _ in range(group_size)],
+            completions=texts, unit_mask=unit_mask, truncated=truncated,
+            columns={"completion_ids": [ids[:n].tolist() for ids, n in zip(completion_ids, ends)]},
+            extras={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                    "mask_seed": mask_seeds, "mask_pass": 0})
+
+    def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Units up to and including the first EOS (the canvas after it is EOS filler);
+        truncated = no EOS in the canvas."""
+        width = completion_ids.shape[1]
+        pos = torch.arange(width)
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_ids))
+        end = torch.where(is_eos, pos + 1, width + 1).min(dim=1).values
+        return (pos[None, :] < end[:, None]).float(), end > width
+
+    def concat(self, parts: Sequence[Rollout]) -> Rollout:
+        """Left-pad prompts to a common width (completions all have `gen_length` tokens)."""
+        width = max(r.extras["prompt_ids"].shape[1] for r in parts)
+        fixed = []
+        for r in parts:
+            pad = width - r.extras["prompt_ids"].shape[1]
+            extras = {**r.extras,
+                      "prompt_ids": nn.functional.pad(r.extras["prompt_ids"], (pad, 0), value=self.tokenizer.pad_token_id),
+                      "prompt_mask": nn.functional.pad(r.extras["prompt_mask"], (pad, 0), value=0)}
+            fixed.append(replace(r, extras=extras))
+        return Rollout.concat(fixed)
+
+    # ----- log-probs ----------------------------------------------------------------------
+    def pass_view(self, batch: Rollout, pass_index: int) -> Rollout:
+        """The batch with the masks of update pass `pass_index` (d1: a fresh mask per pass)."""
+        return replace(batch, extras={**batch.extras, "mask_pass": pass_index})
+
+    def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
+                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """logp_u = sum_v 1[u in S_v] w_v log p(y_u | view v) (estimators.py), fp32."""
+        ex = batch.extras
+        prompt_ids, prompt_mask, completion_ids = ex["prompt_ids"], ex["prompt_mask"], ex["completion_ids"]
+        rows, width = completion_ids.shape
+        plen = prompt_ids.shape[1]
+        generators = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
+        views = self.estimate(generators, prompt_mask, width, EstimatorArgs(self.cfg.p_mask, self.cfg.elbo_points))
+        used = max(int(batch.unit_mask.sum(1).max()), 1)  # columns past every row's end are not scored
+        attention = torch.cat([prompt_mask, torch.ones(rows, width, dtype=prompt_mask.dtype)], dim=1)
+        positions = torch.arange(plen, plen + used)
+        device = next(model.parameters()).device
+        logp = torch.zeros(rows, used, device=device)
+        ent = torch.zeros(rows, used, device=device) if with_entropy else None
+        hits = torch.zeros(rows, used, device=device)
+        for view in views:
+            ids = torch.cat([prompt_ids.masked_fill(view.prompt_masked, self.mask_id),
+                             completion_ids.masked_fill(view.masked, self.mask_id)], dim=1)
+            scored = view.masked[:, :used].to(device)
+            lp, e = selective_log_softmax(self.logits(model, ids, attention, positions),
+                                          completion_ids[:, :used].to(device), with_entropy=with_entropy)
+            logp = logp + torch.where(scored, lp * view.weight[:, None].to(device), 0.0)
+            hits = hits + scored
+            if ent is not None:
+                ent = ent + torch.where(scored, e, 0.0)
+        mask = batch.unit_mask[:, :used].to(device)
+        logp = nn.functional.pad(logp * mask, (0, width - used))
+        if ent is not None:
+            ent = nn.functional.pad(ent / hits.clamp(min=1) * mask, (0, width - used))
+        return logp[:, units], (ent[:, units] if ent is not None else None)
+
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """LLaDA's masked-diffusion SFT loss: the target (+ EOS filler up to `gen_length`) masked
+        at time t per row, loss = mean_rows (1 / (t L)) sum_{masked} -log p(y_u | x_t)
+        (Nie et al. 2025, eq. 5), the prompt never masked. The rows' times are stratified,
+        t_i = eps + (1 - eps) (i + u) / B with one u ~ U(0, 1) (MDLM's low-discrepancy sampler,
+        Sahoo et al. 2024): still uniform per row, with far less variance from the 1/t weight."""
+        prompt_ids, prompt_mask = self._encode(rows)
+        width, eos = self.cfg.gen_length, self.eos_ids[0]
+        targets = torch.full((len(rows), width), eos, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids = self.tokenizer(str(r[target_column]), add_special_tokens=False)["input_ids"]
+            if len(ids) >= width:
+                raise ValueError(f"warm start: {target_column}={r[target_column]!r} has {len(ids)} tokens; "
+                                 f"policy.gen_length={width} leaves no room for EOS")
+            targets[i, :len(ids)] = torch.tensor(ids)
+        eps = 1e-3
+        t = eps + (1 - eps) * (torch.arange(len(rows)) + torch.rand((), generator=self.sft_generator)) / len(rows)
+        masked = torch.rand(len(rows), width, generator=self.sft_generator) < t[:, None]
+        ids = torch.cat([prompt_ids, targets.masked_fill(masked, self.mask_id)], dim=1)
+        attention = torch.cat([prompt_mask, torch.ones(len(rows), width, dtype=prompt_mask.dtype)], dim=1)
+        plen = prompt_ids.shape[1]
+        logp, _ = selective_log_softmax(self.logits(model, ids, attention, torch.arange(plen, plen + width)),
+                                        targets.to(self.device))
+        weight = (masked.float() / (t[:, None] * width)).to(logp.device)
+        return -(logp * weight).sum() / len(rows)
+
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)

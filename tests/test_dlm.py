@@ -1,0 +1,286 @@
+"""The masked diffusion LM adapter: block decoding, seeded groups, the three log-prob estimators
+against hand-written references, exact on-policy ratios per pass, streaming, a training step."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrl.config import parse_config
+from mmrl.trainer import Trainer
+from tasks.dlm.estimators import ESTIMATORS, EstimatorArgs, view_seed
+from tasks.dlm.generation import DecodeConfig, block_decode, transfer_counts
+from tasks.dlm.policy import DLMConfig, DLMPolicy
+
+PROMPTS = ["12+34=", "5+6="]
+
+
+def make_policy(**kw):
+    return DLMPolicy(DLMConfig(model="tiny:dlm-char", tiny_args={"hidden": 32, "layers": 1, "heads": 2},
+                               **{"gen_length": 8, "block_length": 4, "steps": 4, **kw}))
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy()
+
+
+def test_tiny_model_attends_both_ways(policy):
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    later = ids.clone()
+    later[0, -1] = 10
+    first = policy.model(input_ids=ids).logits[0, 0]
+    assert not torch.allclose(first, policy.model(input_ids=later).logits[0, 0])
+
+
+def test_transfer_schedules_commit_every_mask():
+    assert transfer_counts(10, 4, "uniform") == [3, 3, 2, 2]
+    assert transfer_counts(10, 0, "ascending") == [1, 2, 4, 3]
+    assert sum(transfer_counts(32, 6, "ascending")) == 32
+
+
+@pytest.mark.parametrize("schedule,remasking", [("uniform", "low_confidence"), ("ascending", "random")])
+def test_decoding_fills_blocks_in_order_and_every_mask(policy, schedule, remasking):
+    cfg = DecodeConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, remasking=remasking, schedule=schedule)
+    canvases = []
+
+    def recording(x, attention, positions):
+        canvases.append((x.clone(), positions.clone()))
+        return policy.logits(policy.model, x, attention, positions)
+
+    ids, mask = policy._encode(PROMPTS)
+    out = block_decode(recording, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), cfg, policy.mask_id,
+                       None, seeds=[1, 2], group_size=2)
+    plen, m = ids.shape[1], policy.mask_id
+    assert not (out == m).any()
+    per_block = 2 if schedule == "uniform" else 3  # 4 steps / 2 blocks; ascending 1 + 2 + 1
+    assert len(canvases) == 2 * per_block
+    for k, (x, positions) in enumerate(canvases):
+        block = k // per_block
+        assert positions.tolist() == list(range(plen + 4 * block, plen + 4 * block + 4))
+        assert not (x[:, plen:plen + 4 * block] == m).any()  # earlier blocks are complete
+        assert (x[:, plen + 4 * (block + 1):] == m).all()  # later blocks untouched
+    committed = [int((x[:, plen:] != m).sum(1)[0]) for x, _ in canvases] + [8]
+    expected = [transfer_counts(4, 2, "uniform"), [1, 2, 1]][schedule == "ascending"]
+    assert [b - a for a, b in zip(committed, committed[1:])] == expected * 2
+
+
+def test_eos_early_rejection_defers_eos(policy):
+    eos, other = policy.eos_ids[0], 7
+
+    def confident_eos(x, attention, positions):  # even positions: EOS at p ~ 0.9, odd: `other` at p ~ 0.6
+        logits = torch.full((x.shape[0], len(positions), 40), -10.0)
+        logits[:, 0::2, eos] = 3.0
+        logits[:, 1::2, other] = 0.9
+        logits[:, 1::2, other + 1] = 0.5
+        return logits
+
+    ids = torch.tensor([[5, 6]])
+    mask = torch.ones_like(ids)
+    first_commits = []
+    for rejection in (False, True):
+        cfg = DecodeConfig(gen_length=4, block_length=4, steps=4, temperature=0.0, eos_early_rejection=rejection)
+        seen = []
+        block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], ids, mask, cfg,
+                     policy.mask_id, eos, None, 1)
+        second = seen[1][0, 2:]
+        first_commits.append(int(second[(second != policy.mask_id)][0]))
+    assert first_commits == [eos, other]
+
+
+def test_cfg_combines_conditional_and_unconditional_logits(policy):
+    cfg = DecodeConfig(gen_length=2, block_length=2, steps=1, temperature=0.0, cfg_scale=2.0)
+
+    def prompt_aware(x, attention, positions):  # token 3 scores 0.7 when the prompt is visible
+        visible = (x[:, 0] != policy.mask_id).float()[:, None]
+        logits = torch.zeros(x.shape[0], len(positions), 10)
+        logits[..., 3] = 0.7 * visible
+        logits[..., 4] = 0.8
+        return logits
+
+    # alone, token 4 wins; guided z_u + 3 (z_c - z_u) scores token 3 at 2.1, token 4 at 0.8
+    assert prompt_aware(torch.tensor([[5, 9]]), None, torch.tensor([1])).argmax(-1).item() == 4
+    out = block_decode(prompt_aware, torch.tensor([[5]]), torch.ones(1, 1, dtype=torch.long), cfg, policy.mask_id,
+                       None, None, 1)
+    assert out.tolist() == [[3, 3]]
+
+
+def test_a_group_depends_only_on_its_prompt_and_seed(policy):
+    both = policy.rollout(PROMPTS, 3, seeds=[1, 2])
+    alone = policy.rollout(PROMPTS[1:], 3, seeds=[2])
+    assert torch.equal(both.extras["completion_ids"][3:], alone.extras["completion_ids"])
+    assert torch.equal(both.extras["mask_seed"][3:], alone.extras["mask_seed"])
+    assert not torch.equal(policy.rollout(PROMPTS[1:], 3, seeds=[3]).extras["completion_ids"],
+                           alone.extras["completion_ids"])
+    state = torch.random.get_rng_state()
+    policy.rollout(PROMPTS, 2, seeds=[4, 5])
+    assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is never used
+
+
+def _hand_views(policy, batch, name, **args):
+    gens = [torch.Generator().manual_seed(view_seed(int(s), int(batch.extras["mask_pass"])))
+            for s in batch.extras["mask_seed"]]
+    return ESTIMATORS.get(name)(gens, batch.extras["prompt_mask"], batch.extras["completion_ids"].shape[1],
+                                EstimatorArgs(**args))
+
+
+@pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])
+def test_estimators_match_a_plain_masked_forward(name):
+    p = make_policy(estimator=name, p_mask=0.5, elbo_points=3)
+    batch = p.rollout(PROMPTS, 2, seeds=[1, 2])
+    logp, _ = p.logprobs(p.model, batch)
+    ex = batch.extras
+    ref = torch.zeros_like(logp)
+    views = _hand_views(p, batch, name, p_mask=0.5, elbo_points=3)
+    for v in views:
+        ids = torch.cat([ex["prompt_ids"].masked_fill(v.prompt_masked, p.mask_id),
+                         ex["completion_ids"].masked_fill(v.masked, p.mask_id)], 1)
+        attention = torch.cat([ex["prompt_mask"], torch.ones_like(ex["completion_ids"])], 1)
+        logits = p.model(input_ids=ids, attention_mask=attention,
+                         position_ids=(attention.cumsum(-1) - 1).clamp(min=0)).logits.float()
+        lp = torch.log_softmax(logits[:, ex["prompt_ids"].shape[1]:], -1).gather(
+            -1, ex["completion_ids"][..., None]).squeeze(-1)
+        ref += torch.where(v.masked, v.weight[:, None] * lp, 0.0)
+    assert torch.allclose(logp, ref * batch.unit_mask, atol=1e-5)
+    if name == "diffu_grpo":
+        assert len(views) == 1 and views[0].masked.all() and views[0].prompt_masked.any()
+        assert not views[0].prompt_masked[ex["prompt_mask"] == 0].any()  # padding is never "masked"
+    if name == "coupled":  # complementary views: every completion token is scored exactly once
+        scored = views[0].masked.int() + views[1].masked.int()
+        assert (scored == 1).all()
+        t = 1 / (2 * views[0].weight)
+        assert ((t >= 0.2) & (t <= 0.8)).all() and torch.allclose(views[1].weight, 1 / (2 * (1 - t)))
+
+
+@pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])
+def test_a_fixed_mask_gives_an_on_policy_ratio_of_exactly_one(name):
+    p = make_policy(estimator=name)
+    batch = p.rollout(PROMPTS, 3, seeds=[1, 2])
+    for k in (0, 1):
+        view = p.pass_view(batch, k)
+        with torch.no_grad():
+            old, _ = p.logprobs(p.model, view)
+        new, _ = p.logprobs(p.model, view)
+        assert torch.equal(torch.exp(new - old), torch.ones_like(new))
+    first, _ = p.logprobs(p.model, p.pass_view(batch, 0))
+    second, _ = p.logprobs(p.model, p.pass_view(batch, 1))
+    assert not torch.allclose(first, second)  # a fresh mask for each update pass
+
+
+@pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])
+def test_a_row_scores_the_same_in_any_micro_batch(name):
+    p = make_policy(estimator=name)
+    batch = p.rollout(PROMPTS, 3, seeds=[1, 2])
+    full, _ = p.logprobs(p.model, batch)
+    for rows in ([0, 4], [5], [3, 1, 2]):
+        part, _ = p.logprobs(p.model, batch.select(rows))
+        width = part.shape[1]
+        assert torch.allclose(part, full[rows][:, :width], atol=1e-5)
+
+
+def test_elbo_variance_falls_with_more_time_points():
+    p = make_policy(estimator="elbo", gen_length=16, block_length=16, steps=8)
+    batch = p.rollout(PROMPTS, 2, seeds=[1, 2])
+    variances = {}
+    for k in (1, 8):
+        p.cfg.elbo_points = k
+        with torch.no_grad():
+            draws = torch.stack([p.logprobs(p.model, p.pass_view(batch, s))[0].sum(1) for s in range(24)])
+        variances[k] = draws.var(dim=0).mean().item()
+    assert variances[8] < 0.75 * variances[1]  # measured: 132 vs 250
+
+
+def test_supervised_loss_is_the_masked_diffusion_loss():
+    p = make_policy()
+    rows = [{"prompt": "1+2=", "target": "<a>3"}, {"prompt": "12+3=", "target": "15"}]
+    state = p.sft_generator.get_state()
+    loss = p.supervised_loss(p.model, rows, "target")
+    gen = torch.Generator()
+    gen.set_state(state)
+    t = 1e-3 + (1 - 1e-3) * (torch.tensor([0.0, 1.0]) + torch.rand((), generator=gen)) / 2
+    masked = torch.rand(2, 8, generator=gen) < t[:, None]
+    total = 0.0
+    for i, r in enumerate(rows):
+        prompt = p.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        target = p.tokenizer(r["target"], add_special_tokens=False)["input_ids"]
+        target = torch.tensor(target + [p.eos_ids[0]] * (8 - len(target)))
+        ids = torch.cat([torch.tensor(prompt), target.masked_fill(masked[i], p.mask_id)])[None]
+        lp = torch.log_softmax(p.model(input_ids=ids).logits[0, len(prompt):].float(), -1)
+        nll = -lp.gather(-1, target[:, None]).squeeze(-1)
+        total += (nll * masked[i]).sum() / (t[i] * 8)
+    assert torch.allclose(loss, total / 2, atol=1e-5)
+
+
+RECIPE = {
+    "task": "dlm",
+    "policy": {"model": "tiny:dlm-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2},
+               "gen_length": 8, "block_length": 4, "steps": 4},
+    "data": {"name": "arithmetic", "args": {"n_train": 32, "n_eval": 4, "digits": 1}},
+    "rewards": {"digit_share": {"weight": 1.0}},
+    "algorithm": {"group_size": 4, "mu": 2},
+    "optim": {"lr": 1e-3, "prompts_per_step": 3, "micro_batch_size": 12},
+    "logging": {"report_to": ["none"], "progress": False},
+    "max_steps": 1,
+}
+
+
+@pytest.mark.parametrize("estimator,objective", [("diffu_grpo", "clip"), ("coupled", "clip"), ("elbo", "wd1")])
+def test_streaming_and_a_training_step(tmp_path, estimator, objective):
+    recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
+    cfg = parse_config(recipe, [f"output_dir={tmp_path}", f"policy.estimator={estimator}",
+                                f"algorithm.objective={objective}"])
+    t = Trainer(cfg)
+    batch = t._prepare_batch(1)
+    assert batch.advantages.abs().sum() > 0
+    grads = []
+    for size in (12, 5):
+        t.cfg.optim.micro_batch_size = size
+        t.optimizer.zero_grad(set_to_none=True)
+        t.accumulate_gradients(batch, t._micro_batches(batch), None, None, with_entropy=False)
+        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    assert grads[0] and grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5), name
+    t.optimizer.zero_grad(set_to_none=True)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0  # pass 0's old log-probs use pass 0's masks
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())
+
+
+def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
+    recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
+    t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}", "algorithm.mu=3", "optim.lr=0.0"]))
+    batch = t._prepare_batch(1)
+    chunks = t._micro_batches(batch)
+    seen = []
+    original = t.accumulate_gradients
+
+    def spy(b, c, old, ref, with_entropy):
+        fresh = t._no_grad_logprobs(b, c, reference=False)
+        seen.append((b.rollout.extras["mask_pass"], torch.equal(old, fresh)))
+        return original(b, c, old, ref, with_entropy)
+
+    t.accumulate_gradients = spy
+    t._update(batch)
+    assert chunks and seen == [(0, True), (1, True), (2, True)]  # lr 0: the model never moves
+
+
+def test_a_saved_policy_reloads_bidirectional(tmp_path, policy):
+    policy.save_pretrained(policy.model, tmp_path)
+    again = DLMPolicy(DLMConfig(model=str(tmp_path), gen_length=8, block_length=4, steps=4))
+    assert again.mask_id == policy.mask_id
+    batch = policy.rollout(PROMPTS, 2, seeds=[1, 2])
+    with torch.no_grad():
+        assert torch.allclose(again.logprobs(again.model, batch)[0], policy.logprobs(policy.model, batch)[0],
+                              atol=1e-5)
+
+
+def test_joined_rollouts_score_as_drawn(policy):
+    short, long = policy.rollout(["5+6="], 2, seeds=[1]), policy.rollout(["123+456="], 2, seeds=[2])
+    joined = policy.concat([short, long])
+    assert joined.extras["prompt_ids"].shape[1] == long.extras["prompt_ids"].shape[1]
+    with torch.no_grad():
+        both = policy.logprobs(policy.model, joined)[0]
+        alone = torch.cat([policy.logprobs(policy.model, short)[0], policy.logprobs(policy.model, long)[0]])
+    assert torch.allclose(both, alone, atol=1e-5)
