@@ -12,7 +12,7 @@ from .registry import DEMOS, RECIPES, load_plugins
 
 def _catalogue() -> str:
     from .advantages import ESTIMATORS
-    from .loss import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, RATIO_LEVELS
     from .reward_registry import REWARDS
     from .registry import ADAPTERS
     load_plugins()
@@ -20,7 +20,7 @@ def _catalogue() -> str:
             ("advantage estimators (algorithm.estimator)", ESTIMATORS.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
             ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
-            ("KL estimators (algorithm.kl_estimator)", KL_ESTIMATORS.names()),
+            ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),
             ("rewards", REWARDS.names())]
     return "\n".join(f"  {title}: {', '.join(names)}" for title, names in rows)
 

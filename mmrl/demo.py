@@ -20,6 +20,11 @@ from .trainer import Trainer
 FIGURE_ROWS = 8
 
 
+def _json(value) -> str:
+    """Completions that are not JSON (images, audio) are written as their type's name."""
+    return json.dumps(value, indent=1, default=lambda o: f"<{type(o).__name__}>")
+
+
 def _greedy_completions(trainer: Trainer) -> list:
     rows = trainer.eval_rows[:FIGURE_ROWS]
     return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
@@ -41,7 +46,7 @@ def run_demo(name: str, overrides: list[str]) -> dict:
         before["greedy_samples"] = _greedy_completions(trainer)
         if trainer.accelerator.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
-            before_path.write_text(json.dumps(before, indent=1))
+            before_path.write_text(_json(before))
     say(f"[mmrl demo {name}] before RL: sampled reward {before['reward_mean']:.3f}, "
         f"greedy {before['greedy_reward_mean']:.3f}")
     trainer.train()
@@ -64,6 +69,6 @@ def run_demo(name: str, overrides: list[str]) -> dict:
         "rl_steps": cfg.max_steps, "wall_s": time.perf_counter() - t0,
     }
     if trainer.accelerator.is_main_process:
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out / "summary.json").write_text(_json(summary))
         say(f"[mmrl demo {name}] wrote {out / 'summary.json'}")
     return summary

@@ -25,6 +25,7 @@ from .registry import Registry
 KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
 RATIO_LEVELS = ("unit", "chunk", "sequence")
+CLOSED_FORM_KL = "closed_form"  # kl_estimator: the policy computes the KL itself (Policy.logprobs_and_kl)
 
 
 @KL_ESTIMATORS.register("k1")
@@ -113,11 +114,13 @@ class LossTerms:
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
-                ref_logp: Tensor | None = None, entropy: Tensor | None = None) -> LossTerms:
+                ref_logp: Tensor | None = None, entropy: Tensor | None = None,
+                kl: Tensor | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
-    ratio spans (`ratio_segments`) when `cfg.ratio_level == 'chunk'`.
+    ratio spans (`ratio_segments`) when `cfg.ratio_level == 'chunk'`. `kl` [B, u], when given,
+    is the policy's closed-form KL (`kl_estimator: closed_form`) and replaces the estimator.
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
@@ -134,9 +137,9 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
     kl_sum = 0.0
     if cfg.beta != 0.0:
-        if ref_logp is None:
+        if kl is None and ref_logp is None:
             raise ValueError("algorithm.beta != 0 needs reference log-probs")
-        kl = KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
+        kl = kl.float() if kl is not None else KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
         per_unit = per_unit + cfg.beta * kl
         kl_sum = float((kl.detach() * mask).sum())
     ent_sum = 0.0

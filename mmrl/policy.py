@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +29,8 @@ class Policy(ABC):
         row (a dict: the adapter reads `prompt_column` and whatever else it needs, e.g. images)
         or the bare prompt itself. Group `g` must be a function of `prompts[g]` and `seeds[g]`
         alone, so that rollouts do not depend on how groups are spread over processes. Rows are
-        ordered group by group; `Rollout.prompts` holds the prompt as the rewards should see it."""
+        ordered group by group (a group's block may hold auxiliary rows, see `Rollout.auxiliary`);
+        `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @property
     def max_units(self) -> int | None:
@@ -44,6 +46,33 @@ class Policy(ABC):
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """fp32 log-probs [B, u] of the batch's units (and their entropies when asked), with
         `model` (the training-wrapped module, or the reference). Called under grad."""
+
+    def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
+                        batch: Rollout, units: slice = slice(None),
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`logprobs` plus the closed-form per-unit KL(pi_theta || pi_ref) [B, u] under grad, for
+        families whose units have one (`algorithm.kl_estimator: closed_form`, e.g. Gaussian
+        denoising steps). `reference()` enters a context that yields the reference module."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
+                                  "choose algorithm.kl_estimator among k1, k2, k3")
+
+    def set_training_step(self, step: int) -> None:
+        """Told by the trainer before each step's rollouts (schedules that move with training,
+        e.g. a sliding window of trained steps); evaluation does not change it."""
+
+    def step_rewards(self, batch: Rollout, score: Callable[[list[int], list[Any]], dict[str, Tensor]]
+                     ) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} for step-level credit assignment (e.g. TP-GRPO, which
+        scores intermediate states), or None: one reward per rollout. `score(rows, completions)`
+        scores extra completions, completion j standing for row rows[j] (its prompt and data
+        columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
+        `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        return None
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counts the adapter reports about its last rollouts (summed over processes), logged as
+        ``policy/<key>``; reading them resets them."""
+        return {}
 
     def unit_slices(self, batch: Rollout) -> list[slice]:
         """How the units of a micro-batch are split for backprop (one pass by default;

@@ -3,7 +3,9 @@
 A reward returns one ``float | None`` per completion (None: not applicable to that sample), the
 call shape of TRL's reward functions. Data-set columns arrive by name (``answer``,
 ``reference``, ``boxes``, ...); a reward takes the ones it needs and ignores the rest via
-``**kwargs``.
+``**kwargs``. Two more columns come from the engine (`score_rollout`): ``group_id`` (each row's
+prompt group) and ``auxiliary`` (whether the row is an auxiliary rollout, see `Rollout`), so a
+reward may compare the rows of a group (T-GRPO).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .registry import Registry
+from .rollout import Rollout
 
 RewardFn = Callable[..., Sequence[float | None]]
 
@@ -85,3 +88,27 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
             row.append(f)
         out[name] = torch.tensor(row, dtype=torch.float32)
     return out
+
+
+ENGINE_COLUMNS = ("group_id", "auxiliary")
+
+
+def score_rollout(fns: Mapping[str, RewardFn], rollout: Rollout
+                  ) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+    """Score every row, auxiliary rows included; return (the rollout without its auxiliary rows,
+    their rewards, the auxiliary rows' rewards). Rewards see the rollout's columns plus
+    ``group_id`` and ``auxiliary`` (a data-set column of either name is an error)."""
+    n = len(rollout)
+    auxiliary = rollout.auxiliary if rollout.auxiliary is not None else torch.zeros(n, dtype=torch.bool)
+    for name in ENGINE_COLUMNS:
+        if name in rollout.columns:
+            raise ValueError(f"column {name!r} is reserved for the engine (rewards receive it); rename it in "
+                             "the data set")
+    columns = {**rollout.columns, "group_id": rollout.group_id.tolist(), "auxiliary": auxiliary.tolist()}
+    rewards = compute_rewards(fns, rollout.prompts, rollout.completions, columns)
+    if not auxiliary.any():
+        return rollout, rewards, {k: v[:0] for k, v in rewards.items()}
+    keep = (~auxiliary).nonzero().flatten()
+    kept = rollout.select(keep)
+    kept.auxiliary = None
+    return kept, {k: v[keep] for k, v in rewards.items()}, {k: v[auxiliary] for k, v in rewards.items()}

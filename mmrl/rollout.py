@@ -17,6 +17,12 @@ class Rollout:
     fields of each row's prompt; `extras` holds whatever the adapter needs to recompute
     log-probs (token ids, latents, timesteps): tensors whose first dimension is N, or lists of
     length N. `old_logp` / `ref_logp` are filled by the engine when they are needed.
+
+    `auxiliary` (bool [N], None: no such rows) marks rows an adapter draws only for the rewards to
+    compare against, e.g. T-GRPO's rollouts of the same prompt with its video frames shuffled.
+    They carry the group id of their prompt and sit inside its block of rows; the rewards score
+    them with the others (`score_rollout`), then the engine drops them: they have no advantage,
+    take no part in the loss and are left out of the reward statistics.
     """
 
     group_id: Tensor
@@ -26,6 +32,7 @@ class Rollout:
     columns: dict[str, list[Any]] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     truncated: Tensor | None = None
+    auxiliary: Tensor | None = None
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
 
@@ -36,11 +43,17 @@ class Rollout:
     def num_units(self) -> int:
         return int(self.unit_mask.shape[1])
 
-    def add_data_columns(self, rows: Sequence[dict], group_size: int) -> None:
-        """Give every row its prompt's data-set fields (for the rewards); columns the adapter
-        set itself (e.g. `completion_ids`) take precedence."""
-        for key in rows[0] if rows else ():
-            self.columns.setdefault(key, [r.get(key) for r in rows for _ in range(group_size)])
+    def add_data_columns(self, rows: Sequence[dict]) -> None:
+        """Give every row the data-set fields of its prompt (`rows[k]` for the k-th group of
+        consecutive rows, whatever the group's size); columns the adapter set itself (e.g.
+        `completion_ids`) take precedence."""
+        if not rows:
+            return
+        groups, prompt = torch.unique_consecutive(self.group_id, return_inverse=True)
+        if len(groups) != len(rows):
+            raise ValueError(f"the rollout has {len(groups)} groups of consecutive rows for {len(rows)} prompts")
+        for key in rows[0]:
+            self.columns.setdefault(key, [rows[k].get(key) for k in prompt.tolist()])
 
     def select(self, rows: Sequence[int] | Tensor) -> "Rollout":
         """The sub-rollout of the given row indices (every per-row field indexed)."""

@@ -14,7 +14,7 @@ import copy
 import math
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,10 @@ from .advantages import compute_advantages, group_variance_mask, row_magnitude, 
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
-from .loss import AGGREGATIONS, policy_loss, ratio_segments
+from .loss import AGGREGATIONS, CLOSED_FORM_KL, policy_loss, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, compute_rewards, reward_metrics
+from .reward_registry import bind_reward, compute_rewards, reward_metrics, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -129,6 +129,19 @@ class Trainer:
         start = self.accelerator.process_index * per
         return range(start, start + per)
 
+    @contextmanager
+    def _reference_model(self):
+        """The reference module: the frozen copy, or the model with its LoRA adapter disabled."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.unwrapped.disable_adapter():
+                yield self.model
+
+    @property
+    def _closed_form_kl(self) -> bool:
+        return self.cfg.algorithm.beta != 0 and self.cfg.algorithm.kl_estimator == CLOSED_FORM_KL
+
     def _gather(self, obj: Any) -> list[Any]:
         """One object from each process, in process order (the identity on one process)."""
         if self.accelerator.num_processes == 1:
@@ -137,9 +150,10 @@ class Trainer:
 
     # ----- one step ---------------------------------------------------------------------------
     def _rollout_groups(self, step: int, attempt: int) -> tuple[Rollout, list[int], dict[str, Tensor],
-                                                               dict[str, float]]:
+                                                               dict[str, float], dict[str, Tensor]]:
         """Roll out this process's groups of one draw; return them with the draw's indices, the
-        rewards of the WHOLE draw (gathered, in global row order) and the rewards' own metrics."""
+        rewards of the WHOLE draw (gathered, in global row order), the rewards' own metrics and the
+        rewards of the whole draw's auxiliary rows (gathered; dropped from the rollout)."""
         cfg = self.cfg
         group_size = cfg.algorithm.group_size
         indices = self.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
@@ -148,14 +162,23 @@ class Trainer:
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
         rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
-        rollout.add_data_columns(rows, group_size)
-        rewards = compute_rewards(self.reward_fns, rollout.prompts, rollout.completions, rollout.columns)
-        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, reward_metrics(self.reward_fns)))
-        full = {k: torch.tensor([x for part, _ in gathered for x in part[k]]) for k in rewards}
+        rollout.add_data_columns(rows)
+        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout)
+        per_unit = self.policy.step_rewards(rollout, lambda picked, completions: compute_rewards(
+            self.reward_fns, [rollout.prompts[i] for i in picked], completions,
+            {**{k: [v[i] for i in picked] for k, v in rollout.columns.items()},
+             "group_id": [int(rollout.group_id[i]) for i in picked], "auxiliary": [False] * len(picked)}))
+        if per_unit is not None:  # step-level credit: these replace the rollout rewards
+            rewards = per_unit
+        counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
+        gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts,
+                                 {k: v.tolist() for k, v in auxiliary.items()}))
+        full = {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}
         extra: dict[str, float] = {}
-        for _, counts in gathered:
+        for _, counts, _ in gathered:
             add_counts(extra, counts)
-        return rollout, indices, full, extra
+        auxiliary = {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary}
+        return rollout, indices, full, extra, auxiliary
 
     def _collect(self, step: int) -> tuple[Rollout, dict[str, Tensor], Tensor, dict[str, float]]:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -168,12 +191,14 @@ class Trainer:
         local_parts, reward_parts, gid_parts = [], [], []
         kept_groups = attempt = 0
         reward_extra: dict[str, float] = {}
+        auxiliary_parts = []
         for attempt in range(tries):
-            rollout, indices, rewards, extra = self._rollout_groups(step, attempt)
+            rollout, indices, rewards, extra, auxiliary = self._rollout_groups(step, attempt)
             add_counts(reward_extra, extra)
+            auxiliary_parts.append(auxiliary)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
             total = weighted_total(rewards, self.reward_weights)
-            self.sampler.update(indices, total, draw_gid)
+            self.sampler.update(indices, total if total.dim() == 1 else total.nanmean(1), draw_gid)  # [N, U]: row means
             keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
             keep &= torch.cumsum(keep, 0) <= need - kept_groups  # no more groups than the batch needs
             local_part = rollout.select(keep[rollout.group_id - attempt * len(indices)].nonzero().flatten())
@@ -189,6 +214,10 @@ class Trainer:
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
         stats = {"sampling/tries": float(attempt + 1), "sampling/groups": float(kept_groups), **reward_extra}
+        for k in auxiliary_parts[0]:  # e.g. T-GRPO's shuffled-frame accuracy beside reward/<name>
+            values = torch.cat([p[k] for p in auxiliary_parts])
+            if not values.isnan().all():
+                stats[f"auxiliary/reward/{k}"] = float(values.nanmean())
         stats.update(self.sampler.stats())
         return local, rewards, torch.cat(gid_parts), stats
 
@@ -263,11 +292,9 @@ class Trainer:
                 continue
             mb = local.select(rows)
             for units, _ in self._unit_slices(mb):
-                if reference and self.reference is not None:
-                    logp, _ = self.policy.logprobs(self.reference, mb, units)
-                elif reference:
-                    with self.unwrapped.disable_adapter():
-                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                if reference:
+                    with self._reference_model() as ref:
+                        logp, _ = self.policy.logprobs(ref, mb, units)
                 else:
                     logp, _ = self.policy.logprobs(self.model, mb, units)
                 out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
@@ -292,8 +319,13 @@ class Trainer:
             mb = local.select(idx)
             sync = k == len(work) - 1 or world == 1
             with nullcontext() if sync else acc.no_sync(self.model):
-                logp, entropy = self.policy.logprobs(self.model, mb, units,
-                                                     with_entropy=with_entropy or algo.entropy_coef != 0)
+                want_entropy = with_entropy or algo.entropy_coef != 0
+                kl = None
+                if self._closed_form_kl:
+                    logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self._reference_model, mb, units,
+                                                                    with_entropy=want_entropy)
+                else:
+                    logp, entropy = self.policy.logprobs(self.model, mb, units, with_entropy=want_entropy)
                 device = logp.device
                 adv = batch.advantages[idx]
                 terms = policy_loss(
@@ -303,7 +335,7 @@ class Trainer:
                     mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device),
                     batch.weights[idx][:, units].to(device), algo, segments=segs,
                     ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-                    entropy=entropy)
+                    entropy=entropy, kl=kl)
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
                 for key in ("units", "clipped", "kl", "entropy", "llds_active"):
@@ -317,7 +349,8 @@ class Trainer:
         acc, algo = self.accelerator, self.cfg.algorithm
         chunks = self._micro_batches(batch)
         old_logp = self._no_grad_logprobs(batch, chunks, reference=False) if algo.mu > 1 else None
-        ref_logp = self._no_grad_logprobs(batch, chunks, reference=True) if algo.beta != 0 else None
+        ref_logp = (self._no_grad_logprobs(batch, chunks, reference=True)
+                    if algo.beta != 0 and not self._closed_form_kl else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         for pass_index in range(algo.mu):
@@ -342,6 +375,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         step = self.step + 1
         t0 = time.perf_counter()
+        self.policy.set_training_step(step)
         batch = self._prepare_batch(step)
         t1 = time.perf_counter()
         update = self._update(batch)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
-from . import audio, causal_lm, formulas, shapes, text_tasks, tiny_models, tones, vlm  # noqa: F401  (registration)
+from . import audio, causal_lm, diffusion, formulas, shapes, text_tasks, tiny_models, tones, vlm  # noqa: F401  (registration)
+from . import moving_dot  # noqa: F401  (registration)
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
@@ -16,3 +17,5 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 DEMOS.register("text")("text_demo")
 DEMOS.register("grounding")("grounding")
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
+DEMOS.register("t2i")("t2i_demo")
+DEMO_FIGURES.register("t2i")(diffusion.synthetic.draw_samples)

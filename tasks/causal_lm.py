@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -330,9 +330,7 @@ class CausalLMPolicy(Policy):
                 if key.startswith("prompt_") and isinstance(value, Tensor):
                     extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
             extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
-            fixed.append(Rollout(group_id=r.group_id, prompts=r.prompts, completions=r.completions,
-                                 unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), columns=r.columns,
-                                 extras=extras, truncated=r.truncated))
+            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras))
         return Rollout.concat(fixed)
 
     # ----- log-probs -----------------------------------------------------------------------

@@ -12,17 +12,23 @@ multimodal rotary positions are computed by the model from ids, grids and attent
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from mmrl.rollout import Rollout
+
 from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
 from .prefix_sharing import SharedLayout
 from .tiny_models import TINY_MODELS
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
+# times, not features: kept in fp32 (in bf16, 0.8 s per grid becomes 0.8008 and shifts Qwen2.5-VL's
+# rotary time positions away from what the model was trained with)
+FP32_KEYS = ("second_per_grid_ts",)
 
 
 class MultimodalPolicy(CausalLMPolicy):
@@ -59,9 +65,9 @@ class MultimodalPolicy(CausalLMPolicy):
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         per_token: dict[str, list[Tensor]] = {}
-        per_prompt: dict[str, list[Tensor]] = {}
+        per_prompt: dict[str, dict[int, Tensor]] = {}
         ids = []
-        for row in prompts:
+        for i, row in enumerate(prompts):
             content, media = self._media(row)
             content = content + [{"type": "text", "text": self.prompt_of(row)}]
             messages = [{"role": "user", "content": content}]
@@ -76,7 +82,7 @@ class MultimodalPolicy(CausalLMPolicy):
                 if value.dim() == 2 and value.shape == enc["input_ids"].shape:
                     per_token.setdefault(key, []).append(value[0])
                 else:
-                    per_prompt.setdefault(key, []).append(value)
+                    per_prompt.setdefault(key, {})[i] = value
         width = max(len(x) for x in ids)
         left_pad = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v)  # noqa: E731
                                               for x in xs])
@@ -85,23 +91,27 @@ class MultimodalPolicy(CausalLMPolicy):
             "prompt_mask": left_pad([torch.ones_like(x) for x in ids], 0),
         }
         out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
-        out.update(per_prompt)
+        for key, values in per_prompt.items():  # a prompt without this input (no video, ...) gets 0 rows of it
+            empty = next(iter(values.values()))[:0]
+            out[key] = [values.get(i, empty) for i in range(len(prompts))]
         return out
+
+    def concat(self, parts: Sequence[Rollout]) -> Rollout:
+        """As the text adapter's; a part whose prompts lack a per-prompt input that another part
+        has (no video among them) gets 0 rows of it for each row."""
+        empty = {k: v[0][:0] for p in parts for k, v in p.extras.items() if isinstance(v, list) and v}
+        filled = [replace(p, extras={**{k: [e] * len(p) for k, e in empty.items()}, **p.extras}) for p in parts]
+        return super().concat(filled)
 
     def _model_inputs(self, rows: dict[str, Any], completion_ids: Tensor | None = None,
                       completion_mask: Tensor | None = None) -> dict[str, Tensor]:
         inputs = super()._model_inputs(rows, completion_ids, completion_mask)
         inputs.pop("position_ids", None)  # multimodal rotary positions come from ids, grids and mask
-        device, dtype = self.device, next(self.model.parameters()).dtype
         width = 0 if completion_ids is None else completion_ids.shape[1]
         for key, value in rows.items():
-            if key in ("prompt_ids", "prompt_mask", "completion_ids"):
-                continue
-            if key.startswith("prompt_"):
-                inputs[key[len("prompt_"):]] = nn.functional.pad(value, (0, width)).to(device)
-            else:
-                joined = torch.cat(list(value), dim=0).to(device)
-                inputs[key] = joined.to(dtype) if joined.is_floating_point() else joined
+            if key.startswith("prompt_") and key not in ("prompt_ids", "prompt_mask"):
+                inputs[key[len("prompt_"):]] = nn.functional.pad(value, (0, width)).to(self.device)
+        inputs.update(self._joined(rows))
         return inputs
 
     def _joined(self, prefix: dict[str, Any]) -> dict[str, Tensor]:
@@ -112,7 +122,8 @@ class MultimodalPolicy(CausalLMPolicy):
             if key.startswith("prompt_") or key == "completion_ids":
                 continue
             joined = torch.cat(list(value), dim=0).to(device)
-            out[key] = joined.to(dtype) if joined.is_floating_point() else joined
+            if len(joined):  # else no row of the batch has this input
+                out[key] = joined.to(dtype) if joined.is_floating_point() and key not in FP32_KEYS else joined
         return out
 
     def _shared_model_inputs(self, prefix: dict[str, Any], layout: SharedLayout) -> dict[str, Tensor]:

@@ -1,24 +1,53 @@
 """Vision-language models as policies: any ``AutoModelForImageTextToText`` with its
 ``AutoProcessor`` (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, LLaVA-style, Gemma 3); images from paths or
-PIL images in the data set's `image_column` (one or a list per row)."""
+PIL images in the data set's `image_column`, videos (paths decoded with PyAV, or frames; see
+`tasks.video`) in its `video_column`, one or a list per row.
+
+T-GRPO (Video-R1): with `shuffled_rollouts: S > 0`, each prompt with a video is also rolled out S
+times with its frames shuffled (one permutation per group, drawn from the group's seed). Those
+rows are auxiliary (`Rollout.auxiliary`): the rewards score them, the `t_grpo` reward compares a
+group's accuracy with and without order, and the engine then drops them, so they take no part
+in the loss. Video-R1 trains only on the ordered rollouts too: the shuffled ones answer a
+different question (the same video without its order), and their likelihood under the policy is
+not what the bonus asks to raise.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import torch
 
 from mmrl.registry import ADAPTERS
+from mmrl.rollout import Rollout
+from mmrl.sampling import derive_seed
 
 from .causal_lm import DTYPES, CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
+from .video import Clip, is_single_video, load_video, shuffled_order
+
+SHUFFLE_SALT = 0x5B0F
 
 
 @dataclass
 class VLMConfig(CausalLMConfig):
+    """`num_frames` / `fps` / `max_frames`: how a video's frames are sampled (`sample_indices`);
+    `video_min_pixels` / `video_max_pixels`: the video processor's per-frame size bounds;
+    `shuffled_rollouts`: T-GRPO's rollouts per prompt with shuffled frames (Video-R1 uses half the
+    group; 0: off)."""
+
     image_column: str = "image"
     min_pixels: int | None = None
     max_pixels: int | None = None
+    video_column: str = "video"
+    num_frames: int | None = None
+    fps: float | None = None
+    max_frames: int | None = 32
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+    shuffled_rollouts: int = 0
 
 
 def load_image(image: Any):
@@ -39,6 +68,17 @@ def load_image(image: Any):
 class VLMPolicy(MultimodalPolicy):
     Config = VLMConfig
 
+    def __init__(self, cfg: VLMConfig):
+        if cfg.num_frames is not None and cfg.fps is not None:
+            raise ValueError(f"policy.num_frames={cfg.num_frames} and policy.fps={cfg.fps}: give one of them")
+        for name in ("num_frames", "fps", "max_frames"):
+            value = getattr(cfg, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"policy.{name}={value} must be > 0")
+        if cfg.shuffled_rollouts < 0:
+            raise ValueError(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} must be >= 0")
+        super().__init__(cfg)
+
     def _load_pretrained(self, cfg: VLMConfig) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
         kwargs = {k: v for k, v in (("min_pixels", cfg.min_pixels), ("max_pixels", cfg.max_pixels)) if v}
@@ -48,6 +88,52 @@ class VLMPolicy(MultimodalPolicy):
             cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code)
 
+    def _clips(self, row: Any) -> list[Clip]:
+        """The row's videos, decoded and sampled."""
+        cfg = self.cfg
+        if not isinstance(row, dict) or row.get(cfg.video_column) is None:
+            return []
+        value = row[cfg.video_column]
+        videos = [value] if is_single_video(value) else list(value)
+        return [load_video(v, cfg.num_frames, cfg.fps, cfg.max_frames) for v in videos]
+
     def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
-        images = [load_image(v) for v in column_values(row, self.cfg.image_column)]
-        return [{"type": "image"} for _ in images], {"images": images or None}
+        cfg = self.cfg
+        images = [load_image(v) for v in column_values(row, cfg.image_column)]
+        media: dict[str, Any] = {"images": images or None}
+        clips = self._clips(row)
+        if clips:
+            # the frames are sampled already: the processor must not sample them again
+            media.update(videos=[c.frames for c in clips], video_metadata=[c.metadata() for c in clips],
+                         videos_kwargs={"do_sample_frames": False})
+            size = {k: v for k, v in (("shortest_edge", cfg.video_min_pixels),
+                                      ("longest_edge", cfg.video_max_pixels)) if v}
+            if size:
+                media["videos_kwargs"]["size"] = size
+        return [{"type": "image"} for _ in images] + [{"type": "video"} for _ in clips], media
+
+    @torch.no_grad()
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
+                greedy: bool = False) -> Rollout:
+        """The group's rollouts; with `shuffled_rollouts`, each group with a video is followed by
+        its auxiliary rows, drawn with the frames of every video in the row shuffled."""
+        shuffled = self.cfg.shuffled_rollouts
+        if not shuffled:
+            return super().rollout(prompts, group_size, seeds, greedy)
+        rows = [{**p, self.cfg.video_column: self._clips(p)} if isinstance(p, dict) else p for p in prompts]
+        ordered = super().rollout(rows, group_size, seeds, greedy)
+        ordered.auxiliary = torch.zeros(len(ordered), dtype=torch.bool)
+        with_video = [g for g, row in enumerate(rows) if isinstance(row, dict) and row[self.cfg.video_column]]
+        if not with_video:
+            return ordered
+        shuffled_rows, shuffled_seeds = [], []
+        for g in with_video:
+            generator = torch.Generator().manual_seed(derive_seed(seeds[g], SHUFFLE_SALT))
+            clips = [c.permuted(shuffled_order(len(c.frames), generator)) for c in rows[g][self.cfg.video_column]]
+            shuffled_rows.append({**rows[g], self.cfg.video_column: clips})
+            shuffled_seeds.append(derive_seed(seeds[g], SHUFFLE_SALT, 1))
+        contrast = super().rollout(shuffled_rows, shuffled, shuffled_seeds, greedy)
+        contrast.group_id = torch.tensor(with_video).repeat_interleave(shuffled)
+        contrast.auxiliary = torch.ones(len(contrast), dtype=torch.bool)
+        both = self.concat([ordered, contrast])
+        return both.select(torch.argsort(both.group_id, stable=True))  # each group's block: ordered, then shuffled

@@ -1,0 +1,62 @@
+"""T-GRPO's temporal bonus (Video-R1, github.com/tulerfeng/Video-R1): reward answers that need the
+frames in order."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from mmrl.reward_registry import bind_reward, register_reward
+
+_counts: Counter = Counter()
+
+
+def pop_metrics() -> dict[str, float]:
+    """Since the last call: ``groups`` compared (a group with ordered and shuffled rows and an
+    accuracy), ``bonus_groups`` among them whose ordered accuracy reached mu x the shuffled one
+    (the engine sums them over processes; logged as ``reward/t_grpo/<key>``)."""
+    out = {k: float(_counts[k]) for k in ("groups", "bonus_groups")}
+    _counts.clear()
+    return out
+
+
+@register_reward("t_grpo")
+def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, mu: float = 0.8,
+                  accuracy: str = "accuracy", accuracy_args: dict | None = None, correct_above: float = 0.1,
+                  **columns) -> list[float | None]:
+    """For each prompt group, p = mean `accuracy` reward of its ordered rows and q = mean over its
+    auxiliary rows (the rollouts with shuffled frames, `policy.shuffled_rollouts`). If
+    p >= mu * q, each ordered row whose accuracy is > `correct_above` gets `alpha`, the others 0;
+    else every ordered row gets 0. Means are taken per group, never over the batch (Video-R1's
+    code takes them over the local batch, right only at one prompt per device).
+
+    Defaults are Video-R1's: alpha 0.3, mu 0.8 (its authors also suggest 1.0), correct when the
+    accuracy exceeds 0.1 (its graded rewards count as correct too). `accuracy` names the reward
+    that scores correctness, called with `accuracy_args` (e.g. {mode: choice}). None for auxiliary
+    rows, for rows whose accuracy is None, and for groups without auxiliary rows (no video).
+    """
+    if not mu >= 0:
+        raise ValueError(f"t_grpo: mu={mu!r} must be >= 0")
+    n = len(completions)
+    if len(group_id) != n or len(auxiliary) != n:
+        raise ValueError(f"t_grpo: group_id / auxiliary have {len(group_id)} / {len(auxiliary)} values "
+                         f"for {n} completions")
+    scores = bind_reward(accuracy, accuracy_args)(prompts=prompts, completions=completions, group_id=group_id,
+                                                  auxiliary=auxiliary, **columns)
+    scores = [math.nan if s is None else float(s) for s in scores]
+    ordered: dict[int, list[float]] = {}
+    shuffled: dict[int, list[float]] = {}
+    for g, aux, s in zip(group_id, auxiliary, scores):
+        if not math.isnan(s):
+            (shuffled if aux else ordered).setdefault(g, []).append(s)
+    compared = ordered.keys() & shuffled.keys()
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    bonus_groups = {g for g in compared if mean(ordered[g]) >= mu * mean(shuffled[g])}
+    _counts["groups"] += len(compared)
+    _counts["bonus_groups"] += len(bonus_groups)
+    return [None if aux or math.isnan(s) or g not in compared else
+            (float(alpha) if g in bonus_groups and s > correct_above else 0.0)
+            for g, aux, s in zip(group_id, auxiliary, scores)]
+
+
+t_grpo_reward.pop_metrics = pop_metrics

@@ -1,0 +1,331 @@
+"""Diffusion and flow-matching text-to-image models as policies over denoising steps.
+
+The unit is one step x_k -> x_{k+1}; its log-prob is the Gaussian log density of the sampler's
+step (`samplers.py`), fp32, mean over latent dims. A group shares one initial noise (DanceGRPO)
+drawn from the group's seed; each rollout then draws its step noise from its own generator, so a
+group depends on its prompt and seed only. Which steps are stochastic and trained is
+`policy.schedule` (`schedule.py`). `unit_slices` gives one slice per trained step, so the engine
+backpropagates step by step and memory does not grow with the number of steps.
+
+Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
+latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
+`stochastic` [N, U], `sample_logp` [N, U] (log-probs as sampled), and the prompt conditioning
+(`pos/...`, `neg/...` when CFG is on).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from mmrl.policy import Policy
+from mmrl.registry import ADAPTERS
+from mmrl.rollout import Rollout
+from mmrl.sampling import derive_seed
+
+from ..tiny_models import TINY_MODELS
+from .families import Family, family_of, sd15_with_ddim
+from .samplers import EPS_SAMPLERS, SAMPLERS, gaussian_logprob, gaussian_mean_kl
+from .schedule import StepSchedule
+from .turning_point import step_rewards
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
+
+
+@dataclass
+class DiffusionConfig:
+    """model: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15.
+    sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
+    (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
+    eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. cfg: classifier-free guidance
+    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
+    turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
+    `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
+
+    model: str = ""
+    tiny_args: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    device: str | None = None
+    height: int = 512
+    width: int = 512
+    num_steps: int = 10
+    eval_num_steps: int = 40
+    guidance_scale: float = 4.5
+    cfg: bool = True
+    sampler: str = "flow_sde"
+    noise_level: float = 0.7
+    schedule: StepSchedule = field(default_factory=StepSchedule)
+    decode_batch: int = 8
+    gradient_checkpointing: bool = False
+    cfg_dropout: float = 0.1
+    turning_points: bool = False
+    tp_eta: float = 1.0
+    tp_max_extra_passes: int = 64
+
+
+def load_pipeline(cfg: DiffusionConfig):
+    if cfg.model.startswith("tiny:"):
+        pipe = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
+    else:
+        from diffusers import DiffusionPipeline
+        pipe = DiffusionPipeline.from_pretrained(cfg.model, torch_dtype=DTYPES[cfg.dtype])
+    return sd15_with_ddim(pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype]))
+
+
+@ADAPTERS.register("diffusion")
+class DiffusionPolicy(Policy):
+    Config = DiffusionConfig
+
+    def __init__(self, cfg: DiffusionConfig, pipe=None):
+        if not cfg.model and pipe is None:
+            raise ValueError("policy.model must name a diffusers pipeline (hub id, local path, or tiny:NAME)")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
+        SAMPLERS.get(cfg.sampler)
+        if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
+            raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
+        self.cfg = cfg
+        self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
+        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width))
+        if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
+            raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
+                             f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
+        if cfg.cfg and not self.family.uses_cfg:
+            raise ValueError(f"policy.cfg=true: {type(self.family).__name__} takes guidance as an embedding; set policy.cfg=false")
+        for module in self.pipe.components.values():
+            if isinstance(module, nn.Module):
+                module.requires_grad_(False).eval()
+        self.model = self.family.denoiser
+        self.model.requires_grad_(True)
+        if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
+            self.model.enable_gradient_checkpointing()
+        if cfg.device:
+            self.pipe.to(cfg.device)
+        self.training_step = 0
+        self._counts: dict[str, float] = {}
+
+    # ----- the contract ------------------------------------------------------------------------
+    @property
+    def max_units(self) -> int:
+        return self.cfg.num_steps
+
+    def set_training_step(self, step: int) -> None:
+        self.training_step = step
+
+    def unit_slices(self, batch: Rollout) -> list[slice]:
+        trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
+        return [slice(k, k + 1) for k in trained]
+
+    def _sync_devices(self) -> None:
+        """Frozen components follow the denoiser (the engine moves only `model`)."""
+        device = self.device
+        for module in self.pipe.components.values():
+            if isinstance(module, nn.Module) and module is not self.family.denoiser:
+                if next(module.parameters(), torch.empty(0, device=device)).device != device:
+                    module.to(device)
+
+    @torch.no_grad()
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
+                greedy: bool = False) -> Rollout:
+        cfg = self.cfg
+        self._sync_devices()
+        texts = [str(self.prompt_of(p)) for p in prompts]
+        n = len(texts) * group_size
+        steps = cfg.eval_num_steps if greedy else cfg.num_steps
+        sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
+        strength = 0.0 if greedy else cfg.noise_level
+        device = self.device
+        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.cfg).items()}
+        x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
+        levels, timesteps = self.family.levels(steps, tuple(x.shape))
+        row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
+        noise_gens = [torch.Generator().manual_seed(r) for r in row_seeds]
+        stochastic = (torch.zeros(steps, dtype=torch.bool) if greedy
+                      else cfg.schedule.stochastic(steps, self.training_step))
+        trained = torch.stack([cfg.schedule.trained(steps, self.training_step,
+                                                    torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
+                               for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
+        step_fn = SAMPLERS.get(sampler)
+        trajectory = [x.float().cpu()]
+        logps = torch.zeros(n, steps)
+        noisy = torch.zeros(steps, dtype=torch.bool)
+        for k in range(steps):
+            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.cfg)
+            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1],
+                                strength if stochastic[k] else 0.0)
+            if std > 0:
+                eps = torch.stack([torch.randn(x.shape[1:], generator=g) for g in noise_gens]).to(device)
+                x = mean + std * eps
+                noisy[k] = True
+                logps[:, k] = gaussian_logprob(x, mean, std).cpu()
+            else:
+                x = mean
+            if not greedy:
+                trajectory.append(x.float().cpu())
+        trained &= noisy  # a step that drew no noise (strength 0) has no log-prob
+        images = self._decode(x)
+        extras: dict[str, Any] = {}
+        if not greedy:
+            extras = {"latents": torch.stack(trajectory, 1),
+                      "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
+                      "timesteps": timesteps.float().expand(n, -1).clone(),
+                      "stochastic": noisy.expand(n, -1).clone(), "sample_logp": logps,
+                      **{k: v.cpu() for k, v in cond.items()}}
+        return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
+                       prompts=[t for t in texts for _ in range(group_size)], completions=images,
+                       unit_mask=trained.float(), extras=extras)
+
+    def _group_noise(self, seed: int, group_size: int) -> Tensor:
+        noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
+        return noise.expand(group_size, *noise.shape[1:])
+
+    def _decode(self, x: Tensor) -> list:
+        out = []
+        for i in range(0, len(x), self.cfg.decode_batch):
+            out += self.family.decode(x[i:i + self.cfg.decode_batch].to(self.family.dtype), self.cfg.height, self.cfg.width)
+        return out
+
+    def _step_means(self, model: nn.Module, batch: Rollout, k: int) -> tuple[Tensor, float]:
+        """(mean of step k under `model` [B, ...], the step's std) for a batch of rollouts."""
+        ex, device = batch.extras, self.device
+        x = ex["latents"][:, k].to(device)
+        levels = ex["levels"][0].tolist()
+        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.cfg)
+        strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
+        return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
+
+    def _steps(self, batch: Rollout, units: slice) -> list[int]:
+        return list(range(batch.num_units))[units]
+
+    def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
+               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):
+        logps, ents, kls = [], [], []
+        for k in list(range(batch.num_units))[units]:
+            mean, std = self._step_means(model, batch, k)
+            if std > 0:
+                logps.append(gaussian_logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+            else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
+                logps.append(mean.flatten(1)[:, 0] * 0.0)
+            # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
+            ents.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            if reference is not None:
+                with torch.no_grad(), reference() as ref:
+                    ref_mean, _ = self._step_means(ref, batch, k)
+                kls.append(gaussian_mean_kl(mean, ref_mean, std) if std > 0 else logps[-1] * 0.0)
+        logp = torch.stack(logps, 1)
+        entropy = torch.tensor(ents, device=logp.device).expand_as(logp) if with_entropy else None
+        return logp, entropy, (torch.stack(kls, 1) if reference is not None else None)
+
+    def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
+                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        logp, entropy, _ = self._units(model, batch, units, with_entropy)
+        return logp, entropy
+
+    def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
+                        batch: Rollout, units: slice = slice(None),
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Log-probs and the closed-form KL of each step to the reference (entered through
+        `reference()`), Flow-GRPO's ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims."""
+        return self._units(model, batch, units, with_entropy, reference)
+
+    # ----- warm start -------------------------------------------------------------------------------
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """The denoising loss on the rows' target images (`target_column`: PIL images or paths),
+        prompts dropped to "" with probability `cfg_dropout` so that CFG has an unconditional model.
+        Flow: x_s = (1 - s) x0 + s eps, s ~ U(0, 1), target v = eps - x0 (rectified flow);
+        eps models: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t ~ U{0..T-1}, target eps (DDPM)."""
+        import numpy as np
+        from PIL import Image
+        self._sync_devices()
+        device, cfg = self.device, self.cfg
+        pixels = []
+        for i, row in enumerate(rows):
+            image = row.get(target_column) if isinstance(row, dict) else None
+            if image is None:
+                raise KeyError(f"warm start: row {i} has no target image column {target_column!r}")
+            image = Image.open(image) if isinstance(image, (str, Path)) else image
+            arr = np.asarray(image.convert("RGB").resize((cfg.width, cfg.height)), dtype=np.float32)
+            pixels.append(torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1)
+        with torch.no_grad():
+            x0 = self.family.image_latents(torch.stack(pixels).to(device))
+            keep = torch.rand(len(rows)) >= cfg.cfg_dropout
+            texts = [str(self.prompt_of(r)) if k else "" for r, k in zip(rows, keep.tolist())]
+            cond = self.family.encode(texts, False)
+        eps = torch.randn_like(x0)
+        shape = (-1,) + (1,) * (x0.dim() - 1)
+        if self.family.kind == "flow":
+            s = torch.rand(len(rows), device=device)
+            x = (1 - s.view(shape)) * x0 + s.view(shape) * eps
+            target, t = eps - x0, s * self.pipe.scheduler.config.num_train_timesteps
+        else:
+            t = torch.randint(0, self.pipe.scheduler.config.num_train_timesteps, (len(rows),), device=device)
+            ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
+            x, target = ab.sqrt() * x0 + (1 - ab).sqrt() * eps, eps
+        pred = self.family.predict(model, x, t, cond, cfg.guidance_scale, False)
+        return torch.nn.functional.mse_loss(pred.float(), target.float())
+
+    # ----- TP-GRPO ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _ode_complete(self, batch: Rollout, k: int) -> Tensor:
+        """The trajectory's state k completed by the ODE (deterministic DDIM) to the last level."""
+        ex, device = batch.extras, self.device
+        levels = ex["levels"][0].tolist()
+        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
+        x = ex["latents"][:, k].to(device)
+        for j in range(k, batch.num_units):
+            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.cfg)
+            x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
+        return x
+
+    def step_rewards(self, batch: Rollout, score) -> dict[str, Tensor] | None:
+        """TP-GRPO: the states x_a .. x_b around the trained window [a, b) completed by the ODE and
+        scored; step rewards from `turning_point.step_rewards` on [a, b), NaN elsewhere."""
+        if not self.cfg.turning_points:
+            return None
+        trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
+        if not trained or trained != list(range(trained[0], trained[-1] + 1)):
+            raise ValueError("policy.turning_points needs one contiguous window of trained steps "
+                             "(policy.schedule.kind: window or sliding_window)")
+        a, b, n = trained[0], trained[-1] + 1, len(batch)
+        stochastic = batch.extras["stochastic"][0].tolist()
+        states, passes = [], 0
+        for k in range(a, b + 1):
+            if not any(stochastic[k:]):  # the rest is the ODE: the completion is the final image
+                states.append(list(batch.completions))
+                continue
+            passes += batch.num_units - k
+            states.append(self._decode(self._ode_complete(batch, k)))
+        calls = passes * (2 if self.cfg.cfg else 1)
+        if calls > self.cfg.tp_max_extra_passes:
+            raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
+                             f"extra denoiser calls per rollout for the window [{a}, {b}) of {batch.num_units} steps")
+        rows = [i for _ in states for i in range(n)]
+        scores = score(rows, [img for state in states for img in state])
+        out = {}
+        for name, values in scores.items():
+            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta)
+            full = torch.full((n, batch.num_units), float("nan"), dtype=torch.float64)
+            full[:, a:b] = step
+            out[name] = full.float()
+            self._count("tp_turning_points", float(tp.sum()))
+        self._count("tp_extra_denoiser_calls", float(calls * n))
+        return out
+
+    def _count(self, key: str, value: float) -> None:
+        self._counts[key] = self._counts.get(key, 0.0) + value
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self._counts = self._counts, {}
+        return out
+
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+        model.save_pretrained(path, safe_serialization=True)

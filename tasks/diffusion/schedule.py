@@ -1,0 +1,87 @@
+"""Which denoising steps are stochastic and which are trained: one schedule object.
+
+    all_but_last     SDE on every step, every step trained but the last (sigma -> 0; Flow-GRPO)
+    random_fraction  SDE on every step, a random `fraction` of steps 0..U-2 trained per rollout
+                     (DanceGRPO: 60%)
+    window           SDE inside steps [start, start + size), ODE outside, the window trained
+                     (Flow-GRPO-Fast)
+    sliding_window   as `window`, the start moving by `stride` every `shift_every` training steps
+                     and wrapping round (MixGRPO)
+    chunks           SDE on every step; the steps are cut into consecutive chunks of `sizes`, and
+                     `sample` chunks are trained per rollout, drawn with probability proportional
+                     to `weights` (Chunk-GRPO's weighted chunk sampling; all chunks when sample = 0);
+                     the last step is never trained
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+KINDS = ("all_but_last", "random_fraction", "window", "sliding_window", "chunks")
+
+
+@dataclass
+class StepSchedule:
+    kind: str = "all_but_last"
+    fraction: float = 0.6
+    start: int = 0
+    size: int = 2
+    stride: int = 1
+    shift_every: int = 25
+    sizes: list[int] = field(default_factory=list)
+    sample: int = 0
+    weights: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"policy.schedule.kind={self.kind!r} is not one of {', '.join(KINDS)}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"policy.schedule.fraction={self.fraction} must be in (0, 1]")
+        if self.kind == "chunks" and not self.sizes:
+            raise ValueError("policy.schedule.kind='chunks' needs policy.schedule.sizes (chunk lengths in steps)")
+        if self.weights and len(self.weights) != len(self.sizes):
+            raise ValueError(f"policy.schedule.weights={self.weights} must give one weight per chunk {self.sizes}")
+
+    def window_start(self, num_steps: int, training_step: int) -> int:
+        if self.kind == "window":
+            return self.start
+        span = max(num_steps - 1 - self.size + 1, 1)  # window positions that leave the last step out
+        return (self.start + self.stride * (training_step // self.shift_every)) % span
+
+    def stochastic(self, num_steps: int, training_step: int) -> torch.Tensor:
+        """bool [U]: the steps that sample by SDE (the others are ODE steps)."""
+        out = torch.ones(num_steps, dtype=torch.bool)
+        if self.kind in ("window", "sliding_window"):
+            start = self.window_start(num_steps, training_step)
+            if start + self.size > num_steps:
+                raise ValueError(f"policy.schedule window [{start}, {start + self.size}) does not fit {num_steps} steps")
+            out[:] = False
+            out[start:start + self.size] = True
+        return out
+
+    def trained(self, num_steps: int, training_step: int, generator: torch.Generator) -> torch.Tensor:
+        """bool [U] for one rollout (random kinds draw from `generator`); never the last step."""
+        u = num_steps
+        if self.kind == "all_but_last":
+            out = torch.ones(u, dtype=torch.bool)
+        elif self.kind == "random_fraction":
+            k = max(1, round(self.fraction * (u - 1)))
+            out = torch.zeros(u, dtype=torch.bool)
+            out[torch.randperm(u - 1, generator=generator)[:k]] = True
+        elif self.kind in ("window", "sliding_window"):
+            out = self.stochastic(u, training_step)
+        else:
+            if sum(self.sizes) != u:
+                raise ValueError(f"policy.schedule.sizes={self.sizes} must sum to the {u} steps (policy.num_steps)")
+            out = torch.zeros(u, dtype=torch.bool)
+            starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+            picked = range(len(self.sizes))
+            if self.sample:
+                w = torch.tensor(self.weights or [1.0] * len(self.sizes), dtype=torch.float64)
+                picked = torch.multinomial(w, min(self.sample, len(self.sizes)), generator=generator).tolist()
+            for c in picked:
+                out[starts[c]:starts[c] + self.sizes[c]] = True
+        out[u - 1] = False
+        return out
