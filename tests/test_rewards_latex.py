@@ -120,3 +120,26 @@ def test_mathtext_fallback_without_tex(monkeypatch):
     pop_metrics()
     assert reward(None, [FORMULA], reference=[FORMULA]) == pytest.approx([1.0])  # FORMULA's TeX render is cached
     assert pop_metrics() == {"renderer/mathtext": 1.0}
+
+
+def test_repeated_completions_compile_once(monkeypatch):
+    import rewards.latex_render as latex_render
+    from rewards.latex_sandbox import Render
+    compiled = []
+
+    def fake_compile(snippet, kind="formula", timeout=10.0):
+        compiled.append(snippet)
+        return Render(np.ones((8, 8), dtype=np.float32), "fake")
+
+    monkeypatch.setattr(latex_render, "compile_latex", fake_compile)
+    monkeypatch.setattr(latex_render, "_completion_cache", type(latex_render._completion_cache)())
+    monkeypatch.setattr(latex_render, "_reference_cache", {})
+    reward = get_reward("latex_render")
+    ref = r"\sqrt{q}"
+    first = reward(None, ["a+b", "a+b", "$a+b$", "c"], reference=[ref] * 4)
+    assert first[0] == first[1] == first[2] and [s for s in compiled if s != ref] == ["a+b", "c"]
+    reward(None, ["c", "d"], reference=[ref] * 2)
+    assert [s for s in compiled if s != ref] == ["a+b", "c", "d"]
+    monkeypatch.setattr(latex_render, "COMPLETION_CACHE_SIZE", 1)
+    reward(None, ["e"], reference=[ref])
+    assert list(latex_render._completion_cache) == [("e", "formula", tex_available())]
