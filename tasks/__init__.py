@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
-from . import audio, causal_lm, formulas, shapes, text_tasks, tiny_models, tones, vlm  # noqa: F401  (registration)
+from . import audio, causal_lm, formulas, shapes, speech, text_tasks, tiny_models, tones, vlm  # noqa: F401  (registration)
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
