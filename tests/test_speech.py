@@ -42,3 +42,15 @@ def test_bad_arguments_are_named():
         utterance(["one", "eleven"], random.Random(0))
     with pytest.raises(ValueError, match="min_words"):
         spoken_words(n_train=2, min_words=3, max_words=2)
+
+
+def test_a_tiny_audio_lm_with_a_two_second_window_reads_the_clips():
+    from tasks.audio import AudioLMConfig, AudioLMPolicy
+    rows = spoken_words(n_train=2, n_eval=0, min_words=3, max_words=3, seed=2)["train"]
+    assert max(len(r["audio"]["array"]) for r in rows) < 2 * RATE  # three words fit the window
+    policy = AudioLMPolicy(AudioLMConfig(model="tiny:qwen2-audio-char", tiny_args={"max_seconds": 2}, max_new_tokens=4))
+    assert policy.processor.feature_extractor.nb_max_frames == 200
+    rollout = policy.rollout(rows, 2, seeds=[0, 1])
+    assert len(rollout.completions) == 4
+    loss = policy.supervised_loss(policy.model, rows, "target")
+    assert loss.isfinite() and loss > 0
