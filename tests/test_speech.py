@@ -54,3 +54,10 @@ def test_a_tiny_audio_lm_with_a_two_second_window_reads_the_clips():
     assert len(rollout.completions) == 4
     loss = policy.supervised_loss(policy.model, rows, "target")
     assert loss.isfinite() and loss > 0
+
+
+def test_the_demo_figure_shows_each_clip_with_its_transcripts(tmp_path):
+    from tasks.speech import draw_predictions
+    rows = spoken_words(n_train=3, n_eval=0, seed=3)["train"]
+    draw_predictions(rows, ["one", "", "x"], [r["reference"] for r in rows], tmp_path / "samples.png")
+    assert (tmp_path / "samples.png").stat().st_size > 1000
