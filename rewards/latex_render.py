@@ -181,8 +181,9 @@ def _reason(error: str) -> str:
 @register_reward("latex_render")
 def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
                         structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
-                        **kwargs) -> list[float | None]:
-    """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1]."""
+                        renderer: str = "auto", **kwargs) -> list[float | None]:
+    """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1].
+    `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`."""
     if len(reference) != len(completions):
         raise ValueError(f"latex_render: column 'reference' has {len(reference)} values for "
                          f"{len(completions)} completions")
@@ -190,23 +191,24 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
         raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")
     codes = [extract_latex(completion_text(c)) for c in completions]
     kinds = [None if r is None else _kind(r, kind) for r in reference]
+    renderer = latex_sandbox.resolve_renderer(renderer)
 
     def render(key: tuple) -> Render:
         code, code_kind, _ = key
         bad = FORBIDDEN.search(code)
         if bad:
             return Render(None, "latex", f"forbidden command {bad.group(0)}")
-        return compile_latex(code, code_kind, timeout=timeout)
+        return compile_latex(code, code_kind, timeout=timeout, renderer=renderer)
 
     def render_reference(i: int) -> Render | None:
         if reference[i] is None:
             return None
-        key = (reference[i], kinds[i], latex_sandbox.tex_available())  # a mathtext render never stands in for TeX
+        key = (reference[i], kinds[i], renderer)  # a mathtext render never stands in for TeX
         if key not in _reference_cache:
-            _reference_cache[key] = compile_latex(reference[i], kinds[i], timeout=timeout)
+            _reference_cache[key] = compile_latex(reference[i], kinds[i], timeout=timeout, renderer=renderer)
         return _reference_cache[key]
 
-    keys = [None if reference[i] is None else (codes[i], kinds[i], latex_sandbox.tex_available())
+    keys = [None if reference[i] is None else (codes[i], kinds[i], renderer)
             for i in range(len(codes))]
     missing = list(dict.fromkeys(k for k in keys if k is not None and k not in _completion_cache))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

@@ -120,6 +120,11 @@ def test_mathtext_fallback_without_tex(monkeypatch):
     pop_metrics()
     assert reward(None, [FORMULA], reference=[FORMULA]) == pytest.approx([1.0])  # FORMULA's TeX render is cached
     assert pop_metrics() == {"renderer/mathtext": 1.0}
+    monkeypatch.undo()
+    assert reward(None, [r"\frac{a}{b}"], reference=[r"\frac{a}{b}"], renderer="mathtext") == pytest.approx([1.0])
+    assert pop_metrics() == {"renderer/mathtext": 1.0}
+    with pytest.raises(ValueError, match="renderer='pdf'"):
+        reward(None, ["a"], reference=["a"], renderer="pdf")
 
 
 def test_repeated_completions_compile_once(monkeypatch):
@@ -127,7 +132,7 @@ def test_repeated_completions_compile_once(monkeypatch):
     from rewards.latex_sandbox import Render
     compiled = []
 
-    def fake_compile(snippet, kind="formula", timeout=10.0):
+    def fake_compile(snippet, kind="formula", timeout=10.0, renderer="auto"):
         compiled.append(snippet)
         return Render(np.ones((8, 8), dtype=np.float32), "fake")
 
@@ -142,4 +147,4 @@ def test_repeated_completions_compile_once(monkeypatch):
     assert [s for s in compiled if s != ref] == ["a+b", "c", "d"]
     monkeypatch.setattr(latex_render, "COMPLETION_CACHE_SIZE", 1)
     reward(None, ["e"], reference=[ref])
-    assert list(latex_render._completion_cache) == [("e", "formula", tex_available())]
+    assert list(latex_render._completion_cache) == [("e", "formula", "latex" if tex_available() else "mathtext")]
