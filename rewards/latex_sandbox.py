@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,8 @@ PREAMBLE = r"""\documentclass[12pt]{article}
 \AddToHook{shipout/after}{\ifnum\value{page}>%(max_pages)d \batchmode\csname @@end\endcsname\fi}
 \begin{document}
 """
+
+_MATHTEXT_LOCK = threading.Lock()
 
 
 @dataclass
@@ -139,7 +142,8 @@ def _mathtext(snippet: str, kind: str, dpi: int) -> Render:
     from matplotlib import mathtext
     buf = io.BytesIO()
     try:
-        mathtext.math_to_image(f"${snippet}$", buf, dpi=dpi, format="png")
+        with _MATHTEXT_LOCK:  # matplotlib's parser is not thread-safe (the reward renders on a pool)
+            mathtext.math_to_image(f"${snippet}$", buf, dpi=dpi, format="png")
     except Exception as e:  # mathtext's parser raises ValueError and others on bad input
         return Render(None, "mathtext", f"mathtext: {str(e).splitlines()[0][:200]}")
     buf.seek(0)

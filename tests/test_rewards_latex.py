@@ -125,6 +125,8 @@ def test_mathtext_fallback_without_tex(monkeypatch):
     assert pop_metrics() == {"renderer/mathtext": 1.0}
     with pytest.raises(ValueError, match="renderer='pdf'"):
         reward(None, ["a"], reference=["a"], renderer="pdf")
+    many = [f"x^{{{i}}}" for i in range(16)]  # rendered on the reward's thread pool
+    assert reward(None, many, reference=many, renderer="mathtext") == pytest.approx([1.0] * 16)
 
 
 def test_repeated_completions_compile_once(monkeypatch):
