@@ -10,7 +10,7 @@ distance); for formulas, 1 - normalised token edit distance.
 A snippet that does not compile, or uses a forbidden primitive, scores 0; the reasons are counted
 and reported through `pop_metrics()` (logged by the engine as ``reward/latex_render/...``).
 Renders are cached: references for the whole run, completions in a least-recently-used cache
-(a group's samples and successive steps repeat snippets; a compile costs ~0.1-0.2 s of CPU).
+(a group's samples and successive steps repeat snippets; a TeX compile costs ~0.18 s of CPU).
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def resolve_renderer(renderer: str = "auto") -> str:
 def compile_latex(snippet: str, kind: str = "formula", timeout: float = 10.0, memory_mb: int = 1024,
                   max_bytes: int = 20_000, max_pages: int = 1, dpi: int = 150, renderer: str = "auto") -> Render:
     """Render `snippet` (a formula or a tabular) to a grayscale image, sandboxed; `renderer` as in
-    `resolve_renderer` (`mathtext` is a Python parser with no file access: formulas only, ~50x
-    cheaper than a TeX compile)."""
+    `resolve_renderer` (`mathtext` is a Python parser with no file access: formulas only, ~15x
+    less CPU than a TeX compile: 0.012 s against 0.18 s here)."""
     if kind not in ("formula", "table"):
         raise ValueError(f"latex kind={kind!r} is not one of formula, table")
     renderer = resolve_renderer(renderer)

@@ -16,3 +16,5 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 DEMOS.register("text")("text_demo")
 DEMOS.register("grounding")("grounding")
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
+DEMOS.register("asr")("asr")
+DEMO_FIGURES.register("asr")(speech.draw_predictions)

@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("demo,gain", [("text", 0.10), ("grounding", 0.03)])
+@pytest.mark.parametrize("demo,gain", [("text", 0.10), ("grounding", 0.03), ("asr", 0.03)])
 def test_demo_raises_the_held_out_reward(tmp_path, demo, gain):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "mmrl", "demo", demo, f"output_dir={tmp_path}",
