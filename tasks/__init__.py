@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
-from . import audio, causal_lm, diffusion, dlm, formulas, shapes, text_tasks, tiny_models, tones, vlm  # noqa: F401  (registration)
-from . import moving_dot  # noqa: F401  (registration)
+from . import (audio, causal_lm, diffusion, dlm, formulas, moving_dot, shapes, speech,  # noqa: F401  (registration)
+               text_tasks, tiny_models, tones, vlm)
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
@@ -16,7 +16,9 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 
 DEMOS.register("text")("text_demo")
 DEMOS.register("grounding")("grounding")
+DEMOS.register("asr")("asr")
+DEMOS.register("t2i")("t2i_demo")
 DEMOS.register("dlm")("dlm_demo")
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
-DEMOS.register("t2i")("t2i_demo")
+DEMO_FIGURES.register("asr")(speech.draw_predictions)
 DEMO_FIGURES.register("t2i")(diffusion.synthetic.draw_samples)

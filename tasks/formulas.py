@@ -16,8 +16,8 @@ def random_formula(rng: random.Random, depth: int = 2) -> str:
     if depth == 0 or rng.random() < 0.3:
         return rng.choice(SYMBOLS + "123456789")
     a, b = random_formula(rng, depth - 1), random_formula(rng, depth - 1)
-    form = rng.choice(["{a}+{b}", "{a}-{b}", "\\frac{{{a}}}{{{b}}}", "{a}^{{{b}}}", "\\sqrt{{{a}}}"])
-    return form.format(a=a, b=b)
+    form = rng.choice(["{a}+{b}", "{a}-{b}", "\\frac{{{a}}}{{{b}}}", "{base}^{{{b}}}", "\\sqrt{{{a}}}"])
+    return form.format(a=a, b=b, base=a if len(a) == 1 else "{" + a + "}")  # braced: no double superscript
 
 
 def render_formula(formula: str, dpi: int = 100):
@@ -32,16 +32,18 @@ def render_formula(formula: str, dpi: int = 100):
 
 
 @DATASETS.register("formulas")
-def formulas(n_train: int = 1000, n_eval: int = 64, depth: int = 2, seed: int = 0):
-    """Rows: {"prompt", "image", "reference": the formula's LaTeX, "target": the SFT answer}."""
+def formulas(n_train: int = 1000, n_eval: int = 64, depth: int = 2, dpi: int = 100, seed: int = 0):
+    """Rows: {"prompt", "image", "reference": the formula's LaTeX, "target": the SFT answer};
+    images rendered at `dpi` (a symbol is about dpi / 10 pixels high)."""
     rng = random.Random(seed)
 
     def rows(n: int) -> list[dict]:
         out = []
         for _ in range(n):
             formula = random_formula(rng, depth)
-            out.append({"prompt": "Write the LaTeX of this formula.", "image": render_formula(formula),
+            out.append({"prompt": "Write the LaTeX of this formula.", "image": render_formula(formula, dpi),
                         "reference": formula, "target": formula})
         return out
 
     return {"train": rows(n_train), "eval": rows(n_eval)}
+

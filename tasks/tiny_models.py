@@ -112,19 +112,23 @@ QWEN_AUDIO_TEMPLATE = (
 
 
 @TINY_MODELS.register("qwen2-audio-char")
-def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hidden: int = 32, seed: int = 0):
+def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hidden: int = 32,
+                     max_seconds: int = 30, seed: int = 0):
     """A Qwen2-Audio (1-layer Whisper-style encoder, `layers`-layer text model over characters)
-    with its processor: Whisper's 128-mel feature extractor and a chat template with audio slots."""
+    with its processor: Whisper's 128-mel feature extractor and a chat template with audio slots.
+    Clips are padded to `max_seconds` (Whisper's 30 by default); the encoder runs over all of it,
+    so short clips train several times faster with a small window."""
     from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
                               WhisperFeatureExtractor)
     tokenizer = char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN_AUDIO_SPECIALS})
     tokenizer.chat_template = QWEN_AUDIO_TEMPLATE
-    processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tokenizer,
+    processor = Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128, chunk_length=max_seconds),
+                                    tokenizer=tokenizer,
                                     chat_template=QWEN_AUDIO_TEMPLATE)
     config = Qwen2AudioConfig(
         audio_config=dict(d_model=audio_hidden, encoder_layers=1, encoder_attention_heads=2,
-                          encoder_ffn_dim=audio_hidden * 2, num_mel_bins=128),
+                          encoder_ffn_dim=audio_hidden * 2, num_mel_bins=128, max_source_positions=50 * max_seconds),
         text_config=dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=hidden,
                          intermediate_size=hidden * 2, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=max(1, heads // 2), pad_token_id=tokenizer.pad_token_id,

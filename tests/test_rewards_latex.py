@@ -120,3 +120,33 @@ def test_mathtext_fallback_without_tex(monkeypatch):
     pop_metrics()
     assert reward(None, [FORMULA], reference=[FORMULA]) == pytest.approx([1.0])  # FORMULA's TeX render is cached
     assert pop_metrics() == {"renderer/mathtext": 1.0}
+    monkeypatch.undo()
+    assert reward(None, [r"\frac{a}{b}"], reference=[r"\frac{a}{b}"], renderer="mathtext") == pytest.approx([1.0])
+    assert pop_metrics() == {"renderer/mathtext": 1.0}
+    with pytest.raises(ValueError, match="renderer='pdf'"):
+        reward(None, ["a"], reference=["a"], renderer="pdf")
+    many = [f"x^{{{i}}}" for i in range(16)]  # rendered on the reward's thread pool
+    assert reward(None, many, reference=many, renderer="mathtext") == pytest.approx([1.0] * 16)
+
+
+def test_repeated_completions_compile_once(monkeypatch):
+    import rewards.latex_render as latex_render
+    from rewards.latex_sandbox import Render
+    compiled = []
+
+    def fake_compile(snippet, kind="formula", timeout=10.0, renderer="auto"):
+        compiled.append(snippet)
+        return Render(np.ones((8, 8), dtype=np.float32), "fake")
+
+    monkeypatch.setattr(latex_render, "compile_latex", fake_compile)
+    monkeypatch.setattr(latex_render, "_completion_cache", type(latex_render._completion_cache)())
+    monkeypatch.setattr(latex_render, "_reference_cache", {})
+    reward = get_reward("latex_render")
+    ref = r"\sqrt{q}"
+    first = reward(None, ["a+b", "a+b", "$a+b$", "c"], reference=[ref] * 4)
+    assert first[0] == first[1] == first[2] and [s for s in compiled if s != ref] == ["a+b", "c"]
+    reward(None, ["c", "d"], reference=[ref] * 2)
+    assert [s for s in compiled if s != ref] == ["a+b", "c", "d"]
+    monkeypatch.setattr(latex_render, "COMPLETION_CACHE_SIZE", 1)
+    reward(None, ["e"], reference=[ref])
+    assert list(latex_render._completion_cache) == [("e", "formula", "latex" if tex_available() else "mathtext")]
