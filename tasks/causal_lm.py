@@ -69,6 +69,28 @@ def _log_once(message: str) -> None:
     logger.warning(message)
 
 
+def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str) -> tuple[nn.Module, Any]:
+    """The registered tiny model ``tiny:NAME`` (built from `tiny_args`) in `dtype`, with its tokenizer."""
+    module, tokenizer = TINY_MODELS.get(model.removeprefix("tiny:"))(**tiny_args)
+    return module.to(DTYPES[dtype]), tokenizer
+
+
+def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None) -> str:
+    """A string prompt as is; a list of chat messages (or, with `chat_template` true, a string as
+    the user's message) through the tokenizer's chat template, `system_prompt` first if given."""
+    use_template = chat_template
+    if use_template is None:
+        use_template = not isinstance(prompt, str)
+    if not use_template:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 class GroupSeededSampler(LogitsProcessor):
     """Temperature / top-k / top-p sampling by inverse CDF, one uniform per row per step drawn
     from the row's group generator. Returns scores that are 0 at the drawn token and -inf
@@ -129,8 +151,7 @@ class CausalLMPolicy(Policy):
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
         if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
+            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
@@ -149,17 +170,7 @@ class CausalLMPolicy(Policy):
     # ----- prompts -------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
         """A string prompt as is; a list of chat messages through the chat template."""
-        use_template = self.cfg.chat_template
-        if use_template is None:
-            use_template = not isinstance(prompt, str)
-        if not use_template:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.cfg.system_prompt and messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with

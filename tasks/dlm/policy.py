@@ -26,7 +26,7 @@ from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
-from ..causal_lm import DTYPES
+from ..causal_lm import DTYPES, load_tiny, prompt_text
 from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
 from ..token_logprobs import selective_log_softmax
 from .estimators import ESTIMATORS, EstimatorArgs, view_seed
@@ -125,8 +125,7 @@ class DLMPolicy(Policy):
 
     def _load(self, cfg: DLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
+            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
@@ -160,17 +159,7 @@ class DLMPolicy(Policy):
     # ----- prompts ------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
         """A string prompt as is; a list of chat messages through the chat template."""
-        use_template = self.cfg.chat_template
-        if use_template is None:
-            use_template = not isinstance(prompt, str)
-        if not use_template:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.cfg.system_prompt and messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
 
     def _encode(self, rows: Sequence[Any]) -> tuple[Tensor, Tensor]:
         texts = [self.prompt_text(self.prompt_of(r)) for r in rows]
