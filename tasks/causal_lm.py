@@ -66,6 +66,7 @@ class CausalLMConfig:
 
 @lru_cache(maxsize=None)
 def _log_once(message: str) -> None:
+    """Log `message` as a warning the first time this process sees it."""
     logger.warning(message)
 
 
@@ -137,7 +138,6 @@ class CausalLMPolicy(Policy):
         if cfg.prefix_sharing not in ("auto", "on", "off"):
             raise ValueError(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         self.cfg = cfg
-        self._sharing_fallback_logged = False
         self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -386,9 +386,7 @@ class CausalLMPolicy(Policy):
             return None
         reason = unsupported_reason(self.model.config)
         if reason is not None:
-            if not self._sharing_fallback_logged:
-                logger.warning("policy.prefix_sharing=%s: %s; log-probs use the plain forward", mode, reason)
-                self._sharing_fallback_logged = True
+            _log_once(f"policy.prefix_sharing={mode}: {reason}; log-probs use the plain forward")
             return None
         groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"])
         if mode == "auto" and not worth_sharing(batch.extras["prompt_mask"], completion_lengths(completion_mask),
