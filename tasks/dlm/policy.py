@@ -12,7 +12,7 @@ update pass (`pass_view`).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -37,7 +37,9 @@ MASK_SEED_SALT = 0xD1
 
 
 @dataclass
-class DLMConfig:
+class DLMConfig(DecodeConfig):
+    """The decoding settings (`DecodeConfig`: gen_length, block_length, steps, temperature,
+    remasking, schedule, cfg_scale, eos_early_rejection, eos_min_gamma) and the model's."""
     model: str = ""
     tokenizer: str | None = None
     tiny_args: dict[str, Any] = field(default_factory=dict)
@@ -50,16 +52,6 @@ class DLMConfig:
     attention_mask: Literal["2d", "4d", "none"] = "2d"  # how padding is shown (Dream: 4d)
     chat_template: bool | None = None
     system_prompt: str | None = None
-    # decoding (generation.py)
-    gen_length: int = 32
-    block_length: int = 32
-    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
-    temperature: float = 1.0
-    remasking: str = "low_confidence"
-    schedule: str = "uniform"
-    cfg_scale: float = 0.0
-    eos_early_rejection: bool = False
-    eos_min_gamma: float = 0.4
     # log-prob estimator (estimators.py)
     estimator: str = "diffu_grpo"
     p_mask: float = 0.15
@@ -100,8 +92,7 @@ class DLMPolicy(Policy):
         if cfg.auto_class not in AUTO_CLASSES:
             raise ValueError(f"policy.auto_class={cfg.auto_class!r} is not one of {AUTO_CLASSES}")
         self.estimate = ESTIMATORS.get(cfg.estimator)
-        self.decode = DecodeConfig(cfg.gen_length, cfg.block_length, cfg.steps, cfg.temperature, cfg.remasking,
-                                   cfg.schedule, cfg.cfg_scale, cfg.eos_early_rejection, cfg.eos_min_gamma)
+        self.decode = DecodeConfig(**{f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)})
         self.decode.check()
         self.cfg = cfg
         self._load(cfg)
