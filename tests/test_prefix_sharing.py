@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
-from helpers import TINY_RECIPE, tiny_overrides
+from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overrides
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer, build_policy
 from tasks.audio import AudioLMConfig, AudioLMPolicy
@@ -193,22 +193,6 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
     policy.model.config._attn_implementation = "sdpa"
     assert unsupported_reason(policy.model.config) is None
     assert "bidirectionally" in unsupported_reason(Gemma3Config())
-
-
-def streamed_grads(trainer, batch, sizes):
-    out = []
-    for size in sizes:
-        trainer.cfg.optim.micro_batch_size = size
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.accumulate_gradients(batch, trainer._micro_batches(batch), None, None, with_entropy=False)
-        out.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-    return out
-
-
-def assert_grads_close(a, b):
-    assert a and a.keys() == b.keys()
-    for name in a:
-        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
 
 
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):
