@@ -1,5 +1,5 @@
 """Prefix sharing: the shared-prefix forward gives the plain forward's log-probs and gradients
-(text, image and audio models; completions of different lengths; micro-batches holding parts of
+(text, image, video and audio models; completions of different lengths; micro-batches holding parts of
 groups), streaming and the on-policy ratio stay exact, `auto` and the fallback choose the path."""
 
 import logging
@@ -135,16 +135,8 @@ def test_image_logprobs_and_gradients_equal_the_plain_forward():
     assert_equal_to_plain(policy, with_lengths(policy, batch, LENGTHS), SELECTIONS)
 
 
-class VideoPolicy(VLMPolicy):
-    """The VLM adapter reading one video (frames [T, H, W, 3]) per row: Qwen2.5-VL's video path
-    (temporal rotary positions spaced by `second_per_grid_ts`) through the same processor."""
-
-    def _media(self, row):
-        return [{"type": "video"}], {"videos": [row["video"]]}
-
-
 def test_video_logprobs_and_gradients_equal_the_plain_forward():
-    policy = VideoPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/video.py
     rows = [{"prompt": "what moves?", "video": RNG.integers(0, 255, (4, 28, 56, 3), dtype=np.uint8)},
             {"prompt": "count", "video": RNG.integers(0, 255, (4, 56, 28, 3), dtype=np.uint8)},
             {"prompt": "where?", "video": RNG.integers(0, 255, (2, 28, 28, 3), dtype=np.uint8)}]
