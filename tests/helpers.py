@@ -1,5 +1,5 @@
-"""Shared by the trainer tests: small recipes (a tiny Qwen2 on 1-digit addition) and the
-"streamed micro-batches equal one big batch" check."""
+"""Shared by the trainer tests: small recipes (a tiny Qwen2 on 1-digit addition), the
+"streamed micro-batches equal one big batch" and "on-policy ratio is exactly 1" checks."""
 
 from pathlib import Path
 
@@ -41,3 +41,12 @@ def assert_grads_close(a, b):
     assert a and a.keys() == b.keys()
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
+
+
+def on_policy_step_changes(trainer):
+    """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1), and
+    return the names of the parameters the step changed."""
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.train_step()
+    assert metrics["ratio_max_dev"] == 0.0
+    return [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
