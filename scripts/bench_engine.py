@@ -25,8 +25,8 @@ import string
 import tempfile
 import time
 
-from bench_harness import (CONTENDERS, compare, digit_share, group_advantages, mmrl_recipe, over_bare,
-                           policy_gradient_update, timed_steps, trl_grpo_config, trl_step_timer, worker)
+from bench_harness import (CONTENDERS, add_worker_options, compare, digit_share, group_advantages, mmrl_recipe,
+                           over_bare, policy_gradient_update, timed_steps, trl_grpo_config, trl_step_timer, worker)
 from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
@@ -125,8 +125,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="model depth (default: MODEL's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
-    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args, BareStep, {"mmrl": run_mmrl, "trl": run_trl})))

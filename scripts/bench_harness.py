@@ -7,6 +7,7 @@ recipe and TRL config of one GRPO step with the same settings."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -163,6 +164,12 @@ def worker(args, make_bare: Callable[[Any], Callable[[], float]],
     bare = make_bare(args) if args.interleave else None
     times, floor, extra = runners[args.worker](args, bare)
     return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """The hidden options `launch` gives a worker process."""
+    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
 
 
 def launch(script: str, name: str, options: dict[str, Any], interleave: bool, threads: int) -> dict:

@@ -29,9 +29,9 @@ import statistics
 import tempfile
 import time
 
-from bench_harness import (CONTENDERS, PhaseTimer, compare, digit_share, group_advantages, mmrl_recipe,
-                           over_bare, policy_gradient_update, timed_steps, trl_grpo_config, trl_step_timer,
-                           worker)
+from bench_harness import (CONTENDERS, PhaseTimer, add_worker_options, compare, digit_share, group_advantages,
+                           mmrl_recipe, over_bare, policy_gradient_update, timed_steps, trl_grpo_config,
+                           trl_step_timer, worker)
 from bench_report import emit
 
 SIZE = 448  # pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
@@ -179,8 +179,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
     parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure each contender's peak RSS alone in a fresh process")
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
-    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args, BareVLMStep, {"mmrl": run_mmrl, "trl": run_trl})))
