@@ -25,7 +25,8 @@ import string
 import tempfile
 import time
 
-from bench_harness import compare, over_bare, peak_rss_mb, timed_steps, trl_step_timer
+from bench_harness import (CONTENDERS, add_worker_options, compare, digit_share, group_advantages, mmrl_recipe,
+                           over_bare, policy_gradient_update, timed_steps, trl_grpo_config, trl_step_timer, worker)
 from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
@@ -43,10 +44,6 @@ def prompts(args) -> list[str]:
     rng = random.Random(0)
     return ["".join(rng.choice(string.digits + " ") for _ in range(args.prompt_tokens - len(p))) + p
             for p in PROMPTS[: args.prompts]]
-
-
-def digit_share(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
 class BareStep:
@@ -71,46 +68,25 @@ class BareStep:
                                  top_k=0, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
                                  pad_token_id=tok.pad_token_id)
         completion = seq[:, ids.shape[1]:]
-        rewards = torch.tensor(digit_share(None, tok.batch_decode(completion, skip_special_tokens=True)))
-        adv = rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group)
+        adv = group_advantages(tok.batch_decode(completion, skip_special_tokens=True), args.group)
         full_mask = torch.cat([mask, torch.ones_like(completion)], 1)
         logits = model(input_ids=seq, attention_mask=full_mask,
                        position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
-        logp = torch.log_softmax(logits[:, ids.shape[1] - 1:-1].float(), -1)
-        logp = logp.gather(-1, completion[..., None]).squeeze(-1)
-        (-(adv[:, None] * logp).mean()).backward()
-        self.opt.step()
-        self.opt.zero_grad()
+        policy_gradient_update(self.opt, logits[:, ids.shape[1] - 1:-1], completion, adv)
         return time.perf_counter() - t0
 
 
-def run_bare(args, bare: BareStep) -> list[float]:
-    return [bare() for _ in range(args.warmup + args.steps)][args.warmup:]
-
-
-def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
+def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float], list]:
     from mmrl.config import parse_config
-    from mmrl.reward_registry import REWARDS, register_reward
     from mmrl.trainer import Trainer
-    if "bench_digit_share" not in REWARDS:
-        register_reward("bench_digit_share")(digit_share)
-    out = tempfile.mkdtemp(prefix="mmrl-bench-")
-    recipe = {
-        "task": "causal_lm",
-        "policy": {"model": "tiny:qwen2-char", "tiny_args": model_args(args), "max_new_tokens": args.tokens,
-                   "min_new_tokens": args.tokens, "temperature": 1.0, "prefix_sharing": "auto",
-                   "shared_prefill": True},
-        "data": {"path": _prompt_file(args)},
-        "rewards": {"bench_digit_share": {"weight": 1.0}},
-        "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
-        "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
-                  "max_grad_norm": None},
-        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
-        "output_dir": out, "max_steps": args.warmup + args.steps, "save_every": 0,
-    }
+    recipe = mmrl_recipe(args, "causal_lm",
+                         {"model": "tiny:qwen2-char", "tiny_args": model_args(args), "max_new_tokens": args.tokens,
+                          "min_new_tokens": args.tokens, "temperature": 1.0, "prefix_sharing": "auto",
+                          "shared_prefill": True},
+                         {"path": _prompt_file(args)})
     trainer = Trainer(parse_config(recipe))
     times, floor, _ = timed_steps(trainer.train_step, args.warmup, args.steps, bare)
-    return times, floor
+    return times, floor, []
 
 
 def _prompt_file(args) -> str:
@@ -121,42 +97,18 @@ def _prompt_file(args) -> str:
     return path
 
 
-def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float]]:
+def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float], list]:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from tasks.tiny_models import qwen2_char
     model, tok = qwen2_char(**model_args(args))
     times: list[float] = []
     floor: list[float] = []
     data = Dataset.from_list([{"prompt": p} for p in prompts(args)] * (args.warmup + args.steps + 1))
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.tokens,
-        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
-        learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
-        lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=trl_grpo_config(args), train_dataset=data,
                           processing_class=tok, callbacks=[trl_step_timer(args.warmup, times, floor, bare)])
     trainer.train()
-    return times, floor
-
-
-CONTENDERS = ("bare", "mmrl", "trl")
-
-
-def worker(args) -> dict:
-    """One process: `--worker NAME` alone (peak RSS), or, with `--interleave`, NAME's steps
-    alternating with bare steps on a model of its own (step-time ratio within one process)."""
-    import torch
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    if args.worker == "bare":
-        bare = BareStep(args)
-        return {"times": run_bare(args, bare), "floor": [], "peak_rss_mb": peak_rss_mb()}
-    bare = BareStep(args) if args.interleave else None
-    times, floor = {"mmrl": run_mmrl, "trl": run_trl}[args.worker](args, bare)
-    return {"times": times, "floor": floor, "peak_rss_mb": peak_rss_mb()}
+    return times, floor, []
 
 
 def main() -> None:
@@ -173,11 +125,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="model depth (default: MODEL's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
-    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args)))
+        print(json.dumps(worker(args, BareStep, {"mmrl": run_mmrl, "trl": run_trl})))
         return
 
     # memory: each contender alone in a fresh process; time: each trainer's steps alternate with

@@ -1,19 +1,79 @@
 """Shared by the trainer benchmarks (bench_engine, bench_vlm): each contender runs in a process of
 its own, its steps alternating with bare steps on a second copy of the model, and its time is
 taken relative to the bare steps beside it (process-to-process variation here is ~10%, larger
-than the differences measured); peak RSS comes from a contender alone in a fresh process."""
+than the differences measured); peak RSS comes from a contender alone in a fresh process. Also
+the pieces every contender shares: the reward, the bare policy-gradient update, and the mmrl
+recipe and TRL config of one GRPO step with the same settings."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from typing import Any, Callable
+
+CONTENDERS = ("bare", "mmrl", "trl")
+BENCH_REWARD = "bench_digit_share"
+
+
+def digit_share(prompts, completions, **kwargs) -> list[float]:
+    """Share of digits in a completion (TRL passes conversational completions as messages)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
+
+
+def group_advantages(texts: list[str], group: int):
+    """The bare work's advantages: digit_share minus its group mean (no std scaling)."""
+    import torch
+    rewards = torch.tensor(digit_share(None, texts))
+    return rewards - rewards.view(-1, group).mean(1).repeat_interleave(group)
+
+
+def policy_gradient_update(opt, logits, completion, advantages) -> None:
+    """The bare work's update: loss = -mean_{i,t} A_i log p(y_it) from the completion's logits
+    [B, T, V] (fp32 log-softmax), backward, optimizer step."""
+    import torch
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, completion[..., None]).squeeze(-1)
+    (-(advantages[:, None] * logp).mean()).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """One mmrl GRPO step per rollout batch of `args.prompts` x `args.group` completions, rewarded
+    by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm."""
+    from mmrl.reward_registry import REWARDS, register_reward
+    if BENCH_REWARD not in REWARDS:
+        register_reward(BENCH_REWARD)(digit_share)
+    return {
+        "task": task, "policy": policy, "data": data,
+        "rewards": {BENCH_REWARD: {"weight": 1.0}},
+        "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
+        "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
+                  "max_grad_norm": None},
+        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
+        "output_dir": tempfile.mkdtemp(prefix="mmrl-bench-"), "max_steps": args.warmup + args.steps,
+        "save_every": 0,
+    }
+
+
+def trl_grpo_config(args):
+    """TRL's GRPOConfig with the settings of `mmrl_recipe`: exactly `args.tokens` completion tokens."""
+    from trl import GRPOConfig
+    return GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group, max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
+        learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
+        lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
 
 
 def peak_rss_mb() -> float:
@@ -87,6 +147,29 @@ def trl_step_timer(warmup: int, times: list[float], floor: list[float], bare: Ca
             self.last = time.perf_counter()
 
     return StepTimer()
+
+
+def worker(args, make_bare: Callable[[Any], Callable[[], float]],
+           runners: dict[str, Callable[..., tuple[list[float], list[float], list[Any]]]]) -> dict:
+    """One process: `--worker NAME` alone (peak RSS), or, with `--interleave`, NAME's steps
+    alternating with bare steps on a model of its own (step-time ratio within one process).
+    `runners[NAME](args, bare)` returns (step times, bare times beside them, per-step extras)."""
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.worker == "bare":
+        bare = make_bare(args)
+        times = [bare() for _ in range(args.warmup + args.steps)][args.warmup:]
+        return {"times": times, "floor": [], "peak_rss_mb": peak_rss_mb()}
+    bare = make_bare(args) if args.interleave else None
+    times, floor, extra = runners[args.worker](args, bare)
+    return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """The hidden options `launch` gives a worker process."""
+    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
 
 
 def launch(script: str, name: str, options: dict[str, Any], interleave: bool, threads: int) -> dict:

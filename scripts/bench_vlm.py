@@ -29,19 +29,15 @@ import statistics
 import tempfile
 import time
 
-from bench_harness import PhaseTimer, compare, over_bare, peak_rss_mb, timed_steps, trl_step_timer
+from bench_harness import (CONTENDERS, PhaseTimer, add_worker_options, compare, digit_share, group_advantages,
+                           mmrl_recipe, over_bare, policy_gradient_update, timed_steps, trl_grpo_config,
+                           trl_step_timer, worker)
 from bench_report import emit
 
 SIZE = 448  # pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "vision_hidden": 64, "rope_theta": 10.0,
          "max_pixels": SIZE * SIZE, "seed": 0}
 PHASES = ("rollout", "logprob", "update")
-
-
-def digit_share(prompts, completions, **kwargs):
-    """Share of digits in a completion (TRL passes conversational completions as messages)."""
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
 
 def shape_data(n: int) -> list[dict]:
@@ -89,17 +85,12 @@ class BareVLMStep:
                                  min_new_tokens=args.tokens, pad_token_id=tok.pad_token_id,
                                  suppress_tokens=self.suppress)
         completion = seq[:, width:]
-        rewards = torch.tensor(digit_share(None, tok.batch_decode(completion, skip_special_tokens=True)))
-        adv = rewards - rewards.view(-1, args.group).mean(1).repeat_interleave(args.group)
+        adv = group_advantages(tok.batch_decode(completion, skip_special_tokens=True), args.group)
         mask = torch.cat([inputs["attention_mask"], torch.ones_like(completion)], 1)
         types = torch.nn.functional.pad(inputs["mm_token_type_ids"], (0, completion.shape[1]))
         logits = model(input_ids=seq, attention_mask=mask, mm_token_type_ids=types,
                        pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]).logits
-        logp = torch.log_softmax(logits[:, width - 1:-1].float(), -1)
-        logp = logp.gather(-1, completion[..., None]).squeeze(-1)
-        (-(adv[:, None] * logp).mean()).backward()
-        self.opt.step()
-        self.opt.zero_grad()
+        policy_gradient_update(self.opt, logits[:, width - 1:-1], completion, adv)
         return time.perf_counter() - t0
 
 
@@ -118,23 +109,11 @@ def _data_file(args) -> str:
 def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     """Steps alternate between the shared prefill and the plain one (same samples either way)."""
     from mmrl.config import parse_config
-    from mmrl.reward_registry import REWARDS, register_reward
     from mmrl.trainer import Trainer
-    if "bench_digit_share" not in REWARDS:
-        register_reward("bench_digit_share")(digit_share)
-    recipe = {
-        "task": "vlm",
-        "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": MODEL, "max_new_tokens": args.tokens,
-                   "min_new_tokens": args.tokens, "temperature": 1.0},
-        "data": {"path": _data_file(args)},
-        "rewards": {"bench_digit_share": {"weight": 1.0}},
-        "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
-        "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
-                  "max_grad_norm": None},
-        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
-        "output_dir": tempfile.mkdtemp(prefix="mmrl-bench-"), "max_steps": args.warmup + args.steps,
-        "save_every": 0,
-    }
+    recipe = mmrl_recipe(args, "vlm", {"model": "tiny:qwen2.5-vl-char", "tiny_args": MODEL,
+                                       "max_new_tokens": args.tokens, "min_new_tokens": args.tokens,
+                                       "temperature": 1.0},
+                         {"path": _data_file(args)})
     trainer = Trainer(parse_config(recipe))
     phases = PhaseTimer()
     phases.wrap(trainer, "_prepare_batch", "rollout")
@@ -153,7 +132,7 @@ def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], 
 
 def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from tasks.tiny_models import qwen25_vl_char
     model, processor = qwen25_vl_char(**MODEL)
     rows = shape_data(args.prompts * 4)
@@ -163,38 +142,13 @@ def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], l
     floor: list[float] = []
     split: list[dict] = []
     phases = PhaseTimer()
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.tokens,
-        generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
-        learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
-        lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=config, train_dataset=data,
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_share, args=trl_grpo_config(args), train_dataset=data,
                           processing_class=processor,
                           callbacks=[trl_step_timer(args.warmup, times, floor, bare, phases, split)])
     phases.wrap(trainer, "_generate_and_score_completions", "rollout")
     phases.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob")
     trainer.train()
     return times, floor, split
-
-
-CONTENDERS = ("bare", "mmrl", "trl")
-
-
-def worker(args) -> dict:
-    """One process: `--worker NAME` alone (peak RSS), or, with `--interleave`, NAME's steps
-    alternating with bare steps on a model of its own (step-time ratio within one process)."""
-    import torch
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    if args.worker == "bare":
-        bare = BareVLMStep(args)
-        times = [bare() for _ in range(args.warmup + args.steps)][args.warmup:]
-        return {"times": times, "floor": [], "peak_rss_mb": peak_rss_mb()}
-    bare = BareVLMStep(args) if args.interleave else None
-    times, floor, extra = {"mmrl": run_mmrl, "trl": run_trl}[args.worker](args, bare)
-    return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
 
 
 def visual_tokens() -> int:
@@ -225,11 +179,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
     parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure each contender's peak RSS alone in a fresh process")
-    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
-    parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
+    add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args)))
+        print(json.dumps(worker(args, BareVLMStep, {"mmrl": run_mmrl, "trl": run_trl})))
         return
 
     tokens = visual_tokens()

@@ -66,7 +66,30 @@ class CausalLMConfig:
 
 @lru_cache(maxsize=None)
 def _log_once(message: str) -> None:
+    """Log `message` as a warning the first time this process sees it."""
     logger.warning(message)
+
+
+def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str) -> tuple[nn.Module, Any]:
+    """The registered tiny model ``tiny:NAME`` (built from `tiny_args`) in `dtype`, with its tokenizer."""
+    module, tokenizer = TINY_MODELS.get(model.removeprefix("tiny:"))(**tiny_args)
+    return module.to(DTYPES[dtype]), tokenizer
+
+
+def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None) -> str:
+    """A string prompt as is; a list of chat messages (or, with `chat_template` true, a string as
+    the user's message) through the tokenizer's chat template, `system_prompt` first if given."""
+    use_template = chat_template
+    if use_template is None:
+        use_template = not isinstance(prompt, str)
+    if not use_template:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 class GroupSeededSampler(LogitsProcessor):
@@ -115,7 +138,6 @@ class CausalLMPolicy(Policy):
         if cfg.prefix_sharing not in ("auto", "on", "off"):
             raise ValueError(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         self.cfg = cfg
-        self._sharing_fallback_logged = False
         self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -129,8 +151,7 @@ class CausalLMPolicy(Policy):
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
         if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
+            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
@@ -149,17 +170,7 @@ class CausalLMPolicy(Policy):
     # ----- prompts -------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
         """A string prompt as is; a list of chat messages through the chat template."""
-        use_template = self.cfg.chat_template
-        if use_template is None:
-            use_template = not isinstance(prompt, str)
-        if not use_template:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.cfg.system_prompt and messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with
@@ -375,9 +386,7 @@ class CausalLMPolicy(Policy):
             return None
         reason = unsupported_reason(self.model.config)
         if reason is not None:
-            if not self._sharing_fallback_logged:
-                logger.warning("policy.prefix_sharing=%s: %s; log-probs use the plain forward", mode, reason)
-                self._sharing_fallback_logged = True
+            _log_once(f"policy.prefix_sharing={mode}: {reason}; log-probs use the plain forward")
             return None
         groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"])
         if mode == "auto" and not worth_sharing(batch.extras["prompt_mask"], completion_lengths(completion_mask),

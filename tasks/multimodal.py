@@ -21,9 +21,8 @@ from torch import Tensor, nn
 
 from mmrl.rollout import Rollout
 
-from .causal_lm import DTYPES, CausalLMConfig, CausalLMPolicy
+from .causal_lm import CausalLMConfig, CausalLMPolicy, load_tiny
 from .prefix_sharing import SharedLayout
-from .tiny_models import TINY_MODELS
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
 # times, not features: kept in fp32 (in bf16, 0.8 s per grid becomes 0.8008 and shifts Qwen2.5-VL's
@@ -37,8 +36,7 @@ class MultimodalPolicy(CausalLMPolicy):
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
-            self.model, self.processor = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
+            self.model, self.processor = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
         else:
             self._load_pretrained(cfg)
         self.tokenizer = self.processor.tokenizer

@@ -1,6 +1,9 @@
-"""Small recipes shared by the trainer tests: a tiny Qwen2 on 1-digit addition."""
+"""Shared by the trainer tests: small recipes (a tiny Qwen2 on 1-digit addition), the
+"streamed micro-batches equal one big batch" and "on-policy ratio is exactly 1" checks."""
 
 from pathlib import Path
+
+import torch
 
 TINY_RECIPE = {
     "task": "causal_lm",
@@ -21,3 +24,29 @@ def tiny_overrides(output_dir, **extra):
     """`key=value` strings for the CLI / parse_config."""
     items = {"output_dir": str(output_dir), **extra}
     return [f"{k}={v}" for k, v in items.items()]
+
+
+def streamed_grads(trainer, batch, sizes):
+    """The gradients of one accumulation pass over `batch` for each micro-batch size in `sizes`."""
+    out = []
+    for size in sizes:
+        trainer.cfg.optim.micro_batch_size = size
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.accumulate_gradients(batch, trainer._micro_batches(batch), None, None, with_entropy=False)
+        out.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    return out
+
+
+def assert_grads_close(a, b):
+    assert a and a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
+
+
+def on_policy_step_changes(trainer):
+    """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1), and
+    return the names of the parameters the step changed."""
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.train_step()
+    assert metrics["ratio_max_dev"] == 0.0
+    return [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]

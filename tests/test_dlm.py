@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from tasks.dlm.estimators import ESTIMATORS, EstimatorArgs, view_seed
@@ -232,20 +233,9 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
     t = Trainer(cfg)
     batch = t._prepare_batch(1)
     assert batch.advantages.abs().sum() > 0
-    grads = []
-    for size in (12, 5):
-        t.cfg.optim.micro_batch_size = size
-        t.optimizer.zero_grad(set_to_none=True)
-        t.accumulate_gradients(batch, t._micro_batches(batch), None, None, with_entropy=False)
-        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
-    assert grads[0] and grads[0].keys() == grads[1].keys()
-    for name in grads[0]:
-        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5), name
+    assert_grads_close(*streamed_grads(t, batch, (12, 5)))
     t.optimizer.zero_grad(set_to_none=True)
-    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
-    metrics = t.train_step()
-    assert metrics["ratio_max_dev"] == 0.0  # pass 0's old log-probs use pass 0's masks
-    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())
+    assert on_policy_step_changes(t)  # ratio 1: pass 0's old log-probs use pass 0's masks
 
 
 def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):

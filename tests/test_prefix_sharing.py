@@ -1,5 +1,5 @@
 """Prefix sharing: the shared-prefix forward gives the plain forward's log-probs and gradients
-(text, image and audio models; completions of different lengths; micro-batches holding parts of
+(text, image, video and audio models; completions of different lengths; micro-batches holding parts of
 groups), streaming and the on-policy ratio stay exact, `auto` and the fallback choose the path."""
 
 import logging
@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
-from helpers import TINY_RECIPE, tiny_overrides
+from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overrides
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer, build_policy
 from tasks.audio import AudioLMConfig, AudioLMPolicy
@@ -135,16 +135,8 @@ def test_image_logprobs_and_gradients_equal_the_plain_forward():
     assert_equal_to_plain(policy, with_lengths(policy, batch, LENGTHS), SELECTIONS)
 
 
-class VideoPolicy(VLMPolicy):
-    """The VLM adapter reading one video (frames [T, H, W, 3]) per row: Qwen2.5-VL's video path
-    (temporal rotary positions spaced by `second_per_grid_ts`) through the same processor."""
-
-    def _media(self, row):
-        return [{"type": "video"}], {"videos": [row["video"]]}
-
-
 def test_video_logprobs_and_gradients_equal_the_plain_forward():
-    policy = VideoPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/video.py
     rows = [{"prompt": "what moves?", "video": RNG.integers(0, 255, (4, 28, 56, 3), dtype=np.uint8)},
             {"prompt": "count", "video": RNG.integers(0, 255, (4, 56, 28, 3), dtype=np.uint8)},
             {"prompt": "where?", "video": RNG.integers(0, 255, (2, 28, 28, 3), dtype=np.uint8)}]
@@ -193,22 +185,6 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
     policy.model.config._attn_implementation = "sdpa"
     assert unsupported_reason(policy.model.config) is None
     assert "bidirectionally" in unsupported_reason(Gemma3Config())
-
-
-def streamed_grads(trainer, batch, sizes):
-    out = []
-    for size in sizes:
-        trainer.cfg.optim.micro_batch_size = size
-        trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.accumulate_gradients(batch, trainer._micro_batches(batch), None, None, with_entropy=False)
-        out.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-    return out
-
-
-def assert_grads_close(a, b):
-    assert a and a.keys() == b.keys()
-    for name in a:
-        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
 
 
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):

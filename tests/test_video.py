@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from rewards.t_grpo import pop_metrics, t_grpo_reward
@@ -200,19 +201,8 @@ def test_streaming_and_a_training_step(tmp_path):
     batch = t._prepare_batch(1)
     assert len(batch.rollout) == 9 and batch.rollout.auxiliary is None  # the shuffled rows never train
     assert batch.metrics["reward/t_grpo/groups"] == 3.0 and "auxiliary/reward/digit_share" in batch.metrics
-    grads = []
-    for size in (9, 2):
-        t.cfg.optim.micro_batch_size = size
-        t.optimizer.zero_grad(set_to_none=True)
-        t.accumulate_gradients(batch, t._micro_batches(batch), None, None, with_entropy=False)
-        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
-    assert grads[0] and grads[0].keys() == grads[1].keys()
-    for name in grads[0]:
-        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5), name
-    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
-    metrics = t.train_step()
-    assert metrics["ratio_max_dev"] == 0.0
-    changed = [n for n, p in t.model.named_parameters() if not torch.equal(before[n], p)]
+    assert_grads_close(*streamed_grads(t, batch, (9, 2)))
+    changed = on_policy_step_changes(t)
     assert any("visual" in n for n in changed) and any("language_model" in n for n in changed)
     held_out = t.evaluate()  # scored on the ordered rows only
     assert {"reward/t_grpo", "reward_mean_se", "greedy/t_grpo"} <= set(held_out)

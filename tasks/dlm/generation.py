@@ -41,7 +41,7 @@ LogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 class DecodeConfig:
     gen_length: int = 32
     block_length: int = 32
-    steps: int = 32
+    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
     temperature: float = 1.0
     remasking: str = "low_confidence"
     schedule: str = "uniform"

@@ -12,7 +12,7 @@ update pass (`pass_view`).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -26,7 +26,7 @@ from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
-from ..causal_lm import DTYPES
+from ..causal_lm import DTYPES, load_tiny, prompt_text
 from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
 from ..token_logprobs import selective_log_softmax
 from .estimators import ESTIMATORS, EstimatorArgs, view_seed
@@ -37,7 +37,9 @@ MASK_SEED_SALT = 0xD1
 
 
 @dataclass
-class DLMConfig:
+class DLMConfig(DecodeConfig):
+    """The decoding settings (`DecodeConfig`: gen_length, block_length, steps, temperature,
+    remasking, schedule, cfg_scale, eos_early_rejection, eos_min_gamma) and the model's."""
     model: str = ""
     tokenizer: str | None = None
     tiny_args: dict[str, Any] = field(default_factory=dict)
@@ -50,16 +52,6 @@ class DLMConfig:
     attention_mask: Literal["2d", "4d", "none"] = "2d"  # how padding is shown (Dream: 4d)
     chat_template: bool | None = None
     system_prompt: str | None = None
-    # decoding (generation.py)
-    gen_length: int = 32
-    block_length: int = 32
-    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
-    temperature: float = 1.0
-    remasking: str = "low_confidence"
-    schedule: str = "uniform"
-    cfg_scale: float = 0.0
-    eos_early_rejection: bool = False
-    eos_min_gamma: float = 0.4
     # log-prob estimator (estimators.py)
     estimator: str = "diffu_grpo"
     p_mask: float = 0.15
@@ -100,8 +92,7 @@ class DLMPolicy(Policy):
         if cfg.auto_class not in AUTO_CLASSES:
             raise ValueError(f"policy.auto_class={cfg.auto_class!r} is not one of {AUTO_CLASSES}")
         self.estimate = ESTIMATORS.get(cfg.estimator)
-        self.decode = DecodeConfig(cfg.gen_length, cfg.block_length, cfg.steps, cfg.temperature, cfg.remasking,
-                                   cfg.schedule, cfg.cfg_scale, cfg.eos_early_rejection, cfg.eos_min_gamma)
+        self.decode = DecodeConfig(**{f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)})
         self.decode.check()
         self.cfg = cfg
         self._load(cfg)
@@ -125,8 +116,7 @@ class DLMPolicy(Policy):
 
     def _load(self, cfg: DLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-            self.model.to(DTYPES[cfg.dtype])
+            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
@@ -160,17 +150,7 @@ class DLMPolicy(Policy):
     # ----- prompts ------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
         """A string prompt as is; a list of chat messages through the chat template."""
-        use_template = self.cfg.chat_template
-        if use_template is None:
-            use_template = not isinstance(prompt, str)
-        if not use_template:
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.cfg.system_prompt and messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
 
     def _encode(self, rows: Sequence[Any]) -> tuple[Tensor, Tensor]:
         texts = [self.prompt_text(self.prompt_of(r)) for r in rows]
