@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 @pytest.mark.parametrize("demo,gain", [("text", 0.10), ("grounding", 0.03), ("asr", 0.03), ("t2i", 0.05),
-                                       ("dlm", 0.05)])
+                                       ("dlm", 0.05), ("latex", 0.03)])
 def test_demo_raises_the_held_out_reward(tmp_path, demo, gain):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "mmrl", "demo", demo, f"output_dir={tmp_path}",
@@ -21,5 +21,5 @@ def test_demo_raises_the_held_out_reward(tmp_path, demo, gain):
     assert summary["after"] - summary["before"] >= gain
     assert summary["after"] - summary["before"] > 4 * max(summary["before_se"], summary["after_se"])
     assert (tmp_path / "plots" / "rewards.png").is_file()
-    if demo in ("grounding", "asr", "t2i"):  # the demos that draw their held-out samples
+    if demo in ("grounding", "asr", "t2i", "latex"):  # the demos that draw their held-out samples
         assert (tmp_path / "plots" / "samples.png").read_bytes()[:4] == b"\x89PNG"
