@@ -93,19 +93,39 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
 ENGINE_COLUMNS = ("group_id", "auxiliary")
 
 
+def _auxiliary(rollout: Rollout) -> Tensor:
+    n = len(rollout)
+    return rollout.auxiliary if rollout.auxiliary is not None else torch.zeros(n, dtype=torch.bool)
+
+
+def reward_columns(rollout: Rollout, rows: Sequence[int] | None = None) -> dict[str, list[Any]]:
+    """The columns rewards see for the given rows (all by default): the rollout's data-set
+    columns plus the engine's ``group_id`` and ``auxiliary`` (a data-set column of either name is
+    an error)."""
+    for name in ENGINE_COLUMNS:
+        if name in rollout.columns:
+            raise ValueError(f"column {name!r} is reserved for the engine (rewards receive it); rename it in "
+                             "the data set")
+    columns = {**rollout.columns, "group_id": rollout.group_id.tolist(), "auxiliary": _auxiliary(rollout).tolist()}
+    if rows is None:
+        return columns
+    return {k: [v[i] for i in rows] for k, v in columns.items()}
+
+
+def score_completions(fns: Mapping[str, RewardFn], rollout: Rollout, rows: Sequence[int],
+                      completions: Sequence[Any]) -> dict[str, Tensor]:
+    """Score extra completions (e.g. intermediate states completed to the end), completion j
+    standing for row rows[j]: its prompt and its columns."""
+    return compute_rewards(fns, [rollout.prompts[i] for i in rows], completions, reward_columns(rollout, rows))
+
+
 def score_rollout(fns: Mapping[str, RewardFn], rollout: Rollout
                   ) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
     """Score every row, auxiliary rows included; return (the rollout without its auxiliary rows,
     their rewards, the auxiliary rows' rewards). Rewards see the rollout's columns plus
     ``group_id`` and ``auxiliary`` (a data-set column of either name is an error)."""
-    n = len(rollout)
-    auxiliary = rollout.auxiliary if rollout.auxiliary is not None else torch.zeros(n, dtype=torch.bool)
-    for name in ENGINE_COLUMNS:
-        if name in rollout.columns:
-            raise ValueError(f"column {name!r} is reserved for the engine (rewards receive it); rename it in "
-                             "the data set")
-    columns = {**rollout.columns, "group_id": rollout.group_id.tolist(), "auxiliary": auxiliary.tolist()}
-    rewards = compute_rewards(fns, rollout.prompts, rollout.completions, columns)
+    auxiliary = _auxiliary(rollout)
+    rewards = compute_rewards(fns, rollout.prompts, rollout.completions, reward_columns(rollout))
     if not auxiliary.any():
         return rollout, rewards, {k: v[:0] for k, v in rewards.items()}
     keep = (~auxiliary).nonzero().flatten()

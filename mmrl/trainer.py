@@ -32,7 +32,7 @@ from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, compute_rewards, reward_metrics, score_rollout
+from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -165,10 +165,8 @@ class Trainer:
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout)
-        per_unit = self.policy.step_rewards(rollout, lambda picked, completions: compute_rewards(
-            self.reward_fns, [rollout.prompts[i] for i in picked], completions,
-            {**{k: [v[i] for i in picked] for k, v in rollout.columns.items()},
-             "group_id": [int(rollout.group_id[i]) for i in picked], "auxiliary": [False] * len(picked)}))
+        per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
+            self.reward_fns, rollout, picked, completions))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
         counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
