@@ -11,6 +11,7 @@ reason. Without TeX on the machine, formulas fall back to matplotlib's mathtext.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import resource
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,8 +89,19 @@ def resolve_renderer(renderer: str = "auto") -> str:
     if renderer not in ("auto", "latex", "mathtext"):
         raise ValueError(f"latex renderer={renderer!r} is not one of auto, latex, mathtext")
     if renderer == "auto":
-        return "latex" if tex_available() else "mathtext"
+        if tex_available():
+            return "latex"
+        _warn_no_tex()
+        return "mathtext"
     return renderer
+
+
+@functools.cache
+def _warn_no_tex() -> None:
+    """Say once per process that `auto` fell back to mathtext, and how to install TeX."""
+    warnings.warn("latex_render: no TeX installation found (latex, dvipng); rendering formulas "
+                  "with matplotlib's mathtext instead. Install texlive-latex-base "
+                  "texlive-latex-recommended dvipng poppler-utils for TeX renders.", stacklevel=3)
 
 
 def compile_latex(snippet: str, kind: str = "formula", timeout: float = 10.0, memory_mb: int = 1024,

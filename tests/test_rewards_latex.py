@@ -150,3 +150,15 @@ def test_repeated_completions_compile_once(monkeypatch):
     monkeypatch.setattr(latex_render, "COMPLETION_CACHE_SIZE", 1)
     reward(None, ["e"], reference=[ref])
     assert list(latex_render._completion_cache) == [("e", "formula", "latex" if tex_available() else "mathtext")]
+
+
+def test_auto_renderer_warns_once_when_tex_is_missing(monkeypatch):
+    """Without TeX, `auto` falls back to mathtext and says so (once per process), not silently."""
+    from rewards import latex_sandbox
+    monkeypatch.setattr(latex_sandbox, "tex_available", lambda: False)
+    latex_sandbox._warn_no_tex.cache_clear()
+    with pytest.warns(UserWarning, match="no TeX installation found") as record:
+        assert latex_sandbox.resolve_renderer("auto") == "mathtext"
+        assert latex_sandbox.resolve_renderer("auto") == "mathtext"
+    assert sum("no TeX" in str(w.message) for w in record) == 1
+    assert latex_sandbox.resolve_renderer("mathtext") == "mathtext"
