@@ -34,9 +34,10 @@ def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3,
     """For each prompt group, p = mean `accuracy` reward of its ordered rows and q = mean over its
     auxiliary rows (the rollouts with shuffled frames, `policy.shuffled_rollouts`). If
     p >= mu * q (compared in exact fractions, mu and the scores as written in decimal, so an exact
-    tie such as 3 of 5 vs 0.8 x 3 of 4 pays, as Video-R1 does), each ordered row whose accuracy is > `correct_above` gets `alpha`, the others 0;
-    else every ordered row gets 0. Means are taken per group, never over the batch (Video-R1's
-    code takes them over the local batch, right only at one prompt per device).
+    tie such as 3 of 5 vs 0.8 x 3 of 4 pays, as Video-R1 does), each ordered row whose accuracy
+    is > `correct_above` gets `alpha`, the others 0; else every ordered row gets 0. Means are
+    taken per group, never over the batch (Video-R1's code takes them over the local batch, right
+    only at one prompt per device).
 
     Defaults are Video-R1's: alpha 0.3, mu 0.8 (its authors also suggest 1.0), correct when the
     accuracy exceeds 0.1 (its graded rewards count as correct too). `accuracy` names the reward

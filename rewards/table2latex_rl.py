@@ -29,6 +29,7 @@ difference of 1/n, n ~ 2 million band pixels at 300 dpi.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -43,7 +44,8 @@ DOCUMENT = (r"\documentclass[standalone]{article}\usepackage[utf8]{inputenc}\use
             r"\usepackage{booktabs, multirow, natbib, tabularx, multicol, bm}" + "\n" + latex_sandbox.PAGE_CAP + "\n"
             r"\begin{document}\begin{table}\centering\resizebox{0.5\columnwidth}{!}{%s}\end{table}\end{document}")
 
-_RULES = re.compile(r"\\cmidrule{\s*}|\\cdashline\{[0-9]+(-[0-9]+)?\}\s*|\\cmidrule\((?:lr|r|l)?\)\{[0-9]+\-[0-9]+\}\s*|"
+_RULES = re.compile(r"\\cmidrule{\s*}|\\cdashline\{[0-9]+(-[0-9]+)?\}\s*|"
+                    r"\\cmidrule\((?:lr|r|l)?\)\{[0-9]+\-[0-9]+\}\s*|"
                     r"\\arrayrulecolor{.*?}\s*|\\caption{.*?}\s*|\\centering\s*|\\hline\s*|\\cline{.*?}\s*|"
                     r"\\toprule\s*|\\midrule\s*|\\bottomrule\s*")
 _TABULAR = re.compile(r"\\begin\{tabular[x]*\*?\}.*?\\end\{tabular[x]*\*?\}", re.DOTALL)
@@ -135,6 +137,7 @@ def grid_tree(grid: list[list[str]]) -> Node:
     return table
 
 
+@functools.lru_cache(maxsize=4096)  # the format and accuracy rules both ask for it
 def structure_teds(candidate: str, reference: str) -> float:
     """Their structure-only TEDS: 1 - TED / max(|T1|, |T2|), |T| counting the table node;
     0 when either side has no table."""

@@ -50,7 +50,8 @@ def test_video_r1_numerical_regression_ocr():
 
 def test_r1_aqa_whole_completion_without_tag_case_and_space_sensitive():
     pairs = [("<answer>Piano</answer>", "<answer>Piano</answer>"), ("Piano", "<answer>Piano</answer>"),
-             ("  Piano \n", "Piano"), ("<answer>piano</answer>", "Piano"), ("<answer>grand  piano</answer>", "grand piano"),
+             ("  Piano \n", "Piano"), ("<answer>piano</answer>", "Piano"),
+             ("<answer>grand  piano</answer>", "grand piano"),
              ("<answer>Piano</answer><answer>Drum</answer>", "Drum"),  # first block
              ("<answer>Pi\nano</answer>", "Pi\nano"),  # a block over two lines is not read: the whole text
              ("I think <answer> Piano </answer>", "Piano")]

@@ -22,7 +22,7 @@ def test_grid_follows_their_conversion():
     # multirow marks the slot below "^^", multicolumn the slot to its right "<<"; the second row's
     # empty placeholder takes the first free slot, pushing y off the grid
     grid = T.latex_grid(code)
-    assert grid == [[r"\begin{tabular}{ccc} M", "<<", "<<"][:1] + ["H", "<<"], ["^^", "", "x"], [r"\end{tabular}", "", ""]]
+    assert grid == [[r"\begin{tabular}{ccc} M", "H", "<<"], ["^^", "", "x"], [r"\end{tabular}", "", ""]]
     tree = T.grid_tree(grid)
     assert [[(td.colspan, td.rowspan) for td in tr.children] for tr in tree.children] == [
         [(1, 2), (2, 1)], [(1, 1), (1, 1)], [(1, 1), (1, 1), (1, 1)]]
@@ -128,7 +128,8 @@ needs_pdf = pytest.mark.skipif(shutil.which("pdflatex") is None or shutil.which(
 
 @needs_pdf
 def test_pdf_pages_render_whole_at_the_given_dpi():
-    doc = r"\documentclass{article}" + S.PAGE_CAP + r"\begin{document}\begin{tabular}{cc} a & b \end{tabular}\end{document}"
+    doc = (r"\documentclass{article}" + S.PAGE_CAP
+           + r"\begin{document}\begin{tabular}{cc} a & b \end{tabular}\end{document}")
     page = S.compile_pdf_page(doc, dpi=100)
     # the whole page, untrimmed: A4 or US letter as the TeX installation's default paper
     assert page.image.dtype == np.uint8 and page.image.shape in ((1170, 827), (1100, 850))
