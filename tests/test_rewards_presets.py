@@ -103,3 +103,11 @@ def test_preset_errors_are_named():
         acc("r1_aqa", [("a", "a")], mode="exact")
     with pytest.raises(ValueError, match="pattern"):
         fmt([""], ["a"], preset="r1_aqa", think=False)
+
+
+def test_video_r1_free_form_rouge():
+    pytest.importorskip("rouge_score")
+    # "the cat" against "the cat sat": ROUGE-1 F 0.8, ROUGE-2 F 2/3 (1 of 2 bigrams), ROUGE-L F 0.8
+    out = acc("video_r1", [("<answer>the cat</answer>", "the cat sat"), ("<answer>a b</answer>", "c d")],
+              problem_type="free-form")
+    assert out == pytest.approx([(0.8 + 2 / 3 + 0.8) / 3, 0.0])
