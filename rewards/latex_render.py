@@ -148,25 +148,40 @@ COMPONENTS = ("sum", "format", "accuracy")
 
 def _table2latex_rl(completions, reference, component: str, timeout: float, workers: int) -> list[float | None]:
     """Table2LaTeX-RL's format and accuracy rewards on the raw completion text (as its code
-    reads it), `component` both summed or one of them; sandboxed renders, cached by text."""
+    reads it), `component` both summed or one of them; sandboxed renders, cached by text. A
+    reference that does not compile is an error (their code would score every completion 0)."""
     if component not in COMPONENTS:
         raise ValueError(f"latex_render: component={component!r} is not one of {', '.join(COMPONENTS)}")
     codes = [completion_text(c) for c in completions]
-    pages: dict[str, np.ndarray | None] = {}
+    pages: dict[str, Render] = {}
 
-    def render(code: str) -> np.ndarray | None:
+    def page(code: str) -> Render:
         if code not in pages:
             bad = FORBIDDEN.search(code)
-            if bad:
-                _failures["forbidden"] += 1
-            pages[code] = None if bad else table2latex_rl.render_page(code, timeout)
+            pages[code] = (Render(None, "latex", f"forbidden command {bad.group(0)}") if bad
+                           else table2latex_rl.render_page(code, timeout))
         return pages[code]
+
+    def render_candidate(code: str) -> np.ndarray | None:
+        result = page(code)
+        _renderers[result.renderer] += 1
+        if result.image is None:
+            _failures[_reason(result.error)] += 1
+        return result.image
+
+    def render_reference(code: str) -> np.ndarray:
+        result = page(code)
+        if result.image is None:
+            raise ValueError(f"latex_render: a reference does not render with preset table2latex_rl "
+                             f"({result.error}): {code[:80]!r}")
+        return result.image
 
     def score(i: int) -> float | None:
         if reference[i] is None:
             return None
         fmt = table2latex_rl.format_reward(codes[i], reference[i]) if component != "accuracy" else 0.0
-        acc = table2latex_rl.accuracy_reward(codes[i], reference[i], render) if component != "format" else 0.0
+        acc = (table2latex_rl.accuracy_reward(codes[i], reference[i], render_candidate, render_reference)
+               if component != "format" else 0.0)
         return fmt + acc
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -181,13 +196,16 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
     """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1].
     `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`.
     ``preset: table2latex_rl``: Table2LaTeX-RL's format + accuracy rewards (0, 1 or 2; needs
-    pdflatex and poppler's pdftoppm); `component`: ``sum`` (default), ``format`` or ``accuracy``."""
+    pdflatex, multirow.sty and poppler's pdftoppm; `timeout` per compile); `component`: ``sum`` (default), ``format`` or ``accuracy``."""
     if len(reference) != len(completions):
         raise ValueError(f"latex_render: column 'reference' has {len(reference)} values for "
                          f"{len(completions)} completions")
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"latex_render: preset={preset!r} is not one of {', '.join(PRESETS)}")
+        if (kind, visual_weight, structure_weight, renderer) != ("auto", 0.5, 0.5, "auto"):
+            raise ValueError(f"latex_render: preset={preset!r} follows its authors' rules; kind / visual_weight / "
+                             "structure_weight / renderer do not apply")
         return _table2latex_rl(completions, reference, component, timeout, workers)
     if visual_weight < 0 or structure_weight < 0 or visual_weight + structure_weight <= 0:
         raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")

@@ -179,19 +179,21 @@ def cw_ssim(candidate: np.ndarray, reference: np.ndarray) -> float:
     return float(np.mean([_global_ssim(a, b) for a, b in zip(_bands(candidate), _bands(reference))]))
 
 
-def render_page(code: str, timeout: float = 20.0) -> np.ndarray | None:
-    """Page 1 of their document around `code`, 300 dpi, uint8 grayscale; None if it does not compile."""
-    return latex_sandbox.compile_pdf_page(DOCUMENT % code, dpi=DPI, timeout=timeout).image
+def render_page(code: str, timeout: float = 20.0) -> latex_sandbox.Render:
+    """Page 1 of their document around `code`, 300 dpi, uint8 grayscale (no image, and the
+    reason, if it does not compile)."""
+    return latex_sandbox.compile_pdf_page(DOCUMENT % code, dpi=DPI, timeout=timeout)
 
 
 def format_reward(candidate: str, reference: str) -> float:
     return 1.0 if structure_teds(candidate, reference) > FORMAT_ABOVE else 0.0
 
 
-def accuracy_reward(candidate: str, reference: str, render=render_page) -> float:
+def accuracy_reward(candidate: str, reference: str, render_candidate, render_reference) -> float:
+    """`render_*(code)`: the page as a uint8 array, or None when it does not compile."""
     if structure_teds(candidate, reference) < STRUCTURE_BELOW:
         return 0.0
-    a, b = render(candidate), render(reference)
+    a, b = render_candidate(candidate), render_reference(reference)
     if a is None or b is None:
         return 0.0
     return 1.0 if cw_ssim(a, b) > CW_SSIM_ABOVE else 0.0

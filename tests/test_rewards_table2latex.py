@@ -11,6 +11,7 @@ import rewards  # noqa: F401  (registration)
 from mmrl.reward_registry import get_reward
 from rewards import latex_sandbox as S
 from rewards import table2latex_rl as T
+from rewards.latex_render import pop_metrics
 
 ROW = r"\begin{tabular}{cccc} a & b & c & d \\ \end{tabular}"
 TWO_ROWS = r"\begin{tabular}{cc}\hline a & b \\ c & d \\ \hline \end{tabular}"
@@ -97,29 +98,36 @@ def test_format_and_accuracy_rules_with_given_pages():
     near = TWO_ROWS.replace("c & d", "c & d \\\\ e & f")  # one more row: TED 3 over 13 nodes
     assert T.structure_teds(near, TWO_ROWS) == pytest.approx(1 - 3 / 13)
     assert T.format_reward(TWO_ROWS, TWO_ROWS) == 1.0 and T.format_reward(near, TWO_ROWS) == 0.0
-    assert T.accuracy_reward(TWO_ROWS + "%same", TWO_ROWS + "%same", render) == 1.0
-    assert T.accuracy_reward(near + "%same", TWO_ROWS + "%other", render) == 0.0  # CW-SSIM <= 0.6
-    assert T.accuracy_reward(TWO_ROWS + "%broken", TWO_ROWS + "%same", render) == 0.0
+    assert T.accuracy_reward(TWO_ROWS + "%same", TWO_ROWS + "%same", render, render) == 1.0
+    assert T.accuracy_reward(near + "%same", TWO_ROWS + "%other", render, render) == 0.0  # CW-SSIM <= 0.6
+    assert T.accuracy_reward(TWO_ROWS + "%broken", TWO_ROWS + "%same", render, render) == 0.0
     calls.clear()
-    assert T.accuracy_reward("no table %same", TWO_ROWS + "%same", render) == 0.0 and calls == []  # TEDS < 0.3
+    assert T.accuracy_reward("no table %same", TWO_ROWS + "%same", render, render) == 0.0 and calls == []  # TEDS < 0.3
 
 
 def test_latex_render_preset_sums_format_and_accuracy(monkeypatch):
     page = np.full((8, 8), 255, np.uint8)
     page[1:4, 1:7] = 0
-    monkeypatch.setattr(T, "render_page", lambda code, timeout=20.0: None if "broken" in code else page)
+    monkeypatch.setattr(T, "render_page", lambda code, timeout=20.0: S.Render(
+        None if "broken" in code else page, "latex", "! Undefined control sequence." if "broken" in code else None))
     reward = get_reward("latex_render")
     refs = [TWO_ROWS, TWO_ROWS, TWO_ROWS, None]
     comps = [TWO_ROWS, ROW, TWO_ROWS.replace(" a ", r" \textbf{broken} "), "x"]
-    # identical: 1 + 1; the row split: TEDS 4/7 fails format, passes 0.3, pages equal: 0 + 1; broken render: 1 + 0
+    # identical: 1 + 1; the row split: TEDS 6/11 fails format, passes 0.3, pages equal: 0 + 1; broken render: 1 + 0
     assert reward(None, comps, reference=refs, preset="table2latex_rl") == [2.0, 1.0, 1.0, None]
+    assert pop_metrics()["fail/compile"] == 1.0
     assert reward(None, comps[:2], reference=refs[:2], preset="table2latex_rl", component="format") == [1.0, 0.0]
     assert reward(None, [r"\input{x}" + TWO_ROWS], reference=[TWO_ROWS], preset="table2latex_rl",
                   component="accuracy") == [0.0]  # the sandbox refuses it before any render
+    assert pop_metrics()["fail/forbidden"] == 1.0
+    with pytest.raises(ValueError, match="reference does not render"):
+        reward(None, [TWO_ROWS], reference=[comps[2]], preset="table2latex_rl")
     with pytest.raises(ValueError, match="preset='pubtabnet'"):
         reward(None, ["x"], reference=["x"], preset="pubtabnet")
     with pytest.raises(ValueError, match="component='both'"):
         reward(None, ["x"], reference=["x"], preset="table2latex_rl", component="both")
+    with pytest.raises(ValueError, match="visual_weight"):
+        reward(None, ["x"], reference=["x"], preset="table2latex_rl", visual_weight=1.0)
 
 
 needs_pdf = pytest.mark.skipif(shutil.which("pdflatex") is None or shutil.which("pdftoppm") is None,
@@ -143,6 +151,6 @@ def test_pdf_pages_render_whole_at_the_given_dpi():
 @pytest.mark.skipif(not subprocess.run(["kpsewhich", "multirow.sty"], capture_output=True).stdout,
                     reason="their preamble needs multirow.sty (texlive-latex-extra)")
 def test_their_document_renders_at_300_dpi():
-    page = T.render_page(TWO_ROWS)
+    page = T.render_page(TWO_ROWS).image
     assert page is not None and page.dtype == np.uint8 and page.shape in ((3508, 2480), (3300, 2550))  # 300 dpi
     assert get_reward("latex_render")(None, [TWO_ROWS], reference=[TWO_ROWS], preset="table2latex_rl") == [2.0]
