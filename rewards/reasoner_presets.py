@@ -30,6 +30,7 @@ The ground truth is the ``answer`` column; where it holds an ``<answer>`` block 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, Callable
 
 PRESETS = ("video_r1", "r1_aqa", "vlm_r1")
@@ -55,14 +56,17 @@ def check_preset(name: str, preset: str) -> None:
 
 def _math_verify_equal(predicted: str, truth: str) -> bool:
     """math_verify's ``verify(parse(predicted), parse(truth)) > 0`` as the authors call it (the
-    predicted side first); False where it raises."""
+    predicted side first; its 5 s signal timeouts, which work only in the main thread, are off
+    elsewhere); False where it raises."""
     try:
         from math_verify import parse, verify
     except ImportError as e:  # an optional dependency of the presets that need it
         raise ImportError("the r1_aqa and vlm_r1 presets check answers with math_verify as their authors do: "
                           "pip install math-verify") from e
+    timeouts = threading.current_thread() is threading.main_thread()
+    parse_kw, verify_kw = ({}, {}) if timeouts else ({"parsing_timeout": None}, {"timeout_seconds": None})
     try:
-        return float(verify(parse(predicted), parse(truth))) > 0
+        return float(verify(parse(predicted, **parse_kw), parse(truth, **parse_kw), **verify_kw)) > 0
     except Exception:  # noqa: BLE001  (the authors' code treats any failure as "not equal")
         return False
 

@@ -3,6 +3,7 @@
 src/open-r1-multimodal/src/open_r1/grpo_jsonl.py)."""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -56,8 +57,10 @@ def test_r1_aqa_whole_completion_without_tag_case_and_space_sensitive():
              ("<answer>Pi\nano</answer>", "Pi\nano"),  # a block over two lines is not read: the whole text
              ("I think <answer> Piano </answer>", "Piano")]
     assert acc("r1_aqa", pairs) == [1, 1, 1, 0, 0, 0, 0, 1]
-    # math_verify first, on the whole completion: 1/2 equals 0.5
+    # math_verify first, on the whole completion: 1/2 equals 0.5 (also off the main thread)
     assert acc("r1_aqa", [("<answer>$\\frac{1}{2}$</answer>", "0.5")]) == [1.0]
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(acc, "r1_aqa", [("<answer>$\\frac{1}{2}$</answer>", "0.5")]).result() == [1.0]
 
 
 def test_vlm_r1_default_rules():
