@@ -12,6 +12,7 @@ from . import latex_render  # noqa: F401,E402  (registration)
 from . import iou  # noqa: F401,E402  (registration)
 from . import wer  # noqa: F401,E402  (registration)
 from . import t_grpo  # noqa: F401,E402  (registration)
+from . import length_bonus  # noqa: F401,E402  (registration)
 from . import colour_shape  # noqa: F401,E402  (registration)
 from . import clip  # noqa: F401,E402  (registration)
 

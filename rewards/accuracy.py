@@ -7,6 +7,7 @@ from fractions import Fraction
 
 from mmrl.reward_registry import register_reward
 
+from .reasoner_presets import check_preset, preset_accuracy
 from .text import completion_text, extract_answer
 
 MODES = ("auto", "exact", "numeric", "choice")
@@ -86,7 +87,8 @@ def _mode_for(truth: str) -> str:
 
 @register_reward("accuracy")
 def accuracy_reward(prompts, completions, answer, mode: str = "auto", tolerance: float = 1e-6,
-                    tag: str = "answer", **kwargs) -> list[float | None]:
+                    tag: str = "answer", preset: str | None = None, problem_type=None, accu_reward_method=None,
+                    **kwargs) -> list[float | None]:
     """1.0 if the last ``<tag>`` block's content matches the ground truth, 0.0 if not or when the
     tag is missing, None where the ground truth is None (rule-based reward of DeepSeek-R1, R1-AQA).
 
@@ -94,13 +96,25 @@ def accuracy_reward(prompts, completions, answer, mode: str = "auto", tolerance:
     (|p - t| <= max(tolerance * max(|p|, |t|), tolerance), integers exactly; '1,234', '$5', '12%',
     '3/4', '1e-3' parse); ``choice`` (option letter, case-insensitive); ``auto`` (numeric for a
     numeric ground truth, choice for a single letter, exact otherwise).
+
+    ``preset``: ``video_r1``, ``r1_aqa`` or ``vlm_r1`` replaces all of this with that paper's own
+    rule (see `rewards.reasoner_presets`; `mode`, `tolerance` and `tag` then do not apply).
+    ``video_r1`` reads ``problem_type`` (a column, or one value for every row), ``vlm_r1`` an
+    optional ``accu_reward_method`` column.
     """
+    if len(answer) != len(completions):
+        raise ValueError(f"accuracy: column 'answer' has {len(answer)} values for {len(completions)} completions")
+    if preset is not None:
+        check_preset("accuracy", preset)
+        if (mode, tolerance, tag) != ("auto", 1e-6, "answer"):
+            raise ValueError(f"accuracy: preset={preset!r} follows its authors' rule; mode / tolerance / tag "
+                             "do not apply")
+        return preset_accuracy(preset, [completion_text(c) for c in completions], list(answer), problem_type,
+                               accu_reward_method)
     if mode not in MODES:
         raise ValueError(f"accuracy: mode={mode!r} is not one of {', '.join(MODES)}")
     if not tolerance >= 0:
         raise ValueError(f"accuracy: tolerance={tolerance!r} must be >= 0")
-    if len(answer) != len(completions):
-        raise ValueError(f"accuracy: column 'answer' has {len(answer)} values for {len(completions)} completions")
     out: list[float | None] = []
     for i, (completion, truth) in enumerate(zip(completions, answer)):
         if truth is None:

@@ -4,9 +4,12 @@ completion and of the reference, and a structure score on the code, combined wit
 visual = mean of SSIM (Wang et al. 2004; Gaussian window sigma 1.5, C1 = 0.01^2, C2 = 0.03^2) and
 CW-SSIM (Sampat et al. 2009) of the two grayscale renderings, aligned top-left and padded with
 white to a common size.
-structure = for tables, a TEDS-style tree similarity 1 - TED / max(|T1|, |T2|) over the
-table -> rows -> cells tree (rows matched in order, a cell's relabel cost its normalised token edit
-distance); for formulas, 1 - normalised token edit distance.
+structure = for tables, TEDS (PubTabNet's tree edit distance over the whole table -> tr -> td tree,
+spanning cells included; see `rewards.teds`), clipped at 0; for formulas, 1 - normalised token
+edit distance.
+``preset: table2latex_rl`` replaces all of this with Table2LaTeX-RL's two rules (format: structure
+TEDS > 0.9; accuracy: CW-SSIM of 300-dpi pdflatex pages > 0.6 unless TEDS < 0.3; see
+`rewards.table2latex_rl`), summed by default as its training sums them.
 A snippet that does not compile, or uses a forbidden primitive, scores 0; the reasons are counted
 and reported through `pop_metrics()` (logged by the engine as ``reward/latex_render/...``).
 Renders are cached: references for the whole run, completions in a least-recently-used cache
@@ -20,11 +23,13 @@ from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from rapidfuzz.distance import Levenshtein
 
 from mmrl.reward_registry import register_reward
 
-from . import latex_sandbox
+from . import latex_sandbox, table2latex_rl
 from .latex_sandbox import Render, compile_latex
+from .teds import teds
 from .text import completion_text
 
 FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|special|catcode|"
@@ -42,52 +47,11 @@ def latex_tokens(code: str) -> list[str]:
     return _TOKEN.findall(code)
 
 
-def edit_distance(a: list, b: list, sub_cost=None) -> float:
-    """Levenshtein distance; `sub_cost(x, y)` in [0, 1] replaces the 0/1 substitution cost."""
-    prev = [float(j) for j in range(len(b) + 1)]
-    for i, x in enumerate(a, 1):
-        cur = [float(i)] + [0.0] * len(b)
-        for j, y in enumerate(b, 1):
-            sub = (0.0 if x == y else 1.0) if sub_cost is None else sub_cost(x, y)
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + sub)
-        prev = cur
-    return prev[-1]
-
-
 def token_similarity(a: str, b: str) -> float:
     ta, tb = latex_tokens(a), latex_tokens(b)
     if not ta and not tb:
         return 1.0
-    return 1.0 - edit_distance(ta, tb) / max(len(ta), len(tb))
-
-
-def table_tree(code: str) -> list[list[str]]:
-    """Rows of cells of a tabular body (rules and the environment lines dropped)."""
-    body = re.sub(r"\\begin\{tabular\}\{[^}]*\}|\\end\{tabular\}|\\hline|\\toprule|\\midrule|\\bottomrule"
-                  r"|\\cline\{[^}]*\}", " ", code)
-    rows = [r.strip() for r in re.split(r"\\\\", body)]
-    return [[c.strip() for c in r.split("&")] for r in rows if r]
-
-
-def teds(a: str, b: str) -> float:
-    """1 - TED / max(|T1|, |T2|) on table -> rows -> cells trees (nodes: table, rows, cells)."""
-    ta, tb = table_tree(a), table_tree(b)
-    size = lambda t: 1 + sum(1 + len(r) for r in t)  # noqa: E731
-
-    def cell_cost(x: str, y: str) -> float:
-        return 1.0 - token_similarity(x, y)
-
-    def row_cost(x: list[str], y: list[str]) -> float:
-        return edit_distance(x, y, cell_cost)
-
-    # inserting or deleting a row costs the row node and its cells
-    prev = [float(sum(1 + len(r) for r in tb[:j])) for j in range(len(tb) + 1)]
-    for i, x in enumerate(ta, 1):
-        cur = [prev[0] + 1 + len(x)] + [0.0] * len(tb)
-        for j, y in enumerate(tb, 1):
-            cur[j] = min(prev[j] + 1 + len(x), cur[j - 1] + 1 + len(y), prev[j - 1] + row_cost(x, y))
-        prev = cur
-    return max(0.0, 1.0 - prev[-1] / max(size(ta), size(tb)))
+    return 1.0 - Levenshtein.distance(ta, tb) / max(len(ta), len(tb))
 
 
 def pad_to_common(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -178,15 +142,71 @@ def _reason(error: str) -> str:
     return "compile"
 
 
+PRESETS = ("table2latex_rl",)
+COMPONENTS = ("sum", "format", "accuracy")
+
+
+def _table2latex_rl(completions, reference, component: str, timeout: float, workers: int) -> list[float | None]:
+    """Table2LaTeX-RL's format and accuracy rewards on the raw completion text (as its code
+    reads it), `component` both summed or one of them; sandboxed renders, cached by text. A
+    reference that does not compile is an error (their code would score every completion 0)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"latex_render: component={component!r} is not one of {', '.join(COMPONENTS)}")
+    codes = [completion_text(c) for c in completions]
+    pages: dict[str, Render] = {}
+
+    def page(code: str) -> Render:
+        if code not in pages:
+            bad = FORBIDDEN.search(code)
+            pages[code] = (Render(None, "latex", f"forbidden command {bad.group(0)}") if bad
+                           else table2latex_rl.render_page(code, timeout))
+        return pages[code]
+
+    def render_candidate(code: str) -> np.ndarray | None:
+        result = page(code)
+        _renderers[result.renderer] += 1
+        if result.image is None:
+            _failures[_reason(result.error)] += 1
+        return result.image
+
+    def render_reference(code: str) -> np.ndarray:
+        result = page(code)
+        if result.image is None:
+            raise ValueError(f"latex_render: a reference does not render with preset table2latex_rl "
+                             f"({result.error}): {code[:80]!r}")
+        return result.image
+
+    def score(i: int) -> float | None:
+        if reference[i] is None:
+            return None
+        fmt = table2latex_rl.format_reward(codes[i], reference[i]) if component != "accuracy" else 0.0
+        acc = (table2latex_rl.accuracy_reward(codes[i], reference[i], render_candidate, render_reference)
+               if component != "format" else 0.0)
+        return fmt + acc
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(score, range(len(codes))))
+
+
 @register_reward("latex_render")
 def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
                         structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
-                        renderer: str = "auto", **kwargs) -> list[float | None]:
+                        renderer: str = "auto", preset: str | None = None, component: str = "sum",
+                        **kwargs) -> list[float | None]:
     """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1].
-    `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`."""
+    `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`.
+    ``preset: table2latex_rl``: Table2LaTeX-RL's format + accuracy rewards (0, 1 or 2; needs
+    pdflatex, multirow.sty and poppler's pdftoppm; `timeout` per compile); `component`: ``sum`` (default), ``format`` or ``accuracy``."""
     if len(reference) != len(completions):
         raise ValueError(f"latex_render: column 'reference' has {len(reference)} values for "
                          f"{len(completions)} completions")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"latex_render: preset={preset!r} is not one of {', '.join(PRESETS)}")
+        if (kind, visual_weight, structure_weight, renderer) != ("auto", 0.5, 0.5, "auto"):
+            raise ValueError(f"latex_render: preset={preset!r} follows its authors' rules; kind / visual_weight / "
+                             "structure_weight / renderer do not apply")
+        return _table2latex_rl(completions, reference, component, timeout, workers)
     if visual_weight < 0 or structure_weight < 0 or visual_weight + structure_weight <= 0:
         raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")
     codes = [extract_latex(completion_text(c)) for c in completions]
@@ -236,7 +256,10 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
             _failures[_reason(cand.error)] += 1
             out.append(0.0)
             continue
-        structure = teds(codes[i], reference[i]) if kinds[i] == "table" else token_similarity(codes[i], reference[i])
+        if kinds[i] == "table":
+            structure = max(0.0, teds(codes[i], reference[i]))
+        else:
+            structure = token_similarity(codes[i], reference[i])
         visual = 0.5 * (ssim(cand.image, ref.image) + cw_ssim(cand.image, ref.image))
         out.append((visual_weight * visual + structure_weight * structure) / total)
     return out

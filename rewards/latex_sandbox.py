@@ -135,6 +135,36 @@ def compile_latex(snippet: str, kind: str = "formula", timeout: float = 10.0, me
         return Render(_load_gray(png), "latex")
 
 
+def compile_pdf_page(document: str, dpi: int = 300, timeout: float = 20.0, memory_mb: int = 1024,
+                     max_bytes: int = 40_000) -> Render:
+    """A whole LaTeX `document` compiled with `pdflatex` and its first page rasterised at `dpi`
+    with poppler's `pdftoppm` (what pdf2image runs), in colour then converted to grayscale by PIL,
+    the page untrimmed; sandboxed as `compile_latex`. The caller adds no page cap: `document`
+    should carry its own (see `PAGE_CAP`)."""
+    if len(document.encode(errors="replace")) > max_bytes:
+        return Render(None, "latex", f"input larger than {max_bytes} bytes")
+    if shutil.which("pdflatex") is None or shutil.which("pdftoppm") is None:
+        return Render(None, "latex", "pdflatex and pdftoppm (poppler) are not installed")
+    with tempfile.TemporaryDirectory(prefix="mmrl-latex-") as work:
+        with open(os.path.join(work, "doc.tex"), "w") as f:
+            f.write(document)
+        code, log = _run(["pdflatex", "-no-shell-escape", "-interaction=nonstopmode", "doc.tex"], work, timeout,
+                         memory_mb, file_mb=32)
+        if code is None or not os.path.exists(os.path.join(work, "doc.pdf")):
+            return Render(None, "latex", "timeout" if code is None else _first_error(log))
+        code, _ = _run(["pdftoppm", "-r", str(dpi), "-f", "1", "-l", "1", "-singlefile", "doc.pdf", "page"], work,
+                       timeout, memory_mb, file_mb=64)
+        ppm = os.path.join(work, "page.ppm")
+        if code != 0 or not os.path.exists(ppm):
+            return Render(None, "latex", "timeout" if code is None else "pdftoppm failed")
+        from PIL import Image
+        with Image.open(ppm) as im:
+            return Render(np.asarray(im.convert("L")), "latex")  # uint8, 0..255
+
+
+PAGE_CAP = r"\AddToHook{shipout/after}{\ifnum\value{page}>1 \batchmode\csname @@end\endcsname\fi}"
+
+
 def _first_error(log: str) -> str:
     for line in log.splitlines():
         if line.startswith("!"):

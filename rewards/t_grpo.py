@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 from mmrl.reward_registry import bind_reward, register_reward
 
@@ -20,15 +21,23 @@ def pop_metrics() -> dict[str, float]:
     return out
 
 
+def exact(x: float) -> Fraction:
+    """The number as written in decimal (``repr``), exactly: 0.8 -> 4/5, not the binary float
+    0.8000000000000000444, so that 3/5 >= 0.8 x 3/4 holds at the tie."""
+    return Fraction(repr(float(x)))
+
+
 @register_reward("t_grpo")
 def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, mu: float = 0.8,
                   accuracy: str = "accuracy", accuracy_args: dict | None = None, correct_above: float = 0.1,
                   **columns) -> list[float | None]:
     """For each prompt group, p = mean `accuracy` reward of its ordered rows and q = mean over its
     auxiliary rows (the rollouts with shuffled frames, `policy.shuffled_rollouts`). If
-    p >= mu * q, each ordered row whose accuracy is > `correct_above` gets `alpha`, the others 0;
-    else every ordered row gets 0. Means are taken per group, never over the batch (Video-R1's
-    code takes them over the local batch, right only at one prompt per device).
+    p >= mu * q (compared in exact fractions, mu and the scores as written in decimal, so an exact
+    tie such as 3 of 5 vs 0.8 x 3 of 4 pays, as Video-R1 does), each ordered row whose accuracy
+    is > `correct_above` gets `alpha`, the others 0; else every ordered row gets 0. Means are
+    taken per group, never over the batch (Video-R1's code takes them over the local batch, right
+    only at one prompt per device).
 
     Defaults are Video-R1's: alpha 0.3, mu 0.8 (its authors also suggest 1.0), correct when the
     accuracy exceeds 0.1 (its graded rewards count as correct too). `accuracy` names the reward
@@ -50,8 +59,9 @@ def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3,
         if not math.isnan(s):
             (shuffled if aux else ordered).setdefault(g, []).append(s)
     compared = ordered.keys() & shuffled.keys()
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    bonus_groups = {g for g in compared if mean(ordered[g]) >= mu * mean(shuffled[g])}
+    mu_exact = exact(mu)
+    mean = lambda xs: sum(map(exact, xs)) / len(xs)  # noqa: E731
+    bonus_groups = {g for g in compared if mean(ordered[g]) >= mu_exact * mean(shuffled[g])}
     _counts["groups"] += len(compared)
     _counts["bonus_groups"] += len(bonus_groups)
     return [None if aux or math.isnan(s) or g not in compared else

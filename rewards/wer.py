@@ -1,8 +1,12 @@
 """Transcript rewards: word and character error rate against the `reference` column.
 
 ``wer`` and ``cer`` score text completions; ``asr_wer`` scores audio completions (waveforms) by
-transcribing them with a Whisper model first. All three give ``1 - min(error rate, 1)``, so a
-perfect transcript scores 1 and one with at least as many errors as reference words scores 0.
+transcribing them with a Whisper model first. By default all three give
+``1 - min(error rate, 1)``, so a perfect transcript scores 1 and one with at least as many errors
+as reference words scores 0; ``mode`` picks the GRPO-for-ASR paper's variants instead:
+``negative`` (-error rate, unclipped, so a hallucination of WER 3.17 scores below one of 1.67),
+``exact_match`` (1 when the normalised transcripts are equal, else 0) and ``errors``
+(-(S + D + I), the total edit count).
 
 Error rates (jiwer, Levenshtein alignment): ``WER = (S + D + I) / N`` with S substitutions,
 D deletions, I insertions and N reference words; CER is the same over characters (spaces
@@ -110,13 +114,18 @@ def char_error_rate(reference: str, hypothesis: str, **norm: Any) -> float:
     return _error_rate(jiwer.cer, reference, hypothesis, norm)
 
 
-def error_rates(references: Sequence[str], hypotheses: Sequence[str], unit: str = "word",
-                **norm: Any) -> list[float]:
-    """Per-pair (S + D + I) / N for many pairs with ONE alignment call (``jiwer.process_words``
-    or ``process_characters``); empty references or hypotheses as in `word_error_rate`."""
+MODES = ("one_minus_clipped", "negative", "exact_match", "errors")
+
+
+def edit_counts(references: Sequence[str], hypotheses: Sequence[str], unit: str = "word",
+                **norm: Any) -> list[tuple[int, int]]:
+    """Per pair (S + D + I, N) over the normalised texts, N the number of reference units
+    (words, or characters with spaces), with one alignment call."""
     refs = [normalize_transcript(r, **norm) for r in references]
     hyps = [normalize_transcript(h, **norm) for h in hypotheses]
-    out = [0.0 if not r and not h else 1.0 for r, h in zip(refs, hyps)]
+    split = str.split if unit == "word" else list
+    # an empty side: every hypothesis unit is an insertion / every reference unit a deletion
+    out = [(len(split(h)) if not r else len(split(r)), len(split(r))) for r, h in zip(refs, hyps)]
     both = [i for i, (r, h) in enumerate(zip(refs, hyps)) if r and h]
     if both:
         process = jiwer.process_words if unit == "word" else jiwer.process_characters
@@ -124,20 +133,39 @@ def error_rates(references: Sequence[str], hypotheses: Sequence[str], unit: str 
         for i, chunks, ref_units in zip(both, aligned.alignments, aligned.references):
             errors = sum(max(c.ref_end_idx - c.ref_start_idx, c.hyp_end_idx - c.hyp_start_idx)
                          for c in chunks if c.type != "equal")
-            out[i] = errors / len(ref_units)
+            out[i] = (errors, len(ref_units))
     return out
 
 
+def error_rates(references: Sequence[str], hypotheses: Sequence[str], unit: str = "word",
+                **norm: Any) -> list[float]:
+    """Per-pair (S + D + I) / N for many pairs with ONE alignment call (``jiwer.process_words``
+    or ``process_characters``); empty references or hypotheses as in `word_error_rate`."""
+    return [errors / n if n else min(float(errors), 1.0)
+            for errors, n in edit_counts(references, hypotheses, unit, **norm)]
+
+
 def _score(name: str, unit: str, hypotheses: Sequence[str], reference: Sequence[Any],
-           norm: dict) -> list[float | None]:
+           norm: dict, mode: str = "one_minus_clipped") -> list[float | None]:
+    if mode not in MODES:
+        raise ValueError(f"{name}: mode={mode!r} is not one of {', '.join(MODES)}")
     for i, ref in enumerate(reference):
         if ref is not None and not isinstance(ref, str):
             raise ValueError(f"{name}: reference[{i}]={ref!r:.80} is not a string")
     rows = [i for i, ref in enumerate(reference) if ref is not None]
-    rates = error_rates([reference[i] for i in rows], [hypotheses[i] for i in rows], unit, **norm)
+    refs, hyps = [reference[i] for i in rows], [hypotheses[i] for i in rows]
     out: list[float | None] = [None] * len(reference)
-    for i, rate in zip(rows, rates):
-        out[i] = 1.0 - min(rate, 1.0)
+    if mode == "one_minus_clipped":
+        for i, rate in zip(rows, error_rates(refs, hyps, unit, **norm)):
+            out[i] = 1.0 - min(rate, 1.0)
+        return out
+    for i, (errors, n) in zip(rows, edit_counts(refs, hyps, unit, **norm)):
+        if mode == "negative":  # an empty reference: 0 for an empty hypothesis, else -1 (capped as in error_rates)
+            out[i] = -(errors / n) if n else -min(float(errors), 1.0)
+        elif mode == "exact_match":
+            out[i] = 1.0 if errors == 0 else 0.0
+        else:
+            out[i] = -float(errors)
     return out
 
 
@@ -151,22 +179,23 @@ def _check_lengths(name: str, completions: Sequence[Any], reference: Sequence[An
 
 @register_reward("wer")
 def wer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
-               numbers_to_words: bool = False, **kwargs) -> list[float | None]:
+               numbers_to_words: bool = False, mode: str = "one_minus_clipped", **kwargs) -> list[float | None]:
     """1 - min(WER, 1) of each completion's text against `reference`; None where the reference
-    is None. Completions are strings or chat-message lists."""
+    is None. Completions are strings or chat-message lists. `mode`: ``one_minus_clipped``
+    (default), ``negative`` (-WER), ``exact_match``, ``errors`` (-(S + D + I)); see the module."""
     _check_lengths("wer", completions, reference)
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("wer", "word", [completion_text(c) for c in completions], reference, norm)
+    return _score("wer", "word", [completion_text(c) for c in completions], reference, norm, mode)
 
 
 @register_reward("cer")
 def cer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
-               numbers_to_words: bool = False, **kwargs) -> list[float | None]:
+               numbers_to_words: bool = False, mode: str = "one_minus_clipped", **kwargs) -> list[float | None]:
     """1 - min(CER, 1) of each completion's text against `reference`; None where the reference
-    is None."""
+    is None. `mode` as for `wer`, over characters."""
     _check_lengths("cer", completions, reference)
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("cer", "char", [completion_text(c) for c in completions], reference, norm)
+    return _score("cer", "char", [completion_text(c) for c in completions], reference, norm, mode)
 
 
 # -- audio completions: Whisper transcription ---------------------------------------------------
@@ -274,7 +303,7 @@ def transcribe(waveforms: Sequence[np.ndarray], processor: Any, model: Any, batc
 def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper-tiny",
                    sampling_rate: int | None = None, batch_size: int = 16, language: str | None = None,
                    device: Any = None, max_new_tokens: int | None = None, lowercase: bool = True,
-                   strip_punctuation: bool = True, numbers_to_words: bool = False,
+                   strip_punctuation: bool = True, numbers_to_words: bool = False, mode: str = "one_minus_clipped",
                    **kwargs) -> list[float | None]:
     """1 - min(WER, 1) of the Whisper transcript of each audio completion against `reference`.
 
@@ -283,9 +312,11 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
     feature extractor's rate (16 kHz) when theirs differs. `model` is a hub id, a local
     directory or a name given to `register_asr_model`; it is loaded once per (model, device).
     Transcription is batched and greedy. None where the reference is None (those are not
-    transcribed).
+    transcribed). `mode` as for `wer`.
     """
     _check_lengths("asr_wer", completions, reference)
+    if mode not in MODES:
+        raise ValueError(f"asr_wer: mode={mode!r} is not one of {', '.join(MODES)}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"asr_wer: batch_size={batch_size!r} must be a positive integer")
     waves = [_waveform(c, i, sampling_rate) for i, c in enumerate(completions)]
@@ -298,4 +329,4 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
         for i, text in zip(todo, transcribe(batch, processor, asr, batch_size, language, max_new_tokens)):
             hypotheses[i] = text
     norm = dict(lowercase=lowercase, strip_punctuation=strip_punctuation, numbers_to_words=numbers_to_words)
-    return _score("asr_wer", "word", hypotheses, reference, norm)
+    return _score("asr_wer", "word", hypotheses, reference, norm, mode)

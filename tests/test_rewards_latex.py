@@ -76,11 +76,12 @@ def test_identical_scores_one_and_a_changed_cell_scores_lower():
 
 def test_structure_scores_by_hand():
     assert token_similarity(r"\frac{a}{b}", r"\frac{a}{c}") == pytest.approx(1 - 1 / 7)
-    # one row of two cells changed in one cell of one token: TED 1 over 1 + 2 rows x (1 + 2) nodes
-    a = r"a & b \\ 1 & 2"
-    b = r"a & b \\ 1 & 3"
-    assert teds(a, b) == pytest.approx(1 - 1 / 7)
-    assert teds(a, r"a & b") == pytest.approx(1 - 3 / 7)  # a deleted row costs its 3 nodes
+    # TEDS (rewards.teds): one cell of two rows of two changed in one character: TED 1 over the
+    # 2 rows x (1 + 2) nodes below the table node
+    a = r"\begin{tabular}{cc} a & b \\ 1 & 2 \end{tabular}"
+    b = r"\begin{tabular}{cc} a & b \\ 1 & 3 \end{tabular}"
+    assert teds(a, b) == pytest.approx(1 - 1 / 6)
+    assert teds(a, r"\begin{tabular}{cc} a & b \end{tabular}") == pytest.approx(1 - 3 / 6)  # a row: its 3 nodes
 
 
 def test_ssim_properties():

@@ -198,3 +198,38 @@ def test_batched_error_rates_equal_one_pair_at_a_time():
     hyps = [" ".join(rng.choices(words, k=rng.randint(0, 10))) for _ in range(200)]
     assert error_rates(refs, hyps) == [word_error_rate(r, h) for r, h in zip(refs, hyps)]
     assert error_rates(refs, hyps, "char") == [char_error_rate(r, h) for r, h in zip(refs, hyps)]
+
+
+# -- the GRPO-for-ASR paper's reward variants ---------------------------------------------------
+
+def levenshtein_words(ref: str, hyp: str) -> int:
+    """S + D + I by the textbook dynamic programme (independent of jiwer)."""
+    r, h = ref.split(), hyp.split()
+    d = [[i + j if i * j == 0 else 0 for j in range(len(h) + 1)] for i in range(len(r) + 1)]
+    for i in range(1, len(r) + 1):
+        for j in range(1, len(h) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (r[i - 1] != h[j - 1]))
+    return d[-1][-1]
+
+
+def test_wer_modes_against_hand_reference():
+    # two hallucinations: WER 5/3 = 1.67 and 19/6 = 3.17 get different rewards, unclipped
+    refs = ["one two three", "a b c d e f", "the cat sat", "the cat sat", "x y"]
+    hyps = ["one two three four five six seven eight", "q " * 19,  # 5 insertions; 6 substitutions + 13 insertions
+            "the cat sat", "The cat, sat!", "x z w"]
+    errors = [levenshtein_words(normalize_transcript(r), normalize_transcript(h)) for r, h in zip(refs, hyps)]
+    assert errors[:2] == [5, 19] and errors[0] / 3 != errors[1] / 6
+    n = [len(r.split()) for r in refs]
+    wer = get_reward("wer")
+    assert wer([None] * 5, hyps, reference=refs, mode="negative") == pytest.approx([-e / k for e, k in zip(errors, n)])
+    assert wer([None] * 5, hyps, reference=refs, mode="errors") == [-float(e) for e in errors]
+    assert wer([None] * 5, hyps, reference=refs, mode="exact_match") == [float(e == 0) for e in errors]
+    assert wer([None] * 5, hyps, reference=refs) == pytest.approx([1 - min(e / k, 1) for e, k in zip(errors, n)])
+    assert wer([None] * 5, hyps, reference=refs, mode="one_minus_clipped")[:2] == [0.0, 0.0]  # the clip ties them
+    assert get_reward("cer")([None], ["abed"], reference=["abcd"], mode="errors") == [-1.0]
+    assert wer([None, None], ["", "a"], reference=["", ""], mode="negative") == [0.0, -1.0]
+
+
+def test_wer_bad_mode_is_named():
+    with pytest.raises(ValueError, match="mode='clipped'"):
+        get_reward("wer")([None], ["a"], reference=["a"], mode="clipped")
