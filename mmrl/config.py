@@ -45,6 +45,10 @@ class AlgorithmConfig:
     max_units: int | None = None
     entropy_coef: float = 0.0
     llds_coef: float = 0.0
+    llds_rows: Literal["non_negative", "all"] = field(default="non_negative", metadata={"help": (
+        "which rows LLDS preserves (algorithm.llds_coef > 0): non_negative = only rows (units) with "
+        "advantage >= 0, as the LLDS authors' code and model card (Deng et al. 2025); all = every row "
+        "whose likelihood fell, so a negative-advantage row is pushed back up (mmrl before issue 18)")})
     prune_threshold: float = 0.0
     mu: int = 1
     objective: str = "clip"
