@@ -34,6 +34,13 @@ class AlgorithmConfig:
     drop_zero_variance: bool = False
     reward_combine: Literal["sum", "advantage"] = "sum"
     max_reward: float = 1.0
+    median_scale: Literal["mad", "std"] = field(default="mad", metadata={"help": (
+        "normaliser of the median (MC-GRPO) estimator: mad = median absolute deviation of the group + 1e-3 "
+        "(MC-GRPO's paper and code, lotusroot-kim/MC-GRPO); std = algorithm.std + algorithm.eps as the "
+        "other estimators (mmrl before issue 18)")})
+    median_rescale: bool = field(default=False, metadata={"help": (
+        "median (MC-GRPO) estimator: multiply a group's non-zero advantages by (G + 1) / (their number), "
+        "as the authors' GSM8K trainer does (their MATH trainer and the paper do not)")})
     ratio_level: Literal["unit", "chunk", "sequence"] = "unit"
     chunks: list[int] | None = None
     eps_low: float = 0.2
