@@ -89,7 +89,16 @@ class SamplingConfig:
     strategy: Literal["uniform", "variance"] = "uniform"
     variance_mix: float = 0.5
     variance_window: int = 4
-    diversity_weight: float = 0.0
+    variance_score: Literal["pass_rate", "variance"] = field(default="pass_rate", metadata={"help": (
+        "strategy variance: a prompt's Variance Promotion Score from its recent outcomes: pass_rate = "
+        "p(1 - p) of their mean p, outcomes in [0, 1] (MMR1's learnability, LengSicong/MMR1); variance = "
+        "their population variance (mmrl before issue 18; equal to p(1 - p) for 0/1 outcomes)")})
+    variance_scaling: Literal["min_max", "none"] = field(default="min_max", metadata={"help": (
+        "strategy variance: min_max = scores min-max scaled over the whole data set, (s - min) / (max - min "
+        "+ 1e-8), before they become sampling weights (MMR1's trainer); none = raw scores (mmrl before issue 18)")})
+    variance_reward: str | None = field(default=None, metadata={"help": (
+        "strategy variance: the reward (a name under `rewards`) whose values are the outcomes, e.g. a 0/1 "
+        "accuracy reward as MMR1; null = the weighted reward total")})
     curriculum_column: str | None = None
     curriculum_descending: bool = False
     dynamic: bool = False
