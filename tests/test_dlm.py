@@ -146,11 +146,45 @@ def test_estimators_match_a_plain_masked_forward(name):
     if name == "diffu_grpo":
         assert len(views) == 1 and views[0].masked.all() and views[0].prompt_masked.any()
         assert not views[0].prompt_masked[ex["prompt_mask"] == 0].any()  # padding is never "masked"
-    if name == "coupled":  # complementary views: every completion token is scored exactly once
-        scored = views[0].masked.int() + views[1].masked.int()
+    if name == "coupled":  # the full view, then complementary views: each token scored once by the pair
+        assert len(views) == 3 and views[0].masked.all() and torch.equal(views[0].weight, torch.full((4,), 0.5))
+        scored = views[1].masked.int() + views[2].masked.int()
         assert (scored == 1).all()
-        t = 1 / (2 * views[0].weight)
-        assert ((t >= 0.2) & (t <= 0.8)).all() and torch.allclose(views[1].weight, 1 / (2 * (1 - t)))
+        t = 1 / (2 * views[1].weight)
+        assert ((t >= 0.2) & (t <= 0.8)).all() and torch.allclose(views[2].weight, 1 / (2 * (1 - t)))
+
+
+def _completion_logps(p, ex, masked):
+    """log p(y_u | completion positions `masked` replaced by the mask token), prompt visible."""
+    ids = torch.cat([ex["prompt_ids"], ex["completion_ids"].masked_fill(masked, p.mask_id)], 1)
+    attention = torch.cat([ex["prompt_mask"], torch.ones_like(ex["completion_ids"])], 1)
+    logits = p.model(input_ids=ids, attention_mask=attention,
+                     position_ids=(attention.cumsum(-1) - 1).clamp(min=0)).logits.float()
+    return torch.log_softmax(logits[:, ex["prompt_ids"].shape[1]:], -1).gather(
+        -1, ex["completion_ids"][..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("full_view", [True, False])
+def test_coupled_follows_diffucoder(full_view):
+    """DiffuCoder's rule written out: t ~ U(0.2, 0.8) (the row's first draw), view 1 masks the
+    tokens whose uniform is < t, view 2 the others; logp = (log p_full + coupled) / 2 with
+    coupled = log p_1 / t on view 1's tokens, log p_2 / (1 - t) elsewhere (coupled / 2 alone
+    without the full view)."""
+    p = make_policy(estimator="coupled", coupled_full_view=full_view)
+    batch = p.rollout(PROMPTS, 2, seeds=[1, 2])
+    with torch.no_grad():
+        logp, _ = p.logprobs(p.model, batch)
+        ex = batch.extras
+        gens = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
+        t = torch.stack([0.2 + 0.6 * torch.rand((), generator=g) for g in gens])
+        width = ex["completion_ids"].shape[1]
+        first = torch.stack([torch.rand(width, generator=g) for g in gens]) < t[:, None]
+        coupled = torch.where(first, _completion_logps(p, ex, first) / t[:, None],
+                              _completion_logps(p, ex, ~first) / (1 - t[:, None]))
+        full = _completion_logps(p, ex, torch.ones_like(first))
+        ref = (full + coupled) / 2 if full_view else coupled / 2
+    assert torch.allclose(logp, ref * batch.unit_mask, atol=1e-5)
+    assert not torch.allclose(full, coupled)  # the two parts differ, so the test tells them apart
 
 
 @pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])
