@@ -224,7 +224,7 @@ class PromptSampler:
             if (self.cfg.strategy == "variance" and self.cfg.variance_score == "pass_rate"
                     and any(not 0.0 <= v <= 1.0 for v in finite)):
                 raise ValueError(f"sampling.variance_score='pass_rate' needs outcomes in [0, 1]; prompt {idx} "
-                                 f"got {[v for v in finite if not 0.0 <= v <= 1.0][0]} (set sampling.variance_reward "
+                                 f"got {next(v for v in finite if not 0.0 <= v <= 1.0)} (set sampling.variance_reward "
                                  f"to a 0/1 accuracy reward, or sampling.variance_score=variance)")
             maxlen = self.cfg.variance_window * rows.numel()
             window = self.outcomes.get(idx)

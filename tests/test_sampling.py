@@ -138,7 +138,7 @@ def test_variance_sampling_follows_mmr1():
     # graded outcomes in [0, 1]: p(1 - p) of the mean, not the variance; five prompts, one unseen
     s = PromptSampler(ROWS[:5], SamplingConfig(strategy="variance", variance_mix=0.7), 0)
     outcomes = [[0.9, 0.7], [0.5, 0.5], [0.0, 0.2], [1.0, 1.0]]
-    s.update([0, 1, 2, 3], torch.tensor(sum(outcomes, [])), torch.arange(4).repeat_interleave(2))
+    s.update([0, 1, 2, 3], torch.tensor(outcomes).flatten(), torch.arange(4).repeat_interleave(2))
     rates = [sum(o) / 2 for o in outcomes]
     rates.append(0.5)  # prompt 4 never seen: the largest seen score, p(1 - p) = .25 at p = .5
     assert s.probabilities().tolist() == pytest.approx(reference_mmr1_probabilities(rates, 0.7))
