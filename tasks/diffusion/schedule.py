@@ -21,7 +21,7 @@ k - 1) uses the window position p = start + stride * n, n = (j // shift_every) m
             the window is [p, min(p + size, U - 2)): it shrinks over the last positions, step
             U - 2 is never trained, and at p = U - 2 the window is empty (an all-ODE rollout
             with nothing trained) before rolling back to `start`
-    wrap    (mmrl before issue 18) full windows only: p runs over start, start + stride, ...
+    wrap    (mmrl's earlier rule) full windows only: p runs over start, start + stride, ...
             modulo the U - size positions that leave the last step out
 """
 
@@ -49,7 +49,7 @@ class StepSchedule:
     end: str = field(default="shrink", metadata={"help": (
         "sliding_window at the end of a sweep: shrink = MixGRPO's code (the window is cut at step U - 2, "
         "then one position with an empty window, then back to `start`); wrap = full windows only, "
-        "the start wrapping modulo U - size (mmrl before issue 18)")})
+        "the start wrapping modulo U - size (mmrl's earlier rule)")})
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -25,7 +25,7 @@ Registered estimators (`policy.estimator`):
   paper's appendix and apple/ml-diffucoder (`selective_log_softmax`): logp_u = (log p(y_u | full
   mask) + c_u) / 2 with the coupled term c_u = log p(y_u | view 1) / t for the tokens of view 1 and
   log p(y_u | view 2) / (1 - t) for the others; i.e. weights 1/2, 1/(2t), 1/(2(1-t)). Without the
-  full view, logp_u = c_u / 2 (mmrl before issue 18): sum_u logp_u is then the mean of two
+  full view, logp_u = c_u / 2 (mmrl's earlier rule): sum_u logp_u is then the mean of two
   single-view ELBO estimates at t and 1 - t. DiffuCoder draws one t for the whole batch; mmrl one
   per row (a row's views must not depend on its micro-batch). Cost: 3 forwards (2 without the
   full view). Bias: the mean-field full-mask term (as diffu_grpo's) plus the ELBO gap with t

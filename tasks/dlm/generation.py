@@ -26,7 +26,7 @@ gamma = g + (1 - g) tau (g = `eos_min_gamma`), so the model does not close the a
   completion's total, so with several blocks gamma never reaches 1 inside a block; under the
   ascending schedules, tau = (2^(s+1) - 1) / 2^S (geometric) with S the block's steps; gamma = 1
   when there is a single step;
-* ``block_linear`` (mmrl before issue 18): tau = s / (S - 1), from g at a block's first step to 1
+* ``block_linear`` (mmrl's earlier rule): tau = s / (S - 1), from g at a block's first step to 1
   at its last.
 
 The authors apply EOSER under low-confidence remasking only; mmrl also scales the random
@@ -69,7 +69,7 @@ class DecodeConfig:
         "how the EOS early-rejection factor rises from eos_min_gamma: cj_grpo = the CJ-GRPO authors' code "
         "(linear over the completion's steps under uniform, so it stays below 1 in a block when there are "
         "several; geometric (2^(s+1) - 1) / 2^S under the ascending schedules); block_linear = linear to 1 "
-        "at each block's last step (mmrl before issue 18)")})
+        "at each block's last step (mmrl's earlier rule)")})
 
     def check(self) -> None:
         if self.gen_length < 1 or self.block_length < 1 or self.gen_length % self.block_length:

@@ -59,7 +59,7 @@ class DLMConfig(DecodeConfig):
     coupled_full_view: bool = field(default=True, metadata={"help": (
         "estimator coupled: average in the view with the whole completion masked, logp = (log p_full_mask + "
         "coupled term) / 2, as the DiffuCoder paper and apple/ml-diffucoder (3 forwards); false = the "
-        "coupled term alone, halved (2 forwards; mmrl before issue 18)")})
+        "coupled term alone, halved (2 forwards; mmrl's earlier rule)")})
     gradient_checkpointing: bool = False
     sft_seed: int = 0
 
