@@ -29,6 +29,8 @@ Estimator = Callable[[Tensor, Tensor, "AdvantageOptions"], "tuple[Tensor, Tensor
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 STD_MODES = ("group", "batch", "none")
+MEDIAN_SCALES = ("mad", "std")
+MAD_EPS = 1e-3  # MC-GRPO's code: advantages / (median absolute deviation + 1e-3)
 
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
@@ -44,15 +46,20 @@ class AdvantageOptions:
     batch (Flow-GRPO's global std; per unit index for [N, U]), "none" does not divide. Stds are
     unbiased (correction 1, as TRL); fewer than 2 valid values give std 0.
     eps: added to the std. max_reward: NGRPO's virtual sample.
+    median_scale, median_rescale: the MC-GRPO (`median`) estimator's normaliser and rescale.
     """
 
     std: str = "group"
     eps: float = 1e-4
     max_reward: float = 1.0
+    median_scale: str = "mad"
+    median_rescale: bool = False
 
     def __post_init__(self):
         if self.std not in STD_MODES:
             raise ValueError(f"algorithm.std={self.std!r} is not one of {', '.join(STD_MODES)}")
+        if self.median_scale not in MEDIAN_SCALES:
+            raise ValueError(f"algorithm.median_scale={self.median_scale!r} is not one of {', '.join(MEDIAN_SCALES)}")
 
 
 @dataclass
@@ -182,33 +189,49 @@ def rloo(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor, T
 
 @register_estimator("median")
 def median(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor, Tensor]:
-    """MC-GRPO (median-centred GRPO): every group has an odd size G+1; baseline = group median,
-    A_i = (r_i - median_g) / (std + eps) with std per `opts.std` (over all G+1 values). Exactly one
-    pivot per group (the median element of the stable sort by reward, i.e. among ties the earliest
-    row) gets advantage 0 and row_mask False. NaN rewards are left out of the median (the lower
-    median is taken if that leaves an even count); a group with no valid reward has no pivot.
-    Needs one reward per rollout ([N])."""
+    """MC-GRPO (median-centred GRPO, Kim et al. 2026): every group has an odd size G+1; baseline =
+    group median m_g. Exactly one pivot per group (the median element of the stable sort by
+    reward, i.e. among ties the earliest row) gets advantage 0 and row_mask False. The normaliser
+    (`opts.median_scale`): ``mad`` (the authors' code and paper) A_i = (r_i - m_g) / (MAD_g +
+    1e-3) with MAD_g = median_j |r_j - m_g| over the group's G+1 rewards; ``std`` A_i = (r_i - m_g) /
+    (std + eps) with std per `opts.std`. `opts.median_rescale` (the authors' GSM8K trainer) then
+    multiplies the group's non-zero advantages (|A| > 1e-6) by (group size) / (their number).
+    NaN rewards are left out of the medians (the lower median is taken if that leaves an even
+    count); a group with no valid reward has no pivot. Needs one reward per rollout ([N])."""
     _check(r, group_id)
     if r.dim() != 1:
         raise ValueError("the median (MC-GRPO) estimator needs one reward per rollout ([N]); "
                          f"got shape {tuple(r.shape)}")
     row_mask = torch.ones(r.shape[0], dtype=torch.bool, device=r.device)
     baseline = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
+    mad = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
+    groups = []
     for g in torch.unique(group_id):
         rows = (group_id == g).nonzero().flatten()
         if len(rows) % 2 == 0:
             raise ValueError(f"median (MC-GRPO) needs an odd group size G+1; "
                              f"group {int(g)} has size {len(rows)}")
+        groups.append(rows)
         rows = rows[~r[rows].isnan()]
         if len(rows) == 0:
             continue
         order = torch.sort(r[rows], stable=True).indices
         pivot = rows[order[(len(rows) - 1) // 2]]
         baseline[rows] = r[pivot].double()
+        deviations = torch.sort((r[rows].double() - baseline[pivot]).abs()).values
+        mad[rows] = deviations[(len(rows) - 1) // 2]
         row_mask[pivot] = False
-    _, _, _, std = _group_moments(r, group_id)
-    adv = _scale(r.double() - baseline, r, std, opts)
+    if opts.median_scale == "mad":
+        adv = (r.double() - baseline) / (mad + MAD_EPS)
+    else:
+        _, _, _, std = _group_moments(r, group_id)
+        adv = _scale(r.double() - baseline, r, std, opts)
     adv, _ = _finish(torch.where(row_mask, adv, 0.0), r)
+    if opts.median_rescale:
+        for rows in groups:
+            nonzero = adv[rows].abs() > 1e-6
+            if nonzero.any():
+                adv[rows] = torch.where(nonzero, adv[rows] * (len(rows) / int(nonzero.sum())), adv[rows])
     return adv, row_mask
 
 
@@ -318,7 +341,8 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     """
     # Built-ins are found without importing the plugins (a plugin cannot replace a built-in).
     estimator = ESTIMATORS.get(cfg.estimator)
-    opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward)
+    opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward,
+                            median_scale=cfg.median_scale, median_rescale=cfg.median_rescale)
     rs = _broadcast(rewards)
     total = weighted_total(rewards, weights)
     n = total.shape[0]

@@ -34,6 +34,13 @@ class AlgorithmConfig:
     drop_zero_variance: bool = False
     reward_combine: Literal["sum", "advantage"] = "sum"
     max_reward: float = 1.0
+    median_scale: Literal["mad", "std"] = field(default="mad", metadata={"help": (
+        "normaliser of the median (MC-GRPO) estimator: mad = median absolute deviation of the group + 1e-3 "
+        "(MC-GRPO's paper and code, lotusroot-kim/MC-GRPO); std = algorithm.std + algorithm.eps as the "
+        "other estimators (mmrl's earlier rule)")})
+    median_rescale: bool = field(default=False, metadata={"help": (
+        "median (MC-GRPO) estimator: multiply a group's non-zero advantages by (G + 1) / (their number), "
+        "as the authors' GSM8K trainer does (their MATH trainer and the paper do not)")})
     ratio_level: Literal["unit", "chunk", "sequence"] = "unit"
     chunks: list[int] | None = None
     eps_low: float = 0.2
@@ -45,6 +52,10 @@ class AlgorithmConfig:
     max_units: int | None = None
     entropy_coef: float = 0.0
     llds_coef: float = 0.0
+    llds_rows: Literal["non_negative", "all"] = field(default="non_negative", metadata={"help": (
+        "which rows LLDS preserves (algorithm.llds_coef > 0): non_negative = only rows (units) with "
+        "advantage >= 0, as the LLDS authors' code and model card (Deng et al. 2025); all = every row "
+        "whose likelihood fell, so a negative-advantage row is pushed back up (mmrl's earlier rule)")})
     prune_threshold: float = 0.0
     mu: int = 1
     objective: str = "clip"
@@ -78,7 +89,16 @@ class SamplingConfig:
     strategy: Literal["uniform", "variance"] = "uniform"
     variance_mix: float = 0.5
     variance_window: int = 4
-    diversity_weight: float = 0.0
+    variance_score: Literal["pass_rate", "variance"] = field(default="pass_rate", metadata={"help": (
+        "strategy variance: a prompt's Variance Promotion Score from its recent outcomes: pass_rate = "
+        "p(1 - p) of their mean p, outcomes in [0, 1] (MMR1's learnability, LengSicong/MMR1); variance = "
+        "their population variance (mmrl's earlier rule; equal to p(1 - p) for 0/1 outcomes)")})
+    variance_scaling: Literal["min_max", "none"] = field(default="min_max", metadata={"help": (
+        "strategy variance: min_max = scores min-max scaled over the whole data set, (s - min) / (max - min "
+        "+ 1e-8), before they become sampling weights (MMR1's trainer); none = raw scores (mmrl's earlier rule)")})
+    variance_reward: str | None = field(default=None, metadata={"help": (
+        "strategy variance: the reward (a name under `rewards`) whose values are the outcomes, e.g. a 0/1 "
+        "accuracy reward as MMR1; null = the weighted reward total")})
     curriculum_column: str | None = None
     curriculum_descending: bool = False
     dynamic: bool = False

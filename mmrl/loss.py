@@ -121,6 +121,27 @@ def add_regularisers(per_unit: Tensor, logp: Tensor, mask: Tensor, cfg: Algorith
     return per_unit, kl_sum, ent_sum
 
 
+LLDS_ROWS = ("non_negative", "all")
+
+
+def llds_penalty(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, rows: str) -> tuple[Tensor, float]:
+    """LLDS's likelihood-preserving penalty [B, u] (before its coefficient) and the number of rows
+    it is active on (Deng et al. 2025, "On GRPO Collapse in Search-R1", response-level gate).
+
+    Preserving set: ``rows="non_negative"`` the units whose advantage is >= 0 (the authors' code
+    and model card), ``"all"`` every unit. A row is active when its log-likelihood summed over
+    its preserving units fell below the old policy's; on an active row each preserving unit
+    whose log-prob fell is penalised by max(0, log pi_old - log pi_theta). `adv` is [B, 1] or
+    [B, u]; the gate is not differentiated (only the penalty is)."""
+    if rows not in LLDS_ROWS:
+        raise ValueError(f"algorithm.llds_rows={rows!r} is not one of {', '.join(LLDS_ROWS)}")
+    keep = mask * ((adv >= 0).float() if rows == "non_negative" else torch.ones_like(adv))
+    drop = (old_logp - logp).detach()
+    fell = (drop * keep).sum(dim=1, keepdim=True) > 0
+    penalty = torch.relu(old_logp - logp) * keep * fell
+    return penalty, float(fell.float().sum())
+
+
 @dataclass
 class LossTerms:
     """The micro-batch loss and unit-weighted sums for logging (divide by `units`)."""
@@ -160,11 +181,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     per_unit, kl_sum, ent_sum = add_regularisers(per_unit, logp, mask, cfg, ref_logp, entropy, kl)
     llds_rows = 0.0
     if cfg.llds_coef != 0.0:
-        # LLDS: only rollouts whose sequence likelihood fell, only the tokens whose log-prob fell.
-        fell = ((logp - old_logp).detach() * mask).sum(dim=1, keepdim=True) < 0
-        penalty = torch.relu(old_logp - logp) * fell
+        penalty, llds_rows = llds_penalty(logp, old_logp, adv, mask, cfg.llds_rows)
         per_unit = per_unit + cfg.llds_coef * penalty
-        llds_rows = float(fell.float().sum())
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
     is_clipped = ((clipped > unclipped) & (mask > 0)).float().sum()

@@ -6,9 +6,16 @@ Strategies (REFERENCES.md, 'Prompt sampling'):
   (epoch, offset) that advances and wraps to a new epoch;
 * curriculum (SARI): with ``curriculum_column`` set, rows are walked easy -> hard by that column,
   wrapping around (applies to the sequential walk, i.e. strategy ``uniform``);
-* ``variance``: MMR1 Variance-Aware Sampling, which favours prompts whose recent outcomes vary
-  (Variance Promotion Score = outcome variance + diversity_weight * trajectory diversity), since
-  low reward variance makes the GRPO gradient vanish; mixed with uniform by ``variance_mix``.
+* ``variance``: MMR1 Variance-Aware Sampling, which favours prompts whose recent outcomes vary,
+  since low reward variance makes the GRPO gradient vanish. As MMR1's trainer (LengSicong/MMR1,
+  `verl/curriculum`, `examples/mmr1.yaml`): the Variance Promotion Score of a prompt is p(1 - p)
+  with p its pass rate (``variance_score``), the scores are min-max scaled over the whole data
+  set (``variance_scaling``), and a share ``variance_mix`` of the draws follows them, the rest is
+  uniform. MMR1 re-scores the whole data set with fresh rollouts every few steps; mmrl scores a
+  prompt from the outcomes of its last ``variance_window`` draws in training (unseen prompts get
+  the largest seen score), so no extra rollouts are spent. MMR1's trajectory-diversity metrics
+  (distinct-n, self-BLEU, edit distance) are off in its published configuration and are not
+  offered.
 
 All randomness comes from generators seeded by `derive_seed`, and all state is in
 `PromptSampler.state_dict`, so a resumed run draws exactly what an uninterrupted one would.
@@ -29,6 +36,7 @@ from torch import Tensor
 from .config import SamplingConfig
 
 UNSEEN_VPS = 0.25  # the largest variance of a 0/1 outcome: p(1-p) at p = 1/2
+MIN_MAX_EPS = 1e-8  # MMR1: (w - min) / (max - min + 1e-8)
 
 
 def derive_seed(*values: int) -> int:
@@ -75,6 +83,10 @@ class PromptSampler:
             raise ValueError(f"sampling.variance_window={cfg.variance_window} must be >= 1")
         if not 0.0 <= cfg.variance_mix <= 1.0:
             raise ValueError(f"sampling.variance_mix={cfg.variance_mix} must be in [0, 1]")
+        if cfg.variance_score not in ("pass_rate", "variance"):
+            raise ValueError(f"sampling.variance_score={cfg.variance_score!r} is not one of 'pass_rate', 'variance'")
+        if cfg.variance_scaling not in ("min_max", "none"):
+            raise ValueError(f"sampling.variance_scaling={cfg.variance_scaling!r} is not one of 'min_max', 'none'")
         self.n = len(dataset)
         self.cfg = cfg
         self.seed = int(seed)
@@ -88,9 +100,8 @@ class PromptSampler:
         # the step being drawn and the prompts it has drawn so far (over its attempts)
         self.step: int | None = None
         self.used: list[int] = []
-        # variance: recent outcome rewards and last trajectory diversity per prompt
+        # variance: recent outcome rewards per prompt
         self.outcomes: dict[int, deque] = {}
-        self.diversity: dict[int, float] = {}
         self._epoch_cache: tuple[int, tuple[int, ...], list[int]] | None = None
 
     # ----- drawing ----------------------------------------------------------------------------
@@ -162,23 +173,29 @@ class PromptSampler:
 
     # ----- MMR1 Variance Promotion Score ------------------------------------------------------
     def vps(self) -> Tensor:
-        """Variance Promotion Score of every prompt (float64, one per row): population variance
-        of its recent rewards + diversity_weight * its last trajectory diversity; prompts never
-        seen get the largest score among seen prompts, or 0.25 if none has been seen."""
+        """Variance Promotion Score of every prompt (float64, one per row) from its recent
+        outcomes: p(1 - p) of their mean p (``pass_rate``, MMR1) or their population variance
+        (``variance``); prompts never seen get the largest score among seen prompts, or 0.25 if
+        none has been seen."""
         scores = torch.full((self.n,), float("nan"), dtype=torch.float64)
         for i, window in self.outcomes.items():
             if window:
                 mean = math.fsum(window) / len(window)
-                var = math.fsum((v - mean) ** 2 for v in window) / len(window)
-                scores[i] = var + self.cfg.diversity_weight * self.diversity.get(i, 0.0)
+                if self.cfg.variance_score == "pass_rate":
+                    scores[i] = mean * (1 - mean)
+                else:
+                    scores[i] = math.fsum((v - mean) ** 2 for v in window) / len(window)
         seen = scores[~scores.isnan()]
         prior = float(seen.max()) if seen.numel() else UNSEEN_VPS
         return torch.nan_to_num(scores, nan=prior).clamp_min(0.0)
 
     def probabilities(self) -> Tensor:
-        """Sampling probabilities of the "variance" strategy (MMR1): variance_mix * VPS / sum VPS
-        + (1 - variance_mix) / num_prompts; uniform if every VPS is 0."""
+        """Sampling probabilities of the "variance" strategy (MMR1): with w the VPS, min-max
+        scaled over the data set ((w - min) / (max - min + 1e-8)) unless variance_scaling is none,
+        variance_mix * w / sum w + (1 - variance_mix) / num_prompts; uniform if every w is 0."""
         v = self.vps()
+        if self.cfg.variance_scaling == "min_max":
+            v = (v - v.min()) / (v.max() - v.min() + MIN_MAX_EPS)
         uniform = torch.full((self.n,), 1.0 / self.n, dtype=torch.float64)
         total = float(v.sum())
         if total <= 0:
@@ -187,18 +204,15 @@ class PromptSampler:
         return mix * v / total + (1 - mix) * uniform
 
     # ----- feedback ---------------------------------------------------------------------------
-    def update(self, indices: Sequence[int], rewards: Tensor, group_id: Tensor,
-               diversity: Sequence[float] | None = None) -> None:
+    def update(self, indices: Sequence[int], rewards: Tensor, group_id: Tensor) -> None:
         """Record a draw's outcomes: every reward of group g (rows with group_id == g) goes into
         the window of prompt indices[g], which keeps the last variance_window * group_size values;
-        NaN (and infinite) rewards are ignored. `diversity[g]`, if given, replaces the prompt's
-        trajectory diversity. Used by "variance" only, harmless otherwise."""
+        NaN (and infinite) rewards are ignored. Used by "variance" only, harmless otherwise;
+        with variance_score pass_rate an outcome outside [0, 1] is an error."""
         rewards = torch.as_tensor(rewards).detach().reshape(-1).double().cpu()
         group_id = torch.as_tensor(group_id).detach().reshape(-1).long().cpu()
         if rewards.numel() != group_id.numel():
             raise ValueError(f"update: {rewards.numel()} rewards but {group_id.numel()} group ids")
-        if diversity is not None and len(diversity) != len(indices):
-            raise ValueError(f"update: {len(diversity)} diversities for {len(indices)} groups")
         for g, idx in enumerate(indices):
             idx = int(idx)
             if not 0 <= idx < self.n:
@@ -206,13 +220,17 @@ class PromptSampler:
             rows = rewards[group_id == g]
             if rows.numel() == 0:
                 continue
+            finite = [v for v in rows.tolist() if math.isfinite(v)]
+            if (self.cfg.strategy == "variance" and self.cfg.variance_score == "pass_rate"
+                    and any(not 0.0 <= v <= 1.0 for v in finite)):
+                raise ValueError(f"sampling.variance_score='pass_rate' needs outcomes in [0, 1]; prompt {idx} "
+                                 f"got {next(v for v in finite if not 0.0 <= v <= 1.0)} (set sampling.variance_reward "
+                                 f"to a 0/1 accuracy reward, or sampling.variance_score=variance)")
             maxlen = self.cfg.variance_window * rows.numel()
             window = self.outcomes.get(idx)
             if window is None or window.maxlen != maxlen:
                 window = self.outcomes[idx] = deque(window or (), maxlen=maxlen)
-            window.extend(v for v in rows.tolist() if math.isfinite(v))
-            if diversity is not None and math.isfinite(float(diversity[g])):
-                self.diversity[idx] = float(diversity[g])
+            window.extend(finite)
 
     # ----- logging and checkpoints ------------------------------------------------------------
     def stats(self) -> dict[str, float]:
@@ -233,8 +251,7 @@ class PromptSampler:
         return {"n": self.n, "epoch": self.epoch, "offset": self.offset,
                 "deferred": list(self.deferred), "drawn": self.drawn,
                 "step": self.step, "used": list(self.used),
-                "outcomes": {str(k): [list(v), v.maxlen] for k, v in sorted(self.outcomes.items())},
-                "diversity": {str(k): v for k, v in sorted(self.diversity.items())}}
+                "outcomes": {str(k): [list(v), v.maxlen] for k, v in sorted(self.outcomes.items())}}
 
     def load_state_dict(self, state: dict) -> None:
         if "n" in state and int(state["n"]) != self.n:
@@ -246,5 +263,4 @@ class PromptSampler:
         self.used = [int(i) for i in state.get("used", [])]
         self.outcomes = {int(k): deque((float(x) for x in v), maxlen=int(m))
                          for k, (v, m) in state["outcomes"].items()}
-        self.diversity = {int(k): float(v) for k, v in state["diversity"].items()}
         self._epoch_cache = None

@@ -85,6 +85,9 @@ class Trainer:
         self.objective = OBJECTIVES.get(algo.objective)
         self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
+        if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in self.reward_weights:
+            raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "
+                             f"rewards {sorted(self.reward_weights)}")
         self.train_rows, self.eval_rows = load_data(cfg.data)
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
@@ -197,7 +200,8 @@ class Trainer:
             auxiliary_parts.append(auxiliary)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
             total = weighted_total(rewards, self.reward_weights)
-            self.sampler.update(indices, total if total.dim() == 1 else total.nanmean(1), draw_gid)  # [N, U]: row means
+            outcome = total if samp.variance_reward is None else rewards[samp.variance_reward]
+            self.sampler.update(indices, outcome if outcome.dim() == 1 else outcome.nanmean(1), draw_gid)  # [N, U]: row means
             keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
             keep &= torch.cumsum(keep, 0) <= need - kept_groups  # no more groups than the batch needs
             local_part = rollout.select(keep[rollout.group_id - attempt * len(indices)].nonzero().flatten())

@@ -139,22 +139,22 @@ def test_rloo():
 
 
 def test_median_group_of_three():
-    adv, mask = est("median", [0.1, 0.9, 0.5], [0, 0, 0], std="none")
+    adv, mask = est("median", [0.1, 0.9, 0.5], [0, 0, 0], std="none", median_scale="std")
     assert mask == [True, True, False]
     assert adv == pytest.approx([-0.4, 0.4, 0.0])
     # ties: stable sort 0 (row 1), 1 (row 0), 1 (row 2) -> pivot row 0, median 1
-    adv, mask = est("median", [1.0, 0.0, 1.0], [0, 0, 0], std="none")
+    adv, mask = est("median", [1.0, 0.0, 1.0], [0, 0, 0], std="none", median_scale="std")
     assert mask == [False, True, True]
     assert adv == pytest.approx([0.0, -1.0, 0.0])
     # all equal: the middle of the stable sort is row 1
-    adv, mask = est("median", [2.0, 2.0, 2.0], [0, 0, 0])
+    adv, mask = est("median", [2.0, 2.0, 2.0], [0, 0, 0], median_scale="std")
     assert mask == [True, False, True] and adv == [0.0, 0.0, 0.0]
 
 
 def test_median_group_of_five_with_ties_and_group_std():
     r = [1.0, 0.0, 0.0, 1.0, 1.0, 0.3, 0.1, 0.9, 0.5, 0.7]
     g = [4, 4, 4, 4, 4, 9, 9, 9, 9, 9]
-    adv, mask = est("median", r, g)
+    adv, mask = est("median", r, g, median_scale="std")
     # group 4 stable-sorted: 0 (row 1), 0 (row 2), 1 (row 0), 1 (row 3), 1 (row 4) -> pivot row 0,
     # median 1; std of 1,0,0,1,1 = sqrt(1.2 / 4) = .5477226
     # group 9 sorted .1 .3 .5 .7 .9 -> pivot row 8 (.5); std sqrt(.4 / 4) = .3162278
@@ -166,16 +166,49 @@ def test_median_group_of_five_with_ties_and_group_std():
 
 def test_median_nan_rewards():
     # valid 3, 1, 2, 5 -> lower median 2 (row 3) is the pivot; the NaN row gets 0 and stays in
-    adv, mask = est("median", [NAN, 3.0, 1.0, 2.0, 5.0], [0, 0, 0, 0, 0], std="none")
+    adv, mask = est("median", [NAN, 3.0, 1.0, 2.0, 5.0], [0, 0, 0, 0, 0], std="none", median_scale="std")
     assert mask == [True, True, True, False, True]
     assert adv == pytest.approx([0.0, 1.0, -1.0, 0.0, 3.0])
 
 
+def reference_mc_grpo(rewards, size, rescale):
+    """MC-GRPO as the authors' trainer computes it (contiguous groups of `size` = G+1), with the
+    statistics module: median baseline, advantage / (MAD + 1e-3); with `rescale`, a group's
+    non-zero advantages times size / (their number)."""
+    out = []
+    for start in range(0, len(rewards), size):
+        group = rewards[start:start + size]
+        med = statistics.median(group)
+        mad = statistics.median([abs(x - med) for x in group])
+        adv = [(x - med) / (mad + 1e-3) for x in group]
+        if rescale:
+            nonzero = [a for a in adv if abs(a) > 1e-6]
+            adv = [a * size / len(nonzero) if abs(a) > 1e-6 else a for a in adv] if nonzero else adv
+        out += adv
+    return out
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_median_mad_normaliser_and_rescale_match_the_authors_rule(rescale):
+    r = [1.0, 0.0, 0.0, 1.0, 1.0, 0.3, 0.1, 0.9, 0.5, 0.7, 0.2, 0.2, 0.2, 0.9, 0.0]
+    g = [4] * 5 + [9] * 5 + [2] * 5
+    adv, mask = est("median", r, g, median_rescale=rescale)
+    expected = reference_mc_grpo(r, 5, rescale)
+    # group 4: median 1, |dev| 0,1,1,0,0 -> MAD 0: A = -1 / 1e-3 on the two zeros;
+    # group 9: median .5, |dev| .2 .4 .4 0 .2 -> MAD .2; group 2: median .2, MAD 0 -> +-.7, -.2 / 1e-3
+    assert expected[1] == pytest.approx(-1000.0 * (5 / 2 if rescale else 1))
+    assert expected[5] == pytest.approx(-0.2 / 0.201 * (5 / 4 if rescale else 1))
+    assert adv == pytest.approx(expected, rel=1e-5)
+    assert mask == [False, True, True, True, True, True, True, True, False, True, True, False, True, True, True]
+    with pytest.raises(ValueError, match="algorithm.median_scale"):
+        AdvantageOptions(median_scale="iqr")
+
+
 def test_median_even_group_is_an_error():
     with pytest.raises(ValueError, match=r"odd group size.*group 4 has size 2"):
-        est("median", [0.0, 1.0, 0.0, 1.0, 0.5], [7, 7, 7, 4, 4])
+        est("median", [0.0, 1.0, 0.0, 1.0, 0.5], [7, 7, 7, 4, 4], median_scale="std")
     with pytest.raises(ValueError, match=r"\[N\]"):
-        est("median", [[0.0], [1.0], [0.5]], [0, 0, 0])
+        est("median", [[0.0], [1.0], [0.5]], [0, 0, 0], median_scale="std")
 
 
 # ------------------------------------------------------------------------------------ pairwise
@@ -302,12 +335,12 @@ def test_normalise_each_reward_then_sum():
 def test_advantage_combine_ands_the_row_masks():
     rewards = {"a": torch.tensor([0.0, 1.0, 2.0]), "b": torch.tensor([2.0, 1.0, 0.0])}
     res = compute_advantages(rewards, {"a": 1.0, "b": 1.0}, torch.tensor([0, 0, 0]),
-                             cfg(estimator="median", reward_combine="advantage", std="none"))
+                             cfg(estimator="median", reward_combine="advantage", std="none", median_scale="std"))
     # both pick row 1 as the pivot; a: -1, 0, 1 ; b: 1, 0, -1 -> 0, 0, 0
     assert res.row_mask.tolist() == [True, False, True]
     rewards = {"a": torch.tensor([0.0, 1.0, 2.0]), "b": torch.tensor([5.0, 1.0, 3.0])}
     res = compute_advantages(rewards, {"a": 1.0, "b": 1.0}, torch.tensor([0, 0, 0]),
-                             cfg(estimator="median", reward_combine="advantage", std="none"))
+                             cfg(estimator="median", reward_combine="advantage", std="none", median_scale="std"))
     # a pivots row 1, b pivots row 2 (3 is the median of 5, 1, 3); row 0: -1 + 2 = 1
     assert res.row_mask.tolist() == [True, False, False]
     assert res.advantages.tolist() == pytest.approx([1.0, 0.0, 0.0])
@@ -383,7 +416,7 @@ def test_rows_without_any_reward_are_left_out():
 def test_median_pivot_through_compute_advantages():
     res = compute_advantages({"a": torch.tensor([0.1, 0.9, 0.5, 1.0, 1.0, 1.0])}, {"a": 1.0},
                              torch.tensor([3, 3, 3, 8, 8, 8]),
-                             cfg(estimator="median", std="none", drop_zero_variance=True))
+                             cfg(estimator="median", std="none", median_scale="std", drop_zero_variance=True))
     assert res.row_mask.tolist() == [True, True, False, False, False, False]
     assert res.advantages.tolist() == pytest.approx([-0.4, 0.4, 0.0, 0.0, 0.0, 0.0])
 

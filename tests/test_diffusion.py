@@ -144,10 +144,11 @@ def test_schedules():
     assert len(draws) > 1  # a different subset per rollout
     win = StepSchedule("window", start=1, size=2)
     assert win.stochastic(6, 0).tolist() == [False, True, True, False, False, False]
-    slide = StepSchedule("sliding_window", start=0, size=2, stride=1, shift_every=10)
-    assert slide.stochastic(6, 9).nonzero().flatten().tolist() == [0, 1]
-    assert slide.stochastic(6, 10).nonzero().flatten().tolist() == [1, 2]
-    assert slide.stochastic(6, 40).nonzero().flatten().tolist() == [0, 1]  # wraps before the last step
+    # end="wrap": full windows; the trainer's step k is MixGRPO's iteration k - 1
+    slide = StepSchedule("sliding_window", start=0, size=2, stride=1, shift_every=10, end="wrap")
+    assert slide.stochastic(6, 10).nonzero().flatten().tolist() == [0, 1]
+    assert slide.stochastic(6, 11).nonzero().flatten().tolist() == [1, 2]
+    assert slide.stochastic(6, 41).nonzero().flatten().tolist() == [0, 1]  # wraps before the last step
     chunks = StepSchedule("chunks", sizes=[2, 3, 4, 7], sample=1, weights=[1, 0, 0, 0])
     assert chunks.trained(16, 0, g).nonzero().flatten().tolist() == [0, 1]
     assert StepSchedule("chunks", sizes=[2, 2]).trained(4, 0, g).tolist() == [True, True, True, False]
@@ -155,6 +156,43 @@ def test_schedules():
         StepSchedule("nope")
     with pytest.raises(ValueError, match="sum to the 5 steps"):
         StepSchedule("chunks", sizes=[2, 2]).trained(5, 0, g)
+
+
+def mixgrpo_windows(sampling_steps, group_size, iters_per_group, overlap_step, iterations):
+    """MixGRPO's progressive window with --prog_overlap and --roll_back (its published scripts),
+    written out by hand: the trained steps of each training iteration 0, 1, ..."""
+    cur, in_group, last, out = 0, 0, sampling_steps - 2, []
+    for _ in range(iterations):
+        out.append(list(range(cur, min(cur + group_size, last))))
+        in_group += 1
+        if in_group >= iters_per_group:
+            in_group, cur = 0, cur + overlap_step
+        if cur > last:
+            cur, in_group = 0, 0
+    return out
+
+
+def test_sliding_window_follows_mixgrpo():
+    # by hand, 6 steps, window 2, moved every 2 iterations: [0, 1], [1, 2], [2, 3], then cut at
+    # step U - 2 = 4: [3], then the empty window, then back to the start
+    slide = StepSchedule("sliding_window", size=2, stride=1, shift_every=2)
+    got = [slide.stochastic(6, k).nonzero().flatten().tolist() for k in range(1, 13)]
+    assert got == [[0, 1]] * 2 + [[1, 2]] * 2 + [[2, 3]] * 2 + [[3]] * 2 + [[]] * 2 + [[0, 1]] * 2
+    g = torch.Generator().manual_seed(0)
+    assert slide.trained(6, 9, g).tolist() == [False] * 6  # the empty window trains nothing
+    # the published run: 25 steps, window 4, moved by 1 every 25 iterations (MixGRPO) or by the
+    # window size every 20 (no overlap), over two sweeps and a bit
+    refs = {}
+    for stride, every in ((1, 25), (4, 20)):
+        refs[stride] = ref = mixgrpo_windows(25, 4, every, stride, 1300)
+        mine = StepSchedule("sliding_window", size=4, stride=stride, shift_every=every)
+        assert [mine.stochastic(25, k + 1).nonzero().flatten().tolist() for k in range(1300)] == ref
+    assert [] in refs[1] and [21, 22] in refs[1] and not any(23 in w for w in refs[1])
+    assert [] not in refs[4] and [20, 21, 22] in refs[4]
+    with pytest.raises(ValueError, match="policy.schedule.end"):
+        StepSchedule("sliding_window", end="bounce")
+    with pytest.raises(ValueError, match="policy.schedule.start=5"):
+        StepSchedule("sliding_window", start=5).stochastic(6, 1)
 
 
 def test_config_errors_name_the_field():

@@ -1,6 +1,7 @@
 """The masked diffusion LM adapter: block decoding, seeded groups, the three log-prob estimators
 against hand-written references, exact on-policy ratios per pass, streaming, a training step."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from tasks.dlm.estimators import ESTIMATORS, EstimatorArgs, view_seed
-from tasks.dlm.generation import DecodeConfig, block_decode, transfer_counts
+from tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
 from tasks.dlm.policy import DLMConfig, DLMPolicy
 
 PROMPTS = ["12+34=", "5+6="]
@@ -36,11 +37,68 @@ def test_tiny_model_attends_both_ways(policy):
 
 def test_transfer_schedules_commit_every_mask():
     assert transfer_counts(10, 4, "uniform") == [3, 3, 2, 2]
-    assert transfer_counts(10, 0, "ascending") == [1, 2, 4, 3]
-    assert sum(transfer_counts(32, 6, "ascending")) == 32
+    assert transfer_counts(10, 0, "ascending_paper") == [1, 2, 4, 3]
+    assert sum(transfer_counts(32, 6, "ascending_paper")) == 32
+    for b in range(1, 300):
+        assert sum(transfer_counts(b, 0, "ascending")) == b
 
 
-@pytest.mark.parametrize("schedule,remasking", [("uniform", "low_confidence"), ("ascending", "random")])
+def cj_grpo_ass_counts(length):
+    """CJ-GRPO's get_num_transfer_tokens_ass for one block, written out: S = floor(log2 L) steps,
+    2^i tokens at step i, the last step L - (2^(S-1) - 1)."""
+    steps = int(math.log2(length))
+    return [2 ** i if i < steps - 1 else length - (2 ** i - 1) for i in range(steps)]
+
+
+def test_ascending_schedule_follows_cj_grpo_code():
+    assert transfer_counts(16, 0, "ascending") == [1, 2, 4, 9]  # the code: 4 steps
+    assert transfer_counts(16, 0, "ascending_paper") == [1, 2, 4, 8, 1]  # one more forward
+    assert transfer_counts(15, 0, "ascending") == [1, 2, 12]
+    assert transfer_counts(15, 0, "ascending_paper") == [1, 2, 4, 8]  # the paper's 2^k - 1 case
+    assert transfer_counts(1, 0, "ascending") == [1]
+    for b in range(2, 300):
+        assert transfer_counts(b, 0, "ascending") == cj_grpo_ass_counts(b)
+
+
+def test_eos_gamma_follows_cj_grpo_code():
+    # uniform, 2 blocks of 3 steps (6 in all), g = .4: the code's tau = s / (6 - 1), never 1 in a block
+    cfg = DecodeConfig(gen_length=12, block_length=6, steps=6, eos_early_rejection=True)
+    assert [eos_gamma(cfg, s, 3) for s in range(3)] == pytest.approx([0.4, 0.4 + 0.6 / 5, 0.4 + 0.6 * 2 / 5])
+    linear = DecodeConfig(gen_length=12, block_length=6, steps=6, eos_gamma_rule="block_linear")
+    assert [eos_gamma(linear, s, 3) for s in range(3)] == pytest.approx([0.4, 0.7, 1.0])
+    # ascending, one block of 16 (S = 4): tau = (2^(s+1) - 1) / 16, geometric
+    asc = DecodeConfig(gen_length=16, block_length=16, schedule="ascending", eos_min_gamma=0.2)
+    assert [eos_gamma(asc, s, 4) for s in range(4)] == pytest.approx([0.2 + 0.8 * k / 16 for k in (1, 3, 7, 15)])
+    assert eos_gamma(DecodeConfig(steps=1, gen_length=4, block_length=4), 0, 1) == 1.0  # a single step
+    with pytest.raises(ValueError, match="policy.eos_gamma_rule"):
+        DecodeConfig(eos_gamma_rule="late").check()
+
+
+@pytest.mark.parametrize("rule,eos_at_second_step", [("cj_grpo", 1), ("block_linear", 2)])
+def test_eos_factor_over_several_blocks_reaches_the_decoder(policy, rule, eos_at_second_step):
+    eos, other = policy.eos_ids[0], 7
+
+    def confident_eos(x, attention, positions):  # even positions: EOS at p ~ 1, odd: `other` at p ~ 0.6
+        logits = torch.full((x.shape[0], len(positions), 40), -10.0)
+        logits[:, 0::2, eos] = 3.0
+        logits[:, 1::2, other] = 0.9
+        logits[:, 1::2, other + 1] = 0.5
+        return logits
+
+    seen = []
+    cfg = DecodeConfig(gen_length=12, block_length=6, steps=6, temperature=0.0, eos_early_rejection=True,
+                       eos_gamma_rule=rule)
+    block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], torch.tensor([[5, 6]]),
+                 torch.ones(1, 2, dtype=torch.long), cfg, policy.mask_id, eos, None, 1)
+    # step 0 (gamma .4): two `other`s; step 1 commits 2 of {3 EOS at ~.99 gamma, 1 `other` at ~.6}:
+    # the code's gamma .52 puts the `other` first, block_linear's .7 two EOS
+    before, after = seen[1][0, 2:8], seen[2][0, 2:8]
+    new = after[(before == policy.mask_id) & (after != policy.mask_id)]
+    assert int((new == eos).sum()) == eos_at_second_step
+
+
+@pytest.mark.parametrize("schedule,remasking", [("uniform", "low_confidence"), ("ascending", "random"),
+                                                ("ascending_paper", "random")])
 def test_decoding_fills_blocks_in_order_and_every_mask(policy, schedule, remasking):
     cfg = DecodeConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, remasking=remasking, schedule=schedule)
     canvases = []
@@ -54,7 +112,7 @@ def test_decoding_fills_blocks_in_order_and_every_mask(policy, schedule, remaski
                        None, seeds=[1, 2], group_size=2)
     plen, m = ids.shape[1], policy.mask_id
     assert not (out == m).any()
-    per_block = 2 if schedule == "uniform" else 3  # 4 steps / 2 blocks; ascending 1 + 2 + 1
+    per_block = {"uniform": 2, "ascending": 2, "ascending_paper": 3}[schedule]  # 4 / 2; 1 + 3; 1 + 2 + 1
     assert len(canvases) == 2 * per_block
     for k, (x, positions) in enumerate(canvases):
         block = k // per_block
@@ -62,7 +120,7 @@ def test_decoding_fills_blocks_in_order_and_every_mask(policy, schedule, remaski
         assert not (x[:, plen:plen + 4 * block] == m).any()  # earlier blocks are complete
         assert (x[:, plen + 4 * (block + 1):] == m).all()  # later blocks untouched
     committed = [int((x[:, plen:] != m).sum(1)[0]) for x, _ in canvases] + [8]
-    expected = [transfer_counts(4, 2, "uniform"), [1, 2, 1]][schedule == "ascending"]
+    expected = {"uniform": transfer_counts(4, 2, "uniform"), "ascending": [1, 3], "ascending_paper": [1, 2, 1]}[schedule]
     assert [b - a for a, b in zip(committed, committed[1:])] == expected * 2
 
 
@@ -146,11 +204,45 @@ def test_estimators_match_a_plain_masked_forward(name):
     if name == "diffu_grpo":
         assert len(views) == 1 and views[0].masked.all() and views[0].prompt_masked.any()
         assert not views[0].prompt_masked[ex["prompt_mask"] == 0].any()  # padding is never "masked"
-    if name == "coupled":  # complementary views: every completion token is scored exactly once
-        scored = views[0].masked.int() + views[1].masked.int()
+    if name == "coupled":  # the full view, then complementary views: each token scored once by the pair
+        assert len(views) == 3 and views[0].masked.all() and torch.equal(views[0].weight, torch.full((4,), 0.5))
+        scored = views[1].masked.int() + views[2].masked.int()
         assert (scored == 1).all()
-        t = 1 / (2 * views[0].weight)
-        assert ((t >= 0.2) & (t <= 0.8)).all() and torch.allclose(views[1].weight, 1 / (2 * (1 - t)))
+        t = 1 / (2 * views[1].weight)
+        assert ((t >= 0.2) & (t <= 0.8)).all() and torch.allclose(views[2].weight, 1 / (2 * (1 - t)))
+
+
+def _completion_logps(p, ex, masked):
+    """log p(y_u | completion positions `masked` replaced by the mask token), prompt visible."""
+    ids = torch.cat([ex["prompt_ids"], ex["completion_ids"].masked_fill(masked, p.mask_id)], 1)
+    attention = torch.cat([ex["prompt_mask"], torch.ones_like(ex["completion_ids"])], 1)
+    logits = p.model(input_ids=ids, attention_mask=attention,
+                     position_ids=(attention.cumsum(-1) - 1).clamp(min=0)).logits.float()
+    return torch.log_softmax(logits[:, ex["prompt_ids"].shape[1]:], -1).gather(
+        -1, ex["completion_ids"][..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("full_view", [True, False])
+def test_coupled_follows_diffucoder(full_view):
+    """DiffuCoder's rule written out: t ~ U(0.2, 0.8) (the row's first draw), view 1 masks the
+    tokens whose uniform is < t, view 2 the others; logp = (log p_full + coupled) / 2 with
+    coupled = log p_1 / t on view 1's tokens, log p_2 / (1 - t) elsewhere (coupled / 2 alone
+    without the full view)."""
+    p = make_policy(estimator="coupled", coupled_full_view=full_view)
+    batch = p.rollout(PROMPTS, 2, seeds=[1, 2])
+    with torch.no_grad():
+        logp, _ = p.logprobs(p.model, batch)
+        ex = batch.extras
+        gens = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
+        t = torch.stack([0.2 + 0.6 * torch.rand((), generator=g) for g in gens])
+        width = ex["completion_ids"].shape[1]
+        first = torch.stack([torch.rand(width, generator=g) for g in gens]) < t[:, None]
+        coupled = torch.where(first, _completion_logps(p, ex, first) / t[:, None],
+                              _completion_logps(p, ex, ~first) / (1 - t[:, None]))
+        full = _completion_logps(p, ex, torch.ones_like(first))
+        ref = (full + coupled) / 2 if full_view else coupled / 2
+    assert torch.allclose(logp, ref * batch.unit_mask, atol=1e-5)
+    assert not torch.allclose(full, coupled)  # the two parts differ, so the test tells them apart
 
 
 @pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])

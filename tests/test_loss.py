@@ -126,6 +126,49 @@ def test_entropy_bonus_and_llds():
     assert terms.llds_active == 1
 
 
+def reference_llds(logp, old, adv, mask, rows):
+    """LLDS as the authors' actor does it (response-level gate), in plain Python: preserving units
+    are those with advantage >= 0 (rows="non_negative") or all; a row is active when the summed
+    drop old - new over its preserving units is > 0; the penalty is max(0, old - new) on its
+    preserving units; token mean over every valid unit of the batch."""
+    total, units = 0.0, sum(sum(r) for r in mask)
+    for i in range(len(logp)):
+        a = adv[i] if isinstance(adv[i], list) else [adv[i]] * len(logp[i])
+        keep = [mask[i][u] and (rows == "all" or a[u] >= 0) for u in range(len(logp[i]))]
+        if sum(old[i][u] - logp[i][u] for u in range(len(keep)) if keep[u]) > 0:
+            total += sum(max(0.0, old[i][u] - logp[i][u]) for u in range(len(keep)) if keep[u])
+    return total / units
+
+
+@pytest.mark.parametrize("rows", ["non_negative", "all"])
+def test_llds_follows_the_authors_preserving_set(rows):
+    # the issue's case: one token, A = -1, log-prob down by 0.5, coefficient 0.2: the authors add 0
+    # (a negative-advantage row is not preserved), the "all" option 0.2 * 0.5 = 0.1
+    cfg = AlgorithmConfig(llds_coef=0.2, llds_rows=rows, eps_low=10.0, eps_high=10.0)
+    one = policy_loss(torch.tensor([[-1.5]]), torch.tensor([[-1.0]]), torch.tensor([-1.0]), torch.ones(1, 1),
+                      torch.ones(1, 1), cfg)
+    assert one.loss.item() - math.exp(-0.5) == pytest.approx({"non_negative": 0.0, "all": 0.1}[rows], abs=1e-6)
+    # step-level advantages with mixed signs: only the units with A >= 0 gate and take the penalty
+    logp = [[-1.0, -2.0, -0.5, -0.2], [-0.3, -1.9, -2.2, -0.1]]
+    old = [[-1.1, -1.5, -0.8, -0.2], [-0.9, -1.2, -2.0, -0.4]]
+    adv = [[1.0, 0.5, -1.0, 0.0], [-0.5, -1.0, 2.0, 0.3]]
+    mask = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]]
+    m = torch.tensor(mask)
+    w = AGGREGATIONS.get("token_mean")(m, m.sum(), 2, 4)
+    with_llds = policy_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(adv), m, w,
+                            AlgorithmConfig(llds_coef=0.3, llds_rows=rows))
+    without = policy_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(adv), m, w, AlgorithmConfig())
+    expected = 0.3 * reference_llds(logp, old, adv, mask, rows)
+    assert expected > 0
+    assert with_llds.loss.item() - without.loss.item() == pytest.approx(expected, abs=1e-6)
+    # non_negative: row 0 drops -0.1 + 0.5 + 0 on its A >= 0 units (active), row 1's A >= 0 unit
+    # (u = 2) drops 0.2 (active); all: row 0 drops -0.1 + 0.5 - 0.3 + 0 > 0, row 1 -0.6 + 0.7 + 0.2 > 0
+    assert with_llds.llds_active == 2
+    with pytest.raises(ValueError, match="algorithm.llds_rows"):
+        policy_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(adv), m, w,
+                    AlgorithmConfig(llds_coef=0.3, llds_rows="some"))
+
+
 def test_aggregations_by_hand():
     mask = torch.tensor(MASK)
     tm = AGGREGATIONS.get("token_mean")(mask, 5.0, 2.0, 3)

@@ -28,7 +28,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     cfg = dict(TINY_RECIPE, max_steps=5, save_every=2,
                rewards={**TINY_RECIPE["rewards"], "killer": {"weight": 0.0}},
                reward_modules=TINY_RECIPE["reward_modules"] + [str(here / "kill_reward.py")],
-               sampling={"strategy": "variance"}, algorithm={"group_size": 4, "mu": 2})
+               sampling={"strategy": "variance", "variance_reward": "accuracy"}, algorithm={"group_size": 4, "mu": 2})
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg))
 

@@ -82,7 +82,8 @@ def test_curriculum_column_must_be_numeric():
 
 def test_variance_sampling_probabilities_by_hand():
     rows = ROWS[:4]
-    s = PromptSampler(rows, SamplingConfig(strategy="variance", variance_mix=0.5, variance_window=2), 0)
+    s = PromptSampler(rows, SamplingConfig(strategy="variance", variance_mix=0.5, variance_window=2,
+                                           variance_score="variance", variance_scaling="none"), 0)
     assert s.probabilities().tolist() == pytest.approx([0.25] * 4)  # nothing seen: all 0.25
     # prompt 0: outcomes 1,0,1,0 -> variance .25; prompt 1: all 1 -> 0; prompt 2: all 0 -> 0;
     # prompt 3: never seen -> the max seen, .25. Sum VPS = .5.
@@ -99,20 +100,53 @@ def test_variance_sampling_probabilities_by_hand():
     assert s.stats()["sampling/mean_vps"] == pytest.approx(0.125)
 
 
-def test_variance_window_diversity_and_nan():
-    s = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance", variance_window=2,
-                                               diversity_weight=0.5, variance_mix=1.0), 0)
+def test_variance_window_and_nan():
+    s = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance", variance_window=2, variance_mix=1.0,
+                                               variance_score="variance", variance_scaling="none"), 0)
     ids = torch.tensor([0, 0])
     for r in ([1.0, 1.0], [0.0, float("nan")], [0.0, 0.0], [0.0, 0.0]):
         s.update([0], torch.tensor(r), ids)
     assert list(s.outcomes[0]) == [0.0, 0.0, 0.0, 0.0]  # the last 2 * group_size finite rewards
-    s.update([0, 1], torch.tensor([0.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), diversity=[0.2, 0.0])
+    s.update([0, 1], torch.tensor([0.0, 0.5, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]))
+    # prompt 0: 0, 0, 0, .5 -> variance .046875; prompt 1: 1, 0 -> .25
     vps = s.vps().tolist()
-    assert vps == pytest.approx([0.5 * 0.2, 0.25])
-    assert s.probabilities().tolist() == pytest.approx([0.1 / 0.35, 0.25 / 0.35])
+    assert vps == pytest.approx([0.046875, 0.25])
+    assert s.probabilities().tolist() == pytest.approx([0.046875 / 0.296875, 0.25 / 0.296875])
     zero = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance"), 0)
     zero.update([0, 1], torch.ones(4), torch.tensor([0, 0, 1, 1]))
     assert zero.probabilities().tolist() == pytest.approx([0.5, 0.5])  # all VPS 0: uniform
+
+
+def reference_mmr1_probabilities(pass_rates, mix):
+    """MMR1's trainer by hand: learnability p(1 - p), min-max scaled over the data set with
+    1e-8 in the denominator; a share `mix` of the draws by those weights, the rest uniform."""
+    w = [p * (1 - p) for p in pass_rates]
+    lo, hi = min(w), max(w)
+    w = [(x - lo) / (hi - lo + 1e-8) for x in w]
+    return [mix * x / sum(w) + (1 - mix) / len(w) for x in w]
+
+
+def test_variance_sampling_follows_mmr1():
+    # the issue's case: pass rates 1/2 and 1/4 are drawn .75 / .25 (raw scores: .54 / .46)
+    s = PromptSampler(ROWS[:2], VARIANCE, 0)
+    s.update([0, 1], torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]), torch.tensor([0] * 4 + [1] * 4))
+    assert s.probabilities().tolist() == pytest.approx([0.75, 0.25])
+    assert reference_mmr1_probabilities([0.5, 0.25], 0.5) == pytest.approx([0.75, 0.25])
+    raw = PromptSampler(ROWS[:2], SamplingConfig(strategy="variance", variance_scaling="none"), 0)
+    raw.update([0, 1], torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]), torch.tensor([0] * 4 + [1] * 4))
+    assert raw.probabilities().tolist() == pytest.approx([0.5 * 0.25 / 0.4375 + 0.25, 0.5 * 0.1875 / 0.4375 + 0.25])
+    # graded outcomes in [0, 1]: p(1 - p) of the mean, not the variance; five prompts, one unseen
+    s = PromptSampler(ROWS[:5], SamplingConfig(strategy="variance", variance_mix=0.7), 0)
+    outcomes = [[0.9, 0.7], [0.5, 0.5], [0.0, 0.2], [1.0, 1.0]]
+    s.update([0, 1, 2, 3], torch.tensor(outcomes).flatten(), torch.arange(4).repeat_interleave(2))
+    rates = [sum(o) / 2 for o in outcomes]
+    rates.append(0.5)  # prompt 4 never seen: the largest seen score, p(1 - p) = .25 at p = .5
+    assert s.probabilities().tolist() == pytest.approx(reference_mmr1_probabilities(rates, 0.7))
+    assert s.vps()[1].item() == pytest.approx(0.25)  # variance 0, but p(1 - p) = .25
+    with pytest.raises(ValueError, match=r"variance_score='pass_rate' needs outcomes in \[0, 1\]; prompt 2 got 1.5"):
+        s.update([2], torch.tensor([0.0, 1.5]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="variance_scaling"):
+        PromptSampler(ROWS, SamplingConfig(strategy="variance", variance_scaling="rank"), 0)
 
 
 def test_variance_draws_are_deterministic_and_differ_by_step():
@@ -132,7 +166,7 @@ def test_variance_draws_are_deterministic_and_differ_by_step():
 def test_state_dict_round_trip_gives_the_same_draws(cfg):
     a = PromptSampler(ROWS, cfg, 3)
     a.draw(0, 7)
-    a.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), diversity=[0.5, 0.1])
+    a.update([1, 2], torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
     a.draw(1, 4)  # wraps mid-step for the sequential walk; the next attempt must remember it
     b = PromptSampler(ROWS, cfg, 3)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
@@ -147,3 +181,21 @@ def test_state_dict_round_trip_gives_the_same_draws(cfg):
 
     assert rest(a) == rest(b)
     assert a.state_dict() == b.state_dict()
+
+
+def test_trainer_feeds_the_named_reward_to_the_variance_sampler(tmp_path):
+    from helpers import TINY_RECIPE, tiny_overrides
+    from mmrl.config import parse_config
+    from mmrl.trainer import Trainer
+    recipe = dict(TINY_RECIPE, sampling={"strategy": "variance", "variance_reward": "digits"})
+    with pytest.raises(ValueError, match=r"sampling.variance_reward='digits' is not one of the rewards"):
+        Trainer(parse_config(recipe, tiny_overrides(tmp_path)))
+    recipe["sampling"]["variance_reward"] = "accuracy"
+    t = Trainer(parse_config(recipe, tiny_overrides(tmp_path)))
+    seen = []
+    update = t.sampler.update
+    t.sampler.update = lambda indices, outcome, gid: (seen.append(outcome.clone()), update(indices, outcome, gid))[1]
+    metrics = t.train_step()
+    assert len(seen) == 1 and seen[0].shape == (16,)
+    assert float(seen[0].mean()) == pytest.approx(metrics["reward/accuracy"], abs=1e-6)
+    assert metrics["reward/digit_share"] > 0.01  # so the weighted total differs from what was fed

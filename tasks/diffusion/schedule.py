@@ -6,11 +6,23 @@
     window           SDE inside steps [start, start + size), ODE outside, the window trained
                      (Flow-GRPO-Fast)
     sliding_window   as `window`, the start moving by `stride` every `shift_every` training steps
-                     and wrapping round (MixGRPO)
+                     (MixGRPO); `end` says what happens at the end of a sweep (below)
     chunks           SDE on every step; the steps are cut into consecutive chunks of `sizes`, and
                      `sample` chunks are trained per rollout, drawn with probability proportional
                      to `weights` (Chunk-GRPO's weighted chunk sampling; all chunks when sample = 0);
                      the last step is never trained
+
+MixGRPO's sliding window (Tencent-Hunyuan/MixGRPO, `GRPOTrainingStates` with `--roll_back`, as in
+its published scripts): training iteration j = 0, 1, ... (the trainer's step k is iteration
+k - 1) uses the window position p = start + stride * n, n = (j // shift_every) mod N, and
+``end`` picks the sweep's end:
+
+    shrink  (default, the authors' code) positions p = start, start + stride, ... up to U - 2;
+            the window is [p, min(p + size, U - 2)): it shrinks over the last positions, step
+            U - 2 is never trained, and at p = U - 2 the window is empty (an all-ODE rollout
+            with nothing trained) before rolling back to `start`
+    wrap    (mmrl's earlier rule) full windows only: p runs over start, start + stride, ...
+            modulo the U - size positions that leave the last step out
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 KINDS = ("all_but_last", "random_fraction", "window", "sliding_window", "chunks")
+WINDOW_ENDS = ("shrink", "wrap")
 
 
 @dataclass
@@ -33,6 +46,10 @@ class StepSchedule:
     sizes: list[int] = field(default_factory=list)
     sample: int = 0
     weights: list[float] = field(default_factory=list)
+    end: str = field(default="shrink", metadata={"help": (
+        "sliding_window at the end of a sweep: shrink = MixGRPO's code (the window is cut at step U - 2, "
+        "then one position with an empty window, then back to `start`); wrap = full windows only, "
+        "the start wrapping modulo U - size (mmrl's earlier rule)")})
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -43,22 +60,35 @@ class StepSchedule:
             raise ValueError("policy.schedule.kind='chunks' needs policy.schedule.sizes (chunk lengths in steps)")
         if self.weights and len(self.weights) != len(self.sizes):
             raise ValueError(f"policy.schedule.weights={self.weights} must give one weight per chunk {self.sizes}")
+        if self.end not in WINDOW_ENDS:
+            raise ValueError(f"policy.schedule.end={self.end!r} is not one of {', '.join(WINDOW_ENDS)}")
+        if self.kind == "sliding_window" and (self.stride < 1 or self.shift_every < 1):
+            raise ValueError(f"policy.schedule.stride={self.stride} and shift_every={self.shift_every} must be >= 1")
 
-    def window_start(self, num_steps: int, training_step: int) -> int:
+    def window(self, num_steps: int, training_step: int) -> tuple[int, int]:
+        """[first, stop) of the SDE window at the trainer's `training_step` (counted from 1)."""
         if self.kind == "window":
-            return self.start
-        span = max(num_steps - 1 - self.size + 1, 1)  # window positions that leave the last step out
-        return (self.start + self.stride * (training_step // self.shift_every)) % span
+            return self.start, self.start + self.size
+        shifts = max(training_step - 1, 0) // self.shift_every  # MixGRPO counts iterations from 0
+        if self.end == "wrap":
+            span = max(num_steps - self.size, 1)  # window positions that leave the last step out
+            first = (self.start + self.stride * shifts) % span
+            return first, first + self.size
+        last = num_steps - 2  # MixGRPO's max_timesteps = sampling_steps - 2
+        if not 0 <= self.start <= last:
+            raise ValueError(f"policy.schedule.start={self.start} must be in [0, {last}] for {num_steps} steps")
+        first = self.start + self.stride * (shifts % ((last - self.start) // self.stride + 1))
+        return first, min(first + self.size, last)
 
     def stochastic(self, num_steps: int, training_step: int) -> torch.Tensor:
         """bool [U]: the steps that sample by SDE (the others are ODE steps)."""
         out = torch.ones(num_steps, dtype=torch.bool)
         if self.kind in ("window", "sliding_window"):
-            start = self.window_start(num_steps, training_step)
-            if start + self.size > num_steps:
-                raise ValueError(f"policy.schedule window [{start}, {start + self.size}) does not fit {num_steps} steps")
+            first, stop = self.window(num_steps, training_step)
+            if stop > num_steps:
+                raise ValueError(f"policy.schedule window [{first}, {stop}) does not fit {num_steps} steps")
             out[:] = False
-            out[start:start + self.size] = True
+            out[first:stop] = True
         return out
 
     def trained(self, num_steps: int, training_step: int, generator: torch.Generator) -> torch.Tensor:

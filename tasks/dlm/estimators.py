@@ -19,11 +19,17 @@ Registered estimators (`policy.estimator`):
   likelihood log p(y_u | x with y masked) ignores the dependence between completion tokens, so
   its sum is not log pi(y | x) (nor a bound on it); prompt masking varies the estimate between
   the mu passes (a regulariser).
-* ``coupled`` (Coupled-GRPO, DiffuCoder, Gong et al. 2025): two complementary views, t ~ U(0.2,
-  0.8) per row, each completion token masked in view 1 with probability t and otherwise in view 2;
-  w = 1 / (2t) and 1 / (2(1-t)), so every token is scored exactly once and sum_u logp_u is the
-  mean of two unbiased single-view ELBO estimates at t and 1 - t. Cost: 2 forwards. Bias: the
-  ELBO <= log pi(y | x), with t restricted to [0.2, 0.8]; lower variance than one view.
+* ``coupled`` (Coupled-GRPO, DiffuCoder, Gong et al. 2025): t ~ U(0.2, 0.8) per row, each
+  completion token masked in view 1 with probability t and otherwise in view 2 (complementary),
+  and, by default (`coupled_full_view`), a third view with the whole completion masked. As the
+  paper's appendix and apple/ml-diffucoder (`selective_log_softmax`): logp_u = (log p(y_u | full
+  mask) + c_u) / 2 with the coupled term c_u = log p(y_u | view 1) / t for the tokens of view 1 and
+  log p(y_u | view 2) / (1 - t) for the others; i.e. weights 1/2, 1/(2t), 1/(2(1-t)). Without the
+  full view, logp_u = c_u / 2 (mmrl's earlier rule): sum_u logp_u is then the mean of two
+  single-view ELBO estimates at t and 1 - t. DiffuCoder draws one t for the whole batch; mmrl one
+  per row (a row's views must not depend on its micro-batch). Cost: 3 forwards (2 without the
+  full view). Bias: the mean-field full-mask term (as diffu_grpo's) plus the ELBO gap with t
+  restricted to [0.2, 0.8]; every token is scored by every view pair exactly once.
 * ``elbo`` (GDPO, Rojas et al. 2025): K = `elbo_points` views at the Gauss-Legendre nodes t_k
   of [0, 1] with weights a_k (semi-deterministic Monte Carlo: deterministic times, random masks),
   each completion token masked with probability t_k; w_k = a_k / t_k. sum_u logp_u is a
@@ -62,6 +68,7 @@ class View:
 class EstimatorArgs:
     p_mask: float = 0.15
     elbo_points: int = 4
+    coupled_full_view: bool = True
 
 
 # (row generators, prompt mask [B, P] (1 = real token), completion width C, args) -> views
@@ -102,7 +109,11 @@ def coupled(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
     t = low + (high - low) * _uniform(generators)
     first = _uniform(generators, width) < t[:, None]
     keep = torch.zeros(rows, plen, dtype=torch.bool)
-    return [View(first, keep, 1 / (2 * t)), View(~first, keep, 1 / (2 * (1 - t)))]
+    coupled_views = [View(first, keep, 1 / (2 * t)), View(~first, keep, 1 / (2 * (1 - t)))]
+    if not args.coupled_full_view:
+        return coupled_views
+    full = View(torch.ones(rows, width, dtype=torch.bool), keep, torch.full((rows,), 0.5))
+    return [full, *coupled_views]
 
 
 @ESTIMATORS.register("elbo")

@@ -9,12 +9,29 @@ trick; T = 0 is greedy), and commits the k_s positions of highest confidence; th
 * ``random`` remasking: confidence ~ U(0, 1).
 
 k_s comes from the step schedule: ``uniform`` spreads the block's masks evenly over
-`steps / num_blocks` steps (LLaDA); ``ascending`` commits 1, 2, 4, ... tokens (CJ-GRPO's
-Ascending Step-Size scheduler, ~log2(block_length) steps). With EOS early rejection (CJ-GRPO's
-EOSER) the confidence of an EOS prediction is scaled by gamma_s, rising linearly from
-`eos_min_gamma` at the first step of a block to 1 at its last, so the model does not close the
-answer early. Classifier-free guidance (LLaDA): z = z_u + (w + 1) (z_c - z_u), z_u from the same
-canvas with the prompt masked.
+`steps / num_blocks` steps (LLaDA). CJ-GRPO's Ascending Step-Size scheduler (Yang et al. 2025,
+yjyddq/EOSER-ASS-RL) commits 1, 2, 4, ... tokens: ``ascending`` as the authors' code, S =
+floor(log2 B) steps for a block of B masks, 2^s tokens at step s < S - 1 and the remainder
+B - (2^(S-1) - 1) at the last; ``ascending_paper`` 1, 2, 4, ... until the block is full
+(ceil(log2(B + 1)) steps, the last taking what is left), the paper's B = 2^k - 1 case exactly
+(one more forward per block than the code from B = 16 on). The authors' multi-block ASS sizes its
+blocks 2^p so that the global step s commits 2^s tokens; mmrl applies the schedule inside each
+block of `block_length` (identical for one block, their default).
+
+With EOS early rejection (CJ-GRPO's EOSER) the confidence of an EOS prediction is multiplied by
+gamma = g + (1 - g) tau (g = `eos_min_gamma`), so the model does not close the answer early;
+`eos_gamma_rule` sets tau at step s of a block:
+
+* ``cj_grpo`` (the authors' code): under ``uniform``, tau = s / (steps - 1) with `steps` the
+  completion's total, so with several blocks gamma never reaches 1 inside a block; under the
+  ascending schedules, tau = (2^(s+1) - 1) / 2^S (geometric) with S the block's steps; gamma = 1
+  when there is a single step;
+* ``block_linear`` (mmrl's earlier rule): tau = s / (S - 1), from g at a block's first step to 1
+  at its last.
+
+The authors apply EOSER under low-confidence remasking only; mmrl also scales the random
+confidences under ``random`` remasking. Classifier-free guidance (LLaDA): z = z_u + (w + 1)
+(z_c - z_u), z_u from the same canvas with the prompt masked.
 
 All noise is drawn from one generator per group (seeded from the group's seed), so a group's
 completions depend on its prompt and seed only; the global RNG is never touched. Greedy decoding
@@ -23,15 +40,15 @@ completions depend on its prompt and seed only; the global RNG is never touched.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 REMASKING = ("low_confidence", "random")
-SCHEDULES = ("uniform", "ascending")
+SCHEDULES = ("uniform", "ascending", "ascending_paper")
+EOS_GAMMA_RULES = ("cj_grpo", "block_linear")
 
 # (canvas ids [B, L], attention mask [B, L], positions whose logits are wanted [K]) -> logits [B, K, V]
 LogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -48,6 +65,11 @@ class DecodeConfig:
     cfg_scale: float = 0.0
     eos_early_rejection: bool = False
     eos_min_gamma: float = 0.4
+    eos_gamma_rule: str = field(default="cj_grpo", metadata={"help": (
+        "how the EOS early-rejection factor rises from eos_min_gamma: cj_grpo = the CJ-GRPO authors' code "
+        "(linear over the completion's steps under uniform, so it stays below 1 in a block when there are "
+        "several; geometric (2^(s+1) - 1) / 2^S under the ascending schedules); block_linear = linear to 1 "
+        "at each block's last step (mmrl's earlier rule)")})
 
     def check(self) -> None:
         if self.gen_length < 1 or self.block_length < 1 or self.gen_length % self.block_length:
@@ -65,15 +87,21 @@ class DecodeConfig:
             raise ValueError(f"policy.temperature={self.temperature} must be >= 0")
         if not 0 < self.eos_min_gamma <= 1:
             raise ValueError(f"policy.eos_min_gamma={self.eos_min_gamma} must be in (0, 1]")
+        if self.eos_gamma_rule not in EOS_GAMMA_RULES:
+            raise ValueError(f"policy.eos_gamma_rule={self.eos_gamma_rule!r} is not one of {EOS_GAMMA_RULES}")
 
 
 def transfer_counts(masked: int, steps: int, schedule: str) -> list[int]:
     """Tokens committed at each step of a block with `masked` masks: ``uniform`` gives
-    masked // steps each, the remainder to the first steps (LLaDA); ``ascending`` gives
-    1, 2, 4, ... with the last step taking what is left (CJ-GRPO)."""
+    masked // steps each, the remainder to the first steps (LLaDA); ``ascending`` 2^s at step s
+    of S = floor(log2 masked) steps, the last taking the remainder (CJ-GRPO's code);
+    ``ascending_paper`` 1, 2, 4, ... with the last step taking what is left."""
     if schedule == "uniform":
         base, extra = divmod(masked, steps)
         return [base + (1 if s < extra else 0) for s in range(steps)]
+    if schedule == "ascending":
+        n = max(masked.bit_length() - 1, 1)  # floor(log2 masked), at least one step
+        return [2 ** s for s in range(n - 1)] + [masked - (2 ** (n - 1) - 1)]
     counts, left, size = [], masked, 1
     while left > 0:
         counts.append(min(size, left))
@@ -82,9 +110,15 @@ def transfer_counts(masked: int, steps: int, schedule: str) -> list[int]:
     return counts
 
 
-def ascending_steps(block_length: int) -> int:
-    """Steps of the ascending schedule for one block: ceil(log2(block_length + 1))."""
-    return math.ceil(math.log2(block_length + 1))
+def eos_gamma(cfg: DecodeConfig, step: int, block_steps: int) -> float:
+    """The EOS early-rejection factor at `step` of a block decoded in `block_steps` steps."""
+    low = cfg.eos_min_gamma
+    if cfg.eos_gamma_rule == "block_linear":
+        return low + (1 - low) * (step / max(block_steps - 1, 1))
+    if cfg.schedule == "uniform":
+        total = cfg.steps
+        return low + (1 - low) * (min(step, total - 1) / (total - 1)) if total > 1 else 1.0
+    return low + (1 - low) * (2 ** (step + 1) - 1) / 2 ** block_steps if block_steps > 1 else 1.0
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
@@ -115,8 +149,7 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
     for b in range(num_blocks):
         start, stop = plen + b * cfg.block_length, plen + (b + 1) * cfg.block_length
         positions = torch.arange(start, stop, device=device)
-        steps = cfg.steps // num_blocks if cfg.schedule == "uniform" else ascending_steps(cfg.block_length)
-        counts = transfer_counts(cfg.block_length, steps, cfg.schedule)
+        counts = transfer_counts(cfg.block_length, cfg.steps // num_blocks, cfg.schedule)
         for s, k in enumerate(counts):
             logits = _guided_logits(logits_fn, x, attention, positions, prompt_tokens, cfg.cfg_scale, mask_id)
             uniforms = _group_uniforms(generators, group_size, logits.shape, device) if not greedy else None
@@ -129,7 +162,7 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
             else:
                 confidence = _group_uniforms(generators, group_size, (rows, cfg.block_length), device)
             if cfg.eos_early_rejection and eos_id is not None:
-                gamma = cfg.eos_min_gamma + (1 - cfg.eos_min_gamma) * (s / max(len(counts) - 1, 1))
+                gamma = eos_gamma(cfg, s, len(counts))
                 confidence = torch.where(x0 == eos_id, confidence * gamma, confidence)
             block = x[:, start:stop]
             still = block == mask_id

@@ -56,6 +56,10 @@ class DLMConfig(DecodeConfig):
     estimator: str = "diffu_grpo"
     p_mask: float = 0.15
     elbo_points: int = 4
+    coupled_full_view: bool = field(default=True, metadata={"help": (
+        "estimator coupled: average in the view with the whole completion masked, logp = (log p_full_mask + "
+        "coupled term) / 2, as the DiffuCoder paper and apple/ml-diffucoder (3 forwards); false = the "
+        "coupled term alone, halved (2 forwards; mmrl's earlier rule)")})
     gradient_checkpointing: bool = False
     sft_seed: int = 0
 
@@ -217,7 +221,8 @@ class DLMPolicy(Policy):
         rows, width = completion_ids.shape
         plen = prompt_ids.shape[1]
         generators = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
-        views = self.estimate(generators, prompt_mask, width, EstimatorArgs(self.cfg.p_mask, self.cfg.elbo_points))
+        args = EstimatorArgs(self.cfg.p_mask, self.cfg.elbo_points, self.cfg.coupled_full_view)
+        views = self.estimate(generators, prompt_mask, width, args)
         used = max(int(batch.unit_mask.sum(1).max()), 1)  # columns past every row's end are not scored
         attention = torch.cat([prompt_mask, torch.ones(rows, width, dtype=prompt_mask.dtype)], dim=1)
         positions = torch.arange(plen, plen + used)
