@@ -32,7 +32,15 @@ class AlgorithmConfig:
     eps: float = 1e-4
     clip_advantage: float | None = None
     drop_zero_variance: bool = False
-    reward_combine: Literal["sum", "advantage"] = "sum"
+    reward_combine: Literal["sum", "advantage", "gate", "product"] = field(default="sum", metadata={
+        "help": "how the recipe's rewards make one: sum (weighted sum, then the estimator), advantage (the "
+                "estimator on each reward, then the weighted sum of advantages: DanceGRPO, MixGRPO), gate "
+                "(the non-gate rewards' weighted sum counts only where every reward in `gates` reaches its "
+                "threshold, plus the gates' own weighted values: Vision-R1's hard formatting result reward) "
+                "or product (prod_k w_k r_k); None rewards are left out of each"})
+    gates: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "with reward_combine: gate, reward name -> threshold; e.g. {format: 1.0} pays the other "
+                "rewards only where format >= 1 (Vision-R1). Give a gate weight 0 for a pure gate"})
     max_reward: float = 1.0
     ratio_level: Literal["unit", "chunk", "sequence"] = "unit"
     chunks: list[int] | None = None

@@ -25,7 +25,8 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
-from .advantages import compute_advantages, group_variance_mask, row_magnitude, weighted_total
+from .advantages import (check_reward_combine, combined_total, compute_advantages, group_variance_mask,
+                         row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
@@ -85,6 +86,7 @@ class Trainer:
         self.objective = OBJECTIVES.get(algo.objective)
         self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
+        check_reward_combine(algo.reward_combine, algo.gates, self.reward_weights)
         self.train_rows, self.eval_rows = load_data(cfg.data)
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
@@ -196,7 +198,7 @@ class Trainer:
             add_counts(reward_extra, extra)
             auxiliary_parts.append(auxiliary)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
-            total = weighted_total(rewards, self.reward_weights)
+            total = combined_total(rewards, self.reward_weights, cfg.algorithm.reward_combine, cfg.algorithm.gates)
             self.sampler.update(indices, total if total.dim() == 1 else total.nanmean(1), draw_gid)  # [N, U]: row means
             keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
             keep &= torch.cumsum(keep, 0) <= need - kept_groups  # no more groups than the batch needs
@@ -433,7 +435,8 @@ class Trainer:
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
         return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
-                        cfg.eval.group_size, cfg.seed)
+                        cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
+                        gates=cfg.algorithm.gates)
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
