@@ -152,6 +152,11 @@ class TrainConfig:
     max_steps: int = 100
     save_every: int = 0
     resume: bool = False
+    stages: list[dict[str, Any]] = field(default_factory=list, metadata={
+        "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
+                "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "
+                "stage may change (mmrl/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
+                "optim.lr, data.path, sampling.*, rewards.NAME.weight); max_steps <= the sum of steps"})
 
 
 def _check_value(tp: Any, value: Any, key: str) -> Any:
@@ -237,10 +242,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
+            if isinstance(node, list):  # a list entry by index, e.g. stages.1.steps=50
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"override {key!r}: {part!r} is not an index of a list of {len(node)}")
+                child = node[int(part)]
+            else:
+                child = node.setdefault(part, {})
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
             node = child
+        if isinstance(node, list):
+            raise ConfigError(f"override {key!r}: name a field of a list entry (e.g. stages.0.steps=10)")
         node[parts[-1]] = value
     return data
 
@@ -255,7 +267,11 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 def parse_config(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
     data = apply_overrides(copy.deepcopy(data), list(overrides))
-    return from_dict(TrainConfig, data)
+    cfg = from_dict(TrainConfig, data)
+    if cfg.stages:  # each stage's overrides are checked now, before any model loads
+        from .stages import StagePlan
+        StagePlan(cfg)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
