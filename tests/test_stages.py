@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from helpers import TINY_RECIPE
 from mmrl.config import ConfigError, parse_config
 from mmrl.stages import StagePlan
+from mmrl.tracking import stage_starts
 
 HERE = Path(__file__).parent
 TIMING = ("time_rollout_s", "time_update_s")
@@ -125,6 +126,8 @@ def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
     assert all(r["completion_length"] <= 6 for r in records[2:])
     assert max(r["completion_length"] for r in records[2:]) > 2
     assert trainer.policy.cfg.max_new_tokens == 6 and trainer.stage.index == 1
+    assert stage_starts(records) == [(3, 1)]
+    assert (tmp_path / "plots" / "rewards.png").is_file()
     saved = json.loads((tmp_path / "config.json").read_text())
     assert len(saved["stages"]) == 2 and saved["policy"]["max_new_tokens"] == 8  # the recipe, as written
 
@@ -194,3 +197,23 @@ def test_staged_run_is_the_same_on_one_and_two_processes(tmp_path):
     records = assert_same_runs(tmp_path / "one", tmp_path / "two", 4)
     assert [x["stage"] for x in records] == [0, 0, 1, 1]
     assert any(x["loss"] != 0 and x["kl"] > 0 for x in records[2:])  # real updates after the switch
+
+
+@pytest.mark.parametrize("name,overrides,lengths", [
+    ("vision_r1", ["stages.0.steps=1", "stages.1.steps=1", "stages.0.algorithm.group_size=2",
+                   "stages.1.algorithm.group_size=2", "data.args.n_train=8"], [48, 96]),
+    ("audio_curriculum", ["stages.0.steps=1", "stages.1.steps=1", "stages.0.data.args.n_train=8",
+                          "stages.1.data.args.n_train=8", "algorithm.group_size=2"], [20, 20]),
+])
+def test_stage_recipes_run_on_cpu(tmp_path, name, overrides, lengths):
+    from mmrl.cli import resolve_recipe
+    from mmrl.config import load_recipe
+    from mmrl.trainer import Trainer
+    cfg = load_recipe(resolve_recipe(name), [*overrides, "max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2",
+                                             "logging.report_to=[none]", "logging.progress=false", f"output_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    trainer.train()
+    records = read(tmp_path / "metrics.jsonl")
+    assert [r["stage"] for r in records] == [0, 1]
+    assert all(r["completion_length"] <= n for r, n in zip(records, lengths))
+    assert trainer.policy.cfg.max_new_tokens == lengths[-1]
