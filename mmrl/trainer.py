@@ -522,4 +522,5 @@ class Trainer:
         self.accelerator.load_state(str(path))
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
+        self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
         self.sampler.load_state_dict(state["sampler"])

@@ -100,6 +100,8 @@ def test_max_steps_may_not_outrun_the_stages():
     # a list entry can be overridden from the command line
     cfg = parse_config(staged_recipe(), ["stages.1.steps=3", "max_steps=5"])
     assert StagePlan(cfg).planned_steps == 5
+    with pytest.raises(ConfigError, match="'5' is not an index of a list of 2"):
+        parse_config(staged_recipe(), ["stages.5.steps=3"])
 
 
 # ----- runs -------------------------------------------------------------------------------------
@@ -130,6 +132,13 @@ def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
     assert (tmp_path / "plots" / "rewards.png").is_file()
     saved = json.loads((tmp_path / "config.json").read_text())
     assert len(saved["stages"]) == 2 and saved["policy"]["max_new_tokens"] == 8  # the recipe, as written
+    # `mmrl eval` loads the last checkpoint into a fresh trainer: it takes that step's stage
+    from mmrl.checkpoint import latest_checkpoint
+    fresh = Trainer(cfg)
+    assert fresh.stage.index == 0 and fresh.policy.cfg.max_new_tokens == 2
+    fresh.load_checkpoint(latest_checkpoint(tmp_path))
+    assert fresh.stage.index == 1 and fresh.policy.cfg.max_new_tokens == 6 and len(fresh.train_rows) == 32
+    assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
 
 
 def train_cli(recipe, out, *extra, kill_at=None, launcher=(sys.executable,)):
