@@ -107,11 +107,11 @@ class StagePlan:
 
     def __init__(self, cfg: TrainConfig):
         self.recipe = cfg
-        base = to_dict(cfg)
-        base.pop("stages")
         if not cfg.stages:
             self.stages = [Stage(0, 1, max(cfg.max_steps, 1), cfg)]
             return
+        base = to_dict(cfg)
+        base.pop("stages")
         stage_fields = _policy_stage_fields(cfg.task)
         self.stages = []
         first = 1

@@ -41,6 +41,7 @@ from .stages import Stage, StagePlan
 from .tracking import Progress, Tracker
 
 logger = logging.getLogger(__name__)
+_UNSET = object()  # a policy field a stage's recipe does not give
 
 
 @dataclass
@@ -413,7 +414,7 @@ class Trainer:
         old, new = self.cfg, stage.config
         if new.policy != old.policy:
             typed = from_dict(type(self.policy).Config, new.policy, "policy")
-            changed = {k for k in {*old.policy, *new.policy} if old.policy.get(k, old) != new.policy.get(k, old)}
+            changed = {k for k in {*old.policy, *new.policy} if old.policy.get(k, _UNSET) != new.policy.get(k, _UNSET)}
             self.policy.apply_stage_settings({k: getattr(typed, k) for k in changed})
         if new.rewards != old.rewards:
             self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in new.rewards.items()}
