@@ -218,8 +218,9 @@ def test_stage_recipes_run_on_cpu(tmp_path, name, overrides, lengths):
     from mmrl.cli import resolve_recipe
     from mmrl.config import load_recipe
     from mmrl.trainer import Trainer
-    cfg = load_recipe(resolve_recipe(name), [*overrides, "max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2",
-                                             "logging.report_to=[none]", "logging.progress=false", f"output_dir={tmp_path}"])
+    small = ["max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2", "logging.report_to=[none]",
+             "logging.progress=false", f"output_dir={tmp_path}"]
+    cfg = load_recipe(resolve_recipe(name), [*overrides, *small])
     trainer = Trainer(cfg)
     trainer.train()
     records = read(tmp_path / "metrics.jsonl")
