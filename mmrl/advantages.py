@@ -9,8 +9,8 @@ arbitrary ids (not necessarily contiguous, sizes may differ). Statistics are tak
 along dim 0, independently for each trailing index, so an estimator run on [N, U] equals the
 estimator run on each column ``rewards[:, u]``.
 
-`compute_advantages` combines several named rewards (weighted sum then estimate, or estimate each
-then weighted sum), applies DAPO's zero-variance filter and Flow-GRPO's clip, and reports stats.
+`compute_advantages` combines several named rewards (weighted sum, gate or product then estimate,
+or estimate each then weighted sum), applies DAPO's zero-variance filter and Flow-GRPO's clip, and reports stats.
 New estimators register with ``@register_estimator("name")`` and are chosen by
 ``algorithm.estimator``.
 """
@@ -326,14 +326,81 @@ def weighted_total(rewards: dict[str, Tensor], weights: dict[str, float]) -> Ten
     return torch.where(stacked.isnan().all(0), float("nan"), stacked.nansum(0))
 
 
+COMBINES = ("sum", "advantage", "gate", "product")
+
+
+def check_reward_combine(combine: str, gates: dict[str, float], weights: dict[str, float]) -> None:
+    """Raise ValueError, naming the field, when `algorithm.reward_combine` and `algorithm.gates`
+    do not fit the recipe's rewards (`weights`: name -> weight)."""
+    if combine not in COMBINES:
+        raise ValueError(f"algorithm.reward_combine={combine!r} is not one of {', '.join(COMBINES)}")
+    if combine != "gate":
+        if gates:
+            raise ValueError(f"algorithm.gates={gates} is only used with algorithm.reward_combine: gate "
+                             f"(got {combine!r})")
+        return
+    if not gates:
+        raise ValueError("algorithm.reward_combine: gate needs algorithm.gates (reward name -> threshold), "
+                         "e.g. {format: 1.0}")
+    unknown = sorted(set(gates) - set(weights))
+    if unknown:
+        raise ValueError(f"algorithm.gates: {unknown} not among the recipe's rewards {sorted(weights)}")
+    if not set(weights) - set(gates):
+        raise ValueError(f"algorithm.gates: every reward ({sorted(weights)}) is a gate; "
+                         "at least one reward must be gated")
+
+
+def gated_total(rewards: dict[str, Tensor], weights: dict[str, float], gates: dict[str, float]) -> Tensor:
+    """``reward_combine: gate`` (Vision-R1's hard formatting result reward). With G the gate
+    rewards (``algorithm.gates``: name -> threshold t_g) and R the others, per entry:
+
+        open   = AND over the gates g that apply (non-NaN) of [r_g >= t_g]  (True if none applies)
+        result = sum_{k in R that apply} w_k r_k                              (NaN if none applies)
+        total  = (result if open else 0) + sum_{g in G that apply} w_g r_g
+
+    NaN where no term applies. A gate that is None (NaN) for a row neither closes the gate nor
+    pays; with gate weights 0 and a 0/1 format gate at threshold 1 the total is Vision-R1's
+    "result reward only when the format is right"."""
+    rs = _broadcast(rewards)
+    results = {k: v for k, v in rs.items() if k not in gates}
+    gate_terms = {k: v for k, v in rs.items() if k in gates}
+    result = weighted_total(results, weights)
+    shut = torch.zeros_like(result, dtype=torch.bool)
+    for name, value in gate_terms.items():
+        shut |= ~value.isnan() & (value < float(gates[name]))
+    result = torch.where(shut & ~result.isnan(), 0.0, result)
+    parts = torch.stack([result, *(float(weights[k]) * v for k, v in gate_terms.items())])
+    return torch.where(parts.isnan().all(0), float("nan"), parts.nansum(0))
+
+
+def product_total(rewards: dict[str, Tensor], weights: dict[str, float]) -> Tensor:
+    """``reward_combine: product``: prod_k w_k r_k over the rewards that apply (non-NaN) to each
+    entry; NaN where none applies (so a weight only scales the total)."""
+    rs = _broadcast(rewards)
+    stacked = torch.stack([float(weights[k]) * v for k, v in rs.items()])
+    return torch.where(stacked.isnan().all(0), float("nan"), torch.nan_to_num(stacked, nan=1.0).prod(0))
+
+
+def combined_total(rewards: dict[str, Tensor], weights: dict[str, float], combine: str = "sum",
+                   gates: dict[str, float] | None = None) -> Tensor:
+    """The scalar reward of each entry under `combine`: the weighted sum (`sum`, and `advantage`,
+    whose logged total is the weighted sum), `gated_total` or `product_total`."""
+    if combine == "gate":
+        return gated_total(rewards, weights, gates or {})
+    if combine == "product":
+        return product_total(rewards, weights)
+    return weighted_total(rewards, weights)
+
+
 def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], group_id: Tensor,
                        cfg) -> AdvantageResult:
     """Advantages for a batch of named rewards ([N] or [N, U] each; NaN = not applicable).
 
     cfg (an `AlgorithmConfig`): ``estimator`` (a name in ESTIMATORS), ``std``, ``eps``,
-    ``max_reward``; ``reward_combine`` "sum" (estimate on the weighted sum) or "advantage"
+    ``max_reward``; ``reward_combine`` "sum" (estimate on the weighted sum), "advantage"
     (estimate each reward, then the weighted sum of advantages: DanceGRPO video, MixGRPO; row_mask
-    is the AND); ``drop_zero_variance`` (DAPO: groups whose totals are all equal get advantage 0
+    is the AND), "gate" (estimate on `gated_total` with ``gates``: Vision-R1) or "product"
+    (estimate on `product_total`); ``drop_zero_variance`` (DAPO: groups whose totals are all equal get advantage 0
     and row_mask False); ``clip_advantage`` c (clamp to [-c, c]; Flow-GRPO uses 5). Rows whose
     total is NaN (for [N, U]: in every unit) get row_mask False. Advantages are 0 outside
     row_mask. Stats: advantage_mean / _std / _abs_mean over the rows in row_mask,
@@ -344,11 +411,12 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward,
                             median_scale=cfg.median_scale, median_rescale=cfg.median_rescale)
     rs = _broadcast(rewards)
-    total = weighted_total(rewards, weights)
+    check_reward_combine(cfg.reward_combine, cfg.gates, weights)
+    total = combined_total(rewards, weights, cfg.reward_combine, cfg.gates)
     n = total.shape[0]
     if group_id.shape != (n,):
         raise ValueError(f"group_id must be [N] = [{n}]; got shape {tuple(group_id.shape)}")
-    if cfg.reward_combine == "sum":
+    if cfg.reward_combine in ("sum", "gate", "product"):
         adv, row_mask = estimator(total, group_id, opts)
     elif cfg.reward_combine == "advantage":
         adv = torch.zeros_like(total)
@@ -357,8 +425,6 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
             a, m = estimator(v, group_id, opts)
             adv = adv + float(weights[k]) * a
             row_mask = row_mask & m
-    else:
-        raise ValueError(f"algorithm.reward_combine={cfg.reward_combine!r} is not one of sum, advantage")
     informative = group_variance_mask(total, group_id)
     if cfg.drop_zero_variance:
         row_mask = row_mask & informative[_dense(group_id)[0]]

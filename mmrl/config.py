@@ -32,7 +32,15 @@ class AlgorithmConfig:
     eps: float = 1e-4
     clip_advantage: float | None = None
     drop_zero_variance: bool = False
-    reward_combine: Literal["sum", "advantage"] = "sum"
+    reward_combine: Literal["sum", "advantage", "gate", "product"] = field(default="sum", metadata={
+        "help": "how the recipe's rewards make one: sum (weighted sum, then the estimator), advantage (the "
+                "estimator on each reward, then the weighted sum of advantages: DanceGRPO, MixGRPO), gate "
+                "(the non-gate rewards' weighted sum counts only where every reward in `gates` reaches its "
+                "threshold, plus the gates' own weighted values: Vision-R1's hard formatting result reward) "
+                "or product (prod_k w_k r_k); None rewards are left out of each"})
+    gates: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "with reward_combine: gate, reward name -> threshold; e.g. {format: 1.0} pays the other "
+                "rewards only where format >= 1 (Vision-R1). Give a gate weight 0 for a pure gate"})
     max_reward: float = 1.0
     median_scale: Literal["mad", "std"] = field(default="mad", metadata={"help": (
         "normaliser of the median (MC-GRPO) estimator: mad = median absolute deviation of the group + 1e-3 "
@@ -164,6 +172,11 @@ class TrainConfig:
     max_steps: int = 100
     save_every: int = 0
     resume: bool = False
+    stages: list[dict[str, Any]] = field(default_factory=list, metadata={
+        "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
+                "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "
+                "stage may change (mmrl/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
+                "optim.lr, data.path, sampling.*, rewards.NAME.weight); max_steps <= the sum of steps"})
 
 
 def _check_value(tp: Any, value: Any, key: str) -> Any:
@@ -249,10 +262,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
+            if isinstance(node, list):  # a list entry by index, e.g. stages.1.steps=50
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"override {key!r}: {part!r} is not an index of a list of {len(node)}")
+                child = node[int(part)]
+            else:
+                child = node.setdefault(part, {})
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"override {key!r}: {part!r} is not a section")
             node = child
+        if isinstance(node, list):
+            raise ConfigError(f"override {key!r}: name a field of a list entry (e.g. stages.0.steps=10)")
         node[parts[-1]] = value
     return data
 
@@ -267,7 +287,11 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 def parse_config(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
     data = apply_overrides(copy.deepcopy(data), list(overrides))
-    return from_dict(TrainConfig, data)
+    cfg = from_dict(TrainConfig, data)
+    if cfg.stages:  # each stage's overrides are checked now, before any model loads
+        from .stages import StagePlan
+        StagePlan(cfg)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

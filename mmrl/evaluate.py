@@ -1,6 +1,6 @@
 """Held-out scoring: the quantity RL optimises, and greedy decoding beside it.
 
-`reward_mean` is the mean (weighted) reward of `group_size` samples per held-out prompt at the
+`reward_mean` is the mean combined reward (`combine`: weighted sum, gate or product) of `group_size` samples per held-out prompt at the
 rollout temperature (`reward_mean_se` its standard error over prompts); `greedy_reward_mean` decodes once per prompt without sampling. Each reward
 is reported on its own as well (``reward/<name>``, ``greedy/<name>``), and so are the counts a
 reward keeps (``reward/<name>/<key>``, see `reward_metrics`).
@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .advantages import weighted_total
+from .advantages import combined_total
 from .policy import Policy
 from .reward_registry import reward_metrics, score_rollout
 from .sampling import derive_seed
@@ -22,7 +22,7 @@ EVAL_SEED_SALT = 0xE7A1
 
 def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
-           prompts_per_call: int) -> dict[str, float]:
+           prompts_per_call: int, combine: str, gates: Mapping[str, float] | None) -> dict[str, float]:
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
     for start in range(0, len(rows), prompts_per_call):
@@ -31,7 +31,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
         rollout.add_data_columns(chunk)
         _, rewards, _ = score_rollout(reward_fns, rollout)
-        totals += weighted_total(rewards, weights).tolist()
+        totals += combined_total(rewards, dict(weights), combine, dict(gates or {})).tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
     mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731
@@ -48,11 +48,12 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
 @torch.no_grad()
 def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
              weights: Mapping[str, float], group_size: int, seed: int,
-             prompts_per_call: int = 16) -> dict[str, float]:
+             prompts_per_call: int = 16, combine: str = "sum",
+             gates: Mapping[str, float] | None = None) -> dict[str, float]:
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
-    sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call)
-    greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call)
+    sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates)
+    greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates)
     out = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from pathlib import Path
 from contextlib import AbstractContextManager
@@ -19,6 +20,8 @@ class Policy(ABC):
     `logprobs`. The engine applies LoRA, keeps the reference, and does everything else."""
 
     Config: ClassVar[type]
+    # `Config` fields a training stage may change between steps (see `apply_stage_settings`)
+    stage_fields: ClassVar[frozenset[str]] = frozenset()
     model: nn.Module
     prompt_column: str = "prompt"  # set by the engine from `data.prompt_column`
 
@@ -55,6 +58,12 @@ class Policy(ABC):
         denoising steps). `reference()` enters a context that yields the reference module."""
         raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
                                   "choose algorithm.kl_estimator among k1, k2, k3")
+
+    def apply_stage_settings(self, changes: dict[str, Any]) -> None:
+        """Take a training stage's new values of `stage_fields` (typed, by field name) without
+        reloading the model. The default replaces them in `self.cfg`, the adapter's `Config`;
+        an adapter that derives state from them at construction overrides this."""
+        self.cfg = dataclasses.replace(self.cfg, **changes)
 
     def set_training_step(self, step: int) -> None:
         """Told by the trainer before each step's rollouts (schedules that move with training,

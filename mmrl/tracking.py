@@ -59,8 +59,19 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
     return [s for s, _ in pts], [v for _, v in pts]
 
 
+def stage_starts(records: list[dict]) -> list[tuple[int, int]]:
+    """(first step, stage index) of every stage after the first, from the records' ``stage``."""
+    out, last = [], None
+    for r in sorted((r for r in records if isinstance(r.get("stage"), int)), key=lambda r: r["step"]):
+        if last is not None and r["stage"] != last:
+            out.append((r["step"], r["stage"]))
+        last = r["stage"]
+    return out
+
+
 def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
-    """Draw reward curves (raw and moving average) and, when logged, KL, clip fraction and entropy.
+    """Draw reward curves (raw and moving average) and, when logged, KL, clip fraction and entropy;
+    a dotted line marks where each training stage begins.
 
     Returns False, writing nothing, when there is no reward to draw."""
     from matplotlib.figure import Figure
@@ -85,6 +96,11 @@ def plot_rewards(metrics_path: str | Path, out_png: str | Path) -> bool:
         axes[1].set_title("KL, clip fraction and entropy")
         axes[1].set_ylabel("value")
         axes[1].legend(fontsize=8)
+    for step, stage in stage_starts(records):
+        for ax in axes:
+            ax.axvline(step - 0.5, color="gray", linestyle=":", linewidth=1)
+        axes[0].annotate(f"stage {stage}", (step - 0.5, 1), xycoords=("data", "axes fraction"),
+                         fontsize=7, color="gray", ha="left", va="top")
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     _save_figure_atomically(fig, Path(out_png))

@@ -11,6 +11,7 @@ sum of the batch loss, scaled by the world size because data-parallel backends a
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import shutil
 import time
@@ -25,7 +26,8 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
-from .advantages import compute_advantages, group_variance_mask, row_magnitude, weighted_total
+from .advantages import (check_reward_combine, combined_total, compute_advantages, group_variance_mask,
+                         row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
@@ -35,7 +37,11 @@ from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
+from .stages import Stage, StagePlan
 from .tracking import Progress, Tracker
+
+logger = logging.getLogger(__name__)
+_UNSET = object()  # a policy field a stage's recipe does not give
 
 
 @dataclass
@@ -73,13 +79,24 @@ class Trainer:
             import_user_module(module)
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
-        self.cfg = cfg
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
+        # training stages (mmrl/stages.py): start in the stage of the checkpoint's last step
+        self.plan = StagePlan(cfg)
+        self.output_dir = Path(cfg.output_dir)
+        resume_from = ckpt.latest_checkpoint(self.output_dir) if cfg.resume else None
+        self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
+        for stage in self.plan.stages:
+            per_step = stage.config.optim.prompts_per_step
+            if per_step % acc.num_processes:
+                where = f"stages[{stage.index}]." if self.plan.staged else ""
+                raise ValueError(f"{where}optim.prompts_per_step={per_step} must be a multiple of "
+                                 f"the {acc.num_processes} processes")
+        if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
+            logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
+                           self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
+        cfg = self.cfg = self.stage.config
         algo = cfg.algorithm
-        if cfg.optim.prompts_per_step % acc.num_processes:
-            raise ValueError(f"optim.prompts_per_step={cfg.optim.prompts_per_step} must be a multiple of "
-                             f"the {acc.num_processes} processes")
         if algo.mu < 1:
             raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
         self.objective = OBJECTIVES.get(algo.objective)
@@ -88,6 +105,7 @@ class Trainer:
         if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in self.reward_weights:
             raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "
                              f"rewards {sorted(self.reward_weights)}")
+        check_reward_combine(algo.reward_combine, algo.gates, self.reward_weights)
         self.train_rows, self.eval_rows = load_data(cfg.data)
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
@@ -102,7 +120,7 @@ class Trainer:
             self.policy.model = get_peft_model(self.policy.model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
         self.reference = None
-        if algo.beta != 0.0 and not self.lora:
+        if any(s.config.algorithm.beta != 0.0 for s in self.plan.stages) and not self.lora:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.policy.model.train()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
@@ -115,10 +133,8 @@ class Trainer:
                                        num_training_steps=max(cfg.max_steps, 1))
         self.model, self.optimizer = acc.prepare(self.policy.model, optimizer)
         acc.register_for_checkpointing(self.scheduler)
-        self.sampler = PromptSampler(self.train_rows, cfg.sampling, cfg.seed)
+        self.sampler = PromptSampler(self.train_rows, cfg.sampling, self.plan.sampler_seed(self.stage))
         self.step = 0
-        self.output_dir = Path(cfg.output_dir)
-        resume_from = ckpt.latest_checkpoint(self.output_dir) if cfg.resume else None
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         self.resumed = resume_from is not None
@@ -199,7 +215,7 @@ class Trainer:
             add_counts(reward_extra, extra)
             auxiliary_parts.append(auxiliary)
             draw_gid = torch.arange(len(indices)).repeat_interleave(cfg.algorithm.group_size)
-            total = weighted_total(rewards, self.reward_weights)
+            total = combined_total(rewards, self.reward_weights, cfg.algorithm.reward_combine, cfg.algorithm.gates)
             outcome = total if samp.variance_reward is None else rewards[samp.variance_reward]
             self.sampler.update(indices, outcome if outcome.dim() == 1 else outcome.nanmean(1), draw_gid)  # [N, U]: row means
             keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(indices), dtype=torch.bool)
@@ -394,14 +410,41 @@ class Trainer:
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0]}
 
+    def _enter_stage(self, stage: Stage) -> None:
+        """Take `stage`'s settings before its first step (mmrl/stages.py); the model, the optimizer
+        state and, when the stage keeps the data and sampling settings, the data position carry on."""
+        if stage.index == self.stage.index:
+            return
+        old, new = self.cfg, stage.config
+        if new.policy != old.policy:
+            typed = from_dict(type(self.policy).Config, new.policy, "policy")
+            changed = {k for k in {*old.policy, *new.policy} if old.policy.get(k, _UNSET) != new.policy.get(k, _UNSET)}
+            self.policy.apply_stage_settings({k: getattr(typed, k) for k in changed})
+        if new.rewards != old.rewards:
+            self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in new.rewards.items()}
+            self.reward_weights = {name: spec.weight for name, spec in new.rewards.items()}
+        if not self.plan.same_data(self.stage, stage):
+            self.train_rows, self.eval_rows = load_data(new.data)
+            self.policy.prompt_column = new.data.prompt_column
+            self.sampler = PromptSampler(self.train_rows, new.sampling, self.plan.sampler_seed(stage))
+        if new.optim.lr != old.optim.lr:  # keeps the schedule's factor, on the new base rate
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = group["lr"] * new.optim.lr / base if base else new.optim.lr
+                group["initial_lr"] = new.optim.lr
+            self.scheduler.base_lrs = [new.optim.lr] * len(self.scheduler.base_lrs)
+        self.cfg, self.stage = new, stage
+
     def train_step(self) -> dict[str, float]:
         step = self.step + 1
+        self._enter_stage(self.plan.stage_at(step))
         t0 = time.perf_counter()
         self.policy.set_training_step(step)
         batch = self._prepare_batch(step)
         t1 = time.perf_counter()
         update = self._update(batch)
         metrics = {**batch.metrics, **update}
+        if self.plan.staged:
+            metrics["stage"] = self.stage.index
         metrics["time_rollout_s"] = t1 - t0
         metrics["time_update_s"] = time.perf_counter() - t1
         self.step = step
@@ -414,14 +457,15 @@ class Trainer:
         if not self.resumed and acc.is_main_process and metrics_file.exists():
             metrics_file.unlink()  # a fresh run in a used directory starts a fresh record
         self.tracker = Tracker(self.output_dir, cfg.logging.report_to, cfg.logging.plot_every,
-                               config=to_dict(cfg), resume_step=self.step if self.resumed else None,
+                               config=to_dict(self.plan.recipe), resume_step=self.step if self.resumed else None,
                                enabled=acc.is_main_process)
         progress = Progress(cfg.max_steps, initial=self.step,
                             enabled=cfg.logging.progress and acc.is_main_process)
         try:
             while self.step < cfg.max_steps:
                 metrics = self.train_step()
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.eval_rows:
+                every = self.cfg.eval.every  # the stage's
+                if every and self.step % every == 0 and self.eval_rows:
                     metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
                 self.tracker.log(self.step, metrics)
                 progress.update(self.step, metrics)
@@ -437,7 +481,8 @@ class Trainer:
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
         return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
-                        cfg.eval.group_size, cfg.seed)
+                        cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
+                        gates=cfg.algorithm.gates)
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
@@ -482,4 +527,5 @@ class Trainer:
         self.accelerator.load_state(str(path))
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
+        self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
         self.sampler.load_state_dict(state["sampler"])

@@ -125,6 +125,9 @@ class GroupSeededSampler(LogitsProcessor):
 @ADAPTERS.register("causal_lm")
 class CausalLMPolicy(Policy):
     Config = CausalLMConfig
+    # read at each rollout / log-prob pass, so a training stage may change them
+    stage_fields = frozenset({"max_new_tokens", "min_new_tokens", "top_p", "top_k", "stop_strings",
+                              "mask_truncated"})
 
     def __init__(self, cfg: CausalLMConfig):
         if not cfg.model:

@@ -13,28 +13,56 @@ COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), 
 SHAPES = ("circle", "square")
 
 
+def _canvas(kinds: list[tuple[str, str]], size: int, rng: random.Random):
+    """A PIL image with one shape per (colour, shape) in `kinds`, and their boxes in pixels."""
+    from PIL import Image, ImageDraw
+    image = Image.new("RGB", (size, size), (245, 245, 245))
+    draw = ImageDraw.Draw(image)
+    boxes = []
+    for colour, shape in kinds:
+        side = rng.randint(size // 6, size // 3)
+        x, y = rng.randint(0, size - side), rng.randint(0, size - side)
+        box = [x, y, x + side, y + side]
+        (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=COLOURS[colour])
+        boxes.append(box)
+    return image, boxes
+
+
 def shape_rows(n: int, size: int, objects: int, rng: random.Random) -> list[dict]:
     """Each row: a PIL image with `objects` distinct (colour, shape) pairs, a question about one
     of them, its box in pixels (`boxes`), the image size and an SFT target."""
-    from PIL import Image, ImageDraw
     rows = []
     for _ in range(n):
-        image = Image.new("RGB", (size, size), (245, 245, 245))
-        draw = ImageDraw.Draw(image)
         kinds = rng.sample([(c, s) for c in COLOURS for s in SHAPES], objects)
-        boxes = []
-        for colour, shape in kinds:
-            side = rng.randint(size // 6, size // 3)
-            x, y = rng.randint(0, size - side), rng.randint(0, size - side)
-            box = [x, y, x + side, y + side]
-            (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=COLOURS[colour])
-            boxes.append(box)
+        image, boxes = _canvas(kinds, size, rng)
         k = rng.randrange(objects)
         colour, shape = kinds[k]
         box = boxes[k]
         rows.append({"prompt": f"where is the {colour} {shape}?", "image": image, "boxes": [box],
                      "image_size": [size, size], "target": f"<answer>[{box[0]}, {box[1]}, {box[2]}, {box[3]}]</answer>"})
     return rows
+
+
+def count_rows(n: int, size: int, max_objects: int, rng: random.Random) -> list[dict]:
+    """Each row: 1..`max_objects` distinct shapes (they may overlap), "how many shapes?", the
+    count as `answer` and a think-then-answer SFT target (the reasoning shape of Vision-R1)."""
+    kinds_all = [(c, s) for c in COLOURS for s in SHAPES]
+    rows = []
+    for _ in range(n):
+        kinds = rng.sample(kinds_all, rng.randint(1, max_objects))
+        image, _ = _canvas(kinds, size, rng)
+        names = ", ".join(f"{c} {s}" for c, s in kinds)
+        rows.append({"prompt": "how many shapes are there? think in <think></think>, then answer in "
+                               "<answer></answer>", "image": image, "answer": str(len(kinds)),
+                     "target": f"<think>{names}</think><answer>{len(kinds)}</answer>"})
+    return rows
+
+
+@DATASETS.register("shape_counts")
+def shape_counts(n_train: int = 2000, n_eval: int = 64, size: int = 56, max_objects: int = 4, seed: int = 0):
+    """Counting shapes (a small visual-math question with a verifiable numeric answer)."""
+    rng = random.Random(seed)
+    return {"train": count_rows(n_train, size, max_objects, rng), "eval": count_rows(n_eval, size, max_objects, rng)}
 
 
 @DATASETS.register("shapes")
