@@ -27,12 +27,13 @@ from torch import Tensor
 from . import checkpoint as ckpt
 from .advantages import compute_advantages, group_variance_mask, row_magnitude, weighted_total
 from .config import TrainConfig, from_dict, to_dict
-from .data import load_data
+from .data import Rows, load_data, reward_columns_needed
 from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
+from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, reward_metrics,
+                              score_completions, score_rollout)
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -61,6 +62,23 @@ def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:
     return torch.cat(positions) if positions else torch.zeros(0, dtype=torch.long)
 
 
+def load_validated_data(cfg: TrainConfig, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
+    """The data set, validated before any model loads: prompt column, every column a reward needs
+    (through its column bindings), the adapter's media columns; reward bindings that clash with
+    a data column are errors."""
+    adapter = ADAPTERS.get(cfg.task)
+    media = adapter.media_columns(from_dict(adapter.Config, cfg.policy, "policy"))
+    bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
+    required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
+    train, held_out = load_data(cfg.data, media, required)
+    columns = list(train[0]) if len(train) else []
+    for fn in reward_fns.values():
+        bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)
+        if isinstance(bound, ColumnBoundReward):
+            bound.check(columns)
+    return train, held_out
+
+
 def build_policy(cfg: TrainConfig) -> Policy:
     adapter = ADAPTERS.get(cfg.task)
     return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
@@ -83,9 +101,9 @@ class Trainer:
         if algo.mu < 1:
             raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
         self.objective = OBJECTIVES.get(algo.objective)
-        self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
+        self.reward_fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
-        self.train_rows, self.eval_rows = load_data(cfg.data)
+        self.train_rows, self.eval_rows = load_validated_data(cfg, self.reward_fns)
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
         self.policy = build_policy(cfg)

@@ -14,19 +14,21 @@ not what the bonus asks to raise.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
 from .causal_lm import DTYPES, CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
-from .video import Clip, is_single_video, load_video, shuffled_order
+from .video import Clip, check_video, is_single_video, load_video, shuffled_order
 
 SHUFFLE_SALT = 0x5B0F
 
@@ -51,17 +53,54 @@ class VLMConfig(CausalLMConfig):
 
 
 def load_image(image: Any):
-    """A PIL image in RGB from a path or a PIL image; a broken file fails naming its path."""
+    """A PIL image in RGB from a path, a PIL image, raw bytes or a ``{"bytes", "path"}`` dict (a
+    Hugging Face image value; bytes first); a broken file fails naming its path."""
     from PIL import Image, UnidentifiedImageError
     if isinstance(image, Image.Image):
         return image.convert("RGB")
+    source = _image_source(image)
+    try:
+        with Image.open(source) as im:
+            return im.convert("RGB")
+    except (FileNotFoundError, UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"image {_image_name(image)!r} cannot be read: {e}") from e
+
+
+def _image_source(image: Any) -> Any:
+    """What `PIL.Image.open` reads for an image value: a path or a byte stream."""
+    if isinstance(image, dict) and ("bytes" in image or "path" in image):
+        image = image.get("bytes") or image.get("path")
+    if isinstance(image, (bytes, bytearray)):
+        return io.BytesIO(image)
     if isinstance(image, (str, Path)):
+        return image
+    raise TypeError(f"an image must be a path, a PIL image, bytes or {{'bytes', 'path'}}, got {type(image).__name__}")
+
+
+def _image_name(image: Any) -> str:
+    if isinstance(image, dict):
+        return str(image.get("path") or "<bytes>")
+    return "<bytes>" if isinstance(image, (bytes, bytearray)) else str(image)
+
+
+def check_image(value: Any) -> None:
+    """Raise `RowError` unless every image of a column value (one or a list) opens and its data
+    passes PIL's integrity check (`verify`: no full decode)."""
+    from PIL import Image
+    for image in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(image, Image.Image):
+            continue
         try:
-            with Image.open(image) as im:
-                return im.convert("RGB")
-        except (FileNotFoundError, UnidentifiedImageError, OSError) as e:
-            raise ValueError(f"image {str(image)!r} cannot be read: {e}") from e
-    raise TypeError(f"an image must be a path or a PIL image, got {type(image).__name__}")
+            source = _image_source(image)
+        except TypeError as e:
+            raise RowError(None, "not an image", str(e)) from None
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise RowError(None, "image file does not exist", str(source))
+        try:
+            with Image.open(source) as im:
+                im.verify()
+        except Exception as e:
+            raise RowError(None, "image cannot be decoded", f"{_image_name(image)}: {e}") from None
 
 
 @ADAPTERS.register("vlm")
@@ -78,6 +117,10 @@ class VLMPolicy(MultimodalPolicy):
         if cfg.shuffled_rollouts < 0:
             raise ValueError(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} must be >= 0")
         super().__init__(cfg)
+
+    @classmethod
+    def media_columns(cls, cfg: VLMConfig) -> dict[str, Any]:
+        return {cfg.image_column: check_image, cfg.video_column: check_video}
 
     def _load_pretrained(self, cfg: VLMConfig) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
