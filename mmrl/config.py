@@ -109,9 +109,13 @@ class DataConfig:
         "help": "{column: regex}: the column becomes the first group of the regex's last match, e.g. "
                 "{answer: '#### (.*)'} for GSM8K or {answer: '<answer>(.*?)</answer>'}; a row without a match "
                 "is invalid"})
+    pick: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "{column: list_column}: an index in the column becomes that item of the list column, e.g. "
+                "{answer: multi_choice} for R1-AQA (after data.columns and data.extract)"})
     prompt_template: str | None = field(default=None, metadata={
-        "help": "builds the prompt column from {column} fields of the row (lists joined by newlines), e.g. "
-                "'{problem}\\nOptions:\\n{options}'; a template without fields is a fixed prompt"})
+        "help": "builds the prompt column from {column} fields of the row (str.format; a list is its items "
+                "joined by newlines, {col!r} the Python list, {col[0]} an item), e.g. '{problem}Options:\\n{options}'; "
+                "a template without fields is a fixed prompt"})
     answer_from_conversation: bool = field(default=False, metadata={
         "help": "a conversation prompt (messages or LLaVA conversations) that ends with an assistant turn: "
                 "true makes that turn the reference answer (in data.answer_column); false refuses the row"})

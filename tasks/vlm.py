@@ -83,6 +83,17 @@ def _image_name(image: Any) -> str:
     return "<bytes>" if isinstance(image, (bytes, bytearray)) else str(image)
 
 
+def _image_size(images: list) -> list[int] | None:
+    """[width, height] of the first image (read from its header), None without one."""
+    from PIL import Image
+    if not images:
+        return None
+    if isinstance(images[0], Image.Image):
+        return list(images[0].size)
+    with Image.open(_image_source(images[0])) as im:
+        return list(im.size)
+
+
 def check_image(value: Any) -> None:
     """Raise `RowError` unless every image of a column value (one or a list) opens and its data
     passes PIL's integrity check (`verify`: no full decode)."""
@@ -160,6 +171,33 @@ class VLMPolicy(MultimodalPolicy):
                 greedy: bool = False) -> Rollout:
         """The group's rollouts; with `shuffled_rollouts`, each group with a video is followed by
         its auxiliary rows, drawn with the frames of every video in the row shuffled."""
+        out = self._rollout(prompts, group_size, seeds, greedy)
+        self._add_image_sizes(out, prompts)
+        return out
+
+    def _add_image_sizes(self, rollout: Rollout, prompts: Sequence[Any]) -> None:
+        """Columns for box rewards: each row's first image's `original_size` and its `input_size`
+        as the processor resized it ([width, height]; None for a row without an image). The
+        input size is the patch grid times the patch size (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), else
+        the pixel tensor's size."""
+        originals = [_image_size(column_values(p, self.cfg.image_column)) for p in prompts]
+        grids, pixels = rollout.extras.get("image_grid_thw"), rollout.extras.get("pixel_values")
+        patch = getattr(getattr(self.processor, "image_processor", None), "patch_size", None)
+        inputs = []
+        for r, g in enumerate(rollout.group_id.tolist()):
+            if originals[g] is None:
+                inputs.append(None)
+            elif grids is not None and patch and len(grids[r]):
+                _, h, w = (int(v) for v in grids[r][0])
+                inputs.append([w * patch, h * patch])
+            elif pixels is not None and len(pixels[r]) and pixels[r].dim() == 4:
+                inputs.append([int(pixels[r].shape[-1]), int(pixels[r].shape[-2])])
+            else:
+                inputs.append(None)
+        rollout.columns.setdefault("original_size", [originals[g] for g in rollout.group_id.tolist()])
+        rollout.columns.setdefault("input_size", inputs)
+
+    def _rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int], greedy: bool) -> Rollout:
         shuffled = self.cfg.shuffled_rollouts
         if not shuffled:
             return super().rollout(prompts, group_size, seeds, greedy)

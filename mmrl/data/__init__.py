@@ -23,7 +23,7 @@ __all__ = ["DataError", "RowError", "Rows", "load_data", "read_rows", "reward_co
 
 def _transform(cfg: DataConfig, media_columns: Mapping[str, MediaCheck], base_dir: Path | None) -> RowTransform:
     root = Path(cfg.media_root) if cfg.media_root else base_dir
-    return RowTransform(prompt_column=cfg.prompt_column, columns=dict(cfg.columns), extract=dict(cfg.extract),
+    return RowTransform(prompt_column=cfg.prompt_column, columns=dict(cfg.columns), extract=dict(cfg.extract), pick=dict(cfg.pick),
                         answer_from_conversation=cfg.answer_from_conversation, answer_column=cfg.answer_column,
                         prompt_template=cfg.prompt_template, media_columns=list(media_columns), media_root=root)
 

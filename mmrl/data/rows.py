@@ -6,6 +6,7 @@ templates, media paths), so nothing is converted or decoded before it is drawn.
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -25,6 +26,7 @@ class RowError(ValueError):
 class RowTransform:
     """What the ``data`` section asks of every row, in this order: rename columns (`columns`,
     source -> target), keep the last match's first group of a regex in a column (`extract`),
+    replace an index by that item of a list column (`pick`: column -> list column),
     turn a conversation in the prompt column into a prompt (and the answer column), fill the
     prompt column from `prompt_template`, and make relative paths in `media_columns` absolute
     (against `media_root`, else the data file's directory)."""
@@ -32,6 +34,7 @@ class RowTransform:
     prompt_column: str = "prompt"
     columns: dict[str, str] = field(default_factory=dict)
     extract: dict[str, str] = field(default_factory=dict)
+    pick: dict[str, str] = field(default_factory=dict)
     answer_from_conversation: bool = False
     answer_column: str = "answer"
     prompt_template: str | None = None
@@ -59,6 +62,14 @@ class RowTransform:
                     raise RowError(column, f"no match of data.extract pattern {pattern.pattern!r}", repr(value[:80]))
                 last = found[-1]
                 row[column] = (last[0] if isinstance(last, tuple) else last).strip()
+        for column, choices in self.pick.items():
+            value, items = row.get(column), row.get(choices)
+            if value is not None:
+                try:
+                    row[column] = items[int(value)]
+                except (TypeError, ValueError, IndexError):
+                    raise RowError(column, f"not an index into column {choices!r} (data.pick)",
+                                   f"{value!r} into {str(items)[:80]}") from None
         prompt = row.get(self.prompt_column)
         if is_conversation(prompt):
             try:
@@ -77,11 +88,20 @@ class RowTransform:
         return row
 
 
+class _RowFormatter(string.Formatter):
+    """str.format, but a list field without a conversion is its items joined by newlines
+    (``{options}``); ``{options!r}`` is the Python list, ``{options[0]}`` an item."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        if isinstance(value, (list, tuple)):
+            return "\n".join(map(str, value))
+        return super().format_field(value, format_spec)
+
+
 def fill_template(template: str, row: dict) -> str:
-    """`template` with ``{column}`` fields filled from the row (a list is joined with newlines)."""
-    values = {k: "\n".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in row.items()}
+    """`template` with ``{column}`` fields filled from the row (see `_RowFormatter`)."""
     try:
-        return template.format(**values)
+        return _RowFormatter().format(template, **row)
     except KeyError as e:
         raise RowError(e.args[0], "missing (data.prompt_template names it)") from None
 
