@@ -48,7 +48,7 @@ from scipy.optimize import linear_sum_assignment
 
 from mmrl.reward_registry import register_reward
 
-from .iou_presets import visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
+from .iou_presets import math_verify_equal, visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
 from .text import completion_text, extract_answer
 
 COORDS = ("pixels", "norm1", "norm1000")
@@ -433,7 +433,7 @@ def pop_metrics() -> dict[str, float]:
 def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=None, mode: str = "mean_iou",
                iou_threshold: float = 0.5, frame: str | None = None, match: str = "hungarian",
                threshold: float = 0.0, preset: str | None = None, original_size=None, input_size=None,
-               **kwargs) -> list[float | None]:
+               math_verify_first: bool = False, **kwargs) -> list[float | None]:
     """Box reward in [0, 1] against the ``boxes`` column (per row a list of ``[x1, y1, x2, y2]`` in
     the ORIGINAL image's pixels, or None: not applicable -> None; bind another column with
     ``rewards.iou.columns: {boxes: solution}``).
@@ -452,7 +452,8 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     matched pairs with IoU >= iou_threshold. Neither alone is the peers' reward: ``preset``
     "vlm_r1" (default frame "input") and "visual_rft" (frame "image") reproduce VLM-R1's and
     Visual-RFT's reward code, answer formats included (`rewards.iou_presets`); they ignore
-    ``match``, ``mode`` and ``threshold`` (Visual-RFT's 0.5 is fixed).
+    ``match``, ``mode`` and ``threshold`` (Visual-RFT's 0.5 is fixed); ``math_verify_first`` adds
+    Visual-RFT's math_verify shortcut (off by default: it pays 1.0 for coinciding first numbers).
     No parsable box -> 0.0 (``no_box``); a coordinate outside the declared range (0-1, 0-1000, the
     input or the image for pixels with a size; 1% slack) -> 0.0 (``bad_coords``); see `pop_metrics()`.
     """
@@ -477,7 +478,7 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
         originals = _row_sizes(original_size if original_size is not None else image_size, n, "original_size")
         inputs = _row_sizes(input_size, n, "input_size")
     if preset is not None:
-        return _preset_rewards(preset, frame, completions, boxes, originals, inputs)
+        return _preset_rewards(preset, frame, completions, boxes, originals, inputs, math_verify_first)
     sizes = _row_sizes(image_size, n)
     out: list[float | None] = []
     for i, (completion, row) in enumerate(zip(completions, boxes)):
@@ -511,7 +512,8 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     return out
 
 
-def _preset_rewards(preset: str, frame: str | None, completions, boxes, originals, inputs) -> list[float | None]:
+def _preset_rewards(preset: str, frame: str | None, completions, boxes, originals, inputs,
+                    math_verify_first: bool) -> list[float | None]:
     frame = frame or ("input" if preset == "vlm_r1" else "image")
     out: list[float | None] = []
     for i, (completion, row) in enumerate(zip(completions, boxes)):
@@ -524,7 +526,9 @@ def _preset_rewards(preset: str, frame: str | None, completions, boxes, original
         else:
             if frame != "image":
                 raise ValueError(f"iou: preset='visual_rft' reads boxes in the image's frame; frame={frame!r}")
-            out.append(visual_rft_score(text, visual_rft_truth(row, i)))
+            truth = visual_rft_truth(row, i)
+            out.append(1.0 if math_verify_first and math_verify_equal(text, row)
+                       else visual_rft_score(text, truth))
     return out
 
 
