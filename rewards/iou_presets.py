@@ -160,7 +160,7 @@ def visual_rft_score(text: str, truth: list[list[float]], threshold: float = 0.5
                 matched.add(best)
             else:
                 ious.append(0)
-        reward = sum(ious) / (len(truth) if len(truth) >= len(ious) else len(ious))
+        reward = sum(ious) / max(len(truth), len(ious))  # compute_reward_iou_v2
     except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError, AttributeError):
         return 0.0
     return float(min(reward, 1.0))

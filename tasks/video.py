@@ -142,6 +142,7 @@ def check_video(value: Any) -> None:
     """Raise `mmrl.data.RowError` unless every video of a column value (one or a list) is frames, or
     a file whose container opens with a video stream (headers only: no frame is decoded)."""
     import av
+
     from mmrl.data import RowError
     for video in [value] if is_single_video(value) else list(value):
         if isinstance(video, (str, Path)) or _is_file_dict(video):

@@ -99,7 +99,8 @@ def test_hub_id_offline_without_cache_names_the_data_set(monkeypatch, tmp_path):
 
 
 def test_arrow_rows_stay_lazy_and_images_undecoded(tmp_path):
-    from datasets import Dataset, Features, Image as ImageFeature, Value
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
     ds = Dataset.from_dict({"prompt": ["a", "b"], "image": [png_bytes(), png_bytes(5, 7)]},
                            features=Features({"prompt": Value("string"), "image": ImageFeature()}))
     ds.save_to_disk(str(tmp_path / "img"))

@@ -86,7 +86,8 @@ def test_vlm_r1_conversations_jsonl(tmp_path):
 def test_visual_rft_detection_save_to_disk(tmp_path):
     import io
 
-    from datasets import Dataset, DatasetDict, Features, Image as ImageFeature, Value
+    from datasets import Dataset, DatasetDict, Features, Value
+    from datasets import Image as ImageFeature
     images, solutions = [], []
     for i in range(4):
         boxes = [[2, 2, 14, 14], [20 + i, 20, 36, 36]]

@@ -130,6 +130,6 @@ def open_source(path: str, split: str | None = None, subset: str | None = None) 
     try:
         loaded = load_dataset(path, subset, split=split)
     except Exception as e:
-        raise ValueError(f"data set {path!r} (subset {subset!r}, split {split!r}) cannot be loaded: "
-                         f"{type(e).__name__}: {e}") from e
+        raise ValueError(f"data set {path!r} (subset {subset!r}, split {split!r}): no such local file or "
+                         f"directory, and datasets.load_dataset failed: {type(e).__name__}: {e}") from e
     return Source(undecoded(_pick_split(loaded, split, path)), path, None)

@@ -9,7 +9,6 @@ rows that share them, and reported together; ``data.skip_invalid`` drops those r
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
