@@ -120,12 +120,50 @@ class DataConfig:
     eval_path: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     prompt_column: str = "prompt"
+    split: str | None = field(default=None, metadata={
+        "help": "split of data.path (a hub data set or a save_to_disk directory with splits); default: its "
+                "only split, else 'train'"})
+    eval_split: str | None = field(default=None, metadata={
+        "help": "split of data.eval_path (default: as data.split); data.eval_path may name the same data set "
+                "as data.path"})
+    subset: str | None = field(default=None, metadata={
+        "help": "configuration (subset) of a hub data set, the `name` of datasets.load_dataset"})
+    media_root: str | None = field(default=None, metadata={
+        "help": "directory that relative media paths resolve against (default: the data file's directory)"})
+    columns: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "renames {source: target} applied to every row before anything reads it, e.g. "
+                "{problem: prompt, solution: answer}"})
+    extract: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "{column: regex}: the column becomes the first group of the regex's last match, e.g. "
+                "{answer: '#### (.*)'} for GSM8K or {answer: '<answer>(.*?)</answer>'}; a row without a match "
+                "is invalid"})
+    pick: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "{column: list_column}: an index in the column becomes that item of the list column, e.g. "
+                "{answer: multi_choice} for R1-AQA (after data.columns and data.extract)"})
+    prompt_template: str | None = field(default=None, metadata={
+        "help": "builds the prompt column from {column} fields of the row (str.format; a list is its items "
+                "joined by newlines, {col!r} the Python list, {col[0]} an item), e.g. '{problem}Options:\\n{options}'; "
+                "a template without fields is a fixed prompt"})
+    answer_from_conversation: bool = field(default=False, metadata={
+        "help": "a conversation prompt (messages or LLaVA conversations) that ends with an assistant turn: "
+                "true makes that turn the reference answer (in data.answer_column); false refuses the row"})
+    answer_column: str = field(default="answer", metadata={
+        "help": "column that data.answer_from_conversation writes the final assistant turn to"})
+    validate: Literal["all", "sample", "off"] = field(default="all", metadata={
+        "help": "rows checked before the model loads (prompt and reward columns present, media readable): "
+                "all, an even sample of data.validate_rows per set, or off"})
+    validate_rows: int = field(default=1000, metadata={"help": "rows per set checked by data.validate=sample"})
+    skip_invalid: bool = field(default=False, metadata={
+        "help": "drop rows that fail validation (their count is logged) instead of stopping with the list"})
 
 
 @dataclass
 class RewardSpec:
     weight: float = 1.0
     args: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "{argument: column}: the reward reads its argument from that data column, e.g. "
+                "{boxes: solution}; an argument that is also a data column is an error naming both"})
 
 
 @dataclass

@@ -40,6 +40,14 @@ class Policy(ABC):
         """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""
         return None
 
+    @classmethod
+    def media_columns(cls, cfg: Any) -> dict[str, Callable[[Any], None]]:
+        """The data columns that hold media under adapter config `cfg`, each with a check that
+        raises `mmrl.data.RowError` when a value cannot be read (reading as little as it can:
+        headers). Before the model loads, the engine makes relative paths in these columns
+        absolute (`data.media_root` or the data file's directory) and checks every row with them."""
+        return {}
+
     def prompt_of(self, row: Any) -> Any:
         """The prompt of a data-set row (a row that is not a dict is the prompt itself)."""
         return row[self.prompt_column] if isinstance(row, dict) else row

@@ -38,10 +38,47 @@ def get_reward(name: str) -> RewardFn:
     return REWARDS.get(name)
 
 
-def bind_reward(name: str, args: Mapping[str, Any] | None = None) -> RewardFn:
-    """The registered reward with recipe arguments (``rewards.NAME.args``) bound."""
+def bind_reward(name: str, args: Mapping[str, Any] | None = None,
+                columns: Mapping[str, str] | None = None) -> RewardFn:
+    """The registered reward with recipe arguments (``rewards.NAME.args``) bound, and its column
+    bindings (``rewards.NAME.columns``, argument -> data column) applied: the argument is fed
+    from that column at each call."""
     fn = get_reward(name)
+    if columns:
+        clash = sorted(set(columns) & set(args or {}))
+        if clash:
+            raise ValueError(f"rewards.{name}: {clash[0]!r} is bound both to a column (rewards.{name}.columns) "
+                             f"and to a value (rewards.{name}.args)")
+        fn = ColumnBoundReward(name, fn, dict(columns))
     return functools.partial(fn, **args) if args else fn
+
+
+class ColumnBoundReward:
+    """A reward whose arguments are read from other data columns (`columns`: argument -> column).
+    A data column that has the argument's own name would be hidden by the binding: that clash is
+    an error naming both."""
+
+    def __init__(self, name: str, func: RewardFn, columns: dict[str, str]):
+        self.name, self.func, self.columns = name, func, columns
+        self.pop_metrics = getattr(func, "pop_metrics", None)
+        functools.update_wrapper(self, func)
+
+    def check(self, data_columns: Sequence[str]) -> None:
+        """Raise ValueError when a bound argument is also a data column, or a bound column is absent."""
+        for arg, column in self.columns.items():
+            if arg in data_columns and arg != column:
+                raise ValueError(f"rewards.{self.name}.columns binds argument {arg!r} to column {column!r}, "
+                                 f"but the data also has a column {arg!r}; rename one (data.columns) or drop "
+                                 f"the binding")
+
+    def __call__(self, prompts, completions, **data):
+        self.check(list(data))
+        for arg, column in self.columns.items():
+            if column not in data:
+                raise KeyError(f"rewards.{self.name}.columns: argument {arg!r} is bound to column {column!r}, "
+                               f"which the rows do not have (columns: {', '.join(sorted(data))})")
+            data[arg] = data[column]
+        return self.func(prompts=prompts, completions=completions, **data)
 
 
 def reward_metrics(fns: Mapping[str, RewardFn]) -> dict[str, float]:

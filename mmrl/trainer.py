@@ -29,12 +29,13 @@ from . import checkpoint as ckpt
 from .advantages import (check_reward_combine, combined_total, compute_advantages, group_variance_mask,
                          row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
-from .data import load_data
+from .data import Rows, load_data, reward_columns_needed
 from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
+from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, reward_metrics,
+                              score_completions, score_rollout)
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .stages import Stage, StagePlan
@@ -65,6 +66,23 @@ def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:
     groups are matched by id (under dynamic sampling a process's groups are not contiguous)."""
     positions = [(batch_group_id == g).nonzero().flatten() for g in torch.unique_consecutive(local_group_id)]
     return torch.cat(positions) if positions else torch.zeros(0, dtype=torch.long)
+
+
+def load_validated_data(cfg: TrainConfig, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
+    """The data set, validated before any model loads: prompt column, every column a reward needs
+    (through its column bindings), the adapter's media columns; reward bindings that clash with
+    a data column are errors."""
+    adapter = ADAPTERS.get(cfg.task)
+    media = adapter.media_columns(from_dict(adapter.Config, cfg.policy, "policy"))
+    bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
+    required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
+    train, held_out = load_data(cfg.data, media, required)
+    columns = list(train[0]) if len(train) else []
+    for fn in reward_fns.values():
+        bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)
+        if isinstance(bound, ColumnBoundReward):
+            bound.check(columns)
+    return train, held_out
 
 
 def build_policy(cfg: TrainConfig) -> Policy:
@@ -100,13 +118,13 @@ class Trainer:
         if algo.mu < 1:
             raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
         self.objective = OBJECTIVES.get(algo.objective)
-        self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in cfg.rewards.items()}
+        self.reward_fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}
         if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in self.reward_weights:
             raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "
                              f"rewards {sorted(self.reward_weights)}")
         check_reward_combine(algo.reward_combine, algo.gates, self.reward_weights)
-        self.train_rows, self.eval_rows = load_data(cfg.data)
+        self.train_rows, self.eval_rows = load_validated_data(cfg, self.reward_fns)
 
         torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
         self.policy = build_policy(cfg)
@@ -421,10 +439,10 @@ class Trainer:
             changed = {k for k in {*old.policy, *new.policy} if old.policy.get(k, _UNSET) != new.policy.get(k, _UNSET)}
             self.policy.apply_stage_settings({k: getattr(typed, k) for k in changed})
         if new.rewards != old.rewards:
-            self.reward_fns = {name: bind_reward(name, spec.args) for name, spec in new.rewards.items()}
+            self.reward_fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in new.rewards.items()}
             self.reward_weights = {name: spec.weight for name, spec in new.rewards.items()}
         if not self.plan.same_data(self.stage, stage):
-            self.train_rows, self.eval_rows = load_data(new.data)
+            self.train_rows, self.eval_rows = load_validated_data(new, self.reward_fns)
             self.policy.prompt_column = new.data.prompt_column
             self.sampler = PromptSampler(self.train_rows, new.sampling, self.plan.sampler_seed(stage))
         if new.optim.lr != old.optim.lr:  # keeps the schedule's factor, on the new base rate

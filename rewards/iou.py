@@ -1,27 +1,34 @@
-"""Box IoU reward for grounding / detection (VLM-R1 and Visual-RFT style).
+"""Box IoU reward for grounding / detection.
 
-Boxes are ``[x1, y1, x2, y2]`` in absolute pixels once parsed. The model's output is parsed by
-`parse_boxes` from the forms vision-language models emit (plain lists, Qwen2.5-VL ``bbox_2d``
-JSON, Qwen-VL ``<box>(x1,y1),(x2,y2)</box>``, ``<|box_start|>...<|box_end|>``), scaled from the
-declared coordinate system (``coords``), and scored against the ``boxes`` column:
+Boxes are ``[x1, y1, x2, y2]`` in the original image's pixels once parsed. The model's output is
+parsed by `parse_boxes` from the forms vision-language models emit (plain lists, Qwen2.5-VL
+``bbox_2d`` JSON, Qwen-VL ``<box>(x1,y1),(x2,y2)</box>``, ``<|box_start|>...<|box_end|>``), brought
+to the image's frame (``frame``: "image" pixels, "input" pixels of the processor's resized image
+as Qwen2.5-VL answers, "normalized_1000" as Qwen3-VL answers; or the older ``coords``), and
+scored against the ``boxes`` column:
 
   IoU(a, b) = |a ∩ b| / |a ∪ b|          (0 when the union has zero area)
 
-Predictions and ground truths are paired one-to-one by the Hungarian algorithm maximising the
-summed IoU (``scipy.optimize.linear_sum_assignment``). With P predicted and G true boxes and
-matched pairs M:
+Predictions and ground truths are paired (``match``): "hungarian" one-to-one maximising the
+summed IoU (``scipy.optimize.linear_sum_assignment``), "greedy" in emission order, or "first"
+(first box against first box). With P predicted and G true boxes and matched pairs M:
 
-  mode="mean_iou"   r = sum_{(p,g) in M} IoU(p, g) / max(P, G)
-      The IoU reward of VLM-R1 (Shen et al. 2025, arXiv:2504.07615; REC: one box, r = IoU) and the
-      IoU reward of Visual-RFT (Liu et al. 2025, arXiv:2503.01785), generalised to several boxes:
-      each extra or missing box adds a zero to the average, so it costs.
+  mode="mean_iou"   r = sum_{(p,g) in M, IoU > threshold} IoU(p, g) / max(P, G)
+      Each extra or missing box adds a zero to the average, so it costs. With one box each and
+      threshold 0 this is the plain IoU; it is NOT VLM-R1's or Visual-RFT's reward in general.
   mode="detection"  TP = #{(p,g) in M : IoU(p, g) >= iou_threshold},
-                    precision = TP / P, recall = TP / G,
                     r = F1 = 2 * precision * recall / (precision + recall) = 2 TP / (P + G)
-      A detection-style reward in the spirit of Visual-RFT's open-vocabulary detection reward
-      (thresholded matches; spurious and missed boxes both lower it).
 
 Both are 1.0 when P = G = 0 (the model correctly reports no box for an image with none).
+
+The peers' own rules are the presets (`rewards.iou_presets`):
+  preset="vlm_r1"      VLM-R1 (Shen et al. 2025, arXiv:2504.07615) REC reward: the first box of
+      the first ``<answer>``, rescaled from the input frame to the image's, IoU with overlaps of
+      1 px or less counted as none; the truth from the solution's last ``<answer>``.
+  preset="visual_rft"  Visual-RFT (Liu et al. 2025, arXiv:2503.01785) detection IoU reward:
+      ``{'Position', 'Confidence'}`` lists, greedy matching by decreasing confidence, a match
+      counted only above IoU 0.5, sum / max(G, P).
+
 A completion with no parsable box scores 0.0 (reason ``no_box``); one whose coordinates lie outside
 the declared range (e.g. pixels emitted where ``coords="norm1000"`` was declared) scores 0.0
 (reason ``bad_coords``). The counts are reported through `pop_metrics()` and logged by the engine
@@ -41,9 +48,13 @@ from scipy.optimize import linear_sum_assignment
 
 from mmrl.reward_registry import register_reward
 
+from .iou_presets import math_verify_equal, visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
 from .text import completion_text, extract_answer
 
 COORDS = ("pixels", "norm1", "norm1000")
+FRAMES = ("image", "input", "normalized_1000")
+MATCHES = ("hungarian", "greedy", "first")
+PRESETS = ("vlm_r1", "visual_rft")
 MODES = ("mean_iou", "detection")
 STYLES = ("list", "bbox_2d", "qwen_box", "box_token")
 BOX_KEYS = ("bbox_2d", "bbox", "box")
@@ -311,17 +322,40 @@ def match_boxes(pred: Sequence[Sequence[float]], truth: Sequence[Sequence[float]
     return sorted((int(i), int(j), float(ious[i, j])) for i, j in zip(rows, cols))
 
 
+def greedy_match(pred: Sequence[Sequence[float]], truth: Sequence[Sequence[float]]) -> list[tuple[int, int, float]]:
+    """Pairs (pred index, truth index, IoU): predictions in order, each taking the still unmatched
+    truth box of highest IoU (ties: the first); a prediction overlapping none is left unpaired."""
+    taken: set[int] = set()
+    pairs = []
+    for i, p in enumerate(pred):
+        best, best_iou = -1, 0.0
+        for j, t in enumerate(truth):
+            if j not in taken:
+                iou = box_iou(p, t)
+                if iou > best_iou:
+                    best, best_iou = j, iou
+        if best >= 0:
+            taken.add(best)
+            pairs.append((i, best, best_iou))
+    return pairs
+
+
 def score_boxes(pred: Sequence[Sequence[float]], truth: Sequence[Sequence[float]], mode: str = "mean_iou",
-                iou_threshold: float = 0.5) -> float:
-    """mean_iou: sum of matched IoUs / max(P, G); detection: F1 = 2 TP / (P + G) at `iou_threshold`.
-    1.0 when both are empty."""
+                iou_threshold: float = 0.5, match: str = "hungarian", threshold: float = 0.0) -> float:
+    """mean_iou: sum of matched IoUs above `threshold` / max(P, G); detection: F1 = 2 TP / (P + G)
+    at `iou_threshold`. `match`: hungarian (`match_boxes`), greedy (`greedy_match`), first (only
+    the first predicted and the first true box, P = G = 1). 1.0 when both are empty."""
     if mode not in MODES:
         raise ValueError(f"iou: mode={mode!r} is not one of {MODES}")
     if not pred and not truth:
         return 1.0
-    pairs = match_boxes(pred, truth)
+    if match == "first":
+        pred, truth = list(pred[:1]), list(truth[:1])
+        pairs = [(0, 0, box_iou(pred[0], truth[0]))] if pred and truth else []
+    else:
+        pairs = greedy_match(pred, truth) if match == "greedy" else match_boxes(pred, truth)
     if mode == "mean_iou":
-        return sum(iou for _, _, iou in pairs) / max(len(pred), len(truth))
+        return sum(iou for _, _, iou in pairs if iou > threshold) / max(len(pred), len(truth))
     tp = sum(1 for _, _, iou in pairs if iou >= iou_threshold)
     return 2.0 * tp / (len(pred) + len(truth))
 
@@ -348,7 +382,7 @@ def _truth_boxes(row: Any, i: int) -> list[Box]:
     return out
 
 
-def _row_sizes(image_size: Any, n: int) -> list[Any]:
+def _row_sizes(image_size: Any, n: int, name: str = "image_size") -> list[Any]:
     if image_size is None:
         return [None] * n
     if (isinstance(image_size, (list, tuple)) and len(image_size) == 2
@@ -356,8 +390,35 @@ def _row_sizes(image_size: Any, n: int) -> list[Any]:
         return [image_size] * n  # one size for every row (a recipe argument)
     sizes = list(image_size)
     if len(sizes) != n:
-        raise ValueError(f"iou: column 'image_size' has {len(sizes)} values for {n} completions")
+        raise ValueError(f"iou: column {name!r} has {len(sizes)} values for {n} completions")
     return sizes
+
+
+def _size(value: Any, name: str, frame: str, i: int) -> tuple[float, float]:
+    """A row's [width, height] as two positive floats; an error naming the column when absent."""
+    if value is None:
+        raise ValueError(f"iou: frame={frame!r} needs the {name!r} column ([width, height]; the vlm adapter "
+                         f"passes original_size and input_size), row {i} has none")
+    w, h = _check_coords("pixels", value)
+    return w, h
+
+
+def _frame_scale(frame: str, original: Any, input_size: Any, i: int) -> tuple[float, float] | None:
+    """(x, y) factors from the model's frame to the original image's pixels (None: already there)."""
+    if frame == "image":
+        return None
+    w, h = _size(original, "original_size", frame, i)
+    if frame == "normalized_1000":
+        return w / 1000.0, h / 1000.0
+    iw, ih = _size(input_size, "input_size", frame, i)
+    return w / iw, h / ih
+
+
+def _frame_extent(frame: str, original: Any, input_size: Any) -> tuple[float, float] | None:
+    if frame == "normalized_1000":
+        return 1000.0, 1000.0
+    size = original if frame == "image" else input_size
+    return None if size is None else tuple(float(v) for v in size)
 
 
 def pop_metrics() -> dict[str, float]:
@@ -370,15 +431,31 @@ def pop_metrics() -> dict[str, float]:
 
 @register_reward("iou")
 def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=None, mode: str = "mean_iou",
-               iou_threshold: float = 0.5, **kwargs) -> list[float | None]:
+               iou_threshold: float = 0.5, frame: str | None = None, match: str = "hungarian",
+               threshold: float = 0.0, preset: str | None = None, original_size=None, input_size=None,
+               math_verify_first: bool = False, **kwargs) -> list[float | None]:
     """Box reward in [0, 1] against the ``boxes`` column (per row a list of ``[x1, y1, x2, y2]`` in
-    pixels, or None: not applicable -> None).
+    the ORIGINAL image's pixels, or None: not applicable -> None; bind another column with
+    ``rewards.iou.columns: {boxes: solution}``).
 
-    mode="mean_iou": sum of Hungarian-matched IoUs / max(#pred, #truth) (VLM-R1, Visual-RFT);
-    mode="detection": F1 = 2 TP / (#pred + #truth), TP = matched pairs with IoU >= iou_threshold.
-    `coords` / `image_size` as in `parse_boxes` (``image_size`` per row, or one [width, height]).
-    No parsable box -> 0.0 (``no_box``); a coordinate outside the declared range (0-1, 0-1000, or the
-    image for pixels with image_size; 1% slack) -> 0.0 (``bad_coords``); see `pop_metrics()`.
+    Frame of the prediction: ``frame`` (takes precedence over ``coords``) is "image" (pixels of
+    the original image: no rescaling), "input" (pixels of the image as the processor resized it,
+    Qwen2.5-VL: x * W / W_input, y * H / H_input) or "normalized_1000" (0-1000, Qwen3-VL:
+    x * W / 1000, y * H / 1000); W, H from the ``original_size`` column and W_input, H_input from
+    ``input_size`` (both [width, height], passed per row by the vlm adapter). Without ``frame``,
+    ``coords`` / ``image_size`` as in `parse_boxes` (``image_size`` per row, or one [width, height]).
+
+    Matching (``match``): "hungarian" (one-to-one, maximum summed IoU), "greedy" (predictions in
+    emission order, each taking the unmatched truth box of highest IoU), "first" (only the first
+    predicted box against the first true box). mode="mean_iou": sum of matched IoUs greater than
+    ``threshold`` / max(#pred, #truth); mode="detection": F1 = 2 TP / (#pred + #truth), TP =
+    matched pairs with IoU >= iou_threshold. Neither alone is the peers' reward: ``preset``
+    "vlm_r1" (default frame "input") and "visual_rft" (frame "image") reproduce VLM-R1's and
+    Visual-RFT's reward code, answer formats included (`rewards.iou_presets`); they ignore
+    ``match``, ``mode`` and ``threshold`` (Visual-RFT's 0.5 is fixed); ``math_verify_first`` adds
+    Visual-RFT's math_verify shortcut (off by default: it pays 1.0 for coinciding first numbers).
+    No parsable box -> 0.0 (``no_box``); a coordinate outside the declared range (0-1, 0-1000, the
+    input or the image for pixels with a size; 1% slack) -> 0.0 (``bad_coords``); see `pop_metrics()`.
     """
     if mode not in MODES:
         raise ValueError(f"iou: mode={mode!r} is not one of {MODES}")
@@ -386,9 +463,22 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
         raise ValueError(f"iou: iou_threshold={iou_threshold!r} must be in (0, 1]")
     if coords not in COORDS:
         raise ValueError(f"iou: coords={coords!r} is not one of {COORDS}")
+    if frame is not None and frame not in FRAMES:
+        raise ValueError(f"iou: frame={frame!r} is not one of {FRAMES}")
+    if match not in MATCHES:
+        raise ValueError(f"iou: match={match!r} is not one of {MATCHES}")
+    if not 0.0 <= float(threshold) < 1.0:
+        raise ValueError(f"iou: threshold={threshold!r} must be in [0, 1)")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"iou: preset={preset!r} is not one of {PRESETS}")
     n = len(completions)
     if len(boxes) != n:
         raise ValueError(f"iou: column 'boxes' has {len(boxes)} values for {n} completions")
+    if preset is not None or frame is not None:
+        originals = _row_sizes(original_size if original_size is not None else image_size, n, "original_size")
+        inputs = _row_sizes(input_size, n, "input_size")
+    if preset is not None:
+        return _preset_rewards(preset, frame, completions, boxes, originals, inputs, math_verify_first)
     sizes = _row_sizes(image_size, n)
     out: list[float | None] = []
     for i, (completion, row) in enumerate(zip(completions, boxes)):
@@ -396,7 +486,11 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
             out.append(None)
             continue
         truth = _truth_boxes(row, i)
-        size = _check_coords(coords, sizes[i])
+        if frame is None:
+            size = _check_coords(coords, sizes[i])
+            extent, scale = _extent(coords, size), None
+        else:
+            extent, scale = _frame_extent(frame, originals[i], inputs[i]), _frame_scale(frame, originals[i], inputs[i], i)
         raw = _raw_boxes(completion_text(completion))
         if not raw:
             if not truth:
@@ -405,11 +499,36 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
             _failures["no_box"] += 1
             out.append(0.0)
             continue
-        if not _in_range(raw, _extent(coords, size)):
+        if not _in_range(raw, extent):
             _failures["bad_coords"] += 1
             out.append(0.0)
             continue
-        out.append(score_boxes(_scale(raw, coords, size), truth, mode, iou_threshold))
+        if frame is None:
+            pred = _scale(raw, coords, size)
+        else:
+            sx, sy = scale or (1.0, 1.0)
+            pred = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in raw]
+        out.append(score_boxes(pred, truth, mode, iou_threshold, match, threshold))
+    return out
+
+
+def _preset_rewards(preset: str, frame: str | None, completions, boxes, originals, inputs,
+                    math_verify_first: bool) -> list[float | None]:
+    frame = frame or ("input" if preset == "vlm_r1" else "image")
+    out: list[float | None] = []
+    for i, (completion, row) in enumerate(zip(completions, boxes)):
+        if row is None:
+            out.append(None)
+            continue
+        text = completion_text(completion)
+        if preset == "vlm_r1":
+            out.append(vlm_r1_score(text, vlm_r1_truth(row, i), _frame_scale(frame, originals[i], inputs[i], i)))
+        else:
+            if frame != "image":
+                raise ValueError(f"iou: preset='visual_rft' reads boxes in the image's frame; frame={frame!r}")
+            truth = visual_rft_truth(row, i)
+            out.append(1.0 if math_verify_first and math_verify_equal(text, row)
+                       else visual_rft_score(text, truth))
     return out
 
 

@@ -5,12 +5,14 @@ and resampled with `soxr` to the feature extractor's rate."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 
 from .causal_lm import DTYPES, CausalLMConfig
@@ -26,10 +28,13 @@ def load_audio(clip: Any, rate: int) -> np.ndarray:
     """Mono float32 samples at `rate` Hz from a path or {"array", "sampling_rate"}; a file that
     cannot be read fails naming its path."""
     import soxr
-    if isinstance(clip, (str, Path)):
+    if _is_file_dict(clip):  # a Hugging Face audio value
+        clip = io.BytesIO(clip["bytes"]) if clip.get("bytes") else clip["path"]
+    if isinstance(clip, (str, Path, io.BytesIO)):
         import soundfile
         try:
-            samples, source_rate = soundfile.read(str(clip), dtype="float32", always_2d=True)
+            samples, source_rate = soundfile.read(clip if isinstance(clip, io.BytesIO) else str(clip),
+                                                  dtype="float32", always_2d=True)
         except (RuntimeError, OSError, soundfile.LibsndfileError) as e:
             raise ValueError(f"audio {str(clip)!r} cannot be read: {e}") from e
         samples = samples.mean(axis=1)
@@ -38,16 +43,45 @@ def load_audio(clip: Any, rate: int) -> np.ndarray:
         if samples.ndim == 2:
             samples = samples.mean(axis=0 if samples.shape[0] < samples.shape[1] else 1)
     else:
-        raise TypeError("an audio clip must be a path or {'array': samples, 'sampling_rate': hz}, "
+        raise TypeError("an audio clip must be a path, {'bytes', 'path'} or {'array': samples, 'sampling_rate': hz}, "
                         f"got {type(clip).__name__}")
     if samples.size == 0 or not np.isfinite(samples).all():
         raise ValueError(f"audio {clip if isinstance(clip, (str, Path)) else 'array'!s} is empty or not finite")
     return samples if source_rate == rate else soxr.resample(samples, source_rate, rate).astype(np.float32)
 
 
+def _is_file_dict(clip: Any) -> bool:
+    return isinstance(clip, dict) and "array" not in clip and bool(clip.get("bytes") or clip.get("path"))
+
+
+def check_audio(value: Any) -> None:
+    """Raise `RowError` unless every clip of a column value (one or a list) is a readable sound
+    file (its header: `soundfile.info`) or a non-empty {"array", "sampling_rate"}."""
+    import soundfile
+    for clip in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(clip, dict) and "array" in clip:
+            if "sampling_rate" not in clip or np.asarray(clip["array"]).size == 0:
+                raise RowError(None, "audio array is empty or has no sampling_rate")
+            continue
+        if not (isinstance(clip, (str, Path)) or _is_file_dict(clip)):
+            raise RowError(None, "not an audio clip", type(clip).__name__)
+        source = clip if isinstance(clip, (str, Path)) else (
+            io.BytesIO(clip["bytes"]) if clip.get("bytes") else clip["path"])
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise RowError(None, "audio file does not exist", str(source))
+        try:
+            soundfile.info(source if isinstance(source, io.BytesIO) else str(source))
+        except Exception as e:
+            raise RowError(None, "audio cannot be read", f"{source if isinstance(source, (str, Path)) else '<bytes>'}: {e}") from None
+
+
 @ADAPTERS.register("audio_lm")
 class AudioLMPolicy(MultimodalPolicy):
     Config = AudioLMConfig
+
+    @classmethod
+    def media_columns(cls, cfg: AudioLMConfig) -> dict[str, Any]:
+        return {cfg.audio_column: check_audio}
 
     def _load_pretrained(self, cfg: AudioLMConfig) -> None:
         """The processor, and the model class its config names (`architectures[0]`)."""

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from mmrl.data.chat import split_placeholders
 from mmrl.rollout import Rollout
 
 from .causal_lm import CausalLMConfig, CausalLMPolicy, load_tiny
@@ -67,9 +68,8 @@ class MultimodalPolicy(CausalLMPolicy):
         ids = []
         for i, row in enumerate(prompts):
             content, media = self._media(row)
-            content = content + [{"type": "text", "text": self.prompt_of(row)}]
-            messages = [{"role": "user", "content": content}]
-            if self.cfg.system_prompt:
+            messages = place_media(self.prompt_of(row), content)
+            if self.cfg.system_prompt and messages[0]["role"] != "system":
                 messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
             chat = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             enc = self.processor(text=[chat], return_tensors="pt", **media)
@@ -155,3 +155,29 @@ def column_values(row: Any, column: str) -> list:
         return []
     value = row[column]
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def place_media(prompt: Any, media: list[dict]) -> list[dict]:
+    """Chat messages for a prompt (a string, or a list of {"role", "content"} messages) and its
+    media items ({"type": "image"}, ...): each ``<image>`` / ``<video>`` / ``<audio>`` placeholder
+    (LLaVA-style data) takes the row's next item of its kind, where the text puts it; items
+    without a placeholder go before the first user turn's text (where Qwen-VL's template
+    expects them). More placeholders than media is an error."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    queues: dict[str, list[dict]] = {}
+    for item in media:
+        queues.setdefault(item["type"], []).append(item)
+    for m in messages:
+        if isinstance(m["content"], str):
+            items = split_placeholders(m["content"])
+            for k, item in enumerate(items):
+                if item["type"] != "text":
+                    if not queues.get(item["type"]):
+                        raise ValueError(f"the prompt has more <{item['type']}> placeholders than the row has "
+                                         f"{item['type']}s: {m['content'][:80]!r}")
+                    items[k] = queues[item["type"]].pop(0)
+            m["content"] = items
+    first_user = next(k for k, m in enumerate(messages) if m["role"] == "user")
+    rest = [item for queue in queues.values() for item in queue]
+    messages[first_user]["content"] = rest + messages[first_user]["content"]
+    return messages

@@ -9,6 +9,7 @@ value may also be a list of such videos.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def _frame_array(frame: Any, k: int) -> np.ndarray:
     return array
 
 
-def _decode(path: str, num_frames: int | None, fps: float | None, max_frames: int | None) -> Clip:
+def _decode(path: Any, num_frames: int | None, fps: float | None, max_frames: int | None) -> Clip:
     import av
     try:
         with av.open(path) as container:
@@ -115,6 +116,9 @@ def load_video(video: Any, num_frames: int | None = None, fps: float | None = No
         return video
     if isinstance(video, (str, Path)):
         return _decode(str(video), num_frames, fps, max_frames)
+    if _is_file_dict(video):  # a Hugging Face video value
+        return _decode(io.BytesIO(video["bytes"]) if video.get("bytes") else str(video["path"]),
+                       num_frames, fps, max_frames)
     source_fps = DEFAULT_FPS
     if isinstance(video, dict):
         if "frames" not in video:
@@ -128,6 +132,34 @@ def load_video(video: Any, num_frames: int | None = None, fps: float | None = No
     if len({a.shape for a in arrays}) > 1:
         raise ValueError(f"the frames of a video differ in size: {sorted({a.shape for a in arrays})}")
     return Clip(np.stack(arrays), indices, len(frames), source_fps)
+
+
+def _is_file_dict(video: Any) -> bool:
+    return isinstance(video, dict) and "frames" not in video and bool(video.get("bytes") or video.get("path"))
+
+
+def check_video(value: Any) -> None:
+    """Raise `mmrl.data.RowError` unless every video of a column value (one or a list) is frames, or
+    a file whose container opens with a video stream (headers only: no frame is decoded)."""
+    import av
+
+    from mmrl.data import RowError
+    for video in [value] if is_single_video(value) else list(value):
+        if isinstance(video, (str, Path)) or _is_file_dict(video):
+            source = video if isinstance(video, (str, Path)) else (
+                io.BytesIO(video["bytes"]) if video.get("bytes") else video["path"])
+            if isinstance(source, (str, Path)) and not Path(source).is_file():
+                raise RowError(None, "video file does not exist", str(source))
+            try:
+                with av.open(source) as container:
+                    if not container.streams.video:
+                        raise ValueError("no video stream")
+            except (OSError, ValueError, av.FFmpegError) as e:
+                raise RowError(None, "video cannot be opened", f"{source if isinstance(source, (str, Path)) else '<bytes>'}: {e}") from None
+        elif isinstance(video, dict) and "frames" not in video:
+            raise RowError(None, "not a video", f"a dict without 'frames', 'path' or 'bytes': keys {sorted(video)}")
+        elif not isinstance(video, (dict, list, tuple, np.ndarray, Clip)):
+            raise RowError(None, "not a video", type(video).__name__)
 
 
 def is_single_video(value: Any) -> bool:

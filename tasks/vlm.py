@@ -14,19 +14,21 @@ not what the bonus asks to raise.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
 from .causal_lm import DTYPES, CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
-from .video import Clip, is_single_video, load_video, shuffled_order
+from .video import Clip, check_video, is_single_video, load_video, shuffled_order
 
 SHUFFLE_SALT = 0x5B0F
 
@@ -51,17 +53,65 @@ class VLMConfig(CausalLMConfig):
 
 
 def load_image(image: Any):
-    """A PIL image in RGB from a path or a PIL image; a broken file fails naming its path."""
+    """A PIL image in RGB from a path, a PIL image, raw bytes or a ``{"bytes", "path"}`` dict (a
+    Hugging Face image value; bytes first); a broken file fails naming its path."""
     from PIL import Image, UnidentifiedImageError
     if isinstance(image, Image.Image):
         return image.convert("RGB")
+    source = _image_source(image)
+    try:
+        with Image.open(source) as im:
+            return im.convert("RGB")
+    except (FileNotFoundError, UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"image {_image_name(image)!r} cannot be read: {e}") from e
+
+
+def _image_source(image: Any) -> Any:
+    """What `PIL.Image.open` reads for an image value: a path or a byte stream."""
+    if isinstance(image, dict) and ("bytes" in image or "path" in image):
+        image = image.get("bytes") or image.get("path")
+    if isinstance(image, (bytes, bytearray)):
+        return io.BytesIO(image)
     if isinstance(image, (str, Path)):
+        return image
+    raise TypeError(f"an image must be a path, a PIL image, bytes or {{'bytes', 'path'}}, got {type(image).__name__}")
+
+
+def _image_name(image: Any) -> str:
+    if isinstance(image, dict):
+        return str(image.get("path") or "<bytes>")
+    return "<bytes>" if isinstance(image, (bytes, bytearray)) else str(image)
+
+
+def _image_size(images: list) -> list[int] | None:
+    """[width, height] of the first image (read from its header), None without one."""
+    from PIL import Image
+    if not images:
+        return None
+    if isinstance(images[0], Image.Image):
+        return list(images[0].size)
+    with Image.open(_image_source(images[0])) as im:
+        return list(im.size)
+
+
+def check_image(value: Any) -> None:
+    """Raise `RowError` unless every image of a column value (one or a list) opens and its data
+    passes PIL's integrity check (`verify`: no full decode)."""
+    from PIL import Image
+    for image in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(image, Image.Image):
+            continue
         try:
-            with Image.open(image) as im:
-                return im.convert("RGB")
-        except (FileNotFoundError, UnidentifiedImageError, OSError) as e:
-            raise ValueError(f"image {str(image)!r} cannot be read: {e}") from e
-    raise TypeError(f"an image must be a path or a PIL image, got {type(image).__name__}")
+            source = _image_source(image)
+        except TypeError as e:
+            raise RowError(None, "not an image", str(e)) from None
+        if isinstance(source, (str, Path)) and not Path(source).is_file():
+            raise RowError(None, "image file does not exist", str(source))
+        try:
+            with Image.open(source) as im:
+                im.verify()
+        except Exception as e:
+            raise RowError(None, "image cannot be decoded", f"{_image_name(image)}: {e}") from None
 
 
 @ADAPTERS.register("vlm")
@@ -78,6 +128,10 @@ class VLMPolicy(MultimodalPolicy):
         if cfg.shuffled_rollouts < 0:
             raise ValueError(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} must be >= 0")
         super().__init__(cfg)
+
+    @classmethod
+    def media_columns(cls, cfg: VLMConfig) -> dict[str, Any]:
+        return {cfg.image_column: check_image, cfg.video_column: check_video}
 
     def _load_pretrained(self, cfg: VLMConfig) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -117,6 +171,33 @@ class VLMPolicy(MultimodalPolicy):
                 greedy: bool = False) -> Rollout:
         """The group's rollouts; with `shuffled_rollouts`, each group with a video is followed by
         its auxiliary rows, drawn with the frames of every video in the row shuffled."""
+        out = self._rollout(prompts, group_size, seeds, greedy)
+        self._add_image_sizes(out, prompts)
+        return out
+
+    def _add_image_sizes(self, rollout: Rollout, prompts: Sequence[Any]) -> None:
+        """Columns for box rewards: each row's first image's `original_size` and its `input_size`
+        as the processor resized it ([width, height]; None for a row without an image). The
+        input size is the patch grid times the patch size (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), else
+        the pixel tensor's size."""
+        originals = [_image_size(column_values(p, self.cfg.image_column)) for p in prompts]
+        grids, pixels = rollout.extras.get("image_grid_thw"), rollout.extras.get("pixel_values")
+        patch = getattr(getattr(self.processor, "image_processor", None), "patch_size", None)
+        inputs = []
+        for r, g in enumerate(rollout.group_id.tolist()):
+            if originals[g] is None:
+                inputs.append(None)
+            elif grids is not None and patch and len(grids[r]):
+                _, h, w = (int(v) for v in grids[r][0])
+                inputs.append([w * patch, h * patch])
+            elif pixels is not None and len(pixels[r]) and pixels[r].dim() == 4:
+                inputs.append([int(pixels[r].shape[-1]), int(pixels[r].shape[-2])])
+            else:
+                inputs.append(None)
+        rollout.columns.setdefault("original_size", [originals[g] for g in rollout.group_id.tolist()])
+        rollout.columns.setdefault("input_size", inputs)
+
+    def _rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int], greedy: bool) -> Rollout:
         shuffled = self.cfg.shuffled_rollouts
         if not shuffled:
             return super().rollout(prompts, group_size, seeds, greedy)

@@ -1,0 +1,95 @@
+"""Conversations as prompts: OpenAI-style ``messages`` (``role`` / ``content``) or LLaVA-style
+``conversations`` (``from`` / ``value``, ``human`` / ``gpt``).
+
+The prompt is the conversation up to its last user turn. A conversation that ends with an
+assistant turn holds the answer: with ``data.answer_from_conversation`` it becomes the row's
+answer column, without it the row is refused (a model trained on such prompts would be shown
+the answer). A single user turn (with or without a system turn before it) becomes a plain
+string prompt, so every adapter's own prompt handling applies (the vision adapter puts the
+images where the chat template expects them); several turns stay a list of
+``{"role", "content"}`` messages. LLaVA's ``<image>`` / ``<video>`` placeholders stay in the
+text: the adapters place each where the model's chat template expects it (see
+`split_placeholders`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
+         "model": "assistant", "system": "system"}
+PLACEHOLDERS = {"<image>": "image", "<video>": "video", "<audio>": "audio"}
+_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))
+
+
+def is_conversation(value: Any) -> bool:
+    """A non-empty list of dicts with ``role``/``content`` or ``from``/``value``."""
+    return (isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+            and all(("role" in m and "content" in m) or ("from" in m and "value" in m) for m in value))
+
+
+def _message(turn: dict, k: int) -> dict:
+    speaker = turn.get("role", turn.get("from"))
+    role = ROLES.get(str(speaker).lower())
+    if role is None:
+        raise ValueError(f"turn {k} has speaker {speaker!r}; expected one of {', '.join(ROLES)}")
+    return {"role": role, "content": turn.get("content", turn.get("value"))}
+
+
+def _text(content: Any) -> Any:
+    """A message's text: strings as they are, OpenAI content parts joined ({"type": "text"} parts;
+    image parts become ``<image>`` placeholders)."""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                parts.append(part.get("text", ""))
+            elif kind in ("image", "video", "audio"):
+                parts.append(f"<{kind}>")
+        return "".join(parts)
+    return content
+
+
+def split_conversation(value: list, answer_from_conversation: bool, column: str) -> tuple[Any, str | None]:
+    """(prompt, answer): the prompt up to the last user turn (a string when that is a single user
+    turn, else a message list), the final assistant turn's text or None. Raises ValueError naming
+    `column` for a conversation without a user turn, or one that ends with an answer that
+    nothing says what to do with."""
+    messages = [_message(t, k) for k, t in enumerate(value)]
+    users = [k for k, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise ValueError(f"column {column!r}: the conversation has no user turn")
+    last = users[-1]
+    answer = None
+    tail = messages[last + 1:]
+    if tail:
+        if not answer_from_conversation:
+            raise ValueError(f"column {column!r}: the conversation ends with an assistant turn (the answer); "
+                             f"set data.answer_from_conversation=true to use it as the reference answer, "
+                             f"or drop it from the prompt")
+        answer = _text(tail[-1]["content"])
+    prompt = messages[:last + 1]
+    if all(m["role"] == "system" for m in prompt[:-1]) and len(prompt) <= 2 and len(users) == 1:
+        text = _text(prompt[-1]["content"])
+        if isinstance(text, str) and len(prompt) == 1:
+            return text, answer
+    return [{"role": m["role"], "content": _text(m["content"])} for m in prompt], answer
+
+
+def split_placeholders(text: str) -> list[dict]:
+    """Chat content items for a text with ``<image>`` / ``<video>`` / ``<audio>`` placeholders: text
+    items between ``{"type": "image"}`` (etc.) items, in order; around placeholders, text is stripped and whitespace-only text dropped; a
+    text without placeholders is one text item as it is."""
+    if not _PLACEHOLDER.search(text):
+        return [{"type": "text", "text": text}]  # as it is, whitespace included
+    items, pos = [], 0
+    for m in _PLACEHOLDER.finditer(text):
+        if text[pos:m.start()].strip():
+            items.append({"type": "text", "text": text[pos:m.start()].strip()})
+        items.append({"type": PLACEHOLDERS[m.group(0)]})
+        pos = m.end()
+    if text[pos:].strip():
+        items.append({"type": "text", "text": text[pos:].strip()})
+    return items

@@ -1,0 +1,138 @@
+"""Row validation before any model loads: every row (``data.validate: all``) or an even sample
+(``sample``) of the training and held-out sets is read through the row transforms and checked
+for the prompt column, every column a reward needs, and readable media (each adapter names
+its media columns and a check that reads only what it must: image and video headers, audio
+file info). Problems are collected, grouped by (file, column, what is wrong) with the number of
+rows that share them, and reported together; ``data.skip_invalid`` drops those rows instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from .rows import RowError, Rows
+
+logger = logging.getLogger("mmrl")
+
+MediaCheck = Callable[[Any], None]  # raises RowError(column, what, detail) when a column's value cannot be read
+SHOWN_ROWS = 3  # rows named per problem in the report
+
+
+class DataError(ValueError):
+    """Rows that fail validation; the message lists every problem."""
+
+
+@dataclass
+class Problem:
+    name: str  # the data file or data set
+    column: str | None
+    what: str
+    rows: list[int] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        shown = ", ".join(f"row {r}" + (f" ({d})" if d else "") for r, d in
+                          zip(self.rows[:SHOWN_ROWS], self.details[:SHOWN_ROWS]))
+        more = f" and {len(self.rows) - SHOWN_ROWS} more" if len(self.rows) > SHOWN_ROWS else ""
+        column = f"column {self.column!r}" if self.column else "row"
+        return f"{self.name}: {column}: {self.what}: {len(self.rows)} row(s): {shown}{more}"
+
+
+def _sample(n: int, mode: str, size: int) -> Iterable[int]:
+    if mode == "all" or n <= size:
+        return range(n)
+    step = n / size
+    return sorted({int(k * step) for k in range(size)})
+
+
+def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
+               media: Mapping[str, MediaCheck], mode: str = "all", sample_size: int = 1000) -> list[Problem]:
+    """Problems of `rows`: a missing prompt column, a missing (or None) column in `required`
+    (column -> who needs it, e.g. "reward 'iou'"), a media value its check refuses, a row the
+    transforms refuse. Media checks are cached by value, so a file shared by many rows is read once."""
+    problems: dict[tuple, Problem] = {}
+    seen: dict[Any, RowError | None] = {}
+
+    def add(index: int, column: str | None, what: str, detail: str = "") -> None:
+        problem = problems.setdefault((column, what), Problem(rows.name, column, what))
+        problem.rows.append(index)
+        problem.details.append(detail)
+
+    for i in _sample(len(rows), mode, sample_size):
+        index = rows.raw_index(i)
+        try:
+            row = rows[i]
+        except RowError as e:
+            add(index, e.column, e.what, e.detail)
+            continue
+        if row.get(prompt_column) is None:
+            add(index, prompt_column, "missing (the prompt column, data.prompt_column)")
+        for column, who in required.items():
+            if row.get(column) is None:
+                add(index, column, f"missing (needed by {who})")
+        for column, check in media.items():
+            value = row.get(column)
+            if value is None:
+                continue
+            key = (column, value) if isinstance(value, str) else None  # a file shared by many rows is read once
+            if key is None or key not in seen:
+                try:
+                    check(value)
+                    error = None
+                except RowError as e:
+                    error = e
+                if key is not None:
+                    seen[key] = error
+            else:
+                error = seen[key]
+            if error is not None:
+                add(index, column, error.what, error.detail)
+    return list(problems.values())
+
+
+def validate(sets: Iterable[Rows], prompt_column: str, required: Mapping[str, str],
+             media: Mapping[str, MediaCheck], mode: str, sample_size: int, skip_invalid: bool) -> list[Rows]:
+    """Check every set; raise DataError listing every problem, or (`skip_invalid`) return the sets
+    without the rows that have one, logging how many were dropped."""
+    out, report = [], []
+    for rows in sets:
+        if mode == "off" or len(rows) == 0:
+            out.append(rows)
+            continue
+        problems = check_rows(rows, prompt_column, required, media, mode, sample_size)
+        bad = {r for p in problems for r in p.rows}
+        if problems and skip_invalid:
+            logger.warning("data: dropped %d of %d rows of %s (data.skip_invalid):\n  %s", len(bad), len(rows),
+                           rows.name, "\n  ".join(p.line() for p in problems))
+            rows = rows.without(bad)
+        else:
+            report.extend(problems)
+        out.append(rows)
+    if report:
+        total = sum(len(p.rows) for p in report)
+        raise DataError(f"data: {len(report)} problem(s) in {total} row-column(s) (row numbers count from 0 in "
+                        f"each file; data.skip_invalid=true drops these rows):\n  "
+                        + "\n  ".join(p.line() for p in report))
+    return out
+
+
+def reward_columns_needed(reward_fns: Mapping[str, Callable], bindings: Mapping[str, Mapping[str, str]],
+                          provided: Iterable[str] = ()) -> dict[str, str]:
+    """column -> "reward 'NAME'" for each required argument of each reward (a parameter without a
+    default that is not bound by recipe args), through its column bindings; arguments the
+    engine or the adapter provide (`provided`) excluded."""
+    import inspect
+    needed: dict[str, str] = {}
+    skip = {"prompts", "completions", *provided}
+    for name, fn in reward_fns.items():
+        bound = getattr(fn, "keywords", None) or {}
+        target = getattr(fn, "func", fn)
+        for param in inspect.signature(target).parameters.values():
+            if (param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or param.default is not param.empty
+                    or param.name in skip or param.name in bound):
+                continue
+            column = bindings.get(name, {}).get(param.name, param.name)
+            needed.setdefault(column, f"reward {name!r}" + (f" as {param.name!r}" if column != param.name else ""))
+    return needed
