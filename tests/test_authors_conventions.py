@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from mmrl.config import load_recipe
-from tasks.diffusion.samplers import SAMPLERS, cps_authors_logprob, flow_grpo_kl_factor, gaussian_logprob, gaussian_mean_kl
+from tasks.diffusion.samplers import (
+    SAMPLERS,
+    cps_authors_logprob,
+    flow_grpo_kl_factor,
+    gaussian_logprob,
+    gaussian_mean_kl,
+)
 from tasks.diffusion.turning_point import step_rewards
 
 
@@ -168,7 +174,7 @@ def test_d1_advantages_are_reward_minus_group_mean():
 
 def _tiny_sd3(**kw):
     from tasks.diffusion.policy import DiffusionConfig, DiffusionPolicy
-    args = dict(model="tiny:sd3", height=32, width=32, num_steps=4, eval_num_steps=4, noise_level=0.7)
+    args = {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4, "noise_level": 0.7}
     args.update(kw)
     return DiffusionPolicy(DiffusionConfig(**args))
 
