@@ -105,6 +105,7 @@ def flow_grpo_kl_factor(sampler: str, s: float, s_next: float) -> float:
 
 
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: float) -> Tensor:
-    """KL(N(mean, std^2) || N(ref_mean, std^2)) = ||mean - ref_mean||^2 / (2 std^2) (Flow-GRPO),
+    """KL(N(mean, std^2) || N(ref_mean, std^2)) = ||mean - ref_mean||^2 / (2 std^2) (exact; Flow-GRPO's
+    script uses |dt| times this for its SDE, `flow_grpo_kl_factor`),
     fp32, mean over every dimension but the first ([B]), the normalisation of the log-probs."""
     return ((mean.float() - ref_mean.float()).pow(2) / (2 * std ** 2)).flatten(1).mean(1)
