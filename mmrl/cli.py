@@ -1,4 +1,4 @@
-"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``; ``python -m mmrl`` too."""
+"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``; ``python -m mmrl`` too."""
 
 from __future__ import annotations
 
@@ -61,7 +61,28 @@ def _run(argv: list[str] | None) -> int:
     p_demo = sub.add_parser("demo", help="run an embedded CPU demo end to end (no download)")
     p_demo.add_argument("name", choices=None)
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    p_sweep = sub.add_parser("sweep", help="run a grid of settings x seeds as separate runs, with mean and "
+                                           "standard error per cell (see docs/sweep.md)")
+    p_sweep.add_argument("target", metavar="RECIPE_OR_DEMO", help="a demo name, a recipe name or a YAML path")
+    p_sweep.add_argument("overrides", nargs="*", metavar="key=value")
+    p_sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                         help="one grid axis (repeat for more); the cells are the product of the axes")
+    p_sweep.add_argument("--cell", action="append", default=[], metavar='"K=V K2=V2"',
+                         help="one cell given as several settings (repeat; together one more grid axis)")
+    p_sweep.add_argument("--seeds", type=int, required=True, help="seeds 0 .. N-1 for every cell")
+    p_sweep.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    p_sweep.add_argument("--shard", help="i/n: only runs i, i + n, ... (0 <= i < n), e.g. one per machine")
+    p_sweep.add_argument("--out", help="output directory (default outputs/sweep-TARGET)")
+    p_sweep.add_argument("--warm-start-ignores", action="append", default=[], metavar="KEY",
+                         help="a config key the warm start does not read (e.g. policy.sampler): cells "
+                              "differing only there share a warm start")
+    args, extra = parser.parse_known_args(argv)  # sweep overrides may follow its options
+    if extra and args.command != "sweep":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+
+    if args.command == "sweep":
+        from .sweep import main as sweep_main
+        return sweep_main(args, [*args.overrides, *extra])
 
     from .config import load_recipe
     if args.command == "demo":

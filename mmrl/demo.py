@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .config import load_recipe
 from .registry import DEMO_FIGURES, DEMOS, RECIPES
 from .trainer import Trainer
-
 
 FIGURE_ROWS = 8
 
@@ -31,7 +31,13 @@ def _greedy_completions(trainer: Trainer) -> list:
 
 
 def run_demo(name: str, overrides: list[str]) -> dict:
-    recipe = RECIPES.get(DEMOS.get(name))
+    return run_scored(RECIPES.get(DEMOS.get(name)), overrides, name)
+
+
+def run_scored(recipe: str | Path, overrides: list[str], name: str,
+               warm_start: Callable[[Trainer], object] | None = None) -> dict:
+    """Warm start (`warm_start(trainer)`, default `Trainer.warm_start`), held-out score, RL,
+    held-out score, ``summary.json`` for any recipe; demo `name`'s samples figure when it has one."""
     cfg = load_recipe(recipe, overrides)
     trainer = Trainer(cfg)
     out = Path(cfg.output_dir)
@@ -41,7 +47,7 @@ def run_demo(name: str, overrides: list[str]) -> dict:
     if trainer.resumed and before_path.is_file():
         before = json.loads(before_path.read_text())
     else:
-        trainer.warm_start()
+        (warm_start or Trainer.warm_start)(trainer)
         before = trainer.evaluate()
         before["greedy_samples"] = _greedy_completions(trainer)
         if trainer.accelerator.is_main_process:

@@ -254,10 +254,14 @@ def test_turning_points_on_hand_made_trajectories():
     from tasks.diffusion.turning_point import step_rewards
     # R_0..R_4; trend D = +0.4. d = [-0.1, +0.3, -0.2, +0.4]
     scores = torch.tensor([[0.5, 0.4, 0.7, 0.5, 0.9]], dtype=torch.float64)
-    rewards, tp = step_rewards(scores)
+    rewards, tp = step_rewards(scores, consistent_steps="first")
     # step 0: d_0 = -0.1 against R_4 - R_1 = +0.5: no; step 1 flips - to +: yes; step 2: no; step 3 flips: yes
     assert tp.tolist() == [[False, True, False, True]]
     assert torch.allclose(rewards, torch.tensor([[-0.1, 0.9 - 0.4, -0.2, 0.9 - 0.5]], dtype=torch.float64))
+    # the authors' run also asks steps >= 1 to be consistent: step 3 reaches R_W itself (R_W - R_4 = 0)
+    rewards, tp = step_rewards(scores)
+    assert tp.tolist() == [[False, True, False, False]]
+    assert torch.allclose(rewards, torch.tensor([[-0.1, 0.9 - 0.4, -0.2, 0.4]], dtype=torch.float64))
     # a monotone trajectory has no turning point but its first step (consistent with the rest)
     rewards, tp = step_rewards(torch.tensor([[0.0, 0.1, 0.3, 0.6]], dtype=torch.float64))
     assert tp.tolist() == [[True, False, False]]

@@ -31,7 +31,7 @@ from mmrl.sampling import derive_seed
 
 from ..tiny_models import TINY_MODELS
 from .families import Family, family_of, sd15_with_ddim
-from .samplers import EPS_SAMPLERS, SAMPLERS, gaussian_logprob, gaussian_mean_kl
+from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .schedule import StepSchedule
 from .turning_point import step_rewards
 
@@ -68,6 +68,21 @@ class DiffusionConfig:
     turning_points: bool = False
     tp_eta: float = 1.0
     tp_max_extra_passes: int = 64
+    tp_consistent_steps: str = field(default="all", metadata={"help": (
+        "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
+        "to be turning points: 'all' (the authors' published run, "
+        "select_inter_step_only_from_consistent_trajectory=true) or 'first' (step 0 only)")})
+    tp_balanced_bonus: bool = field(default=False, metadata={"help": (
+        "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
+        "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
+    kl_form: str = field(default="exact", metadata={"help": (
+        "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
+        "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
+        "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
+    cps_logprob: str = field(default="gaussian", metadata={"help": (
+        "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
+        "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
+        "and the clip range acts on that rescaled ratio")})
 
 
 def load_pipeline(cfg: DiffusionConfig):
@@ -89,6 +104,16 @@ class DiffusionPolicy(Policy):
         if cfg.dtype not in DTYPES:
             raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         SAMPLERS.get(cfg.sampler)
+        if cfg.kl_form not in KL_FORMS:
+            raise ValueError(f"policy.kl_form={cfg.kl_form!r} is not one of {KL_FORMS}")
+        if cfg.kl_form == "flow_grpo":
+            flow_grpo_kl_factor(cfg.sampler, 1.0, 0.5)  # raises for a sampler Flow-GRPO has no KL for
+        if cfg.cps_logprob not in LOGPROB_FORMS:
+            raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is not one of {sorted(LOGPROB_FORMS)}")
+        if cfg.cps_logprob != "gaussian" and cfg.sampler != "cps":
+            raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is the CPS sampler's; policy.sampler is {cfg.sampler!r}")
+        if cfg.tp_consistent_steps not in ("all", "first"):
+            raise ValueError(f"policy.tp_consistent_steps={cfg.tp_consistent_steps!r} is not one of ('all', 'first')")
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
@@ -164,7 +189,7 @@ class DiffusionPolicy(Policy):
                 eps = torch.stack([torch.randn(x.shape[1:], generator=g) for g in noise_gens]).to(device)
                 x = mean + std * eps
                 noisy[k] = True
-                logps[:, k] = gaussian_logprob(x, mean, std).cpu()
+                logps[:, k] = self._logprob(x, mean, std).cpu()
             else:
                 x = mean
             if not greedy:
@@ -202,6 +227,18 @@ class DiffusionPolicy(Policy):
         strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
+    def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
+        """The step's log-prob in the configured form (`policy.cps_logprob`)."""
+        return LOGPROB_FORMS[self.cfg.cps_logprob](sample, mean, std)
+
+    def _kl(self, mean: Tensor, ref_mean: Tensor, std: float, batch: Rollout, k: int) -> Tensor:
+        """The step's closed-form KL, exact or in Flow-GRPO's form (`policy.kl_form`)."""
+        kl = gaussian_mean_kl(mean, ref_mean, std)
+        if self.cfg.kl_form == "flow_grpo":
+            levels = batch.extras["levels"][0]
+            kl = kl * flow_grpo_kl_factor(self.cfg.sampler, float(levels[k]), float(levels[k + 1]))
+        return kl
+
     def _steps(self, batch: Rollout, units: slice) -> list[int]:
         return list(range(batch.num_units))[units]
 
@@ -211,7 +248,7 @@ class DiffusionPolicy(Policy):
         for k in list(range(batch.num_units))[units]:
             mean, std = self._step_means(model, batch, k)
             if std > 0:
-                logps.append(gaussian_logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+                logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
                 logps.append(mean.flatten(1)[:, 0] * 0.0)
             # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
@@ -219,7 +256,7 @@ class DiffusionPolicy(Policy):
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
                     ref_mean, _ = self._step_means(ref, batch, k)
-                kls.append(gaussian_mean_kl(mean, ref_mean, std) if std > 0 else logps[-1] * 0.0)
+                kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else logps[-1] * 0.0)
         logp = torch.stack(logps, 1)
         entropy = torch.tensor(ents, device=logp.device).expand_as(logp) if with_entropy else None
         return logp, entropy, (torch.stack(kls, 1) if reference is not None else None)
@@ -233,7 +270,8 @@ class DiffusionPolicy(Policy):
                         batch: Rollout, units: slice = slice(None),
                         with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
         """Log-probs and the closed-form KL of each step to the reference (entered through
-        `reference()`), Flow-GRPO's ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims."""
+        `reference()`), ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims (`policy.kl_form`:
+        exact, or Flow-GRPO's, |dt| times that for flow_sde)."""
         return self._units(model, batch, units, with_entropy, reference)
 
     # ----- warm start -------------------------------------------------------------------------------
@@ -312,7 +350,8 @@ class DiffusionPolicy(Policy):
         scores = score(rows, [img for state in states for img in state])
         out = {}
         for name, values in scores.items():
-            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta)
+            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta,
+                                    self.cfg.tp_consistent_steps, self.cfg.tp_balanced_bonus)
             full = torch.full((n, batch.num_units), float("nan"), dtype=torch.float64)
             full[:, a:b] = step
             out[name] = full.float()

@@ -77,7 +77,35 @@ def gaussian_logprob(sample: Tensor, mean: Tensor, std: float) -> Tensor:
     return logp.flatten(1).mean(1)
 
 
+def cps_authors_logprob(sample: Tensor, mean: Tensor, std: float) -> Tensor:
+    """Flow-GRPO's CPS log-prob ('remove all constants'): -(sample - mean)^2, fp32, mean over every
+    dimension but the first. It is 2 std^2 times the Gaussian log-density plus a constant, so the
+    PPO ratio it gives is the true ratio to the power 2 std^2 (std = s_next sin(a pi / 2) < 1: a
+    ratio nearer 1, on which the clip range acts)."""
+    if std <= 0:
+        raise ValueError("a deterministic step (std 0) has no log-prob; it cannot be a trained step")
+    return -(sample.float() - mean.float()).pow(2).flatten(1).mean(1)
+
+
+LOGPROB_FORMS = {"gaussian": gaussian_logprob, "authors": cps_authors_logprob}
+KL_FORMS = ("exact", "flow_grpo")
+
+
+def flow_grpo_kl_factor(sampler: str, s: float, s_next: float) -> float:
+    """Flow-GRPO's KL / the exact KL for one step: its training script divides ||mu - mu_ref||^2
+    by 2 sigma_t^2 with the std_dev_t its step returns, sigma_t = a sqrt(s / (1 - s)) for the
+    Flow-GRPO SDE (the step std is sigma_t sqrt(|dt|), so the factor is |dt|) and the step std
+    itself for CPS (factor 1)."""
+    if sampler == "flow_sde":
+        return abs(s_next - s)
+    if sampler == "cps":
+        return 1.0
+    raise ValueError(f"policy.kl_form=flow_grpo is Flow-GRPO's KL for the samplers flow_sde and cps, "
+                     f"not {sampler!r}; use policy.kl_form=exact")
+
+
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: float) -> Tensor:
-    """KL(N(mean, std^2) || N(ref_mean, std^2)) = ||mean - ref_mean||^2 / (2 std^2) (Flow-GRPO),
+    """KL(N(mean, std^2) || N(ref_mean, std^2)) = ||mean - ref_mean||^2 / (2 std^2) (exact; Flow-GRPO's
+    script uses |dt| times this for its SDE, `flow_grpo_kl_factor`),
     fp32, mean over every dimension but the first ([B]), the normalisation of the log-probs."""
     return ((mean.float() - ref_mean.float()).pow(2) / (2 * std ** 2)).flatten(1).mean(1)

@@ -1,13 +1,30 @@
 """TP-GRPO step rewards (Tong et al., 'Alleviating Sparse Rewards by Modeling Step-Wise and
-Long-Term Sampling Effects in Flow-Based GRPO', github.com/YunzeTong/TurningPoint-GRPO).
+Long-Term Sampling Effects in Flow-Based GRPO', github.com/YunzeTong/TurningPoint-GRPO), as the
+authors' published run computes them (`scripts/single_node/common_op3.sh` and the op3 reward
+pass of `scripts/my_train_sd3_fast_with_op3.py`).
 
 The states before, inside and after the trained (SDE) window, x_0 .. x_W, are each completed by
 the ODE to an image and scored: R_0 .. R_W (R_0: the pure-ODE image from the same noise; R_W: the
-final one). Step t's reward is its increment d_t = R_{t+1} - R_t; with the global trend
-D = R_W - R_0, step t >= 1 is a turning point when sign(d_{t-1}) sign(D) < 0 and
-sign(d_t) sign(D) > 0 (it flips the local trend back to the global one); step 0 is one when its
-increment agrees with the rest of the trajectory, sign(d_0) sign(R_W - R_1) > 0. A turning point
-gets the aggregated long-term reward R_W - R_t (bonus weight `eta` = 1) instead of d_t.
+final one). Step t's increment is d_t = R_{t+1} - R_t; the global trend is D = R_W - R_0 and
+s_t = sign(d_t) sign(D). Step t is consistent when sign(d_t) sign(R_W - R_{t+1}) > 0 (its
+increment agrees with the rest of the trajectory; never true at the last step, where
+R_W - R_{t+1} = 0). Turning points:
+
+    step 0:      consistent_0
+    step t >= 1: s_{t-1} < 0 and s_t > 0 (it flips the local trend back to the global one),
+                 and consistent_t when `consistent_steps == "all"` (the published run:
+                 select_inter_step_only_from_consistent_trajectory=true; "first" drops it)
+
+A turning point's bonus is B_t = eta (R_W - R_t) (use_sde_minus_rt); the step reward is B_t
+where B_t != 0 and d_t elsewhere (drop_original_reward_when_having_bonus: a bonus of exactly 0,
+i.e. R_t = R_W or eta = 0, keeps d_t). Signs of 0 count as neither agreeing nor disagreeing.
+
+`balanced=True` is the run's `use_balanced_bonus`: over all turning points of the batch, those of
+rows with D > 0 and with D < 0 are counted; when both exist, only the min(count) of each sign with
+the largest |D| stay turning points (the others, and those with D = 0, get d_t). The choice among
+equal |D| (several turning points of one row) is `torch.topk`'s over the turning points in
+row-major (row, step) order, as the authors' code makes it. The batch is every row scored
+together (the authors balance within each sampling batch of one device).
 """
 
 from __future__ import annotations
@@ -15,23 +32,49 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+CONSISTENT_STEPS = ("all", "first")
 
-def turning_points(scores: Tensor) -> Tensor:
+
+def turning_points(scores: Tensor, consistent_steps: str = "all") -> Tensor:
     """bool [N, W] from the scores R [N, W + 1] of the completed states."""
+    if consistent_steps not in CONSISTENT_STEPS:
+        raise ValueError(f"policy.tp_consistent_steps={consistent_steps!r} is not one of {CONSISTENT_STEPS}")
     d = scores[:, 1:] - scores[:, :-1]
-    trend = torch.sign(scores[:, -1:] - scores[:, :1])
+    s = torch.sign(d) * torch.sign(scores[:, -1:] - scores[:, :1])
+    consistent = torch.sign(d) * torch.sign(scores[:, -1:] - scores[:, 1:]) > 0
     out = torch.zeros_like(d, dtype=torch.bool)
-    out[:, 1:] = (torch.sign(d[:, :-1]) * trend < 0) & (torch.sign(d[:, 1:]) * trend > 0)
-    out[:, 0] = torch.sign(d[:, 0]) * torch.sign(scores[:, -1] - scores[:, 1]) > 0
+    out[:, 1:] = (s[:, :-1] < 0) & (s[:, 1:] > 0)
+    if consistent_steps == "all":
+        out[:, 1:] &= consistent[:, 1:]
+    out[:, 0] = consistent[:, 0]
     return out
 
 
-def step_rewards(scores: Tensor, eta: float = 1.0) -> tuple[Tensor, Tensor]:
+def balance(tp: Tensor, trend: Tensor) -> Tensor:
+    """`use_balanced_bonus`: tp [N, W] kept for equally many rising (D > 0) and falling (D < 0)
+    rows' turning points, the largest |D| of each sign; unchanged unless both signs occur."""
+    flat_tp = tp.flatten()
+    flat_d = trend[:, None].expand_as(tp).flatten()
+    positive = (flat_tp & (flat_d > 0)).nonzero().flatten()
+    negative = (flat_tp & (flat_d < 0)).nonzero().flatten()
+    keep = min(len(positive), len(negative))
+    if keep == 0:
+        return tp
+    out = torch.zeros_like(flat_tp)
+    for idx in (positive, negative):
+        out[idx[torch.topk(flat_d[idx].abs(), keep).indices]] = True
+    return out.view_as(tp)
+
+
+def step_rewards(scores: Tensor, eta: float = 1.0, consistent_steps: str = "all",
+                 balanced: bool = False) -> tuple[Tensor, Tensor]:
     """(step rewards [N, W], turning points [N, W]) from R [N, W + 1]:
-    r_t = d_t, or eta (R_W - R_t) at a turning point."""
+    r_t = eta (R_W - R_t) at a turning point where that is not 0, else d_t."""
     if scores.dim() != 2 or scores.shape[1] < 2:
         raise ValueError(f"turning-point rewards need scores [N, W + 1] with W >= 1; got {tuple(scores.shape)}")
     d = scores[:, 1:] - scores[:, :-1]
-    tp = turning_points(scores)
-    aggregated = eta * (scores[:, -1:] - scores[:, :-1])
-    return torch.where(tp, aggregated, d), tp
+    tp = turning_points(scores, consistent_steps)
+    if balanced:
+        tp = balance(tp, scores[:, -1] - scores[:, 0])
+    bonus = eta * tp * (scores[:, -1:] - scores[:, :-1])
+    return torch.where(bonus != 0, bonus, d), tp

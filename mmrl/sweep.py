@@ -1,0 +1,392 @@
+"""``mmrl sweep RECIPE_OR_DEMO --grid KEY=V1,V2 [--grid ...] [--cell "k=v ..."] --seeds N [key=value ...]``.
+
+Every cell of the grid (the product of the `--grid` axes and, as one more axis, the `--cell`
+list, each cell a set of settings) runs for seeds 0 .. N-1, each run a
+separate process (``python -m mmrl.sweep --run ...``: warm start, held-out score, RL, held-out
+score, ``summary.json``, as `mmrl demo` does), so a crash or a kill loses one run. Up to
+`--parallel` runs at a time; `--shard i/n` runs only every n-th run from the i-th (0 <= i < n),
+for spreading one sweep over machines that share the output directory. A run whose
+``summary.json`` is complete is skipped, so a killed sweep resumes where it stopped.
+
+Warm starts are cached in ``OUT/warm_starts/KEY.pt`` (weights and the torch RNG state after the
+warm start), KEY a hash of what the warm start reads: task, policy, data, warm_start,
+optim.lora, reward_modules and seed, less the `--warm-start-ignores` keys (e.g.
+``policy.sampler`` when a grid varies only the RL sampler). The first run of a key computes it
+under a file lock; every other run of that key loads it. ``warm_starts/log.jsonl`` records each
+computation, each run's ``warm_start.json`` whether it reused one.
+
+Reports, rewritten from every complete run at the end of each invocation: ``sweep.csv`` (one
+row per run), ``sweep.md`` (mean and standard error over seeds per cell, the difference to the
+first cell paired by seed) and ``sweep.png`` (held-out reward bars with standard-error bars, and
+each cell's training reward curve, mean over seeds, overlaid). See docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+SUMMARY = "summary.json"
+WARM_DIR = "warm_starts"
+# the parts of a config the supervised warm start reads
+WARM_START_KEYS = ("task", "policy", "data", "warm_start", "reward_modules", "seed", "optim.lora")
+CSV_FIELDS = ("cell", "overrides", "seed", "before", "after", "greedy_before", "greedy_after", "wall_s", "run_dir")
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: int
+    overrides: tuple[str, ...]  # the cell's key=value settings
+    seed: int
+
+    @property
+    def dirname(self) -> str:
+        slug = re.sub(r"[^A-Za-z0-9.=_-]+", "_", "_".join(o.split(".")[-1] for o in self.overrides))[:80]
+        digest = hashlib.sha256("\n".join(self.overrides).encode()).hexdigest()[:8]
+        return f"{slug or 'base'}-{digest}/seed-{self.seed}"
+
+
+# ----- the plan --------------------------------------------------------------------------------
+def split_values(text: str) -> list[str]:
+    """V1,V2,... split at the commas outside brackets (a value may be a YAML list or mapping)."""
+    values, depth, current = [], 0, ""
+    for ch in text:
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            values.append(current)
+            current = ""
+        else:
+            current += ch
+    values.append(current)
+    return values
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    grid, seen = [], set()
+    for item in items:
+        key, sep, raw = item.partition("=")
+        values = split_values(raw)
+        if not sep or not key or any(v == "" for v in values):
+            raise ValueError(f"--grid {item!r} is not of the form KEY=V1,V2,...")
+        if key in seen:
+            raise ValueError(f"--grid names {key!r} twice")
+        seen.add(key)
+        grid.append((key, values))
+    return grid
+
+
+def parse_cells(items: list[str]) -> list[tuple[str, ...]]:
+    """`--cell "k=v k2=v2"`: one cell's settings (methods that differ in several keys)."""
+    out = []
+    for item in items:
+        overrides = tuple(shlex.split(item))
+        if not overrides or any("=" not in o or o.startswith("=") for o in overrides):
+            raise ValueError(f"--cell {item!r} is not a space-separated list of key=value")
+        out.append(overrides)
+    return out
+
+
+def cells(grid: list[tuple[str, list[str]]], bundles: list[tuple[str, ...]] = ()) -> list[tuple[str, ...]]:
+    """The product of the `--cell` list (one axis) and the `--grid` axes."""
+    axes = ([list(bundles)] if bundles else []) + [[(f"{k}={v}",) for v in values] for k, values in grid]
+    return [sum(combo, ()) for combo in itertools.product(*axes)]
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    m = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise ValueError(f"--shard {text!r} must be i/n with 0 <= i < n")
+    return int(m.group(1)), int(m.group(2))
+
+
+def plan(grid_cells: list[tuple[str, ...]], seeds: int) -> list[Run]:
+    """Cell-major, so that parallel runs start on different seeds' warm starts."""
+    return [Run(c, overrides, s) for c, overrides in enumerate(grid_cells) for s in range(seeds)]
+
+
+def recipe_of(target: str):
+    from .cli import resolve_recipe
+    from .registry import DEMOS, RECIPES, load_plugins
+    load_plugins()
+    if target in DEMOS.names():
+        return RECIPES.get(DEMOS.get(target))
+    return resolve_recipe(target)
+
+
+def run_overrides(common: list[str], run: Run, run_dir: Path) -> list[str]:
+    return [*common, *run.overrides, f"seed={run.seed}", f"output_dir={run_dir}"]
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if "after" in summary else None
+
+
+# ----- the cached warm start (inside a run's process) -------------------------------------------
+def warm_key(cfg, ignores: list[str]) -> str:
+    from .config import to_dict
+    full = to_dict(cfg)
+    picked: dict = {}
+    for key in WARM_START_KEYS:
+        node, parts = full, key.split(".")
+        for part in parts:
+            node = node[part]
+        picked[key] = node
+    for key in ignores:
+        head, *rest = key.split(".")
+        node = picked.get(head)
+        for part in rest[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if rest and isinstance(node, dict):
+            node.pop(rest[-1], None)
+        elif not rest:
+            picked.pop(head, None)
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
+    """A `warm_start(trainer)` that computes the warm start once per key and loads it afterwards."""
+    import fcntl
+
+    import torch
+
+    def warm_start(trainer) -> None:
+        cfg = trainer.cfg
+        record = {"key": None, "reused": False}
+        if cfg.warm_start.steps > 0:
+            key = warm_key(cfg, ignores)
+            path = cache / f"{key}.pt"
+            cache.mkdir(parents=True, exist_ok=True)
+            with open(cache / f"{key}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one process computes, the others wait and load
+                if path.is_file():
+                    state = torch.load(path, map_location="cpu", weights_only=True)
+                    trainer.unwrapped.load_state_dict(state["model"])
+                    torch.set_rng_state(state["rng"])
+                    record = {"key": key, "reused": True}
+                else:
+                    t0 = time.perf_counter()
+                    loss = trainer.warm_start()
+                    tmp = path.with_suffix(".tmp")
+                    torch.save({"model": trainer.unwrapped.state_dict(), "rng": torch.get_rng_state()}, tmp)
+                    os.replace(tmp, path)
+                    record = {"key": key, "reused": False}
+                    with open(cache / "log.jsonl", "a") as log:
+                        log.write(json.dumps({"key": key, "seed": cfg.seed, "run": cfg.output_dir, "loss": loss,
+                                              "wall_s": time.perf_counter() - t0}) + "\n")
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "warm_start.json").write_text(json.dumps(record))
+
+    return warm_start
+
+
+def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) -> None:
+    from .demo import run_scored
+    run_scored(recipe_of(target), overrides, target, cached_warm_start(cache, ignores))
+
+
+# ----- the sweep --------------------------------------------------------------------------------
+def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
+          parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
+          say: Callable[[str], None] = print, cell_items: list[str] = ()) -> int:
+    """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed."""
+    from .config import load_recipe
+    if seeds < 1 or parallel < 1:
+        raise ValueError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
+    if not grid_items and not cell_items:
+        raise ValueError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
+    grid, bundles = parse_grid(list(grid_items)), parse_cells(list(cell_items))
+    shard_i, shard_n = parse_shard(shard)
+    recipe, common = recipe_of(target), list(common)
+    runs = plan(cells(grid, bundles), seeds)
+    for run in (r for r in runs if r.seed == 0):  # every cell's config is valid before anything runs
+        load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps({"target": target, "cells": bundles, "grid": grid, "seeds": seeds,
+                                                "overrides": common}, indent=1))
+    todo = [r for i, r in enumerate(runs) if i % shard_n == shard_i and read_summary(out / "runs" / r.dirname) is None]
+    say(f"[mmrl sweep] {len(runs)} runs ({len(runs) // seeds} cells x {seeds} seeds); "
+        f"{len(todo)} to run in this invocation, {parallel} at a time")
+    failed = _execute(target, todo, out, common, parallel, list(ignores), say)
+    write_reports(out, runs)
+    say(f"[mmrl sweep] wrote {out / 'sweep.csv'}, {out / 'sweep.md'}, {out / 'sweep.png'}")
+    return 1 if failed else 0
+
+
+def _execute(target: str, todo: list[Run], out: Path, common: list[str], parallel: int,
+             ignores: list[str], say) -> list[Run]:
+    pending, active, failed = list(todo), [], []
+    while pending or active:
+        while pending and len(active) < parallel:
+            run = pending.pop(0)
+            run_dir = out / "runs" / run.dirname
+            run_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "mmrl.sweep", "--run", target, "--warm-cache", str(out / WARM_DIR),
+                   *[f"--warm-start-ignores={k}" for k in ignores], "--", *run_overrides(common, run, run_dir)]
+            log = open(run_dir / "log.txt", "w")  # noqa: SIM115 (open while the run lives, closed below)
+            active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            say(f"[mmrl sweep] start {run.dirname} {' '.join(run.overrides)}")
+        time.sleep(0.2)
+        for item in list(active):
+            run, proc, log = item
+            if proc.poll() is None:
+                continue
+            active.remove(item)
+            log.close()
+            ok = proc.returncode == 0 and read_summary(out / "runs" / run.dirname) is not None
+            say(f"[mmrl sweep] {'done' if ok else f'FAILED (exit {proc.returncode})'} {run.dirname}")
+            if not ok:
+                failed.append(run)
+    for run in failed:
+        say(f"[mmrl sweep] failed: {run.dirname} (see {out / 'runs' / run.dirname / 'log.txt'})")
+    return failed
+
+
+# ----- reports ----------------------------------------------------------------------------------
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
+
+
+def _fmt(mean: float, se: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.3f}" if math.isnan(se) else f"{mean:.3f} ± {se:.3f}"
+
+
+def _curve(run_dir: Path) -> list[tuple[int, float]]:
+    points = []
+    try:
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if "reward_mean" in row and "step" in row:
+                points.append((int(row["step"]), float(row["reward_mean"])))
+    except (OSError, ValueError):
+        pass
+    return points
+
+
+def write_reports(out: Path, runs: list[Run]) -> list[dict]:
+    rows = []
+    for run in runs:
+        summary = read_summary(out / "runs" / run.dirname)
+        if summary is None:
+            continue
+        rows.append({"cell": run.cell, "overrides": " ".join(run.overrides), "seed": run.seed,
+                     "before": summary["before"], "after": summary["after"],
+                     "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
+                     "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
+    tmp = out / "sweep.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, out / "sweep.csv")
+    cell_overrides = {run.cell: run.overrides for run in runs}
+    (out / "sweep.md").write_text(_markdown(rows, cell_overrides))
+    _figure(out, rows, cell_overrides, runs)
+    return rows
+
+
+def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> str:
+    by_cell = {c: [r for r in rows if r["cell"] == c] for c in cell_overrides}
+    first = by_cell[0] if by_cell else []
+    lines = ["| cell | runs | held-out before | held-out after | after - before | greedy after | after - cell 0 (paired by seed) |",
+             "|---|---|---|---|---|---|---|"]
+    for c, overrides in cell_overrides.items():
+        rs = by_cell[c]
+        gain = _mean_se([r["after"] - r["before"] for r in rs])
+        base = {r["seed"]: r["after"] for r in first}
+        diff = _mean_se([r["after"] - base[r["seed"]] for r in rs if r["seed"] in base])
+        lines.append(f"| {' '.join(overrides) or '(base)'} | {len(rs)} | {_fmt(*_mean_se([r['before'] for r in rs]))} | "
+                     f"{_fmt(*_mean_se([r['after'] for r in rs]))} | {_fmt(*gain)} | "
+                     f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} |")
+    lines += ["", ("Mean ± standard error over seeds (sample std / sqrt(n)); held-out: the demo's metric "
+                   "(mean reward of the eval samples per held-out prompt); the last column is the mean over the "
+                   "seeds both cells finished of (after - cell 0's after), with its standard error.")]
+    return "\n".join(lines) + "\n"
+
+
+def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(12, 4.5))
+    FigureCanvasAgg(fig)
+    bars, curves = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    labels = [" ".join(o.split(".")[-1] for o in ov) or "(base)" for ov in cell_overrides.values()]
+    for c, label in zip(cell_overrides, labels):
+        rs = [r for r in rows if r["cell"] == c]
+        for offset, key, alpha in ((-0.2, "before", 0.4), (0.2, "after", 1.0)):
+            mean, se = _mean_se([r[key] for r in rs])
+            bars.bar(c + offset, 0 if math.isnan(mean) else mean, width=0.4, alpha=alpha, color=f"C{c % 10}",
+                     yerr=None if math.isnan(se) else se, capsize=3, label=key if c == 0 else None)
+        steps: dict[int, list[float]] = {}
+        for run in runs:
+            if run.cell == c and any(r["cell"] == c and r["seed"] == run.seed for r in rs):
+                for step, value in _curve(out / "runs" / run.dirname):
+                    steps.setdefault(step, []).append(value)
+        if steps:
+            xs = sorted(steps)
+            stats = [_mean_se(steps[x]) for x in xs]
+            ys = [m for m, _ in stats]
+            ses = [0.0 if math.isnan(s) else s for _, s in stats]
+            curves.plot(xs, ys, color=f"C{c % 10}", label=label)
+            curves.fill_between(xs, [y - s for y, s in zip(ys, ses)], [y + s for y, s in zip(ys, ses)],
+                                color=f"C{c % 10}", alpha=0.2)
+    bars.set_xticks(list(cell_overrides), labels, rotation=20, ha="right", fontsize=7)
+    bars.set_ylabel("held-out reward (mean ± SE over seeds)")
+    bars.legend(fontsize=7)
+    curves.set_xlabel("RL step")
+    curves.set_ylabel("training reward (mean ± SE over seeds)")
+    curves.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=110)
+
+
+# ----- command lines ----------------------------------------------------------------------------
+def main(args: argparse.Namespace, overrides: list[str]) -> int:
+    for item in overrides:
+        if "=" not in item or item.startswith("-"):
+            raise ValueError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
+    out = Path(args.out) if args.out else Path("outputs") / f"sweep-{Path(args.target).stem}"
+    return sweep(args.target, args.grid, args.seeds, out, overrides, args.parallel, args.shard,
+                 args.warm_start_ignores, cell_items=args.cell)
+
+
+def _worker(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m mmrl.sweep", description="one run of an `mmrl sweep`")
+    p.add_argument("--run", required=True, metavar="RECIPE_OR_DEMO")
+    p.add_argument("--warm-cache", required=True)
+    p.add_argument("--warm-start-ignores", action="append", default=[])
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+    run_one(args.run, args.overrides, Path(args.warm_cache), args.warm_start_ignores)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1:]))

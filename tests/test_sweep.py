@@ -1,0 +1,160 @@
+"""`mmrl sweep`: the grid x seeds as separate processes, resuming, one cached warm start per seed,
+and the reports (csv rows, mean and standard error per cell, paired differences)."""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmrl.config import load_recipe
+from mmrl.registry import DEMOS, RECIPES
+from mmrl.sweep import (
+    Run,
+    cells,
+    parse_cells,
+    parse_grid,
+    parse_shard,
+    plan,
+    split_values,
+    sweep,
+    warm_key,
+    write_reports,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# the text demo shrunk to seconds per run
+TINY = ["max_steps=2", "warm_start.steps=2", "warm_start.batch_size=4", "eval.max_prompts=2",
+        "eval.group_size=2", "optim.prompts_per_step=2", "optim.micro_batch_size=4", "algorithm.group_size=2",
+        "policy.max_new_tokens=8", "policy.tiny_args.hidden=32", "logging.report_to=[none]",
+        "logging.progress=false", "save_every=0", "data.args.n_train=64", "data.args.n_eval=4"]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "HF_HUB_OFFLINE": "1"}
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "sweep.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_grid_parsing_plan_and_shards():
+    assert split_values("1,[a, b],{x: 1, y: 2}") == ["1", "[a, b]", "{x: 1, y: 2}"]
+    grid = parse_grid(["algorithm.estimator=grpo,rloo", "optim.lr=1e-4,1e-3,1e-2"])
+    assert len(cells(grid)) == 6 and cells(grid)[1] == ("algorithm.estimator=grpo", "optim.lr=1e-3")
+    runs = plan(cells(grid), 2)
+    assert len(runs) == 12 and len({r.dirname for r in runs}) == 12
+    assert parse_shard("1/3") == (1, 3)
+    bundles = parse_cells(["algorithm.estimator=pairwise algorithm.group_size=2", "algorithm.estimator=grpo"])
+    assert cells(parse_grid(["seed_offset=1,2"]), bundles) == [
+        ("algorithm.estimator=pairwise", "algorithm.group_size=2", "seed_offset=1"),
+        ("algorithm.estimator=pairwise", "algorithm.group_size=2", "seed_offset=2"),
+        ("algorithm.estimator=grpo", "seed_offset=1"), ("algorithm.estimator=grpo", "seed_offset=2")]
+    assert cells([], bundles) == bundles
+    with pytest.raises(ValueError, match="--cell"):
+        parse_cells(["algorithm.estimator"])
+    for bad in ["x", "a=", "=1", "a=1,,2"]:
+        with pytest.raises(ValueError, match="--grid"):
+            parse_grid([bad])
+    with pytest.raises(ValueError, match="twice"):
+        parse_grid(["a=1", "a=2"])
+    for bad in ["3/3", "1-2", "a/b"]:
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_warm_start_key_reads_only_what_the_warm_start_reads():
+    recipe = RECIPES.get(DEMOS.get("text"))
+    key = warm_key(load_recipe(recipe), [])
+    assert warm_key(load_recipe(recipe, ["algorithm.estimator=rloo", "optim.lr=1e-3", "max_steps=3"]), []) == key
+    assert warm_key(load_recipe(recipe, ["seed=1"]), []) != key
+    assert warm_key(load_recipe(recipe, ["warm_start.steps=7"]), []) != key
+    assert warm_key(load_recipe(recipe, ["policy.temperature=0.5"]), []) != key
+    assert warm_key(load_recipe(recipe, ["policy.temperature=0.5"]), ["policy.temperature"]) == warm_key(
+        load_recipe(recipe), ["policy.temperature"])
+
+
+def test_report_means_standard_errors_and_paired_differences(tmp_path):
+    runs = plan([("a=1",), ("a=2",)], 3)
+    after = {(0, 0): 0.1, (0, 1): 0.3, (0, 2): 0.2, (1, 0): 0.4, (1, 1): 0.5, (1, 2): 0.9}
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": after[run.cell, run.seed],
+                                                    "greedy_before": 0.0, "greedy_after": 0.5, "wall_s": 1.0}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": s * 0.1}) + "\n" for s in (1, 2)))
+    (tmp_path / "runs" / runs[-1].dirname / "summary.json").write_text('{"before": 0.0')  # an unfinished run
+    rows = write_reports(tmp_path, runs)
+    assert len(rows) == 5 and len(_rows(tmp_path)) == 5
+    md = (tmp_path / "sweep.md").read_text()
+    # cell 0: 0.1, 0.3, 0.2 -> 0.2 ± sqrt(0.01 / 3); cell 1: 0.4, 0.5 -> 0.45 ± 0.05;
+    # paired differences 0.3, 0.2 -> 0.25 ± 0.05
+    assert f"0.200 ± {math.sqrt(0.01 / 3):.3f}" in md
+    assert "| a=2 | 2 | 0.000 ± 0.000 | 0.450 ± 0.050 | 0.450 ± 0.050 | 0.500 ± 0.000 | 0.250 ± 0.050 |" in md
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
+    out = tmp_path / "sweep"
+    rc = sweep("text", ["algorithm.estimator=grpo,dr_grpo", "optim.lr=1e-4,1e-3"], 2, out, TINY, parallel=2,
+               say=lambda *_: None)
+    assert rc == 0
+    rows = _rows(out)
+    expected = {(f"algorithm.estimator={e} optim.lr={lr}", str(s))
+                for e in ("grpo", "dr_grpo") for lr in ("1e-4", "1e-3") for s in (0, 1)}
+    assert {(r["overrides"], r["seed"]) for r in rows} == expected and len(rows) == 8
+    for r in rows:
+        assert all(math.isfinite(float(r[k])) for k in ("before", "after", "greedy_before", "greedy_after", "wall_s"))
+    md = (out / "sweep.md").read_text()
+    assert md.count("\n| algorithm.estimator=") == 4 and (out / "sweep.png").stat().st_size > 0
+    # one warm start computed per seed; every other run of that seed loaded it
+    log = [json.loads(line) for line in (out / "warm_starts" / "log.jsonl").read_text().splitlines()]
+    assert sorted(entry["seed"] for entry in log) == [0, 1]
+    records = {r["run_dir"]: json.loads((out / r["run_dir"] / "warm_start.json").read_text()) for r in rows}
+    assert sum(not rec["reused"] for rec in records.values()) == 2
+    # the loaded weights are the computed ones: a seed's held-out greedy samples before RL agree across cells
+    greedy = {}
+    for r in rows:
+        before = json.loads((out / r["run_dir"] / "before.json").read_text())
+        greedy.setdefault(r["seed"], set()).add(json.dumps(before["greedy_samples"]))
+    assert all(len(samples) == 1 for samples in greedy.values())
+    assert greedy["0"] != greedy["1"]
+
+
+def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "mmrl", "sweep", "text", "--grid", "algorithm.estimator=grpo,dr_grpo",
+           "--seeds", "1", "--out", str(out), *TINY]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs = plan(cells(parse_grid(["algorithm.estimator=grpo,dr_grpo"])), 1)
+    first = out / "runs" / runs[0].dirname / "summary.json"
+    deadline = time.time() + 600
+    while not first.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its running run
+    proc.wait()
+    assert first.exists() and not (out / "runs" / runs[1].dirname / "summary.json").exists()
+    stamp = first.stat().st_mtime_ns
+    said = []
+    assert sweep("text", ["algorithm.estimator=grpo,dr_grpo"], 1, out, TINY, say=said.append) == 0
+    assert first.stat().st_mtime_ns == stamp
+    assert any("1 to run" in line for line in said) and not any(f"start {runs[0].dirname}" in line for line in said)
+    assert len(_rows(out)) == 2
+    assert not json.loads((out / "runs" / runs[0].dirname / "warm_start.json").read_text())["reused"]
+    assert json.loads((out / "runs" / runs[1].dirname / "warm_start.json").read_text())["reused"]
+
+
+def test_bad_grid_key_fails_before_any_run(tmp_path):
+    from mmrl.config import ConfigError
+    with pytest.raises(ConfigError, match="algorithm.nope"):
+        sweep("text", ["algorithm.nope=1,2"], 1, tmp_path, TINY, say=lambda *_: None)
+    assert not (tmp_path / "runs").exists()
+    assert Run(0, ("a=1",), 0).dirname.endswith("/seed-0")
