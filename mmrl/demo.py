@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .config import load_recipe
+from .errors import reading_user_input
 from .registry import DEMO_FIGURES, DEMOS, RECIPES
 from .trainer import Trainer
 
@@ -30,8 +31,15 @@ def _greedy_completions(trainer: Trainer) -> list:
     return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
 
 
+def run_demo_command(args) -> int:
+    """`mmrl demo NAME [key=value ...]`."""
+    run_demo(args.name, args.overrides)
+    return 0
+
+
 def run_demo(name: str, overrides: list[str]) -> dict:
-    recipe = RECIPES.get(DEMOS.get(name))
+    with reading_user_input():
+        recipe = RECIPES.get(DEMOS.get(name))
     cfg = load_recipe(recipe, overrides)
     trainer = Trainer(cfg)
     out = Path(cfg.output_dir)

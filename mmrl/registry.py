@@ -66,6 +66,34 @@ def load_plugins() -> None:
         ep.load()
 
 
+def _plugin_dirs() -> list[Path]:
+    """The folders of the plugin packages, found WITHOUT importing them (for fast `mmrl --help`)."""
+    dirs = []
+    for ep in entry_points(group="mmrl.plugins"):
+        try:
+            spec = importlib.util.find_spec(ep.module) if "." not in ep.module else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            dirs += [Path(p) for p in spec.submodule_search_locations]
+    return dirs
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """Recipe name -> YAML file of every plugin's ``recipes/*.yaml``, without importing plugins."""
+    return {p.stem: p for d in _plugin_dirs() for p in sorted((d / "recipes").glob("*.yaml"))}
+
+
+def shipped_demos() -> dict[str, str]:
+    """Demo name -> recipe name from every plugin's ``demos.yaml``, without importing plugins."""
+    import yaml
+    out: dict[str, str] = {}
+    for d in _plugin_dirs():
+        if (d / "demos.yaml").is_file():
+            out.update(yaml.safe_load((d / "demos.yaml").read_text()) or {})
+    return out
+
+
 def import_user_module(spec: str) -> None:
     """Import a user's file (``my_rewards.py``) or module (``pkg.rewards``) so it can register."""
     path = Path(spec)

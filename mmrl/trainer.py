@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -25,9 +26,11 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
+from . import run_dir
 from .advantages import compute_advantages, group_variance_mask, row_magnitude, weighted_total
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
+from .errors import UserError, reading_user_input
 from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
@@ -35,7 +38,12 @@ from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
+from .signals import RunInterrupted, StopSignals
 from .tracking import Progress, Tracker
+
+
+class NonFiniteError(UserError):
+    """`max_bad_steps` optimizer steps in a row had a NaN/inf loss or gradient norm."""
 
 
 @dataclass
@@ -66,8 +74,19 @@ def build_policy(cfg: TrainConfig) -> Policy:
     return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
 
 
+def check_world_size(num_processes: int) -> None:
+    """The launcher's expected number of processes (``WORLD_SIZE``) must be the number that joined."""
+    expected = int(os.environ.get("WORLD_SIZE", "1"))
+    if expected != num_processes:
+        raise UserError(f"the launcher expected {expected} processes (WORLD_SIZE) but {num_processes} joined; "
+                        "on CPU launch with `accelerate launch --multi_cpu --num_processes N -m mmrl train ...` "
+                        "(or `torchrun --nproc_per_node N -m mmrl train ...`)")
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+    @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None, for_training: bool = True):
+        """`for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes."""
         load_plugins()
         for module in cfg.reward_modules:
             import_user_module(module)
@@ -76,7 +95,14 @@ class Trainer:
         self.cfg = cfg
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
+        check_world_size(acc.num_processes)
         algo = cfg.algorithm
+        self.output_dir = Path(cfg.output_dir)
+        resume_from = None
+        if for_training:
+            say = print if acc.is_main_process else (lambda *a, **k: None)
+            resume_from = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, acc.is_main_process, say)
+            acc.wait_for_everyone()
         if cfg.optim.prompts_per_step % acc.num_processes:
             raise ValueError(f"optim.prompts_per_step={cfg.optim.prompts_per_step} must be a multiple of "
                              f"the {acc.num_processes} processes")
@@ -114,8 +140,9 @@ class Trainer:
         acc.register_for_checkpointing(self.scheduler)
         self.sampler = PromptSampler(self.train_rows, cfg.sampling, cfg.seed)
         self.step = 0
-        self.output_dir = Path(cfg.output_dir)
-        resume_from = ckpt.latest_checkpoint(self.output_dir) if cfg.resume else None
+        self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
+        self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
+        self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         self.resumed = resume_from is not None
@@ -370,6 +397,7 @@ class Trainer:
                     else [None] * algo.mu)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
+        self.nonfinite_term = None
         for pass_index in range(algo.mu):
             sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
                                              with_entropy=pass_index == 0)
@@ -377,6 +405,11 @@ class Trainer:
             for p in params:  # a parameter with no gradient still takes an optimizer step at zero
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+            self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
+            if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
+                self.optimizer.zero_grad(set_to_none=False)
+                grad_norm = math.nan
+                break
             if self.cfg.optim.max_grad_norm is not None:
                 grad_norm = float(acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
             self.optimizer.step()
@@ -388,7 +421,16 @@ class Trainer:
         return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
                 "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0]}
+                "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None)}
+
+    def _nonfinite_term(self, loss: float, params: list[Tensor]) -> str | None:
+        """'loss' or 'gradient norm' if either is NaN/inf on any process, else None (all agree)."""
+        term = None
+        if not math.isfinite(loss):
+            term = "loss"
+        elif not all(bool(torch.isfinite(p.grad).all()) for p in params):
+            term = "gradient norm"
+        return next((t for t in self._gather(term) if t is not None), None)
 
     def train_step(self) -> dict[str, float]:
         step = self.step + 1
@@ -415,14 +457,29 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step,
                             enabled=cfg.logging.progress and acc.is_main_process)
         try:
-            while self.step < cfg.max_steps:
-                metrics = self.train_step()
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.eval_rows:
-                    metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
-                self.tracker.log(self.step, metrics)
-                progress.update(self.step, metrics)
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save_checkpoint()
+            with StopSignals() as stop:
+                while self.step < cfg.max_steps:
+                    metrics = self.train_step()
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.eval_rows:
+                        scores = self.evaluate()
+                        self.last_eval = (self.step, scores["reward_mean"])
+                        metrics.update({f"eval/{k}": v for k, v in scores.items()})
+                    self.bad_steps = self.bad_steps + 1 if self.nonfinite_term else 0
+                    self.tracker.log(self.step, metrics)
+                    progress.update(self.step, metrics)
+                    saved = cfg.save_every and self.step % cfg.save_every == 0
+                    if saved:
+                        self.save_checkpoint()
+                    if self.bad_steps >= cfg.max_bad_steps:
+                        path = self.save_checkpoint()
+                        raise NonFiniteError(
+                            f"step {self.step}: the {self.nonfinite_term} was not finite for {self.bad_steps} "
+                            f"steps in a row (max_bad_steps={cfg.max_bad_steps}), so the run stopped; checkpoint "
+                            f"{path}. Lower optim.lr or set optim.max_grad_norm, then resume=true")
+                    if any(self._gather(stop.received is not None)):
+                        path = ckpt.checkpoint_dir(self.output_dir, self.step) if saved else self.save_checkpoint()
+                        raise RunInterrupted(f"stopped by {stop.name} after step {self.step}; checkpoint {path}; "
+                                             "continue with the same command and resume=true", stop.received or 15)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
         finally:
@@ -470,7 +527,12 @@ class Trainer:
         acc.save_state(str(tmp), safe_serialization=True)
         if acc.is_main_process:
             self.policy.save_pretrained(self.unwrapped, tmp / "model")
-            ckpt.publish(tmp, final, {"step": self.step, "sampler": self.sampler.state_dict()})
+            state = {"step": self.step, "sampler": self.sampler.state_dict(), "bad_steps": self.bad_steps}
+            if self.last_eval is not None and self.last_eval[0] == self.step:
+                state["eval_reward_mean"] = self.last_eval[1]
+            ckpt.publish(tmp, final, state)
+            if self.cfg.save_total_limit is not None:
+                ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
 
@@ -478,4 +540,5 @@ class Trainer:
         self.accelerator.load_state(str(path))
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
+        self.bad_steps = int(state.get("bad_steps", 0))
         self.sampler.load_state_dict(state["sampler"])
