@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -225,12 +226,20 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'recipe'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs, problems = {}, []  # every key is checked; the problems are reported together
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r}; valid keys: {', '.join(sorted(names))}")
-        kwargs[key] = _check_value(hints[key], value, dotted)
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"unknown config key {dotted!r}{hint}; valid keys: {', '.join(sorted(names))}")
+            continue
+        try:
+            kwargs[key] = _check_value(hints[key], value, dotted)
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
     return cls(**kwargs)
 
 

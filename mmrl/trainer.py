@@ -40,6 +40,7 @@ from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .signals import RunInterrupted, StopSignals
 from .tracking import Progress, Tracker
+from .validate import validate
 
 
 class NonFiniteError(UserError):
@@ -96,6 +97,7 @@ class Trainer:
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
         check_world_size(acc.num_processes)
+        validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
         algo = cfg.algorithm
         self.output_dir = Path(cfg.output_dir)
         resume_from = None
