@@ -76,12 +76,17 @@ def build_policy(cfg: TrainConfig) -> Policy:
 
 
 def check_world_size(num_processes: int) -> None:
-    """The launcher's expected number of processes (``WORLD_SIZE``) must be the number that joined."""
-    expected = int(os.environ.get("WORLD_SIZE", "1"))
-    if expected != num_processes:
-        raise UserError(f"the launcher expected {expected} processes (WORLD_SIZE) but {num_processes} joined; "
-                        "on CPU launch with `accelerate launch --multi_cpu --num_processes N -m mmrl train ...` "
-                        "(or `torchrun --nproc_per_node N -m mmrl train ...`)")
+    """The number of processes the launcher was asked for must be the number that joined:
+    ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
+    launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
+    env = os.environ
+    how = "launch with `torchrun --nproc_per_node N -m mmrl train ...` (CPU or GPU) or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...`"
+    if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
+        raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
+                        f"joined; {how}")
+    if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
+            and env.get("ACCELERATE_USE_CPU", "").lower() == "true"):
+        raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")
 
 
 class Trainer:

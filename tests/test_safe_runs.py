@@ -150,7 +150,12 @@ def test_nonfinite_gradient_is_skipped_and_named(tmp_path):
 # ----- launch ------------------------------------------------------------------------------------------
 def test_world_size_mismatch_is_an_error(tmp_path, monkeypatch, no_model):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(UserError, match="expected 2 processes.*1 joined.*--multi_cpu"):
+    with pytest.raises(UserError, match="expected 2 processes.*1 joined.*torchrun --nproc_per_node N"):
+        make(tmp_path / "run")
+    monkeypatch.delenv("WORLD_SIZE")  # what `accelerate launch --cpu --num_processes 2` leaves
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    with pytest.raises(UserError, match="starts ONE process"):
         make(tmp_path / "run")
 
 

@@ -27,6 +27,7 @@ def problems(tmp_path, *overrides):
 BAD = [  # override, what the message must say
     ("policy.modle=x", r"'policy.modle' \(did you mean 'model'\?\)"),
     ("policy.temprature=0.7", r"'policy.temprature' \(did you mean 'temperature'\?\)"),
+    ("policy.temperature=0", r"policy.temperature=0.0 must be > 0"),  # the adapter's own check, before loading
     ("policy.model=./no/such/model", r"policy.model: local path './no/such/model' does not exist"),
     ("rewards.accuracy.args.tolerence=0.1",
      r"rewards.accuracy.args.tolerence=0.1: reward 'accuracy' takes no argument 'tolerence' \(did you mean 'tolerance'\?\)"),
