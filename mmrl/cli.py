@@ -12,6 +12,7 @@ its recipe, data and model paths) print one line; anything else prints its full 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 import traceback
@@ -54,7 +55,9 @@ def resolve_recipe(name_or_path: str) -> Path:
     from .registry import RECIPES  # a third-party plugin may register recipes in code
     if name_or_path in RECIPES:
         return Path(RECIPES.get(name_or_path))
-    raise UserError(f"unknown recipe {name_or_path!r}; shipped recipes: {_columns(shipped)} "
+    close = difflib.get_close_matches(name_or_path, list(shipped), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UserError(f"unknown recipe {name_or_path!r}{hint}; shipped recipes: {_columns(shipped)} "
                     "(or give a path to a .yaml file)")
 
 
@@ -138,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if debug:
             traceback.print_exc()
+        if hasattr(e, "exit_code"):  # a run stopped on a signal, its checkpoint written: not an error
+            print(f"mmrl: {message(e)}", file=sys.stderr)
+            return e.exit_code
         print(f"mmrl: error: {message(e)}", file=sys.stderr)
-        return getattr(e, "exit_code", 2)
+        return 2
 
 
 if __name__ == "__main__":

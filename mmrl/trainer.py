@@ -80,12 +80,13 @@ def check_world_size(num_processes: int) -> None:
     ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
     launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
     env = os.environ
-    how = "launch with `torchrun --nproc_per_node N -m mmrl train ...` (CPU or GPU) or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...`"
+    how = ("launch with `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m mmrl train ...` on CPU, "
+           "or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...` on GPUs")
     if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
         raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
                         f"joined; {how}")
     if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
-            and env.get("ACCELERATE_USE_CPU", "").lower() == "true"):
+            and env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")):
         raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")
 
 
