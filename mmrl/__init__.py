@@ -12,7 +12,7 @@ import importlib
 _PUBLIC = {"TrainConfig": "config", "load_recipe": "config", "parse_config": "config", "Policy": "policy",
            "get_reward": "reward_registry", "register_reward": "reward_registry", "Rollout": "rollout"}
 
-__all__ = sorted(_PUBLIC)
+__all__ = ["Policy", "Rollout", "TrainConfig", "get_reward", "load_recipe", "parse_config", "register_reward"]
 __version__ = "0.1.0"
 
 

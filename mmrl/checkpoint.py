@@ -15,8 +15,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"

@@ -109,7 +109,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from .advantages import ESTIMATORS
-    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES, RATIO_LEVELS
+    from .loss import (
+        AGGREGATIONS,
+        CLOSED_FORM_KL,
+        KL_ESTIMATORS,
+        OBJECTIVES,
+        RATIO_LEVELS,
+    )
     from .registry import ADAPTERS, DEMOS, RECIPES, load_plugins
     from .reward_registry import REWARDS
     load_plugins()
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     module, function = DISPATCH[args.command]
     try:
         return getattr(importlib.import_module(module), function)(args)
-    except Exception as e:  # noqa: BLE001  (the one place that decides how an error is shown)
+    except Exception as e:  # the one place that decides how an error is shown
         if not is_user_error(e):
             raise
         if debug:

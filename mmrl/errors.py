@@ -21,7 +21,7 @@ class MissingFileError(UserError, FileNotFoundError):
 
 # Exceptions that, raised while a run reads what the user gave it (recipe, data, model paths), are
 # about that input: marked by `reading_user_input`, they print as one line like a `UserError`.
-INPUT_EXCEPTIONS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, ImportError)
+INPUT_EXCEPTIONS = (ValueError, KeyError, OSError, ImportError)  # OSError: a model path or hub id not found
 
 
 @contextmanager

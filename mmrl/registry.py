@@ -7,6 +7,7 @@ decorators fill the registries below.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -38,7 +39,9 @@ class Registry(Generic[T]):
             load_plugins()
         if name not in self._items:
             known = ", ".join(sorted(self._items)) or "none"
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}")
+            close = difflib.get_close_matches(str(name), list(self._items), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; registered: {known}")
         return self._items[name]
 
     def names(self) -> list[str]:

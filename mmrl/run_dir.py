@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import checkpoint as ckpt
 from .errors import UserError

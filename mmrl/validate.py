@@ -17,8 +17,9 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .config import ConfigError, TrainConfig, from_dict
 from .registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins

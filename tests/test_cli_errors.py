@@ -10,9 +10,9 @@ import time
 
 import pytest
 import yaml
-
-import mmrl.cli as cli
 from helpers import TINY_RECIPE, tiny_overrides
+
+from mmrl import cli
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 

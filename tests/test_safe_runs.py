@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import TINY_RECIPE, tiny_overrides
 
 import mmrl.trainer as trainer_module
-from helpers import TINY_RECIPE, tiny_overrides
 from mmrl import checkpoint as ckpt
 from mmrl.config import parse_config
 from mmrl.errors import UserError

@@ -2,9 +2,9 @@
 names its dotted key, and all of them are reported together."""
 
 import pytest
+from helpers import TINY_RECIPE, tiny_overrides
 
 import mmrl.trainer as trainer_module
-from helpers import TINY_RECIPE, tiny_overrides
 from mmrl.config import ConfigError, parse_config
 from mmrl.trainer import Trainer
 
