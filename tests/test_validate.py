@@ -44,7 +44,7 @@ BAD = [  # override, what the message must say
     ("optim.prompts_per_step=0", r"optim.prompts_per_step=0 must be >= 1"),
     ("max_steps=-1", r"max_steps=-1 must be >= 1"),
     ("optim.micro_batch_size=0", r"optim.micro_batch_size=0 must be >= 1"),
-    ("optim.lr=0", r"optim.lr=0.0 must be > 0"),
+    ("optim.lr=-1e-5", r"optim.lr=-1e-05 must be >= 0"),  # 0 is allowed (tests freeze the weights with it)
     ("algorithm.eps_low=-0.2", r"algorithm.eps_low=-0.2 must be >= 0"),
     ("algorithm.dual_clip=0.5", r"algorithm.dual_clip=0.5 must be > 1"),
     ("optim.betas=[0.9,1.5]", r"optim.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
