@@ -3,12 +3,20 @@
 The engine (this package) never imports a task adapter or a reward by name: they register
 themselves (``tasks``, ``rewards`` and any plugin declared under the ``mmrl.plugins`` entry
 point group) and are looked up by the names a recipe gives.
+
+The public names below are imported on first use, so that ``mmrl --help`` does not load torch.
 """
 
-from .config import TrainConfig, load_recipe, parse_config
-from .policy import Policy
-from .reward_registry import get_reward, register_reward
-from .rollout import Rollout
+import importlib
+
+_PUBLIC = {"TrainConfig": "config", "load_recipe": "config", "parse_config": "config", "Policy": "policy",
+           "get_reward": "reward_registry", "register_reward": "reward_registry", "Rollout": "rollout"}
 
 __all__ = ["Policy", "Rollout", "TrainConfig", "get_reward", "load_recipe", "parse_config", "register_reward"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    raise AttributeError(f"module 'mmrl' has no attribute {name!r}")

@@ -1,68 +1,105 @@
-"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``; ``python -m mmrl`` too."""
+"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``; ``python -m mmrl`` too.
+
+Help answers without importing torch or the plugins: recipes and demos are read from the plugins'
+``recipes/*.yaml`` and ``demos.yaml`` files. A sub-command is a subparser here plus one line in
+`DISPATCH` naming the module and function that run it (imported only when it runs).
+
+Errors in what the user wrote (`mmrl.errors.UserError`, or an input error raised while the run reads
+its recipe, data and model paths) print one line; anything else prints its full traceback
+(``--debug`` prints it for both).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import difflib
+import importlib
 import sys
+import traceback
 from pathlib import Path
 
-from .registry import DEMOS, RECIPES, load_plugins
+from .errors import UserError, is_user_error, message
+from .registry import shipped_demos, shipped_recipes
+
+# command -> (module, function(args) -> exit code); the module is imported only to run the command
+DISPATCH = {
+    "train": ("mmrl.cli", "run_train"),
+    "eval": ("mmrl.evaluate", "run_eval"),
+    "demo": ("mmrl.demo", "run_demo_command"),
+    "list": ("mmrl.cli", "run_list"),
+    "sweep": ("mmrl.sweep", "run_sweep"),
+}
+
+EXAMPLES = """examples:
+  mmrl demo text                                   a CPU demo end to end (no download)
+  mmrl train text_demo output_dir=runs/a max_steps=50 algorithm.group_size=4
+  mmrl train my_recipe.yaml resume=auto            continue the run in output_dir if it has a checkpoint
+  mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
+  mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
+  mmrl list                                        every registered adapter, estimator, loss, reward"""
 
 
-def _catalogue() -> str:
-    from .advantages import ESTIMATORS
-    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES, RATIO_LEVELS
-    from .reward_registry import REWARDS
-    from .registry import ADAPTERS
-    load_plugins()
-    rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
-            ("advantage estimators (algorithm.estimator)", ESTIMATORS.names()),
-            ("objectives (algorithm.objective)", OBJECTIVES.names()),
-            ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
-            ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
-            ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),
-            ("rewards", REWARDS.names())]
-    return "\n".join(f"  {title}: {', '.join(names)}" for title, names in rows)
+def _columns(names) -> str:
+    return ", ".join(sorted(names)) or "none"
 
 
 def resolve_recipe(name_or_path: str) -> Path:
+    """A path to a ``.yaml``/``.yml`` file, else the name of a shipped (or plugin-registered) recipe;
+    a file or folder that happens to carry a recipe's name does not hide it."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise UserError(f"recipe file {name_or_path!r} does not exist")
         return path
-    return Path(RECIPES.get(name_or_path))
+    shipped = shipped_recipes()
+    if name_or_path in shipped:
+        return shipped[name_or_path]
+    from .registry import RECIPES  # a third-party plugin may register recipes in code
+    if name_or_path in RECIPES:
+        return Path(RECIPES.get(name_or_path))
+    close = difflib.get_close_matches(name_or_path, list(shipped), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UserError(f"unknown recipe {name_or_path!r}{hint}; shipped recipes: {_columns(shipped)} "
+                    "(or give a path to a .yaml file)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .config import ConfigError
-    from .reward_registry import RewardError
-    try:
-        return _run(argv)
-    except (ConfigError, RewardError, KeyError, ValueError, FileNotFoundError, ImportError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"mmrl: error: {message}", file=sys.stderr)
-        return 2
-
-
-def _run(argv: list[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    recipes, demos = shipped_recipes(), shipped_demos()
     parser = argparse.ArgumentParser(
         prog="mmrl", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Group-relative RL fine-tuning (GRPO and descendants) for generative models.",
-        epilog="registered:\n" + _catalogue() + "\n\nany recipe field can be overridden as key=value "
-               "(dotted for nested fields, e.g. algorithm.beta=0.04)")
+        epilog=f"recipes: {_columns(recipes)}\ndemos: {_columns(demos)}\n\n{EXAMPLES}\n\n"
+               "any recipe field can be overridden as key=value (dotted for nested fields, e.g. "
+               "algorithm.beta=0.04); `mmrl list` prints every registered name")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of every error")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_train = sub.add_parser("train", help="train from a recipe (a name from the list, or a YAML path)")
+
+    def add(name: str, help_text: str, epilog: str = "") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of every error")
+        return p
+
+    recipe_list = f"recipes: {_columns(recipes)}"
+    p_train = add("train", "train from a recipe (a shipped recipe's name, or a path to a .yaml file)",
+                  f"{recipe_list}\n\nresume=true|auto|false, overwrite=true, save_total_limit=N; "
+                  "SIGINT/SIGTERM save a checkpoint and stop")
     p_train.add_argument("recipe")
     p_train.add_argument("overrides", nargs="*", metavar="key=value")
-    p_eval = sub.add_parser("eval", help="score a checkpoint on the recipe's held-out prompts")
-    p_eval.add_argument("recipe")
-    p_eval.add_argument("overrides", nargs="*", metavar="key=value")
-    p_eval.add_argument("--checkpoint", help="a checkpoint directory (default: newest in output_dir)")
-    p_demo = sub.add_parser("demo", help="run an embedded CPU demo end to end (no download)")
-    p_demo.add_argument("name", choices=None)
+    p_eval = add("eval", "score a checkpoint on its run's held-out prompts (the run's config.json, with overrides)",
+                 f"{recipe_list}\n\nwithout --checkpoint: the newest good checkpoint of the recipe's output_dir; "
+                 "scores go to CHECKPOINT.eval.json")
+    p_eval.add_argument("args", nargs="*", metavar="[RECIPE] key=value",
+                        help="a recipe (optional with --checkpoint) and overrides, in any order")
+    p_eval.add_argument("--checkpoint", help="a checkpoint directory (default: newest good one in output_dir)")
+    p_eval.add_argument("--base", action="store_true", help="score the untrained model when there is no checkpoint")
+    p_demo = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
+    p_demo.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
-    p_sweep = sub.add_parser("sweep", help="run a grid of settings x seeds as separate runs, with mean and "
-                                           "standard error per cell (see docs/sweep.md)")
+    add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    p_sweep = add("sweep", "run a grid of settings x seeds as separate runs, with mean and standard error per "
+                           "cell (see docs/sweep.md)")
     p_sweep.add_argument("target", metavar="RECIPE_OR_DEMO", help="a demo name, a recipe name or a YAML path")
     p_sweep.add_argument("overrides", nargs="*", metavar="key=value")
     p_sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -76,35 +113,64 @@ def _run(argv: list[str] | None) -> int:
     p_sweep.add_argument("--warm-start-ignores", action="append", default=[], metavar="KEY",
                          help="a config key the warm start does not read (e.g. policy.sampler): cells "
                               "differing only there share a warm start")
-    args, extra = parser.parse_known_args(argv)  # sweep overrides may follow its options
-    if extra and args.command != "sweep":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return parser
 
-    if args.command == "sweep":
-        from .sweep import main as sweep_main
-        return sweep_main(args, [*args.overrides, *extra])
 
+def run_train(args: argparse.Namespace) -> int:
     from .config import load_recipe
-    if args.command == "demo":
-        from .demo import run_demo
-        run_demo(args.name, args.overrides)
-        return 0
     cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
     from .trainer import Trainer
-    if args.command == "train":
-        trainer = Trainer(cfg)
-        trainer.train()
-        return 0
-    from . import checkpoint as ckpt
-    trainer = Trainer(cfg)
-    path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(cfg.output_dir)
-    if path is not None:
-        trainer.load_checkpoint(path)
-    result = trainer.evaluate()
-    result["checkpoint"] = str(path) if path else None
-    if trainer.accelerator.is_main_process:
-        print(json.dumps(result, indent=1))
+    Trainer(cfg).train()
     return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from .advantages import ESTIMATORS
+    from .loss import (
+        AGGREGATIONS,
+        CLOSED_FORM_KL,
+        KL_ESTIMATORS,
+        OBJECTIVES,
+        RATIO_LEVELS,
+    )
+    from .registry import ADAPTERS, DEMOS, RECIPES, load_plugins
+    from .reward_registry import REWARDS
+    load_plugins()
+    rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
+            ("advantage estimators (algorithm.estimator)", ESTIMATORS.names()),
+            ("objectives (algorithm.objective)", OBJECTIVES.names()),
+            ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
+            ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
+            ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),
+            ("rewards", REWARDS.names())]
+    print("\n".join(f"{title}: {', '.join(names)}" for title, names in rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "eval" and not any(x.startswith("-") for x in extra):
+        args.args += extra  # overrides after an option (`--checkpoint DIR key=value`)
+    elif extra and args.command == "sweep" and not any(x.startswith("-") for x in extra):
+        args.overrides += extra  # overrides after the sweep's options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    module, function = DISPATCH[args.command]
+    try:
+        return getattr(importlib.import_module(module), function)(args)
+    except Exception as e:  # the one place that decides how an error is shown
+        if not is_user_error(e):
+            raise
+        if debug:
+            traceback.print_exc()
+        if hasattr(e, "exit_code"):  # a run stopped on a signal, its checkpoint written: not an error
+            print(f"mmrl: {message(e)}", file=sys.stderr)
+            return e.exit_code
+        print(f"mmrl: error: {message(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

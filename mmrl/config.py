@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,8 +17,10 @@ from typing import Any, Literal
 
 import yaml
 
+from .errors import MissingFileError, UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A recipe or override that does not fit the config schema."""
 
 
@@ -178,6 +181,9 @@ class EvalConfig:
     every: int = 0
     max_prompts: int = 64
     group_size: int = 8
+    keep_best: bool = field(default=False, metadata={
+        "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
+                "(scored when an eval falls on a save step)"})
 
 
 @dataclass
@@ -209,7 +215,17 @@ class TrainConfig:
     seed: int = 0
     max_steps: int = 100
     save_every: int = 0
-    resume: bool = False
+    resume: bool | Literal["auto"] = field(default=False, metadata={
+        "help": "true: continue the run in output_dir from its newest good checkpoint (an error if there is "
+                "none); auto: continue if there is one, else start a new run; false: a new run (refuses a "
+                "directory that holds another run's files unless overwrite=true)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "clear another run's files (metrics, config, checkpoints, plots) from output_dir before starting"})
+    save_total_limit: int | None = field(default=None, metadata={
+        "help": "keep only the newest N checkpoints (and the best one with eval.keep_best); null keeps all"})
+    max_bad_steps: int = field(default=3, metadata={
+        "help": "a step whose loss or gradient norm is NaN/inf is skipped (counted as nonfinite_skipped); "
+                "after this many in a row the run saves a checkpoint and stops"})
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "
@@ -281,12 +297,20 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'recipe'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs, problems = {}, []  # every key is checked; the problems are reported together
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r}; valid keys: {', '.join(sorted(names))}")
-        kwargs[key] = _check_value(hints[key], value, dotted)
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"unknown config key {dotted!r}{hint}; valid keys: {', '.join(sorted(names))}")
+            continue
+        try:
+            kwargs[key] = _check_value(hints[key], value, dotted)
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
     return cls(**kwargs)
 
 
@@ -318,8 +342,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"recipe {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise MissingFileError(f"recipe {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of keys to values, got {type(data).__name__}")
     return parse_config(data, overrides)
 
 

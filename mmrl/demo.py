@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .config import load_recipe
+from .errors import reading_user_input
 from .registry import DEMO_FIGURES, DEMOS, RECIPES
 from .trainer import Trainer
 
@@ -30,8 +31,16 @@ def _greedy_completions(trainer: Trainer) -> list:
     return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
 
 
+def run_demo_command(args) -> int:
+    """`mmrl demo NAME [key=value ...]`."""
+    run_demo(args.name, args.overrides)
+    return 0
+
+
 def run_demo(name: str, overrides: list[str]) -> dict:
-    return run_scored(RECIPES.get(DEMOS.get(name)), overrides, name)
+    with reading_user_input():
+        recipe = RECIPES.get(DEMOS.get(name))
+    return run_scored(recipe, overrides, name)
 
 
 def run_scored(recipe: str | Path, overrides: list[str], name: str,

@@ -35,6 +35,13 @@ class Policy(ABC):
         ordered group by group (a group's block may hold auxiliary rows, see `Rollout.auxiliary`);
         `Rollout.prompts` holds the prompt as the rewards should see it."""
 
+    @classmethod
+    def config_problems(cls, cfg: Any) -> list[str]:
+        """What is wrong with `cfg` (this adapter's `Config`) that is known without loading a model,
+        one message per problem naming ``policy.<field>``; the engine checks it with the whole recipe
+        before anything loads."""
+        return []
+
     @property
     def max_units(self) -> int | None:
         """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""

@@ -7,6 +7,7 @@ decorators fill the registries below.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -38,7 +39,9 @@ class Registry(Generic[T]):
             load_plugins()
         if name not in self._items:
             known = ", ".join(sorted(self._items)) or "none"
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}")
+            close = difflib.get_close_matches(str(name), list(self._items), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; registered: {known}")
         return self._items[name]
 
     def names(self) -> list[str]:
@@ -64,6 +67,34 @@ def load_plugins() -> None:
     _plugins_loaded = True
     for ep in entry_points(group="mmrl.plugins"):
         ep.load()
+
+
+def _plugin_dirs() -> list[Path]:
+    """The folders of the plugin packages, found WITHOUT importing them (for fast `mmrl --help`)."""
+    dirs = []
+    for ep in entry_points(group="mmrl.plugins"):
+        try:
+            spec = importlib.util.find_spec(ep.module) if "." not in ep.module else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            dirs += [Path(p) for p in spec.submodule_search_locations]
+    return dirs
+
+
+def shipped_recipes() -> dict[str, Path]:
+    """Recipe name -> YAML file of every plugin's ``recipes/*.yaml``, without importing plugins."""
+    return {p.stem: p for d in _plugin_dirs() for p in sorted((d / "recipes").glob("*.yaml"))}
+
+
+def shipped_demos() -> dict[str, str]:
+    """Demo name -> recipe name from every plugin's ``demos.yaml``, without importing plugins."""
+    import yaml
+    out: dict[str, str] = {}
+    for d in _plugin_dirs():
+        if (d / "demos.yaml").is_file():
+            out.update(yaml.safe_load((d / "demos.yaml").read_text()) or {})
+    return out
 
 
 def import_user_module(spec: str) -> None:

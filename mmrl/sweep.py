@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 SUMMARY = "summary.json"
 WARM_DIR = "warm_starts"
 # the parts of a config the supervised warm start reads
@@ -80,9 +82,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         key, sep, raw = item.partition("=")
         values = split_values(raw)
         if not sep or not key or any(v == "" for v in values):
-            raise ValueError(f"--grid {item!r} is not of the form KEY=V1,V2,...")
+            raise UserError(f"--grid {item!r} is not of the form KEY=V1,V2,...")
         if key in seen:
-            raise ValueError(f"--grid names {key!r} twice")
+            raise UserError(f"--grid names {key!r} twice")
         seen.add(key)
         grid.append((key, values))
     return grid
@@ -94,7 +96,7 @@ def parse_cells(items: list[str]) -> list[tuple[str, ...]]:
     for item in items:
         overrides = tuple(shlex.split(item))
         if not overrides or any("=" not in o or o.startswith("=") for o in overrides):
-            raise ValueError(f"--cell {item!r} is not a space-separated list of key=value")
+            raise UserError(f"--cell {item!r} is not a space-separated list of key=value")
         out.append(overrides)
     return out
 
@@ -110,7 +112,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
         return 0, 1
     m = re.fullmatch(r"(\d+)/(\d+)", text)
     if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
-        raise ValueError(f"--shard {text!r} must be i/n with 0 <= i < n")
+        raise UserError(f"--shard {text!r} must be i/n with 0 <= i < n")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -129,7 +131,8 @@ def recipe_of(target: str):
 
 
 def run_overrides(common: list[str], run: Run, run_dir: Path) -> list[str]:
-    return [*common, *run.overrides, f"seed={run.seed}", f"output_dir={run_dir}"]
+    # a run without a complete summary starts again from scratch (overwrite: a killed run's files go)
+    return [*common, *run.overrides, f"seed={run.seed}", f"output_dir={run_dir}", "overwrite=true"]
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -211,9 +214,9 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
     """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed."""
     from .config import load_recipe
     if seeds < 1 or parallel < 1:
-        raise ValueError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
+        raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
     if not grid_items and not cell_items:
-        raise ValueError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
+        raise UserError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
     grid, bundles = parse_grid(list(grid_items)), parse_cells(list(cell_items))
     shard_i, shard_n = parse_shard(shard)
     recipe, common = recipe_of(target), list(common)
@@ -368,10 +371,12 @@ def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ..
 
 
 # ----- command lines ----------------------------------------------------------------------------
-def main(args: argparse.Namespace, overrides: list[str]) -> int:
+def run_sweep(args: argparse.Namespace) -> int:
+    """`mmrl sweep` (mmrl/cli.py parses its arguments)."""
+    overrides = args.overrides
     for item in overrides:
         if "=" not in item or item.startswith("-"):
-            raise ValueError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
+            raise UserError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
     out = Path(args.out) if args.out else Path("outputs") / f"sweep-{Path(args.target).stem}"
     return sweep(args.target, args.grid, args.seeds, out, overrides, args.parallel, args.shard,
                  args.warm_start_ignores, cell_items=args.cell)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -26,10 +27,12 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from . import checkpoint as ckpt
+from . import run_dir
 from .advantages import (check_reward_combine, combined_total, compute_advantages, group_variance_mask,
                          row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
 from .data import Rows, load_data, reward_columns_needed
+from .errors import UserError, reading_user_input
 from .evaluate import evaluate
 from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
 from .policy import Policy
@@ -38,8 +41,14 @@ from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_
                               score_completions, score_rollout)
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
+from .signals import RunInterrupted, StopSignals
 from .stages import Stage, StagePlan
 from .tracking import Progress, Tracker
+from .validate import validate
+
+
+class NonFiniteError(UserError):
+    """`max_bad_steps` optimizer steps in a row had a NaN/inf loss or gradient norm."""
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
@@ -90,8 +99,25 @@ def build_policy(cfg: TrainConfig) -> Policy:
     return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
 
 
+def check_world_size(num_processes: int) -> None:
+    """The number of processes the launcher was asked for must be the number that joined:
+    ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
+    launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
+    env = os.environ
+    how = ("launch with `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m mmrl train ...` on CPU, "
+           "or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...` on GPUs")
+    if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
+        raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
+                        f"joined; {how}")
+    if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
+            and env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")):
+        raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None):
+    @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None, for_training: bool = True):
+        """`for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes."""
         load_plugins()
         for module in cfg.reward_modules:
             import_user_module(module)
@@ -99,10 +125,16 @@ class Trainer:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
-        # training stages (mmrl/stages.py): start in the stage of the checkpoint's last step
-        self.plan = StagePlan(cfg)
+        check_world_size(acc.num_processes)
+        validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
+        self.plan = StagePlan(cfg)  # training stages (mmrl/stages.py)
         self.output_dir = Path(cfg.output_dir)
-        resume_from = ckpt.latest_checkpoint(self.output_dir) if cfg.resume else None
+        resume_from = None
+        if for_training:
+            say = print if acc.is_main_process else (lambda *a, **k: None)
+            resume_from = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, acc.is_main_process, say)
+            acc.wait_for_everyone()
+        # start in the stage of the checkpoint's last step
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
         for stage in self.plan.stages:
             per_step = stage.config.optim.prompts_per_step
@@ -153,6 +185,9 @@ class Trainer:
         acc.register_for_checkpointing(self.scheduler)
         self.sampler = PromptSampler(self.train_rows, cfg.sampling, self.plan.sampler_seed(self.stage))
         self.step = 0
+        self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
+        self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
+        self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
         if resume_from is not None:
             self.load_checkpoint(resume_from)
         self.resumed = resume_from is not None
@@ -408,6 +443,7 @@ class Trainer:
                     else [None] * algo.mu)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
+        self.nonfinite_term = None
         for pass_index in range(algo.mu):
             sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
                                              with_entropy=pass_index == 0)
@@ -415,6 +451,11 @@ class Trainer:
             for p in params:  # a parameter with no gradient still takes an optimizer step at zero
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+            self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
+            if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
+                self.optimizer.zero_grad(set_to_none=False)
+                grad_norm = math.nan
+                break
             if self.cfg.optim.max_grad_norm is not None:
                 grad_norm = float(acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
             self.optimizer.step()
@@ -426,7 +467,16 @@ class Trainer:
         return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
                 "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0]}
+                "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None)}
+
+    def _nonfinite_term(self, loss: float, params: list[Tensor]) -> str | None:
+        """'loss' or 'gradient norm' if either is NaN/inf on any process, else None (all agree)."""
+        term = None
+        if not math.isfinite(loss):
+            term = "loss"
+        elif not all(bool(torch.isfinite(p.grad).all()) for p in params):
+            term = "gradient norm"
+        return next((t for t in self._gather(term) if t is not None), None)
 
     def _enter_stage(self, stage: Stage) -> None:
         """Take `stage`'s settings before its first step (mmrl/stages.py); the model, the optimizer
@@ -480,15 +530,30 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step,
                             enabled=cfg.logging.progress and acc.is_main_process)
         try:
-            while self.step < cfg.max_steps:
-                metrics = self.train_step()
-                every = self.cfg.eval.every  # the stage's
-                if every and self.step % every == 0 and self.eval_rows:
-                    metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
-                self.tracker.log(self.step, metrics)
-                progress.update(self.step, metrics)
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save_checkpoint()
+            with StopSignals() as stop:
+                while self.step < cfg.max_steps:
+                    metrics = self.train_step()
+                    every = self.cfg.eval.every  # the stage's
+                    if every and self.step % every == 0 and self.eval_rows:
+                        scores = self.evaluate()
+                        self.last_eval = (self.step, scores["reward_mean"])
+                        metrics.update({f"eval/{k}": v for k, v in scores.items()})
+                    self.bad_steps = self.bad_steps + 1 if self.nonfinite_term else 0
+                    self.tracker.log(self.step, metrics)
+                    progress.update(self.step, metrics)
+                    saved = cfg.save_every and self.step % cfg.save_every == 0
+                    if saved:
+                        self.save_checkpoint()
+                    if self.bad_steps >= cfg.max_bad_steps:
+                        path = self.save_checkpoint()
+                        raise NonFiniteError(
+                            f"step {self.step}: the {self.nonfinite_term} was not finite for {self.bad_steps} "
+                            f"steps in a row (max_bad_steps={cfg.max_bad_steps}), so the run stopped; checkpoint "
+                            f"{path}. Lower optim.lr or set optim.max_grad_norm, then resume=true")
+                    if any(self._gather(stop.received is not None)):
+                        path = ckpt.checkpoint_dir(self.output_dir, self.step) if saved else self.save_checkpoint()
+                        raise RunInterrupted(f"stopped by {stop.name} after step {self.step}; checkpoint {path}; "
+                                             "continue with the same command and resume=true", stop.received or 15)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
         finally:
@@ -537,7 +602,12 @@ class Trainer:
         acc.save_state(str(tmp), safe_serialization=True)
         if acc.is_main_process:
             self.policy.save_pretrained(self.unwrapped, tmp / "model")
-            ckpt.publish(tmp, final, {"step": self.step, "sampler": self.sampler.state_dict()})
+            state = {"step": self.step, "sampler": self.sampler.state_dict(), "bad_steps": self.bad_steps}
+            if self.last_eval is not None and self.last_eval[0] == self.step:
+                state["eval_reward_mean"] = self.last_eval[1]
+            ckpt.publish(tmp, final, state)
+            if self.cfg.save_total_limit is not None:
+                ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
 
@@ -546,4 +616,5 @@ class Trainer:
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
+        self.bad_steps = int(state.get("bad_steps", 0))
         self.sampler.load_state_dict(state["sampler"])

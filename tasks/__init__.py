@@ -5,6 +5,8 @@ Importing this package registers every adapter, tiny model, data set, recipe and
 
 from pathlib import Path
 
+import yaml
+
 from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
 from . import (audio, causal_lm, diffusion, dlm, formulas, moving_dot, shapes, speech,  # noqa: F401  (registration)
@@ -14,12 +16,8 @@ RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
     RECIPES.register(_recipe.stem)(str(_recipe))
 
-DEMOS.register("text")("text_demo")
-DEMOS.register("grounding")("grounding")
-DEMOS.register("asr")("asr")
-DEMOS.register("t2i")("t2i_demo")
-DEMOS.register("dlm")("dlm_demo")
-DEMOS.register("latex")("latex_demo")
+for _demo, _recipe_name in yaml.safe_load((Path(__file__).parent / "demos.yaml").read_text()).items():
+    DEMOS.register(_demo)(_recipe_name)
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
 DEMO_FIGURES.register("asr")(speech.draw_predictions)
 DEMO_FIGURES.register("latex")(formulas.draw_predictions)

@@ -129,17 +129,25 @@ class CausalLMPolicy(Policy):
     stage_fields = frozenset({"max_new_tokens", "min_new_tokens", "top_p", "top_k", "stop_strings",
                               "mask_truncated"})
 
-    def __init__(self, cfg: CausalLMConfig):
+    @classmethod
+    def config_problems(cls, cfg: CausalLMConfig) -> list[str]:
+        problems = []
         if not cfg.model:
-            raise ValueError("policy.model must name a model (hub id, local path, or tiny:NAME)")
+            problems.append("policy.model must name a model (hub id, local path, or tiny:NAME)")
         if cfg.dtype not in DTYPES:
-            raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
+            problems.append(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         if cfg.temperature <= 0:
-            raise ValueError(f"policy.temperature={cfg.temperature} must be > 0")
+            problems.append(f"policy.temperature={cfg.temperature} must be > 0")
+        if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
+            problems.append(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
+        return problems
+
+    def __init__(self, cfg: CausalLMConfig):
+        problems = self.config_problems(cfg)
+        if problems:
+            raise ValueError(problems[0])
         if isinstance(cfg.prefix_sharing, bool):
             cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
-        if cfg.prefix_sharing not in ("auto", "on", "off"):
-            raise ValueError(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         self.cfg = cfg
         self._load(cfg)
         if self.tokenizer.pad_token is None:

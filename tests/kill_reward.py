@@ -1,5 +1,5 @@
-"""A reward that SIGKILLs its own process on call number $MMRL_TEST_KILL_AT (one call per step),
-to test that a killed run resumes exactly."""
+"""A reward that sends its own process a signal ($MMRL_TEST_KILL_SIGNAL, default SIGKILL) on call
+number $MMRL_TEST_KILL_AT (one call per step), to test that a killed or preempted run resumes exactly."""
 
 import os
 import signal
@@ -14,5 +14,5 @@ def killer(prompts, completions, **columns):
     global _calls
     _calls += 1
     if _calls == int(os.environ.get("MMRL_TEST_KILL_AT", "0")):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, os.environ.get("MMRL_TEST_KILL_SIGNAL", "SIGKILL")))
     return [0.0] * len(completions)

@@ -21,6 +21,10 @@ def mmrl(*args, cwd=None):
 def test_help_lists_registries():
     out = mmrl("--help")
     assert out.returncode == 0
+    for name in ("text_demo", "grounding", "latex", "examples:"):  # recipes, demos, examples
+        assert name in out.stdout, name
+    out = mmrl("list")  # every registered name (imports the plugins)
+    assert out.returncode == 0
     for name in ("text_demo", "grpo", "rloo", "median", "pairwise", "ngrpo", "step", "token_mean",
                  "seq_mean_token_sum_norm", "k3", "sequence", "accuracy", "format", "length", "causal_lm"):
         assert name in out.stdout, name

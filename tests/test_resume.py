@@ -1,5 +1,6 @@
-"""A run killed with SIGKILL resumes from its newest checkpoint and logs what an uninterrupted
-run logs; checkpoints are published atomically."""
+"""A run killed with SIGKILL, or stopped with SIGTERM (which saves a checkpoint at the end of the
+current step), resumes from its newest checkpoint and logs what an uninterrupted run logs;
+checkpoints are published atomically."""
 
 import json
 import os
@@ -17,42 +18,69 @@ from helpers import TINY_RECIPE
 TIMING = ("time_rollout_s", "time_update_s")
 
 
-def train(recipe, out, *extra, kill_at=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MMRL_TEST_KILL_AT": str(kill_at or 0)}
+def train(recipe, out, *extra, kill_at=None, signal="SIGKILL"):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MMRL_TEST_KILL_AT": str(kill_at or 0),
+           "MMRL_TEST_KILL_SIGNAL": signal}
     cmd = [sys.executable, "-m", "mmrl", "train", str(recipe), f"output_dir={out}", *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_killed_run_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """The recipe (a 5-step run, checkpoints every 2 steps) and its uninterrupted run."""
+    tmp = tmp_path_factory.mktemp("resume")
     here = Path(__file__).parent
     cfg = dict(TINY_RECIPE, max_steps=5, save_every=2,
                rewards={**TINY_RECIPE["rewards"], "killer": {"weight": 0.0}},
                reward_modules=TINY_RECIPE["reward_modules"] + [str(here / "kill_reward.py")],
                sampling={"strategy": "variance", "variance_reward": "accuracy"}, algorithm={"group_size": 4, "mu": 2})
-    recipe = tmp_path / "recipe.yaml"
+    recipe = tmp / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg))
-
-    whole = train(recipe, tmp_path / "whole")
+    whole = train(recipe, tmp / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
+    return recipe, tmp / "whole"
 
+
+def assert_same_run(whole, other):
+    a = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (other / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]  # no step logged twice, none missing
+    for ra, rb in zip(a, b):
+        for key in ra:
+            if key not in TIMING and ra[key] is not None:
+                assert ra[key] == pytest.approx(rb[key], abs=1e-6), (ra["step"], key)
+    wa = load_file(whole / "checkpoints" / "step-000005" / "model" / "model.safetensors")
+    wb = load_file(other / "checkpoints" / "step-000005" / "model" / "model.safetensors")
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def test_killed_run_resumes_exactly(whole_run, tmp_path):
+    recipe, whole = whole_run
     killed = train(recipe, tmp_path / "killed", kill_at=4)
     assert killed.returncode == -9  # SIGKILL during step 4
     ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert ckpts == ["step-000002"]
     resumed = train(recipe, tmp_path / "killed", "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(whole, tmp_path / "killed")  # step 3, logged before the kill, is not duplicated
 
-    a = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
-    b = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]  # step 3, logged before the kill, is not duplicated
-    for ra, rb in zip(a, b):
-        for key in ra:
-            if key not in TIMING and ra[key] is not None:
-                assert ra[key] == pytest.approx(rb[key], abs=1e-6), (ra["step"], key)
-    wa = load_file(tmp_path / "whole" / "checkpoints" / "step-000005" / "model" / "model.safetensors")
-    wb = load_file(tmp_path / "killed" / "checkpoints" / "step-000005" / "model" / "model.safetensors")
-    for name in wa:
-        assert torch.equal(wa[name], wb[name]), name
+
+def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
+    recipe, whole = whole_run
+    stopped = train(recipe, tmp_path / "stopped", kill_at=3, signal="SIGTERM")  # during step 3's rollout
+    assert stopped.returncode == 128 + 15, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert "SIGTERM" in last and "step-000003" in last and "resume=true" in last, last
+    ckpts = sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir())
+    assert ckpts == ["step-000002", "step-000003"]  # step 3 finished and saved before stopping
+    metrics = (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in metrics] == [1, 2, 3]  # flushed
+    resumed = train(recipe, tmp_path / "stopped", "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "step-000003" in resumed.stdout
+    assert_same_run(whole, tmp_path / "stopped")
 
 
 def test_checkpoint_loads_with_from_pretrained(tmp_path):

@@ -134,7 +134,7 @@ def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
     assert len(saved["stages"]) == 2 and saved["policy"]["max_new_tokens"] == 8  # the recipe, as written
     # `mmrl eval` loads the last checkpoint into a fresh trainer: it takes that step's stage
     from mmrl.checkpoint import latest_checkpoint
-    fresh = Trainer(cfg)
+    fresh = Trainer(cfg, for_training=False)  # scores a checkpoint of the run in the same directory
     assert fresh.stage.index == 0 and fresh.policy.cfg.max_new_tokens == 2
     fresh.load_checkpoint(latest_checkpoint(tmp_path))
     assert fresh.stage.index == 1 and fresh.policy.cfg.max_new_tokens == 6 and len(fresh.train_rows) == 32

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mmrl.errors import UserError
 from mmrl.config import load_recipe
 from mmrl.registry import DEMOS, RECIPES
 from mmrl.sweep import (
@@ -58,15 +59,15 @@ def test_grid_parsing_plan_and_shards():
         ("algorithm.estimator=pairwise", "algorithm.group_size=2", "seed_offset=2"),
         ("algorithm.estimator=grpo", "seed_offset=1"), ("algorithm.estimator=grpo", "seed_offset=2")]
     assert cells([], bundles) == bundles
-    with pytest.raises(ValueError, match="--cell"):
+    with pytest.raises(UserError, match="--cell"):
         parse_cells(["algorithm.estimator"])
     for bad in ["x", "a=", "=1", "a=1,,2"]:
-        with pytest.raises(ValueError, match="--grid"):
+        with pytest.raises(UserError, match="--grid"):
             parse_grid([bad])
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(UserError, match="twice"):
         parse_grid(["a=1", "a=2"])
     for bad in ["3/3", "1-2", "a/b"]:
-        with pytest.raises(ValueError, match="--shard"):
+        with pytest.raises(UserError, match="--shard"):
             parse_shard(bad)
 
 

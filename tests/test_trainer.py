@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import TINY_RECIPE, tiny_overrides
-from mmrl.config import parse_config
+from mmrl.config import ConfigError, parse_config
 from mmrl.reward_registry import RewardError, register_reward
 from mmrl.trainer import Trainer
 
@@ -99,11 +99,11 @@ def test_wrong_length_reward_is_an_error_naming_it(tmp_path):
 
 
 def test_unknown_reward_and_estimator_are_named(tmp_path):
-    with pytest.raises(KeyError, match="no_such_reward"):
+    # both are found with the whole recipe, before the model loads (mmrl.validate)
+    with pytest.raises(ConfigError, match="no_such_reward"):
         make_trainer(tmp_path, "rewards={no_such_reward: {weight: 1.0}}")
-    t = make_trainer(tmp_path, "algorithm.estimator=no_such_estimator")
-    with pytest.raises(KeyError, match="no_such_estimator"):
-        t.train_step()
+    with pytest.raises(ConfigError, match="algorithm.estimator: 'no_such_estimator'"):
+        make_trainer(tmp_path, "algorithm.estimator=no_such_estimator")
 
 
 def test_dynamic_sampling_draws_until_groups_vary(tmp_path):

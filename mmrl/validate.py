@@ -1,0 +1,188 @@
+"""The whole recipe, checked before any model, data set or reward model loads.
+
+`validate(cfg)` reports every problem at once, each naming its dotted key and value:
+- the ``policy:`` section against the chosen adapter's own ``Config`` dataclass, and local model
+  paths that do not exist;
+- each reward's ``args`` against the reward function's signature (an argument it does not name
+  is an error even when it takes ``**kwargs``, with the closest name as a suggestion);
+- every registry name (task, data set, reward, estimator, objective, aggregation, KL estimator,
+  LR schedule, reporter);
+- the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
+The structure of the recipe (unknown keys, types) is checked when it is parsed
+(`mmrl.config.from_dict`), for every dataclass field whoever adds it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, TrainConfig, from_dict
+from .registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+
+# dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {}
+
+
+def _rule(keys: str, test: Callable[[Any], bool], text: str) -> None:
+    for key in keys.split():
+        RANGES[key] = (test, text)
+
+
+_rule("algorithm.group_size", lambda v: v >= 2, "must be >= 2 (advantages compare the rollouts of a group)")
+_rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_bad_steps eval.max_prompts "
+      "eval.group_size warm_start.batch_size sampling.variance_window sampling.dynamic_max_tries "
+      "logging.plot_every save_total_limit algorithm.max_units", lambda v: v >= 1, "must be >= 1")
+_rule("optim.lr save_every eval.every warm_start.steps optim.warmup_steps optim.lora.r seed algorithm.eps algorithm.eps_low "
+      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay "
+      "sampling.diversity_weight", lambda v: v >= 0, "must be >= 0")
+_rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip_advantage "
+      "algorithm.max_reward optim.lora.alpha", lambda v: v > 0, "must be > 0")
+_rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
+_rule("optim.lora.dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
+_rule("sampling.variance_mix", lambda v: 0 <= v <= 1, "must be in [0, 1]")
+_rule("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
+_rule("algorithm.chunks", lambda v: len(v) > 0 and all(c >= 1 for c in v), "must be positive unit counts")
+
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def _get(cfg: Any, dotted: str) -> tuple[bool, Any]:
+    node = cfg
+    for part in dotted.split("."):
+        if not hasattr(node, part):
+            return False, None  # a field another version of the config does not have
+        node = getattr(node, part)
+    return True, node
+
+
+def _unknown(kind: str, key: str, value: Any, known: Iterable[str]) -> str:
+    known = sorted(known)
+    close = difflib.get_close_matches(str(value), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}: {value!r} is not a registered {kind}{hint}; registered: {', '.join(known) or 'none'}"
+
+
+def _check_name(problems: list[str], registry: Registry, key: str, value: Any, extra: Iterable[str] = ()) -> bool:
+    if value in registry or value in extra:
+        return True
+    problems.append(_unknown(registry.kind, key, value, [*registry.names(), *extra]))
+    return False
+
+
+def _check_ranges(cfg: TrainConfig, problems: list[str]) -> None:
+    for key, (test, text) in RANGES.items():
+        present, value = _get(cfg, key)
+        if not present or value is None:
+            continue
+        numbers = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            problems.append(f"{key}={value!r} must be a finite number")
+        elif not test(value):
+            problems.append(f"{key}={value!r} {text}")
+
+
+def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
+    if not _check_name(problems, ADAPTERS, "task", cfg.task):
+        return
+    adapter = ADAPTERS.get(cfg.task)
+    try:
+        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    except ConfigError as e:
+        problems += str(e).splitlines()
+        return
+    except (TypeError, ValueError) as e:
+        problems.append(f"policy: {e}")
+        return
+    for name, value in vars(policy_cfg).items():
+        if isinstance(value, str) and value.startswith(LOCAL_PATH_PREFIXES) and not Path(value).expanduser().exists():
+            problems.append(f"policy.{name}: local path {value!r} does not exist")
+    check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
+    if check is not None:
+        problems += check(policy_cfg)
+
+
+def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
+    from .reward_registry import REWARDS
+    if not cfg.rewards:
+        problems.append("rewards: name at least one reward (`mmrl list` shows the registered ones)")
+    for name, spec in cfg.rewards.items():
+        if not _check_name(problems, REWARDS, f"rewards.{name}", name):
+            continue
+        if not math.isfinite(spec.weight):
+            problems.append(f"rewards.{name}.weight={spec.weight!r} must be a finite number")
+        params = inspect.signature(REWARDS.get(name)).parameters.values()
+        accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    and p.name not in ("prompts", "completions")]
+        for arg, value in spec.args.items():
+            if arg not in accepted:
+                close = difflib.get_close_matches(arg, accepted, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"rewards.{name}.args.{arg}={value!r}: reward {name!r} takes no argument "
+                                f"{arg!r}{hint}; its arguments: {', '.join(accepted) or 'none'}")
+
+
+def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
+    from .advantages import ESTIMATORS
+    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
+    algo = cfg.algorithm
+    _check_name(problems, ESTIMATORS, "algorithm.estimator", algo.estimator)
+    _check_name(problems, OBJECTIVES, "algorithm.objective", algo.objective)
+    _check_name(problems, AGGREGATIONS, "algorithm.aggregation", algo.aggregation)
+    _check_name(problems, KL_ESTIMATORS, "algorithm.kl_estimator", algo.kl_estimator, [CLOSED_FORM_KL])
+    if algo.ratio_level == "chunk" and not algo.chunks:
+        problems.append("algorithm.chunks: ratio_level='chunk' needs the chunk sizes (a list of unit counts)")
+
+
+def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    from transformers import SchedulerType
+    schedules = [s.value for s in SchedulerType]
+    if cfg.optim.schedule not in schedules:
+        problems.append(_unknown("LR schedule", "optim.schedule", cfg.optim.schedule, schedules))
+    pps = cfg.optim.prompts_per_step
+    if pps >= 1 and pps % num_processes:
+        problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
+
+
+def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
+    from .tracking import REPORTERS
+    data = cfg.data
+    if (data.name is None) == (data.path is None):
+        problems.append(f"data: give exactly one of data.name (a registered data set) or data.path "
+                        f"(got name={data.name!r}, path={data.path!r})")
+    if data.name is not None:
+        _check_name(problems, DATASETS, "data.name", data.name)
+    for key in ("path", "eval_path"):
+        value = getattr(data, key, None)
+        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists():
+            problems.append(f"data.{key}: {value!r} does not exist")
+    report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
+    for r in report_to:
+        if r not in REPORTERS:
+            problems.append(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
+
+
+def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
+    """Raise one `ConfigError` listing every problem of `cfg`, or return. Imports the plugins and
+    the recipe's `reward_modules` (to know their names), loads no model, data set or reward model."""
+    load_plugins()
+    problems: list[str] = []
+    for module in cfg.reward_modules:
+        try:
+            import_user_module(module)
+        except (ImportError, FileNotFoundError) as e:
+            problems.append(f"reward_modules: {module!r}: {e}")
+    _check_policy(cfg, problems)
+    _check_rewards(cfg, problems)
+    _check_algorithm(cfg, problems)
+    _check_optim(cfg, problems, num_processes)
+    _check_data_and_logging(cfg, problems)
+    _check_ranges(cfg, problems)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems in the recipe:\n  " + "\n  ".join(problems))

@@ -1,0 +1,93 @@
+"""The command line: one line for what the user wrote wrong, a full traceback for anything else,
+YAML errors with file/line/column, recipe names that files cannot hide, help without torch, and
+`mmrl eval` on a run's own config."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from helpers import TINY_RECIPE, tiny_overrides
+
+from mmrl import cli
+from mmrl.config import parse_config
+from mmrl.trainer import Trainer
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_yaml_error_names_file_line_and_column(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("task: causal_lm\npolicy: {model: x\nmax_steps: 3\n")
+    code, _, err = run(capsys, "train", recipe)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{recipe}:3:10: YAML syntax error" in err
+
+
+def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    code, _, err = run(capsys, "train", "text_demo", "algorithm.group_size=1", f"output_dir={tmp_path}")
+    assert code == 2 and err == "mmrl: error: algorithm.group_size=1 must be >= 2 (advantages compare the rollouts of a group)\n"
+    code, _, err = run(capsys, "train", "no_such_recipe")
+    assert code == 2 and "unknown recipe 'no_such_recipe'; shipped recipes:" in err and "text_demo" in err
+    code, _, err = run(capsys, "--debug", "train", "text_demo", "algorithm.group_size=1", f"output_dir={tmp_path}")
+    assert code == 2 and "Traceback" in err and err.strip().endswith("must be >= 2 (advantages compare the rollouts of a group)")
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def broken(args):
+        raise ValueError("an engine bug, not the user's")
+    monkeypatch.setattr(cli, "run_train", broken)
+    with pytest.raises(ValueError, match="an engine bug"):
+        cli.main(["train", "text_demo"])
+
+
+def test_a_folder_named_like_a_recipe_does_not_hide_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text_demo").mkdir()
+    assert cli.resolve_recipe("text_demo").name == "text_demo.yaml"
+    assert cli.resolve_recipe("text_demo").is_file()
+    (tmp_path / "mine.yaml").write_text("{}")
+    assert cli.resolve_recipe("mine.yaml").resolve() == tmp_path / "mine.yaml"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["demo", "--help"], ["eval", "--help"]])
+def test_help_lists_recipes_and_demos_without_torch(argv):
+    code = ("import sys, time; t = time.perf_counter(); from mmrl.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', time.perf_counter() - t)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=60)
+    wall = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr
+    assert "NO TORCH" in done.stdout
+    assert "text_demo" in done.stdout or "demos:" in done.stdout
+    assert wall < 5  # about 0.4 s on an idle core; generous on a loaded test machine
+
+
+def test_eval_uses_the_run_config_refuses_an_untrained_model_and_writes_scores(tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = parse_config(TINY_RECIPE, tiny_overrides(out, max_steps=1) + ["optim.lora.r=4", "optim.lora.alpha=8"])
+    Trainer(cfg).train()
+    checkpoint = out / "checkpoints" / "step-000001"
+    # no recipe: the run's config.json (a LoRA run) is used; overrides come after the option
+    code, stdout, err = run(capsys, "eval", "--checkpoint", checkpoint, "eval.max_prompts=2", "eval.group_size=2")
+    assert code == 0, err
+    scores = json.loads((out / "checkpoints" / "step-000001.eval.json").read_text())
+    assert scores == json.loads(stdout[stdout.index("{"):])
+    assert scores["checkpoint"] == str(checkpoint) and "reward_mean" in scores
+
+    recipe = tmp_path / "fresh.yaml"
+    recipe.write_text(yaml.safe_dump(dict(TINY_RECIPE, output_dir=str(tmp_path / "fresh"))))
+    code, _, err = run(capsys, "eval", recipe, "eval.max_prompts=2")
+    assert code == 2 and "has no checkpoint to score; pass --checkpoint DIR, or --base" in err
+    code, stdout, err = run(capsys, "eval", recipe, "--base", "eval.max_prompts=2", "eval.group_size=2")
+    assert code == 0, err
+    assert json.loads((tmp_path / "fresh" / "base.eval.json").read_text())["checkpoint"] is None

@@ -1,0 +1,166 @@
+"""Runs that never lose or mix work: one run per output directory, resume true/auto/false,
+verified checkpoints that fall back past a damaged one, save_total_limit, non-finite steps
+skipped, the launcher's world size checked."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers import TINY_RECIPE, tiny_overrides
+
+import mmrl.trainer as trainer_module
+from mmrl import checkpoint as ckpt
+from mmrl.config import parse_config
+from mmrl.errors import UserError
+from mmrl.tracking import read_metrics
+from mmrl.trainer import NonFiniteError, Trainer
+
+
+def make(out, *extra):
+    return Trainer(parse_config(TINY_RECIPE, tiny_overrides(out) + list(extra)))
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if a model or data set is loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or data set was loaded")
+    monkeypatch.setattr(trainer_module, "build_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_data", refuse)
+
+
+# ----- one run per output directory ----------------------------------------------------------------
+def test_reused_directory_is_refused_naming_its_files(tmp_path, no_model):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(UserError, match=r"holds another run's files \(metrics.jsonl, checkpoints/\).*overwrite=true"):
+        make(out)
+
+
+def test_output_dir_that_is_a_file_is_an_error(tmp_path, no_model):
+    (tmp_path / "run").write_text("x")
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        make(tmp_path / "run")
+
+
+def test_resume_true_without_checkpoint_names_the_directory(tmp_path, no_model):
+    with pytest.raises(UserError, match=rf"resume=true but output_dir '{tmp_path / 'run'}' has no checkpoint"):
+        make(tmp_path / "run", "resume=true")
+
+
+def test_overwrite_clears_and_auto_says_what_it_does(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step-000007").mkdir(parents=True)  # no trainer state: not a checkpoint
+    (out / "metrics.jsonl").write_text('{"step": 7}\n')
+    (out / "mine.txt").write_text("not a run file")
+    trainer = make(out, "resume=auto")
+    assert "resume=auto: no checkpoint" in capsys.readouterr().out
+    assert not (out / "metrics.jsonl").exists() and (out / "mine.txt").exists()
+    trainer.train()
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    make(out, "overwrite=true")
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+    assert (out / "mine.txt").exists()
+
+
+# ----- checkpoints that can be trusted -------------------------------------------------------------
+def fake_checkpoint(out, step, **state):
+    tmp = ckpt.temporary_dir(out, step)
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    (tmp / "random_states_0.pkl").write_bytes(b"rng" * 100)
+    ckpt.publish(tmp, ckpt.checkpoint_dir(out, step), {"step": step, **state})
+    return ckpt.checkpoint_dir(out, step)
+
+
+def test_manifest_finds_a_changed_file_and_falls_back(tmp_path):
+    first, second = fake_checkpoint(tmp_path, 1), fake_checkpoint(tmp_path, 2)
+    assert ckpt.verify(second) is None and ckpt.latest_checkpoint(tmp_path) == second
+    rng = second / "random_states_0.pkl"
+    rng.write_bytes(b"rNg" + rng.read_bytes()[3:])  # same size, different bytes
+    warnings = []
+    assert ckpt.latest_checkpoint(tmp_path, warn=warnings.append) == first
+    assert "random_states_0.pkl does not match its checksum" in warnings[0]
+    (first / "model" / "model.safetensors").unlink()
+    assert "model.safetensors is missing" in ckpt.verify(first)
+    assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def test_save_total_limit_keeps_the_newest_and_the_best(tmp_path):
+    for step, score in [(1, 0.2), (2, 0.9), (3, None), (4, 0.5), (5, None)]:
+        fake_checkpoint(tmp_path, step, **({} if score is None else {"eval_reward_mean": score}))
+    ckpt.prune(tmp_path, 2, keep_best=True)
+    assert [p.name for p in ckpt.published_checkpoints(tmp_path)] == ["step-000002", "step-000004", "step-000005"]
+    ckpt.prune(tmp_path, 1)
+    assert [p.name for p in ckpt.published_checkpoints(tmp_path)] == ["step-000005"]
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+    out = tmp_path / "run"
+    make(out, "max_steps=3", "save_every=1", "save_total_limit=2").train()
+    assert [p.name for p in ckpt.published_checkpoints(out)] == ["step-000002", "step-000003"]
+    weights = out / "checkpoints" / "step-000003" / "model.safetensors"  # accelerate's copy, read on resume
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    trainer = make(out, "max_steps=3", "resume=true")
+    said = capsys.readouterr().out
+    assert f"checkpoint {out / 'checkpoints' / 'step-000003'} is damaged: {weights} has 100 bytes" in said
+    assert trainer.step == 2 and "resuming from" in said and "step-000002" in said
+
+
+# ----- non-finite steps ----------------------------------------------------------------------------
+def test_nonfinite_loss_skips_the_step_then_stops_naming_it(tmp_path):
+    out = tmp_path / "run"
+    trainer = make(out, "max_steps=5", "max_bad_steps=2")
+    objective = trainer.objective
+
+    def poisoned(*args, **kwargs):
+        terms = objective.loss(*args, **kwargs)
+        if trainer.step + 1 >= 2:  # from step 2 on
+            terms.loss = terms.loss * math.nan
+        return terms
+    trainer.objective = replace(objective, loss=poisoned)
+    weights = {}
+    original_update = trainer._update
+
+    def update(batch):
+        weights[trainer.step + 1] = [p.detach().clone() for p in trainer.model.parameters()]
+        return original_update(batch)
+    trainer._update = update
+    with pytest.raises(NonFiniteError, match=r"step 3: the loss was not finite for 2 steps in a row.*step-000003"):
+        trainer.train()
+    after = [p.detach() for p in trainer.model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(weights[2], after))  # steps 2 and 3 changed nothing
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[2]))  # step 1 did
+    assert [r["nonfinite_skipped"] for r in read_metrics(out / "metrics.jsonl")] == [0.0, 1.0, 1.0]
+    assert (out / "checkpoints" / "step-000003").is_dir()
+
+
+def test_nonfinite_gradient_is_skipped_and_named(tmp_path):
+    trainer = make(tmp_path / "run", "max_steps=1", "max_bad_steps=1")
+    param = next(p for p in trainer.model.parameters() if p.requires_grad)
+    param.register_hook(lambda g: g * math.inf)
+    with pytest.raises(NonFiniteError, match="step 1: the gradient norm was not finite"):
+        trainer.train()
+
+
+# ----- launch ------------------------------------------------------------------------------------------
+def test_world_size_mismatch_is_an_error(tmp_path, monkeypatch, no_model):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="expected 2 processes.*1 joined.*torchrun --nproc_per_node N"):
+        make(tmp_path / "run")
+    monkeypatch.delenv("WORLD_SIZE")  # what `accelerate launch --cpu --num_processes 2` leaves
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    with pytest.raises(UserError, match="starts ONE process"):
+        make(tmp_path / "run")
+
+
+def test_checkpoint_state_records_eval_score(tmp_path):
+    out = tmp_path / "run"
+    make(out, "max_steps=2", "save_every=2", "eval.every=2", "eval.max_prompts=2", "eval.group_size=2").train()
+    state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert math.isfinite(state["eval_reward_mean"])

@@ -1,0 +1,83 @@
+"""The whole recipe is checked before any model, data set or reward model loads; every problem
+names its dotted key, and all of them are reported together."""
+
+import pytest
+from helpers import TINY_RECIPE, tiny_overrides
+
+import mmrl.trainer as trainer_module
+from mmrl.config import ConfigError, parse_config
+from mmrl.trainer import Trainer
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if a model or data set is loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or data set was loaded")
+    monkeypatch.setattr(trainer_module, "build_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_data", refuse)
+
+
+def problems(tmp_path, *overrides):
+    with pytest.raises(ConfigError) as info:
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "run") + list(overrides)))
+    return str(info.value)
+
+
+BAD = [  # override, what the message must say
+    ("policy.modle=x", r"'policy.modle' \(did you mean 'model'\?\)"),
+    ("policy.temprature=0.7", r"'policy.temprature' \(did you mean 'temperature'\?\)"),
+    ("policy.temperature=0", r"policy.temperature=0.0 must be > 0"),  # the adapter's own check, before loading
+    ("policy.model=./no/such/model", r"policy.model: local path './no/such/model' does not exist"),
+    ("rewards.accuracy.args.tolerence=0.1",
+     r"rewards.accuracy.args.tolerence=0.1: reward 'accuracy' takes no argument 'tolerence' \(did you mean 'tolerance'\?\)"),
+    ("rewards.acuracy.weight=1", r"rewards.acuracy: 'acuracy' is not a registered reward \(did you mean 'accuracy'\?\)"),
+    ("task=causal", r"task: 'causal' is not a registered task adapter"),
+    ("data.name=arithmetik", r"data.name: 'arithmetik' is not a registered dataset \(did you mean 'arithmetic'\?\)"),
+    ("algorithm.estimator=grpoo", r"algorithm.estimator: 'grpoo' is not a registered advantage estimator"),
+    ("algorithm.objective=clipp", r"algorithm.objective: 'clipp' is not a registered objective"),
+    ("algorithm.aggregation=mean", r"algorithm.aggregation: 'mean' is not a registered loss aggregation"),
+    ("algorithm.kl_estimator=k4", r"algorithm.kl_estimator: 'k4' is not a registered KL estimator"),
+    ("optim.schedule=cosin", r"optim.schedule: 'cosin' is not a registered LR schedule \(did you mean 'cosine'\?\)"),
+    ("algorithm.group_size=1", r"algorithm.group_size=1 must be >= 2"),
+    ("algorithm.group_size=0", r"algorithm.group_size=0 must be >= 2"),
+    ("optim.prompts_per_step=0", r"optim.prompts_per_step=0 must be >= 1"),
+    ("max_steps=-1", r"max_steps=-1 must be >= 1"),
+    ("optim.micro_batch_size=0", r"optim.micro_batch_size=0 must be >= 1"),
+    ("optim.lr=-1e-5", r"optim.lr=-1e-05 must be >= 0"),  # 0 is allowed (tests freeze the weights with it)
+    ("algorithm.eps_low=-0.2", r"algorithm.eps_low=-0.2 must be >= 0"),
+    ("algorithm.dual_clip=0.5", r"algorithm.dual_clip=0.5 must be > 1"),
+    ("optim.betas=[0.9,1.5]", r"optim.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
+    ("optim.lr=.nan", r"optim.lr=nan must be a finite number"),
+    ("logging.report_to=[tensorbord]", r"logging.report_to: 'tensorbord' is not one of"),
+    ("data.path=nowhere.jsonl", r"data: give exactly one of data.name"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD, ids=[b[0] for b in BAD])
+def test_each_problem_is_named_before_a_model_loads(tmp_path, no_model, override, message):
+    import re
+    assert re.search(message, problems(tmp_path, override))
+
+
+def test_all_problems_are_reported_together(tmp_path, no_model):
+    text = problems(tmp_path, "algorithm.group_size=1", "optim.micro_batch_size=0", "algorithm.estimator=nope",
+                    "rewards.accuracy.args.tolerence=1", "max_steps=-1")
+    assert text.startswith("5 problems in the recipe:")
+    for key in ("algorithm.group_size", "optim.micro_batch_size", "algorithm.estimator",
+                "rewards.accuracy.args.tolerence", "max_steps"):
+        assert key in text, key
+
+
+def test_unknown_keys_are_reported_together_when_parsed():
+    with pytest.raises(ConfigError) as info:
+        parse_config(TINY_RECIPE, ["policy.x=1", "algorithm.grup_size=2", "optim.lr=fast", "sampling.stratgy=x"])
+    text = str(info.value)
+    assert "'algorithm.grup_size' (did you mean 'group_size'?)" in text
+    assert "optim.lr: expected a number, got 'fast'" in text
+    assert "'sampling.stratgy' (did you mean 'strategy'?)" in text
+
+
+def test_a_good_recipe_passes(tmp_path):
+    from mmrl.validate import validate
+    validate(parse_config(TINY_RECIPE, tiny_overrides(tmp_path)))
