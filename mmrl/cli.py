@@ -61,8 +61,16 @@ def _run(argv: list[str] | None) -> int:
     p_demo = sub.add_parser("demo", help="run an embedded CPU demo end to end (no download)")
     p_demo.add_argument("name", choices=None)
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
+    p_export = sub.add_parser("export", help="write a checkpoint where users load it (--merge: LoRA merged "
+                                             "into the base, a plain from_pretrained directory)")
+    p_export.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step-N")
+    p_export.add_argument("--merge", required=True, metavar="OUT", help="directory for the merged model")
     args = parser.parse_args(argv)
 
+    if args.command == "export":
+        from .export import merge_lora
+        print(merge_lora(args.checkpoint, args.merge))
+        return 0
     from .config import load_recipe
     if args.command == "demo":
         from .demo import run_demo
