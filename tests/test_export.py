@@ -16,6 +16,7 @@ from mmrl.trainer import Trainer
 from tasks.tiny_models import TINY_MODELS
 from test_diffusion import RECIPE as DIFFUSION_RECIPE
 from test_diffusion import SIZE
+from test_diffusion import make as make_diffusion
 from test_vlm import RECIPE as VLM_RECIPE
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
@@ -50,6 +51,32 @@ def test_diffusion_lora_loads_into_the_stock_pipeline(tmp_path):
     assert torch.allclose(tuned[0].float(), ours, atol=1e-5)
     assert (tuned - base).abs().max() > 1e-3  # the LoRA changed the output, and the loaded pipeline shows it
     assert np.abs(np.asarray(stock_sample(pipe, "pil")[0], dtype=np.int16) - image).max() <= 1
+    # merged into the base: a whole pipeline directory with the same output
+    from diffusers import DiffusionPipeline
+    assert main(["export", str(checkpoint), "--merge", str(tmp_path / "merged")]) == 0
+    merged = DiffusionPipeline.from_pretrained(tmp_path / "merged")
+    assert torch.allclose(stock_sample(merged)[0].float(), ours, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["flux", "sd15"])
+def test_diffusers_lora_format_of_the_other_families(name, tmp_path):
+    """FLUX (packed latents) and SD 1.5 (a UNet: `unet_lora_layers`) through the same hook, with a
+    LoRA of random weights instead of a trained one."""
+    from peft import LoraConfig, get_peft_model
+    policy = make_diffusion(name, eval_num_steps=STEPS)
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    policy.save_pretrained(policy.model, tmp_path)
+    ours, _ = policy_sample(policy)
+    pipe = TINY_MODELS.get(name)()
+    base = stock_sample(pipe)
+    pipe.load_lora_weights(tmp_path)
+    tuned = stock_sample(pipe)
+    assert torch.allclose(tuned[0].float(), ours, atol=1e-5)
+    assert (tuned - base).abs().max() > 1e-3
 
 
 def test_full_diffusion_fine_tune_is_a_pipeline_directory(tmp_path):
