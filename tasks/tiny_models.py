@@ -21,14 +21,16 @@ CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHAR_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of digits, letters, punctuation, space and newline."""
+def char_tokenizer(**named: str) -> PreTrainedTokenizerFast:
+    """One token per character of digits, letters, punctuation, space and newline; `named`
+    special tokens (`image_token="<image>"`) are added and become attributes that processors read
+    (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps."""
     vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS + list(CHAR_ALPHABET))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="left")
+                                   unk_token="<unk>", padding_side="left", **named)
 
 
 def seeded_model(model_class, config, tokenizer, seed: int):
@@ -151,13 +153,9 @@ def chat_template(image: str = "", video: str = "", audio: str = "", turn: tuple
 
 
 def char_tokenizer_with(specials: list[str], template: str, **named: str) -> PreTrainedTokenizerFast:
-    """The character tokenizer plus `specials`; `named` special tokens become tokenizer attributes
-    (`image_token="<image>"` gives `tokenizer.image_token` / `image_token_id`, as processors expect)."""
-    tokenizer = char_tokenizer()
+    """The character tokenizer with the `named` special tokens, plus `specials`, and a chat template."""
+    tokenizer = char_tokenizer(**named)
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
-    for name, token in named.items():
-        setattr(tokenizer, name, token)
-        setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
     tokenizer.chat_template = template
     return tokenizer
 

@@ -154,3 +154,22 @@ def test_streaming_and_a_training_step(name, tmp_path):
     changed = on_policy_step_changes(t)
     assert any(encoder in n for n in changed), name
     assert any("language_model" in n or ".layers." in n and encoder not in n for n in changed), name
+
+
+def test_the_thinker_of_a_whole_omni_checkpoint_loads(tmp_path):
+    """A Qwen2.5-Omni checkpoint (config with thinker and talker, weights under `thinker.`) loads
+    as its thinker in `audio_lm`, with the weights it was saved with."""
+    from safetensors.torch import save_file
+    from transformers import Qwen2_5OmniConfig
+    from tasks.tiny_models import TINY_MODELS
+    thinker, processor = TINY_MODELS.get("qwen2.5-omni-thinker-char")(**SHORT_AUDIO)
+    config = Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict())
+    config.architectures = ["Qwen2_5OmniForConditionalGeneration"]
+    config.save_pretrained(tmp_path)
+    save_file({f"thinker.{k}": v.clone() for k, v in thinker.state_dict().items()}, tmp_path / "model.safetensors")
+    processor.save_pretrained(tmp_path)
+    policy = AudioLMPolicy(AudioLMConfig(model=str(tmp_path), max_new_tokens=4))
+    assert type(policy.model) is type(thinker)
+    saved = thinker.state_dict()
+    assert all(torch.equal(saved[k], v) for k, v in policy.model.state_dict().items())
+    assert len(policy.rollout(audio_rows()[:1], 2, seeds=[1]).completions) == 2
