@@ -6,18 +6,18 @@ pipeline through `load_lora_weights`, a full diffusion fine-tune is a whole pipe
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from helpers import TINY_RECIPE
+from PIL import Image
+from test_diffusion import RECIPE as DIFFUSION_RECIPE
+from test_diffusion import SIZE
+from test_diffusion import make as make_diffusion
+from test_vlm import RECIPE as VLM_RECIPE
+
 from mmrl.checkpoint import latest_checkpoint
 from mmrl.cli import main
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from tasks.tiny_models import TINY_MODELS
-from test_diffusion import RECIPE as DIFFUSION_RECIPE
-from test_diffusion import SIZE
-from test_diffusion import make as make_diffusion
-from test_vlm import RECIPE as VLM_RECIPE
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
 
@@ -133,7 +133,7 @@ def test_lora_loads_with_peft_and_merges_into_a_plain_directory(task, tmp_path):
 
 
 def test_export_errors_name_the_problem(tmp_path, capsys):
-    t, checkpoint = train(TINY_RECIPE, tmp_path / "run")  # a full fine-tune: nothing to merge
+    _, checkpoint = train(TINY_RECIPE, tmp_path / "run")  # a full fine-tune: nothing to merge
     assert main(["export", str(checkpoint), "--merge", str(tmp_path / "out")]) == 2
     assert "holds full weights, not a LoRA adapter" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nowhere"), "--merge", str(tmp_path / "out")]) == 2

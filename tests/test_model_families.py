@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from PIL import Image
-
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
+from PIL import Image
+from test_video import write_clip
+
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from tasks.audio import AudioLMConfig, AudioLMPolicy
 from tasks.prefix_sharing import unsupported_reason
 from tasks.vlm import VLMConfig, VLMPolicy
-from test_video import write_clip
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}
@@ -69,16 +69,16 @@ ADAPTERS = {"vlm": (VLMPolicy, VLMConfig), "audio_lm": (AudioLMPolicy, AudioLMCo
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
-    adapter, tiny, tiny_args, options, rows, encoder = FAMILIES[request.param]
+    adapter, tiny, tiny_args, options, rows, _ = FAMILIES[request.param]
     policy_class, config_class = ADAPTERS[adapter]
     policy = policy_class(config_class(model=f"tiny:{tiny}", tiny_args=tiny_args, max_new_tokens=6, **options))
     return request.param, policy, rows()
 
 
-def test_each_row_equals_the_row_alone(family):
+def test_each_row_equals_the_row_alone_and_shared_paths_equal_plain_ones(family):
     _, policy, rows = family
     seeds = list(range(1, len(rows) + 1))
-    batch = policy.rollout(rows, 2, seeds=seeds)
+    batch = policy.rollout(rows, 2, seeds=seeds)  # with the shared prefill (the default)
     assert len(set(batch.completions)) > len(rows)  # real samples, not one string per group
     full, _ = policy.logprobs(policy.model, batch)
     for g, row in enumerate(rows):
@@ -89,22 +89,15 @@ def test_each_row_equals_the_row_alone(family):
     with torch.no_grad():  # on-policy: the same rows scored again give exactly the same log-probs
         old, _ = policy.logprobs(policy.model, batch)
     assert torch.equal(old, full)
-
-
-def test_shared_prefill_and_shared_prefix_equal_the_plain_paths(family):
-    _, policy, rows = family
-    seeds = list(range(7, 7 + len(rows)))
-    shared = policy.rollout(rows, 3, seeds=seeds)
     policy.cfg.shared_prefill = False
     try:
-        plain = policy.rollout(rows, 3, seeds=seeds)
+        assert policy.rollout(rows, 2, seeds=seeds).completions == batch.completions
     finally:
         policy.cfg.shared_prefill = True
-    assert shared.completions == plain.completions
     logp = {}
     for mode in ("on", "off"):
         policy.cfg.prefix_sharing = mode
-        logp[mode], _ = policy.logprobs(policy.model, shared)
+        logp[mode], _ = policy.logprobs(policy.model, batch)
     policy.cfg.prefix_sharing = "auto"
     assert (logp["on"] - logp["off"]).abs().max() <= 1e-5
 
@@ -161,6 +154,7 @@ def test_the_thinker_of_a_whole_omni_checkpoint_loads(tmp_path):
     as its thinker in `audio_lm`, with the weights it was saved with."""
     from safetensors.torch import save_file
     from transformers import Qwen2_5OmniConfig
+
     from tasks.tiny_models import TINY_MODELS
     thinker, processor = TINY_MODELS.get("qwen2.5-omni-thinker-char")(**SHORT_AUDIO)
     config = Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict())
