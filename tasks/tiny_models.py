@@ -88,8 +88,7 @@ def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hid
     processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                     video_processor=Qwen2VLVideoProcessor(), chat_template=QWEN_VL_TEMPLATE)
     ids = tokenizer.convert_tokens_to_ids
-    half = hidden // heads // 2  # rotary frequencies per head, split over (time, height, width)
-    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    section = mrope_section(hidden // heads)
     config = Qwen2_5_VLConfig(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
@@ -240,7 +239,7 @@ def gemma3_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden
     ids = tokenizer.convert_tokens_to_ids
     config = Gemma3Config(
         text_config=text_config(tokenizer, hidden, layers, heads, head_dim=hidden // heads, sliding_window=8,
-                                layer_types=["sliding_attention", "full_attention"][:layers] * (layers // 2 or 1)),
+                                layer_types=[("sliding_attention", "full_attention")[i % 2] for i in range(layers)]),
         vision_config=dict(hidden_size=vision_hidden, intermediate_size=vision_hidden * 2, num_hidden_layers=1,
                            num_attention_heads=2, image_size=image_size, patch_size=14),
         mm_tokens_per_image=tokens_per_image, boi_token_index=ids("<start_of_image>"),

@@ -340,8 +340,6 @@ class DiffusionPolicy(Policy):
                 layers = {k.removeprefix("base_model.model."): v for k, v in get_peft_model_state_dict(model).items()}
                 self.pipe.save_lora_weights(path, **{f"{name}_lora_layers": layers,
                                                      f"{name}_lora_adapter_metadata":
-                                                         model.peft_config["default"].to_dict()})
+                                                         model.peft_config[model.active_adapter].to_dict()})
             return
-        components = {k: v for k, v in self.pipe.components.items()}
-        components[name] = model
-        type(self.pipe)(**components).save_pretrained(path, safe_serialization=True)
+        type(self.pipe)(**{**self.pipe.components, name: model}).save_pretrained(path, safe_serialization=True)
