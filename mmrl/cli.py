@@ -28,6 +28,7 @@ DISPATCH = {
     "demo": ("mmrl.demo", "run_demo_command"),
     "list": ("mmrl.cli", "run_list"),
     "sweep": ("mmrl.sweep", "run_sweep"),
+    "export": ("mmrl.export", "run_export"),
 }
 
 EXAMPLES = """examples:
@@ -36,6 +37,7 @@ EXAMPLES = """examples:
   mmrl train my_recipe.yaml resume=auto            continue the run in output_dir if it has a checkpoint
   mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
   mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
+  mmrl export runs/a/checkpoints/step-000050 --merge merged/   a LoRA merged into a from_pretrained directory
   mmrl list                                        every registered adapter, estimator, loss, reward"""
 
 
@@ -98,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
     add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    p_export = add("export", "write a checkpoint where users load it (--merge: the LoRA merged into the base, "
+                             "a plain from_pretrained directory with its tokenizer / processor, or a diffusers pipeline)")
+    p_export.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step-N")
+    p_export.add_argument("--merge", required=True, metavar="OUT", help="directory for the merged model")
     p_sweep = add("sweep", "run a grid of settings x seeds as separate runs, with mean and standard error per "
                            "cell (see docs/sweep.md)")
     p_sweep.add_argument("target", metavar="RECIPE_OR_DEMO", help="a demo name, a recipe name or a YAML path")

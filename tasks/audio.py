@@ -84,19 +84,26 @@ class AudioLMPolicy(MultimodalPolicy):
         return {cfg.audio_column: check_audio}
 
     def _load_pretrained(self, cfg: AudioLMConfig) -> None:
-        """The processor, and the model class its config names (`architectures[0]`)."""
+        """The processor, and the model class its config names (`architectures[0]`); of an Omni
+        checkpoint (a config with a `thinker_config`: Qwen2.5-Omni, Qwen3-Omni), the thinker alone,
+        the part that reads the media and writes text."""
         import transformers
         from transformers import AutoConfig, AutoProcessor
         self.processor = AutoProcessor.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
-        architecture = (AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
-                        .architectures or [None])[0]
+        config = AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        kwargs = {}
+        if getattr(config, "thinker_config", None) is not None:
+            config = kwargs["config"] = config.thinker_config
+            architecture = type(config).__name__.removesuffix("Config") + "ForConditionalGeneration"
+        else:
+            architecture = (config.architectures or [None])[0]
         if architecture is None or not hasattr(transformers, architecture):
             raise ValueError(f"policy.model={cfg.model!r}: its config names no transformers model class "
                              f"({architecture!r})")
         self.model = getattr(transformers, architecture).from_pretrained(
             cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code)
+            trust_remote_code=cfg.trust_remote_code, **kwargs)
 
     def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
         rate = self.processor.feature_extractor.sampling_rate

@@ -21,14 +21,16 @@ CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHAR_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of digits, letters, punctuation, space and newline."""
+def char_tokenizer(**named: str) -> PreTrainedTokenizerFast:
+    """One token per character of digits, letters, punctuation, space and newline; `named`
+    special tokens (`image_token="<image>"`) are added and become attributes that processors read
+    (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps."""
     vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS + list(CHAR_ALPHABET))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="left")
+                                   unk_token="<unk>", padding_side="left", **named)
 
 
 def seeded_model(model_class, config, tokenizer, seed: int):
@@ -86,8 +88,7 @@ def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hid
     processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                     video_processor=Qwen2VLVideoProcessor(), chat_template=QWEN_VL_TEMPLATE)
     ids = tokenizer.convert_tokens_to_ids
-    half = hidden // heads // 2  # rotary frequencies per head, split over (time, height, width)
-    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    section = mrope_section(hidden // heads)
     config = Qwen2_5_VLConfig(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
@@ -135,3 +136,180 @@ def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hi
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id),
         audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"))
     return seeded_model(Qwen2AudioForConditionalGeneration, config, tokenizer, seed), processor
+
+
+def chat_template(image: str = "", video: str = "", audio: str = "", turn: tuple[str, str] = ("<|im_start|>", "<|im_end|>"),
+                  assistant: str = "assistant") -> str:
+    """A chat template over {"type": "image" | "video" | "audio" | "text"} content items that writes
+    each media item as the family's placeholder (`image` / `video` / `audio`) inside `turn` markers."""
+    start, end = turn
+    media = "".join(f"{{% elif c['type'] == '{kind}' %}}{text}" for kind, text in
+                    (("image", image), ("video", video), ("audio", audio)) if text)
+    return ("{% for m in messages %}" + start + "{{ m['role'] }}\n"
+            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+            "{% if c['type'] == 'text' %}{{ c['text'] }}" + media + "{% endif %}{% endfor %}{% endif %}"
+            + end + "\n{% endfor %}{% if add_generation_prompt %}" + start + assistant + "\n{% endif %}")
+
+
+def char_tokenizer_with(specials: list[str], template: str, **named: str) -> PreTrainedTokenizerFast:
+    """The character tokenizer with the `named` special tokens, plus `specials`, and a chat template."""
+    tokenizer = char_tokenizer(**named)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def text_config(tokenizer, hidden: int, layers: int, heads: int, **extra) -> dict:
+    """A small decoder's config fields over `tokenizer`'s vocabulary."""
+    return dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=2048,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.eos_token_id, **extra)
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Rotary frequencies per head split over (time, height, width), as Qwen's multimodal rope."""
+    half = head_dim // 2
+    return [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+
+
+@TINY_MODELS.register("qwen2-vl-char")
+def qwen2_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32,
+                  rope_theta: float = 10.0, max_pixels: int = 112 * 112, seed: int = 0):
+    """A Qwen2-VL (1-layer vision tower) over characters, with Qwen's image and video processors."""
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+    tokenizer = char_tokenizer_with(QWEN_VL_SPECIALS, QWEN_VL_TEMPLATE)
+    processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels),
+                                 tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                                 chat_template=QWEN_VL_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2VLConfig(
+        text_config=text_config(tokenizer, hidden, layers, heads, rope_theta=rope_theta,
+                                rope_scaling={"type": "mrope", "mrope_section": mrope_section(hidden // heads)}),
+        vision_config=dict(depth=1, embed_dim=vision_hidden, hidden_size=hidden, mlp_ratio=2, num_heads=2),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id)
+    return seeded_model(Qwen2VLForConditionalGeneration, config, tokenizer, seed), processor
+
+
+@TINY_MODELS.register("qwen3-vl-char")
+def qwen3_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32,
+                  rope_theta: float = 10.0, max_pixels: int = 128 * 128, seed: int = 0):
+    """A Qwen3-VL (1-layer vision tower with one deepstack layer, patches of 16) over characters,
+    with its image and video processors (timestamps written into the video's text)."""
+    from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                              Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    tokenizer = char_tokenizer_with(QWEN_VL_SPECIALS, QWEN_VL_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=max_pixels)
+    video_processor = Qwen3VLVideoProcessor(patch_size=16, merge_size=2,
+                                            size={"shortest_edge": 32 * 32, "longest_edge": 64 * 64 * 8})
+    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                 video_processor=video_processor, chat_template=QWEN_VL_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    head_dim = hidden // heads
+    config = Qwen3VLConfig(
+        text_config=text_config(tokenizer, hidden, layers, heads, head_dim=head_dim,
+                                rope_parameters={"rope_type": "default", "rope_theta": rope_theta,
+                                                 "mrope_section": mrope_section(head_dim), "mrope_interleaved": True}),
+        vision_config=dict(depth=1, hidden_size=vision_hidden, intermediate_size=vision_hidden * 2, num_heads=2,
+                           out_hidden_size=hidden, num_position_embeddings=64, deepstack_visual_indexes=[0]),
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=True)
+    return seeded_model(Qwen3VLForConditionalGeneration, config, tokenizer, seed), processor
+
+
+GEMMA3_SPECIALS = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+
+
+@TINY_MODELS.register("gemma3-char")
+def gemma3_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32, image_size: int = 56,
+                tokens_per_image: int = 4, seed: int = 0):
+    """A Gemma 3 (1-layer SigLIP tower on `image_size` squares, `tokens_per_image` soft tokens per
+    image; a sliding-window and a global text layer) over characters, with Gemma's image processor."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+    template = chat_template(image="<start_of_image>", turn=("<start_of_turn>", "<end_of_turn>"), assistant="model")
+    tokenizer = char_tokenizer_with(GEMMA3_SPECIALS, template, boi_token="<start_of_image>",
+                                    eoi_token="<end_of_image>", image_token="<image_soft_token>")
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": image_size, "width": image_size}),
+                                tokenizer=tokenizer, chat_template=template, image_seq_length=tokens_per_image)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Gemma3Config(
+        text_config=text_config(tokenizer, hidden, layers, heads, head_dim=hidden // heads, sliding_window=8,
+                                layer_types=[("sliding_attention", "full_attention")[i % 2] for i in range(layers)]),
+        vision_config=dict(hidden_size=vision_hidden, intermediate_size=vision_hidden * 2, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=image_size, patch_size=14),
+        mm_tokens_per_image=tokens_per_image, boi_token_index=ids("<start_of_image>"),
+        eoi_token_index=ids("<end_of_image>"), image_token_index=ids("<image_soft_token>"), tie_word_embeddings=True)
+    model = seeded_model(Gemma3ForConditionalGeneration, config, tokenizer, seed)
+    # transformers initialises the projector to zeros, which blocks every gradient to the vision
+    # tower until a step has moved it; a trained checkpoint's projector is not zero
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.02)
+    return model, processor
+
+
+@TINY_MODELS.register("llava-char")
+def llava_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32, image_size: int = 56,
+               seed: int = 0):
+    """A LLaVA (1-layer CLIP tower on `image_size` squares, a Llama text model) over characters, with
+    CLIP's image processor; each image is (image_size / 14)^2 `<image>` tokens."""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    template = chat_template(image="<image>")
+    tokenizer = char_tokenizer_with(["<|im_start|>", "<|im_end|>", "<image>"], template, image_token="<image>")
+    image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                         crop_size={"height": image_size, "width": image_size})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=template)
+    config = LlavaConfig(
+        text_config=dict(model_type="llama", **text_config(tokenizer, hidden, layers, heads)),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=image_size, patch_size=14,
+                           projection_dim=vision_hidden),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
+        vision_feature_layer=-1, tie_word_embeddings=True)
+    return seeded_model(LlavaForConditionalGeneration, config, tokenizer, seed), processor
+
+
+OMNI_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>", "<|vision_bos|>",
+                 "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"]
+
+
+@TINY_MODELS.register("qwen2.5-omni-thinker-char")
+def qwen25_omni_thinker_char(hidden: int = 64, layers: int = 2, heads: int = 4, encoder_hidden: int = 32,
+                             rope_theta: float = 10.0, max_seconds: int = 30, seed: int = 0):
+    """The thinker of a Qwen2.5-Omni (1-layer audio and vision encoders, `layers`-layer text model
+    over characters; the part that reads audio and writes text) with Omni's processor."""
+    from transformers import (Qwen2_5OmniProcessor, Qwen2_5OmniThinkerConfig,
+                              Qwen2_5OmniThinkerForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLVideoProcessor, WhisperFeatureExtractor)
+    template = chat_template(image="<|vision_bos|><|IMAGE|><|vision_eos|>", video="<|vision_bos|><|VIDEO|><|vision_eos|>",
+                             audio="<|audio_bos|><|AUDIO|><|audio_eos|>")
+    tokenizer = char_tokenizer_with(OMNI_SPECIALS, template, image_token="<|IMAGE|>", audio_token="<|AUDIO|>",
+                                    video_token="<|VIDEO|>", vision_bos_token="<|vision_bos|>",
+                                    vision_eos_token="<|vision_eos|>", audio_bos_token="<|audio_bos|>",
+                                    audio_eos_token="<|audio_eos|>")
+    processor = Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=112 * 112),
+        video_processor=Qwen2VLVideoProcessor(), tokenizer=tokenizer, chat_template=template,
+        feature_extractor=WhisperFeatureExtractor(feature_size=128, chunk_length=max_seconds))
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5OmniThinkerConfig(
+        audio_config=dict(d_model=encoder_hidden, encoder_layers=1, encoder_attention_heads=2,
+                          encoder_ffn_dim=encoder_hidden * 2, num_mel_bins=128, max_source_positions=50 * max_seconds,
+                          output_dim=hidden),
+        vision_config=dict(depth=1, hidden_size=encoder_hidden, intermediate_size=encoder_hidden * 2, num_heads=2,
+                           out_hidden_size=hidden, fullatt_block_indexes=[0], window_size=56),
+        text_config=text_config(tokenizer, hidden, layers, heads,
+                                rope_parameters={"rope_type": "default", "rope_theta": rope_theta,
+                                                 "mrope_section": mrope_section(hidden // heads)}),
+        audio_token_index=ids("<|AUDIO|>"), image_token_index=ids("<|IMAGE|>"), video_token_index=ids("<|VIDEO|>"),
+        audio_start_token_id=ids("<|audio_bos|>"), audio_end_token_id=ids("<|audio_eos|>"),
+        vision_start_token_id=ids("<|vision_bos|>"), vision_end_token_id=ids("<|vision_eos|>"),
+        user_token_id=ids("u"), tie_word_embeddings=True)
+    return seeded_model(Qwen2_5OmniThinkerForConditionalGeneration, config, tokenizer, seed), processor

@@ -367,4 +367,18 @@ class DiffusionPolicy(Policy):
         return out
 
     def save_pretrained(self, model: nn.Module, path: Path) -> None:
-        model.save_pretrained(path, safe_serialization=True)
+        """A LoRA: the PEFT adapter of the denoiser, and the same weights in the diffusers LoRA
+        format (`pytorch_lora_weights.safetensors`, rank and alpha in its metadata), so that
+        `pipe.load_lora_weights(path)` on the stock pipeline applies it. Full weights: the whole
+        pipeline with `model` as its denoiser, loadable by `DiffusionPipeline.from_pretrained(path)`."""
+        name = next(k for k, v in self.pipe.components.items() if v is self.family.denoiser)
+        if hasattr(model, "peft_config"):
+            model.save_pretrained(path, safe_serialization=True)
+            if hasattr(self.pipe, "save_lora_weights"):  # pipelines without diffusers LoRA support keep PEFT's
+                from peft.utils import get_peft_model_state_dict
+                layers = {k.removeprefix("base_model.model."): v for k, v in get_peft_model_state_dict(model).items()}
+                self.pipe.save_lora_weights(path, **{f"{name}_lora_layers": layers,
+                                                     f"{name}_lora_adapter_metadata":
+                                                         model.peft_config[model.active_adapter].to_dict()})
+            return
+        type(self.pipe)(**{**self.pipe.components, name: model}).save_pretrained(path, safe_serialization=True)
