@@ -23,8 +23,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimation and the clipped surrogate (REFERENCES.md, 'Advantage estimators' and
-    'Policy loss')."""
+    """Advantage estimation and the clipped surrogate (docs/methods.md, 'Advantage estimators' and
+    'Objectives')."""
 
     group_size: int = 8
     estimator: str = "grpo"
@@ -73,7 +73,7 @@ class OptimConfig:
 
 @dataclass
 class SamplingConfig:
-    """How the prompts of a step are drawn (REFERENCES.md, 'Prompt sampling', DAPO)."""
+    """How the prompts of a step are drawn (docs/methods.md, 'Prompt sampling')."""
 
     strategy: Literal["uniform", "variance"] = "uniform"
     variance_mix: float = 0.5

@@ -1,4 +1,4 @@
-"""The group-relative clipped surrogate, the same for every family (REFERENCES.md, 'Policy loss').
+"""The group-relative clipped surrogate, the same for every family (docs/methods.md, 'Objectives').
 
 Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio level:
     rho = exp(l)                       unit (GRPO, DanceGRPO)

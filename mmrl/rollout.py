@@ -1,4 +1,4 @@
-"""The rollout record shared by every adapter (DESIGN.md, 'The one contract: action units')."""
+"""The rollout record shared by every adapter (docs/architecture.md, 'The one contract: action units')."""
 
 from __future__ import annotations
 
