@@ -1,4 +1,5 @@
-"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``; ``python -m mmrl`` too."""
+"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl explain KEY``;
+``python -m mmrl`` too."""
 
 from __future__ import annotations
 
@@ -61,7 +62,15 @@ def _run(argv: list[str] | None) -> int:
     p_demo = sub.add_parser("demo", help="run an embedded CPU demo end to end (no download)")
     p_demo.add_argument("name", choices=None)
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
+    p_explain = sub.add_parser("explain", help="print a recipe key's help, type, default and allowed values")
+    p_explain.add_argument("key", help="a dotted recipe key, e.g. algorithm.mu or policy.p_mask")
+    p_explain.add_argument("--task", help="the adapter whose policy section to read (default: causal_lm)")
     args = parser.parse_args(argv)
+
+    if args.command == "explain":
+        from .explain import explain
+        print(explain(args.key, args.task))
+        return 0
 
     from .config import load_recipe
     if args.command == "demo":
