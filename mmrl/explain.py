@@ -104,8 +104,7 @@ def lookup(key: str, task: str | None = None) -> tuple[str, dataclasses.Field | 
     f: dataclasses.Field | None = None
     tp: Any = TrainConfig
     walked: list[str] = []
-    parts = key.split(".")
-    for i, part in enumerate(parts):
+    for part in key.split("."):
         if cls is None:
             mapping = _mapping_value(tp)
             if mapping is None:

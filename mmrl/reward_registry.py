@@ -81,7 +81,7 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
                 f = float(v)
             except (TypeError, ValueError):
                 raise RewardError(f"reward {name!r} returned {v!r} for sample {i} "
-                                  f"(completion {str(completions[i])[:80]!r}); expected a number or None")
+                                  f"(completion {str(completions[i])[:80]!r}); expected a number or None") from None
             if not math.isfinite(f):
                 raise RewardError(f"reward {name!r} returned {f} for sample {i} "
                                   f"(completion {str(completions[i])[:80]!r})")

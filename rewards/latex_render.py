@@ -82,7 +82,7 @@ def teds(a: str, b: str) -> float:
 
     # inserting or deleting a row costs the row node and its cells
     prev = [float(sum(1 + len(r) for r in tb[:j])) for j in range(len(tb) + 1)]
-    for i, x in enumerate(ta, 1):
+    for x in ta:
         cur = [prev[0] + 1 + len(x)] + [0.0] * len(tb)
         for j, y in enumerate(tb, 1):
             cur[j] = min(prev[j] + 1 + len(x), cur[j - 1] + 1 + len(y), prev[j - 1] + row_cost(x, y))

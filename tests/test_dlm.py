@@ -82,7 +82,7 @@ def test_eos_early_rejection_defers_eos(policy):
     for rejection in (False, True):
         cfg = DecodeConfig(gen_length=4, block_length=4, steps=4, temperature=0.0, eos_early_rejection=rejection)
         seen = []
-        block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], ids, mask, cfg,
+        block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], ids, mask, cfg,  # noqa: B023
                      policy.mask_id, eos, None, 1)
         second = seen[1][0, 2:]
         first_commits.append(int(second[(second != policy.mask_id)][0]))

@@ -2,7 +2,6 @@
 nothing outside its temp dir and leaves no process; identical LaTeX scores 1; a one-cell change
 scores lower than the identical table."""
 
-import os
 import subprocess
 import time
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from mmrl.registry import Registry
