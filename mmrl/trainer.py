@@ -29,7 +29,8 @@ from .advantages import compute_advantages, group_variance_mask, row_magnitude, 
 from .config import TrainConfig, from_dict, to_dict
 from .data import load_data
 from .evaluate import evaluate
-from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
+from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio_segments, reference_pass,
+                   regulariser_needs)
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
@@ -99,7 +100,7 @@ class Trainer:
             self.policy.model = get_peft_model(self.policy.model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
         self.reference = None
-        if algo.beta != 0.0 and not self.lora:
+        if regulariser_needs(algo, "reference") and not self.lora:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.policy.model.train()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
@@ -141,7 +142,7 @@ class Trainer:
 
     @property
     def _closed_form_kl(self) -> bool:
-        return self.cfg.algorithm.beta != 0 and self.cfg.algorithm.kl_estimator == CLOSED_FORM_KL
+        return closed_form_kl(self.cfg.algorithm)
 
     def _gather(self, obj: Any) -> list[Any]:
         """One object from each process, in process order (the identity on one process)."""
@@ -260,11 +261,11 @@ class Trainer:
         return StepBatch(local, advantages, row_mask, weights, metrics)
 
     def _micro_batches(self, batch: StepBatch) -> list[Tensor]:
-        """Row indices of each micro-batch. Rows without gradient (zero advantage, no KL, entropy
-        or LLDS term) are skipped; every process runs the same number of micro-batches (padded
+        """Row indices of each micro-batch. Rows without gradient (zero advantage, and no active
+        regulariser that needs every row) are skipped; every process runs the same number of micro-batches (padded
         with empty ones) so gradient synchronisation lines up."""
         algo = self.cfg.algorithm
-        needs_every_row = algo.beta != 0 or algo.entropy_coef != 0 or algo.llds_coef != 0
+        needs_every_row = regulariser_needs(algo, "all_rows")
         active = batch.row_mask.clone()
         if not needs_every_row:
             active &= row_magnitude(batch.advantages) > 0
@@ -279,7 +280,7 @@ class Trainer:
 
     def _unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
         algo = self.cfg.algorithm
-        if algo.ratio_level == "sequence" or algo.llds_coef != 0:
+        if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
             return [(slice(None), None)]
         if algo.ratio_level == "chunk":
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
@@ -311,8 +312,8 @@ class Trainer:
         into `.grad` and are synchronised across processes on the last backward."""
         acc, algo = self.accelerator, self.cfg.algorithm
         local, world = batch.rollout, acc.num_processes
-        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0,
-                "llds_active": 0.0, "ratio_max_dev": 0.0}
+        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "ratio_max_dev": 0.0,
+                **{k: 0.0 for k in metric_names()}}
         if len(local) == 0:  # this process kept no rows: take part in the synchronisation at zero
             acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return sums
@@ -324,7 +325,7 @@ class Trainer:
             mb = local.select(idx)
             sync = k == len(work) - 1 or world == 1
             with nullcontext() if sync else acc.no_sync(self.model):
-                want_entropy = with_entropy or algo.entropy_coef != 0
+                want_entropy = with_entropy or regulariser_needs(algo, "entropy")
                 kl = None
                 if self._closed_form_kl:
                     logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self._reference_model, mb, units,
@@ -343,8 +344,10 @@ class Trainer:
                     entropy=entropy, kl=kl)
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
-                for key in ("units", "clipped", "kl", "entropy", "llds_active"):
+                for key in ("units", "clipped"):
                     sums[key] += getattr(terms, key)
+                for key, value in terms.metrics.items():
+                    sums[key] += value
                 sums["loss"] += terms.loss.item()
                 sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)
         return sums
@@ -366,8 +369,7 @@ class Trainer:
 
         keep_old = algo.mu > 1 and self.objective.uses_ratio
         old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
-        ref_logp = (per_pass(reference=True) if algo.beta != 0 and not self._closed_form_kl
-                    else [None] * algo.mu)
+        ref_logp = per_pass(reference=True) if reference_pass(algo) else [None] * algo.mu
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         for pass_index in range(algo.mu):
@@ -385,8 +387,9 @@ class Trainer:
         gathered = self._gather(first)
         total = {k: sum(g[k] for g in gathered) for k in first}
         units = total["units"] or math.nan  # nan: every row was skipped, nothing was measured
-        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
-                "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
+        regularisers = {logged: total[key] / units if per_unit else total[key]
+                        for key, (logged, per_unit) in metric_names().items()}
+        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, **regularisers,
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0]}
 
