@@ -33,7 +33,7 @@ from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio
                    regulariser_needs)
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import bind_reward, reward_metrics, score_completions, score_rollout
+from .reward_registry import bind_reward, score_completions, score_rollout
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .tracking import Progress, Tracker
@@ -48,6 +48,27 @@ class StepBatch:
     row_mask: Tensor               # local [n] bool: rows that take part in the loss
     weights: Tensor                # local [n, U]: aggregation weights over the whole batch
     metrics: dict[str, float]
+
+
+@dataclass
+class ShareCounts:
+    """One process's share of a step's batch, gathered from every process before the loss so the
+    aggregation is taken over the whole batch."""
+
+    units: float                   # trained units (unit_mask x row_mask)
+    rows: float                    # rows that take part in the loss
+    width: int                     # U, the units of the widest rollout (0 for no rows)
+    lengths: list[float]           # each row's unit count (completion length)
+    truncated: list[bool]          # each row cut at the length limit (empty: not reported)
+
+
+@dataclass
+class MicroBatchCounts:
+    """One process's micro-batch plan, gathered so every process runs as many backward passes."""
+
+    chunks: int                    # micro-batches
+    active: int                    # rows that run (carry a gradient)
+    rows: int                      # rows that take part in the loss
 
 
 def add_counts(into: dict[str, float], counts: dict[str, float]) -> None:
@@ -165,12 +186,13 @@ class Trainer:
         rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
-        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout)
+        reward_counts: dict[str, float] = {}  # what the rewards log about this draw's calls
+        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout, reward_counts)
         per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
-            self.reward_fns, rollout, picked, completions))
+            self.reward_fns, rollout, picked, completions, reward_counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
-        counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
+        counts = {**reward_counts, **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
         gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts,
                                  {k: v.tolist() for k, v in auxiliary.items()}))
         full = {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}
@@ -221,7 +243,9 @@ class Trainer:
         stats.update(self.sampler.stats())
         return local, rewards, torch.cat(gid_parts), stats
 
-    def _prepare_batch(self, step: int) -> StepBatch:
+    def prepare_batch(self, step: int) -> StepBatch:
+        """Step `step`'s rollouts, rewards, advantages and aggregation weights: this process's share
+        of the batch, ready for `accumulate_gradients` (what `train_step` does before updating)."""
         algo = self.cfg.algorithm
         local, rewards, group_id, metrics = self._collect(step)
         adv = compute_advantages(rewards, self.reward_weights, group_id, algo)
@@ -239,11 +263,12 @@ class Trainer:
             row_mask = row_mask & ~small
         unit_mask = local.unit_mask * row_mask[:, None]
         truncated = local.truncated.tolist() if local.truncated is not None else []
-        counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0,
-                               local.unit_mask.sum(1).tolist(), truncated))
-        total_units = max(sum(c[0] for c in counts), 1.0)
-        total_rows = max(sum(c[1] for c in counts), 1.0)
-        max_units = algo.max_units or self.policy.max_units or max(c[2] for c in counts)
+        counts: list[ShareCounts] = self._gather(ShareCounts(
+            float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0,
+            local.unit_mask.sum(1).tolist(), truncated))
+        total_units = max(sum(c.units for c in counts), 1.0)
+        total_rows = max(sum(c.rows for c in counts), 1.0)
+        max_units = algo.max_units or self.policy.max_units or max(c.width for c in counts)
         weights = AGGREGATIONS.get(algo.aggregation)(unit_mask, total_units, total_rows, max_units)
 
         total = adv.total_reward
@@ -253,8 +278,8 @@ class Trainer:
             **{f"reward/{k}": float(torch.nanmean(v)) for k, v in rewards.items()},
             **adv.stats,
         })
-        lengths = [x for c in counts for x in c[3]]
-        truncated = [x for c in counts for x in c[4]]
+        lengths = [x for c in counts for x in c.lengths]
+        truncated = [x for c in counts for x in c.truncated]
         metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)
         if truncated:
             metrics["truncated_frac"] = sum(truncated) / len(truncated)
@@ -272,10 +297,11 @@ class Trainer:
         rows = active.nonzero().flatten()
         size = self.cfg.optim.micro_batch_size
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
-        counts = self._gather((len(chunks), int(active.sum()), int(batch.row_mask.sum())))
-        most = max(c[0] for c in counts)
+        counts: list[MicroBatchCounts] = self._gather(MicroBatchCounts(len(chunks), int(active.sum()),
+                                                                       int(batch.row_mask.sum())))
+        most = max(c.chunks for c in counts)
         chunks += [rows[:0]] * (most - len(chunks))
-        batch.metrics["skipped_frac"] = 1.0 - sum(c[1] for c in counts) / max(sum(c[2] for c in counts), 1)
+        batch.metrics["skipped_frac"] = 1.0 - sum(c.active for c in counts) / max(sum(c.rows for c in counts), 1)
         return chunks
 
     def _unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
@@ -397,7 +423,7 @@ class Trainer:
         step = self.step + 1
         t0 = time.perf_counter()
         self.policy.set_training_step(step)
-        batch = self._prepare_batch(step)
+        batch = self.prepare_batch(step)
         t1 = time.perf_counter()
         update = self._update(batch)
         metrics = {**batch.metrics, **update}

@@ -24,7 +24,7 @@ matched pairs M:
 Both are 1.0 when P = G = 0 (the model correctly reports no box for an image with none).
 A completion with no parsable box scores 0.0 (reason ``no_box``); one whose coordinates lie outside
 the declared range (e.g. pixels emitted where ``coords="norm1000"`` was declared) scores 0.0
-(reason ``bad_coords``). The counts are reported through `pop_metrics()` and logged by the engine
+(reason ``bad_coords``). The counts are reported through the per-call `log_metric` and logged by the engine
 as ``reward/iou/unparsable/<reason>``.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -57,7 +56,6 @@ _PLAIN_LIST = re.compile(r"\[\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*,\s*(" +
 _MAX_DEPTH = 16
 _MAX_JSON_FAILURES = 256  # bounds the JSON scan on adversarial text; plain lists are still read by regex
 
-_failures: Counter = Counter()
 
 Box = list[float]
 
@@ -360,17 +358,9 @@ def _row_sizes(image_size: Any, n: int) -> list[Any]:
     return sizes
 
 
-def pop_metrics() -> dict[str, float]:
-    """Counts of unparsable completions by reason (``no_box``, ``bad_coords``) since the last call
-    (the engine logs them as ``reward/iou/unparsable/<reason>``)."""
-    out = {f"unparsable/{reason}": float(n) for reason, n in _failures.items()}
-    _failures.clear()
-    return out
-
-
 @register_reward("iou")
 def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=None, mode: str = "mean_iou",
-               iou_threshold: float = 0.5, **kwargs) -> list[float | None]:
+               iou_threshold: float = 0.5, log_metric=None, **kwargs) -> list[float | None]:
     """Box reward in [0, 1] against the ``boxes`` column (per row a list of ``[x1, y1, x2, y2]`` in
     pixels, or None: not applicable -> None).
 
@@ -378,7 +368,8 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     mode="detection": F1 = 2 TP / (#pred + #truth), TP = matched pairs with IoU >= iou_threshold.
     `coords` / `image_size` as in `parse_boxes` (``image_size`` per row, or one [width, height]).
     No parsable box -> 0.0 (``no_box``); a coordinate outside the declared range (0-1, 0-1000, or the
-    image for pixels with image_size; 1% slack) -> 0.0 (``bad_coords``); see `pop_metrics()`.
+    image for pixels with image_size; 1% slack) -> 0.0 (``bad_coords``); each counted through
+    `log_metric` as ``unparsable/<reason>`` (the engine logs ``reward/iou/unparsable/<reason>``).
     """
     if mode not in MODES:
         raise ValueError(f"iou: mode={mode!r} is not one of {MODES}")
@@ -390,6 +381,7 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     if len(boxes) != n:
         raise ValueError(f"iou: column 'boxes' has {len(boxes)} values for {n} completions")
     sizes = _row_sizes(image_size, n)
+    log_metric = log_metric or (lambda key, value=1.0: None)  # called outside the engine: not counted
     out: list[float | None] = []
     for i, (completion, row) in enumerate(zip(completions, boxes)):
         if row is None:
@@ -402,15 +394,13 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
             if not truth:
                 out.append(1.0)  # no box expected, none given
                 continue
-            _failures["no_box"] += 1
+            log_metric("unparsable/no_box")
             out.append(0.0)
             continue
         if not _in_range(raw, _extent(coords, size)):
-            _failures["bad_coords"] += 1
+            log_metric("unparsable/bad_coords")
             out.append(0.0)
             continue
         out.append(score_boxes(_scale(raw, coords, size), truth, mode, iou_threshold))
     return out
 
-
-iou_reward.pop_metrics = pop_metrics

@@ -76,7 +76,7 @@ def training_step(model, size, steps, layers, group_size, repeats, tmp):
               "optim": {"prompts_per_step": 1, "micro_batch_size": group_size},
               "logging": {"report_to": ["none"], "progress": False}, "output_dir": tmp, "max_steps": 1}
     t = Trainer(parse_config(recipe))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     batch.advantages = torch.linspace(-1, 1, len(batch.advantages))  # every row carries gradient
     chunks = t._micro_batches(batch)
     out = {"trained_steps": steps}

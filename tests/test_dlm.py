@@ -231,7 +231,7 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
     cfg = parse_config(recipe, [f"output_dir={tmp_path}", f"policy.estimator={estimator}",
                                 f"algorithm.objective={objective}"])
     t = Trainer(cfg)
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert batch.advantages.abs().sum() > 0
     assert_grads_close(*streamed_grads(t, batch, (12, 5)))
     t.optimizer.zero_grad(set_to_none=True)
@@ -241,7 +241,7 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
 def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
     recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}", "algorithm.mu=3", "optim.lr=0.0"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     chunks = t._micro_batches(batch)
     seen = []
     original = t.accumulate_gradients

@@ -227,9 +227,6 @@ class DiffusionPolicy(Policy):
         strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
-    def _steps(self, batch: Rollout, units: slice) -> list[int]:
-        return list(range(batch.num_units))[units]
-
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):
         logps, ents, kls = [], [], []
