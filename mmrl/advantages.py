@@ -1,5 +1,5 @@
 """Advantage estimators over a reward tensor [N] or [N, U] and `group_id` [N]
-(REFERENCES.md, 'Advantage estimators').
+(docs/methods.md, 'Advantage estimators').
 
 An estimator is a small pure function ``fn(rewards, group_id, opts) -> (advantages, row_mask)``:
 ``advantages`` has the shape of ``rewards``; ``row_mask`` (bool [N]) marks the rows that take part

@@ -29,6 +29,7 @@ DISPATCH = {
     "list": ("mmrl.cli", "run_list"),
     "sweep": ("mmrl.sweep", "run_sweep"),
     "export": ("mmrl.export", "run_export"),
+    "explain": ("mmrl.explain", "run_explain"),
 }
 
 EXAMPLES = """examples:
@@ -38,6 +39,7 @@ EXAMPLES = """examples:
   mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
   mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
   mmrl export runs/a/checkpoints/step-000050 --merge merged/   a LoRA merged into a from_pretrained directory
+  mmrl explain algorithm.mu                        a recipe key's help, type, default and allowed values
   mmrl list                                        every registered adapter, estimator, loss, reward"""
 
 
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
     add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    p_explain = add("explain", "print a recipe key's help, type, default and allowed values")
+    p_explain.add_argument("key", help="a dotted recipe key, e.g. algorithm.mu or policy.p_mask")
+    p_explain.add_argument("--task", help="the adapter whose policy section to read (default: causal_lm)")
     p_export = add("export", "write a checkpoint where users load it (--merge: the LoRA merged into the base, "
                              "a plain from_pretrained directory with its tokenizer / processor, or a diffusers pipeline)")
     p_export.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step-N")

@@ -26,15 +26,26 @@ class ConfigError(UserError, ValueError):
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimation and the clipped surrogate (REFERENCES.md, 'Advantage estimators' and
-    'Policy loss')."""
+    """Advantage estimation and the clipped surrogate (docs/methods.md, 'Advantage estimators' and
+    'Objectives')."""
 
-    group_size: int = 8
-    estimator: str = "grpo"
-    std: Literal["group", "batch", "none"] = "group"
-    eps: float = 1e-4
-    clip_advantage: float | None = None
-    drop_zero_variance: bool = False
+    group_size: int = field(default=8, metadata={"help": (
+        "Rollouts per prompt (G), the group whose rewards give the baseline. The median estimator (MC-GRPO) needs "
+        "an odd G+1; pairwise (2-GRPO) is meant for G = 2.")})
+    estimator: str = field(default="grpo", metadata={"help": (
+        "Advantage estimator: grpo (DeepSeekMath), dr_grpo (Dr. GRPO: no std), rloo (leave-one-out), median "
+        "(MC-GRPO, odd groups), pairwise (2-GRPO), ngrpo (virtual max-reward sample), step (per-unit rewards, "
+        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ESTIMATORS"})
+    std: Literal["group", "batch", "none"] = field(default="group", metadata={"help": (
+        "Divide advantages by the std of the group, of the whole batch (Flow-GRPO's global std), or not at all. "
+        "Ignored by dr_grpo and pairwise.")})
+    eps: float = field(default=1e-4, metadata={"help": (
+        "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
+    clip_advantage: float | None = field(default=None, metadata={"help": (
+        "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
+    drop_zero_variance: bool = field(default=False, metadata={"help": (
+        "Groups whose rewards are all equal take no part in the loss (DAPO's zero-variance filter); see "
+        "sampling.dynamic to draw replacements.")})
     reward_combine: Literal["sum", "advantage", "gate", "product"] = field(default="sum", metadata={
         "help": "how the recipe's rewards make one: sum (weighted sum, then the estimator), advantage (the "
                 "estimator on each reward, then the weighted sum of advantages: DanceGRPO, MixGRPO), gate "
@@ -44,7 +55,9 @@ class AlgorithmConfig:
     gates: dict[str, float] = field(default_factory=dict, metadata={
         "help": "with reward_combine: gate, reward name -> threshold; e.g. {format: 1.0} pays the other "
                 "rewards only where format >= 1 (Vision-R1). Give a gate weight 0 for a pure gate"})
-    max_reward: float = 1.0
+    max_reward: float = field(default=1.0, metadata={"help": (
+        "The reward of NGRPO's virtual sample that joins every group (estimator: ngrpo): the best reward a "
+        "rollout can get.")})
     median_scale: Literal["mad", "std"] = field(default="mad", metadata={"help": (
         "normaliser of the median (MC-GRPO) estimator: mad = median absolute deviation of the group + 1e-3 "
         "(MC-GRPO's paper and code, lotusroot-kim/MC-GRPO); std = algorithm.std + algorithm.eps as the "
@@ -52,54 +65,101 @@ class AlgorithmConfig:
     median_rescale: bool = field(default=False, metadata={"help": (
         "median (MC-GRPO) estimator: multiply a group's non-zero advantages by (G + 1) / (their number), "
         "as the authors' GSM8K trainer does (their MATH trainer and the paper do not)")})
-    ratio_level: Literal["unit", "chunk", "sequence"] = "unit"
-    chunks: list[int] | None = None
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = None
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    aggregation: str = "token_mean"
-    max_units: int | None = None
-    entropy_coef: float = 0.0
-    llds_coef: float = 0.0
+    ratio_level: Literal["unit", "chunk", "sequence"] = field(default="unit", metadata={"help": (
+        "Where the importance ratio is taken: unit (per token / denoising step: GRPO), chunk (one ratio per span "
+        "of `chunks` units: Chunk-GRPO), sequence (one per rollout, exp of the mean log-ratio: GSPO).")})
+    chunks: list[int] | None = field(default=None, metadata={"help": (
+        "Sizes of consecutive unit spans sharing one ratio with ratio_level: chunk; they must sum to the number "
+        "of units (Chunk-GRPO's best for 16 steps: [2, 3, 4, 7]).")})
+    eps_low: float = field(default=0.2, metadata={"help": (
+        "Lower clip range of the ratio, clip(rho, 1 - eps_low, 1 + eps_high) (GRPO 0.2; GSPO ~3e-4; diffusion "
+        "~1e-4).")})
+    eps_high: float = field(default=0.2, metadata={"help": (
+        "Upper clip range of the ratio; above eps_low is DAPO's clip-higher (0.28).")})
+    dual_clip: float | None = field(default=None, metadata={"help": (
+        "Dual clip c > 1: the loss of a negative-advantage unit is bounded by -c A (Ye et al. 2020); null: off.")})
+    beta: float = field(default=0.0, metadata={"help": (
+        "Weight of the KL to the reference policy (DeepSeekMath 0.04; Flow-GRPO 0.01-0.04; many recipes 0). 0 "
+        "runs no reference pass at all.")})
+    kl_estimator: str = field(default="k3", metadata={"help": (
+        "Per-unit KL estimate with x = log pi_ref - log pi_theta: k1 = -x, k2 = x^2/2, k3 = exp(x) - x - 1 "
+        "(Schulman; GRPO's), or closed_form (the adapter's exact KL, e.g. Flow-GRPO's on a diffusion step's "
+        "mean)."), "choices": "mmrl.loss:KL_ESTIMATORS,mmrl.loss:CLOSED_FORM_KL"})
+    aggregation: str = field(default="token_mean", metadata={"help": (
+        "How unit losses are averaged over the batch: token_mean (1 / units in the batch: DAPO), "
+        "seq_mean_token_mean (mean over a row's units, then rows: original GRPO), seq_mean_token_sum_norm (1 / "
+        "(rows x max_units): Dr. GRPO)."), "choices": "mmrl.loss:AGGREGATIONS"})
+    max_units: int | None = field(default=None, metadata={"help": (
+        "The constant of seq_mean_token_sum_norm (Dr. GRPO's max completion length); null: the adapter's bound "
+        "(e.g. max_new_tokens), else the batch's longest rollout.")})
+    entropy_coef: float = field(default=0.0, metadata={"help": (
+        "Entropy bonus: -coef x H_u is added to each unit's loss (token families). 0: off.")})
+    llds_coef: float = field(default=0.0, metadata={"help": (
+        "Weight lambda of LLDS, the likelihood-preserving regulariser ('On GRPO Collapse in Search-R1'): "
+        "penalises max(0, log pi_old - log pi_theta) on the units whose log-prob fell, in rollouts whose "
+        "likelihood fell (which rows: llds_rows). 0: off.")})
     llds_rows: Literal["non_negative", "all"] = field(default="non_negative", metadata={"help": (
         "which rows LLDS preserves (algorithm.llds_coef > 0): non_negative = only rows (units) with "
         "advantage >= 0, as the LLDS authors' code and model card (Deng et al. 2025); all = every row "
         "whose likelihood fell, so a negative-advantage row is pushed back up (mmrl's earlier rule)")})
-    prune_threshold: float = 0.0
-    mu: int = 1
-    objective: str = "clip"
+    prune_threshold: float = field(default=0.0, metadata={"help": (
+        "Rows whose largest |advantage| is below this skip the update (CPPO-style pruning of low-advantage "
+        "completions). 0: off.")})
+    mu: int = field(default=1, metadata={"help": (
+        "Update passes (optimizer steps) over each batch of rollouts (GRPO's mu; d1 uses 12). With mu > 1 the old "
+        "log-probs are kept from before the first pass and the ratio departs from 1.")})
+    objective: str = field(default="clip", metadata={"help": (
+        "The surrogate loss: clip (PPO/GRPO clipped ratio) or wd1 (ratio-free weighted likelihood, Tang et al. "
+        "2025, softmax of advantages per group)."), "choices": "mmrl.loss:OBJECTIVES"})
 
 
 @dataclass
 class LoraConfig:
-    r: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
+    r: int = field(default=0, metadata={"help": (
+        "LoRA rank (peft); 0 trains the full model. With LoRA on, the reference policy is the same model with the "
+        "adapter disabled (Flow-GRPO uses 32).")})
+    alpha: int = field(default=16, metadata={"help": (
+        "LoRA scaling alpha (the update is scaled by alpha / r; Flow-GRPO uses 64).")})
+    dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch."})
+    target_modules: list[str] | str = field(default="all-linear", metadata={"help": (
+        "Modules that get LoRA adapters: a list of module names, or peft's 'all-linear'.")})
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    max_grad_norm: float | None = 1.0
-    prompts_per_step: int = 4
-    micro_batch_size: int = 8
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lr: float = field(default=1e-5, metadata={"help": (
+        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO).")})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
+        "AdamW betas [beta1, beta2].")})
+    schedule: str = field(default="constant", metadata={"help": (
+        "Learning-rate schedule, a name transformers' get_scheduler knows (constant, constant_with_warmup, "
+        "linear, cosine, ...).")})
+    warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the learning-rate schedule."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": (
+        "Clip the gradient norm to this before each optimizer step; null: no clipping.")})
+    prompts_per_step: int = field(default=4, metadata={"help": (
+        "Prompts (groups) per training step; a step trains on prompts_per_step x group_size rollouts. Must be a "
+        "multiple of the number of processes.")})
+    micro_batch_size: int = field(default=8, metadata={"help": (
+        "Rollouts per forward/backward pass; gradients accumulate over micro-batches and the result equals one "
+        "big batch (the aggregation is taken over the whole batch).")})
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": (
+        "LoRA settings (optim.lora.r = 0: full fine-tune).")})
 
 
 @dataclass
 class SamplingConfig:
-    """How the prompts of a step are drawn (REFERENCES.md, 'Prompt sampling', DAPO)."""
+    """How the prompts of a step are drawn (docs/methods.md, 'Prompt sampling')."""
 
-    strategy: Literal["uniform", "variance"] = "uniform"
-    variance_mix: float = 0.5
-    variance_window: int = 4
+    strategy: Literal["uniform", "variance"] = field(default="uniform", metadata={"help": (
+        "How a step's prompts are drawn: uniform (epochs of a seeded shuffle) or variance (MMR1 Variance-Aware "
+        "Sampling: prompts whose recent rewards vary are favoured).")})
+    variance_mix: float = field(default=0.5, metadata={"help": (
+        "With strategy variance: the fraction of prompts drawn by Variance Promotion Score; the rest are drawn "
+        "uniformly.")})
+    variance_window: int = field(default=4, metadata={"help": (
+        "With strategy variance: how many recent rewards per prompt its outcome variance is taken over.")})
     variance_score: Literal["pass_rate", "variance"] = field(default="pass_rate", metadata={"help": (
         "strategy variance: a prompt's Variance Promotion Score from its recent outcomes: pass_rate = "
         "p(1 - p) of their mean p, outcomes in [0, 1] (MMR1's learnability, LengSicong/MMR1); variance = "
@@ -110,19 +170,31 @@ class SamplingConfig:
     variance_reward: str | None = field(default=None, metadata={"help": (
         "strategy variance: the reward (a name under `rewards`) whose values are the outcomes, e.g. a 0/1 "
         "accuracy reward as MMR1; null = the weighted reward total")})
-    curriculum_column: str | None = None
-    curriculum_descending: bool = False
-    dynamic: bool = False
-    dynamic_max_tries: int = 4
+    curriculum_column: str | None = field(default=None, metadata={"help": (
+        "A numeric data-set column (difficulty): rows are walked easy -> hard by it, wrapping round (curriculum, "
+        "SARI); null: off. Applies to strategy uniform.")})
+    curriculum_descending: bool = field(default=False, metadata={"help": (
+        "Walk the curriculum column from high to low values instead.")})
+    dynamic: bool = field(default=False, metadata={"help": (
+        "DAPO dynamic sampling: draw more prompts until the batch has prompts_per_step groups with non-zero "
+        "reward variance (or dynamic_max_tries draws are used).")})
+    dynamic_max_tries: int = field(default=4, metadata={"help": "With dynamic: the most draws per step."})
 
 
 @dataclass
 class DataConfig:
-    name: str | None = None
-    path: str | None = None
-    eval_path: str | None = None
-    args: dict[str, Any] = field(default_factory=dict)
-    prompt_column: str = "prompt"
+    name: str | None = field(default=None, metadata={"help": (
+        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
+        "choices": "mmrl.registry:DATASETS"})
+    path: str | None = field(default=None, metadata={"help": (
+        "Training rows: a JSON / JSONL / CSV / parquet / arrow file, a datasets.save_to_disk directory, a "
+        "directory of data files, or a hub data set id (docs/data.md); give this or name.")})
+    eval_path: str | None = field(default=None, metadata={"help": (
+        "Held-out rows for evaluation (mmrl eval, eval.every), in any form data.path takes.")})
+    args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments of the registered data set builder named by `name` (e.g. n_train, seed).")})
+    prompt_column: str = field(default="prompt", metadata={"help": (
+        "The column that holds each row's prompt (a string or a list of chat messages).")})
     split: str | None = field(default=None, metadata={
         "help": "split of data.path (a hub data set or a save_to_disk directory with splits); default: its "
                 "only split, else 'train'"})
@@ -162,8 +234,10 @@ class DataConfig:
 
 @dataclass
 class RewardSpec:
-    weight: float = 1.0
-    args: dict[str, Any] = field(default_factory=dict)
+    weight: float = field(default=1.0, metadata={"help": (
+        "The reward's weight in the combined reward (algorithm.reward_combine).")})
+    args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments bound to the reward function (e.g. {mu: 1.0} for t_grpo).")})
     columns: dict[str, str] = field(default_factory=dict, metadata={
         "help": "{argument: column}: the reward reads its argument from that data column, e.g. "
                 "{boxes: solution}; an argument that is also a data column is an error naming both"})
@@ -171,16 +245,19 @@ class RewardSpec:
 
 @dataclass
 class LoggingConfig:
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    plot_every: int = 10
-    progress: bool = True
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={"help": (
+        "Where metrics go besides OUTPUT_DIR/metrics.jsonl: tensorboard, wandb, or none.")})
+    plot_every: int = field(default=10, metadata={"help": (
+        "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: never).")})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar on the main process."})
 
 
 @dataclass
 class EvalConfig:
-    every: int = 0
-    max_prompts: int = 64
-    group_size: int = 8
+    every: int = field(default=0, metadata={"help": (
+        "Score the held-out rows every this many training steps (0: never during training).")})
+    max_prompts: int = field(default=64, metadata={"help": "The most held-out prompts an evaluation scores."})
+    group_size: int = field(default=8, metadata={"help": "Samples per held-out prompt in an evaluation."})
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})
@@ -191,30 +268,51 @@ class WarmStartConfig:
     """Supervised warm start before RL (used by the demos): `steps` passes of `batch_size`
     rows on the data set's `target_column`, gradients clipped to `max_grad_norm` if set."""
 
-    steps: int = 0
-    lr: float = 1e-3
-    batch_size: int = 32
-    target_column: str = "target"
-    max_grad_norm: float | None = None
+    steps: int = field(default=0, metadata={"help": (
+        "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column.")})
+    lr: float = field(default=1e-3, metadata={"help": "Learning rate of the warm start."})
+    batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
+    target_column: str = field(default="target", metadata={"help": (
+        "The data-set column holding the supervised target of each row.")})
+    max_grad_norm: float | None = field(default=None, metadata={"help": (
+        "Clip the warm start's gradient norm to this; null: no clipping.")})
 
 
 @dataclass
 class TrainConfig:
-    task: str = "causal_lm"
-    policy: dict[str, Any] = field(default_factory=dict)
-    data: DataConfig = field(default_factory=DataConfig)
-    rewards: dict[str, RewardSpec] = field(default_factory=dict)
-    reward_modules: list[str] = field(default_factory=list)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    output_dir: str = "outputs/run"
-    seed: int = 0
-    max_steps: int = 100
-    save_every: int = 0
+    task: str = field(default="causal_lm", metadata={"help": (
+        "The task adapter (model family) to train; its Config types the policy section."),
+        "choices": "mmrl.registry:ADAPTERS"})
+    policy: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "The adapter's own settings (model, sampling, ...), typed by the adapter's Config: see `mmrl explain "
+        "policy.KEY --task TASK`.")})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Where the prompts come from."})
+    rewards: dict[str, RewardSpec] = field(default_factory=dict, metadata={"help": (
+        "The rewards by registered name, each with its weight and args, e.g. {accuracy: {weight: 1.0}}."),
+        "choices": "mmrl.reward_registry:REWARDS"})
+    reward_modules: list[str] = field(default_factory=list, metadata={"help": (
+        "Files (my_rewards.py) or modules (pkg.rewards) to import before training, so their @register_reward "
+        "functions can be named in rewards.")})
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"help": (
+        "Advantage estimation, the surrogate loss and its regularisers.")})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": (
+        "Optimizer, learning rate and batch sizes.")})
+    sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": (
+        "How the prompts of a step are drawn.")})
+    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": (
+        "Metrics, plots and the progress bar.")})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation during training."})
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig, metadata={"help": (
+        "An optional supervised warm start before RL.")})
+    output_dir: str = field(default="outputs/run", metadata={"help": (
+        "Where metrics, plots and checkpoints are written.")})
+    seed: int = field(default=0, metadata={"help": (
+        "Run seed: every prompt draw and rollout is seeded from (seed, step, draw, group), the same on any number "
+        "of processes.")})
+    max_steps: int = field(default=100, metadata={"help": (
+        "Training steps (each: rollouts, advantages, mu update passes).")})
+    save_every: int = field(default=0, metadata={"help": (
+        "Write a checkpoint every this many steps (0: only at the end).")})
     resume: bool | Literal["auto"] = field(default=False, metadata={
         "help": "true: continue the run in output_dir from its newest good checkpoint (an error if there is "
                 "none); auto: continue if there is one, else start a new run; false: a new run (refuses a "

@@ -3,7 +3,7 @@
 `reward_mean` is the mean combined reward (`combine`: weighted sum, gate or product) of `group_size` samples per held-out prompt at the
 rollout temperature (`reward_mean_se` its standard error over prompts); `greedy_reward_mean` decodes once per prompt without sampling. Each reward
 is reported on its own as well (``reward/<name>``, ``greedy/<name>``), and so are the counts a
-reward keeps (``reward/<name>/<key>``, see `reward_metrics`).
+reward logs (``reward/<name>/<key>``, see `mmrl.reward_registry`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from .advantages import combined_total
 from .errors import UserError
 from .policy import Policy
-from .reward_registry import reward_metrics, score_rollout
+from .reward_registry import score_rollout
 from .sampling import derive_seed
 
 EVAL_SEED_SALT = 0xE7A1
@@ -29,12 +29,13 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
            prompts_per_call: int, combine: str, gates: Mapping[str, float] | None) -> dict[str, float]:
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
+    counts: dict[str, float] = {}  # what the rewards log about these calls
     for start in range(0, len(rows), prompts_per_call):
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
         rollout.add_data_columns(chunk)
-        _, rewards, _ = score_rollout(reward_fns, rollout)
+        _, rewards, _ = score_rollout(reward_fns, rollout, counts)
         totals += combined_total(rewards, dict(weights), combine, dict(gates or {})).tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
@@ -45,7 +46,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
            # standard error over prompts (samples of one prompt are correlated)
            "reward_mean_se": float(per_prompt.std() / len(per_prompt) ** 0.5) if len(per_prompt) > 1 else 0.0}
     out.update({f"reward/{k}": mean(v) for k, v in per_reward.items()})
-    out.update(reward_metrics(reward_fns))  # the rewards' own counts, so they do not leak into training's
+    out.update(counts)  # the rewards' own counts for these calls
     return out
 
 

@@ -1,4 +1,4 @@
-"""The group-relative clipped surrogate, the same for every family (REFERENCES.md, 'Policy loss').
+"""The group-relative clipped surrogate, the same for every family (docs/methods.md, 'Objectives').
 
 Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio level:
     rho = exp(l)                       unit (GRPO, DanceGRPO)
@@ -6,17 +6,19 @@ Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio lev
     rho = exp(mean_{u in row} l)       sequence (GSPO)
     pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))      (DAPO clip-higher)
     pg  = min(pg, -c A) where A < 0                                  (dual clip, c > 1)
-    loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u
+    loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u   (REGULARISERS)
 and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the aggregation
 over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
 
 `algorithm.objective` picks the surrogate from OBJECTIVES: ``clip`` (the above) or ``wd1``
-(ratio-free weighted likelihood, `weighted_likelihood_loss`).
+(ratio-free weighted likelihood, `weighted_likelihood_loss`). The regularisers are registered
+`Regulariser`s that declare what they need from the engine (every row, whole rows, a reference
+pass, entropies) and the metrics they report, so the trainer names none of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -102,23 +104,119 @@ def grouped_log_ratio(log_ratio: Tensor, mask: Tensor, level: str, segments: lis
     return torch.cat(parts, dim=1)
 
 
-def add_regularisers(per_unit: Tensor, logp: Tensor, mask: Tensor, cfg: AlgorithmConfig,
-                     ref_logp: Tensor | None, entropy: Tensor | None, kl: Tensor | None
-                     ) -> tuple[Tensor, float, float]:
-    """per_unit + beta KL_u - entropy_coef H_u, with the unit sums of KL and entropy for logging.
-    KL is the policy's closed-form `kl` when given, else `cfg.kl_estimator` on (logp, ref_logp)."""
-    kl_sum = ent_sum = 0.0
-    if cfg.beta != 0.0:
-        if kl is None and ref_logp is None:
-            raise ValueError("algorithm.beta != 0 needs reference log-probs")
-        kl = kl.float() if kl is not None else KL_ESTIMATORS.get(cfg.kl_estimator)(logp, ref_logp.float())
-        per_unit = per_unit + cfg.beta * kl
-        kl_sum = float((kl.detach() * mask).sum())
-    if entropy is not None:
-        if cfg.entropy_coef != 0.0:
-            per_unit = per_unit - cfg.entropy_coef * entropy
-        ent_sum = float((entropy.detach() * mask).sum())
-    return per_unit, kl_sum, ent_sum
+@dataclass
+class TermInputs:
+    """What a regulariser sees for a micro-batch: fp32 [B, u] tensors (`advantages` [B, 1] or
+    [B, u]); `ref_logp`, `entropy` and the policy's closed-form `kl` are None when not computed."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    cfg: AlgorithmConfig
+    ref_logp: Tensor | None = None
+    entropy: Tensor | None = None
+    kl: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Regulariser:
+    """A term added to every unit's loss before aggregation, registered in REGULARISERS.
+
+    `weight(cfg)` is its coefficient (0: off). `term(inputs, weight)` returns the per-unit addition
+    [B, u] (None: nothing to add) and its metric sums over the micro-batch's units. `metrics`
+    maps each sum it reports to (logged name, divided by the units?); missing sums count as 0.
+    What it needs from the engine when on: `all_rows` (rows with zero advantage still carry its
+    gradient), `whole_rows` (all of a row's units in one slice), `reference` (reference
+    log-probs), `entropy` (the units' entropies), `old_policy` (a comparison with the old policy:
+    ratio-free objectives skip it)."""
+
+    weight: Callable[[AlgorithmConfig], float]
+    term: Callable[[TermInputs, float], tuple[Optional[Tensor], dict[str, float]]]
+    metrics: dict[str, tuple[str, bool]]
+    all_rows: bool = False
+    whole_rows: bool = False
+    reference: bool = False
+    entropy: bool = False
+    old_policy: bool = False
+
+
+REGULARISERS: Registry[Regulariser] = Registry("regulariser")
+
+
+def kl_term(x: TermInputs, beta: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """beta KL_u: the policy's closed-form `kl` when given, else `cfg.kl_estimator` on (logp, ref_logp)."""
+    if beta == 0.0:
+        return None, {}
+    if x.kl is None and x.ref_logp is None:
+        raise ValueError("algorithm.beta != 0 needs reference log-probs")
+    kl = x.kl.float() if x.kl is not None else KL_ESTIMATORS.get(x.cfg.kl_estimator)(x.logp, x.ref_logp.float())
+    return beta * kl, {"kl": float((kl.detach() * x.mask).sum())}
+
+
+def entropy_term(x: TermInputs, coef: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """-entropy_coef H_u; the entropy is measured for logging whenever it was computed."""
+    if x.entropy is None:
+        return None, {}
+    return (-coef * x.entropy if coef != 0.0 else None), {"entropy": float((x.entropy.detach() * x.mask).sum())}
+
+
+def llds_term(x: TermInputs, coef: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """LLDS: coef max(0, log pi_old - log pi_theta) on the units of `llds_penalty`'s active rows."""
+    if coef == 0.0:
+        return None, {}
+    penalty, active = llds_penalty(x.logp, x.old_logp, x.advantages, x.mask, x.cfg.llds_rows)
+    return coef * penalty, {"llds_active": active}
+
+
+REGULARISERS.register("kl")(Regulariser(lambda cfg: cfg.beta, kl_term, {"kl": ("kl", True)},
+                                        all_rows=True, reference=True))
+REGULARISERS.register("entropy")(Regulariser(lambda cfg: cfg.entropy_coef, entropy_term,
+                                             {"entropy": ("entropy", True)}, all_rows=True, entropy=True))
+REGULARISERS.register("llds")(Regulariser(lambda cfg: cfg.llds_coef, llds_term,
+                                          {"llds_active": ("llds_active_rows", False)},
+                                          all_rows=True, whole_rows=True, old_policy=True))
+
+
+def active_regularisers(cfg: AlgorithmConfig) -> list[Regulariser]:
+    """The regularisers whose weight is non-zero under `cfg`."""
+    return [r for _, r in REGULARISERS.items() if r.weight(cfg) != 0.0]
+
+
+def regulariser_needs(cfg: AlgorithmConfig, need: str) -> bool:
+    """Whether any active regulariser needs `need` (all_rows, whole_rows, reference, entropy)."""
+    return any(getattr(r, need) for r in active_regularisers(cfg))
+
+
+def closed_form_kl(cfg: AlgorithmConfig) -> bool:
+    """The reference enters through the policy's closed-form KL (`Policy.logprobs_and_kl`)
+    instead of a pass of reference log-probs."""
+    return regulariser_needs(cfg, "reference") and cfg.kl_estimator == CLOSED_FORM_KL
+
+
+def reference_pass(cfg: AlgorithmConfig) -> bool:
+    """Whether reference log-probs must be computed before the update."""
+    return regulariser_needs(cfg, "reference") and not closed_form_kl(cfg)
+
+
+def metric_names() -> dict[str, tuple[str, bool]]:
+    """Every registered regulariser's metric sums: sum name -> (logged name, divided by units?)."""
+    return {k: v for _, r in REGULARISERS.items() for k, v in r.metrics.items()}
+
+
+def add_regularisers(per_unit: Tensor, x: TermInputs, old_policy: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """per_unit plus every registered regulariser's term, in registration order, and their metric
+    sums (0 for a sum not measured). `old_policy=False` (a ratio-free objective) skips the terms
+    that compare with the old policy."""
+    sums = {k: 0.0 for k in metric_names()}
+    for _, reg in REGULARISERS.items():
+        if reg.old_policy and not old_policy:
+            continue
+        added, metrics = reg.term(x, reg.weight(x.cfg))
+        if added is not None:
+            per_unit = per_unit + added
+        sums.update(metrics)
+    return per_unit, sums
 
 
 LLDS_ROWS = ("non_negative", "all")
@@ -144,15 +242,14 @@ def llds_penalty(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, rows
 
 @dataclass
 class LossTerms:
-    """The micro-batch loss and unit-weighted sums for logging (divide by `units`)."""
+    """The micro-batch loss and unit-weighted sums for logging (divide by `units`); `metrics` holds
+    the regularisers' sums (`metric_names`)."""
 
     loss: Tensor
     units: float
     clipped: float
-    kl: float
-    entropy: float
-    llds_active: float
     ratio_max_dev: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
@@ -178,17 +275,13 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         if cfg.dual_clip <= 1.0:
             raise ValueError(f"algorithm.dual_clip={cfg.dual_clip} must be > 1")
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
-    per_unit, kl_sum, ent_sum = add_regularisers(per_unit, logp, mask, cfg, ref_logp, entropy, kl)
-    llds_rows = 0.0
-    if cfg.llds_coef != 0.0:
-        penalty, llds_rows = llds_penalty(logp, old_logp, adv, mask, cfg.llds_rows)
-        per_unit = per_unit + cfg.llds_coef * penalty
+    per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
     is_clipped = ((clipped > unclipped) & (mask > 0)).float().sum()
     dev = ((ratio - 1).abs() * mask).max() if units > 0 else torch.zeros(())
-    return LossTerms(loss=loss, units=units, clipped=float(is_clipped), kl=kl_sum, entropy=ent_sum,
-                     llds_active=llds_rows, ratio_max_dev=float(dev.detach()))
+    return LossTerms(loss=loss, units=units, clipped=float(is_clipped), ratio_max_dev=float(dev.detach()),
+                     metrics=sums)
 
 
 def wd1_coefficients(advantages: Tensor, group_id: Tensor, row_mask: Tensor) -> Tensor:
@@ -217,11 +310,11 @@ def weighted_likelihood_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor,
     if coef.dim() != 1:
         raise ValueError("algorithm.objective='wd1' needs one advantage per row, not step-level rewards")
     per_unit = coef[:, None] * logp
-    per_unit, kl_sum, ent_sum = add_regularisers(per_unit, logp, mask, cfg, ref_logp, entropy, kl)
+    inputs = TermInputs(logp, old_logp.float(), coef[:, None], mask, cfg, ref_logp, entropy, kl)
+    per_unit, sums = add_regularisers(per_unit, inputs, old_policy=False)
     loss = (per_unit * weights * mask).sum()
     dev = (((logp - old_logp.float()).detach().exp() - 1).abs() * mask).max() if mask.sum() > 0 else torch.zeros(())
-    return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, kl=kl_sum, entropy=ent_sum,
-                     llds_active=0.0, ratio_max_dev=float(dev))
+    return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, ratio_max_dev=float(dev), metrics=sums)
 
 
 @dataclass(frozen=True)

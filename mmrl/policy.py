@@ -1,4 +1,4 @@
-"""The adapter contract: a model seen as a policy over action units (DESIGN.md)."""
+"""The adapter contract: a model seen as a policy over action units (docs/architecture.md)."""
 
 from __future__ import annotations
 

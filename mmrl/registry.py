@@ -48,6 +48,11 @@ class Registry(Generic[T]):
         load_plugins()
         return sorted(self._items)
 
+    def items(self) -> list[tuple[str, T]]:
+        """(name, object) pairs in registration order, as registered so far (plugins are not
+        loaded: for registries whose order matters, e.g. terms added to a loss)."""
+        return list(self._items.items())
+
     def __contains__(self, name: str) -> bool:
         load_plugins()
         return name in self._items

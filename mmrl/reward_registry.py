@@ -6,11 +6,16 @@ call shape of TRL's reward functions. Data-set columns arrive by name (``answer`
 ``**kwargs``. Two more columns come from the engine (`score_rollout`): ``group_id`` (each row's
 prompt group) and ``auxiliary`` (whether the row is an auxiliary rollout, see `Rollout`), so a
 reward may compare the rows of a group (T-GRPO).
+
+A reward that declares a ``log_metric`` parameter gets a per-call logger, ``log_metric(key,
+value=1.0)``, that adds to a count the caller logs as ``reward/<name>/<key>`` (e.g. failed parses
+by reason); the counts belong to the call, never to the module.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -60,7 +65,6 @@ class ColumnBoundReward:
 
     def __init__(self, name: str, func: RewardFn, columns: dict[str, str]):
         self.name, self.func, self.columns = name, func, columns
-        self.pop_metrics = getattr(func, "pop_metrics", None)
         functools.update_wrapper(self, func)
 
     def check(self, data_columns: Sequence[str]) -> None:
@@ -81,21 +85,29 @@ class ColumnBoundReward:
         return self.func(prompts=prompts, completions=completions, **data)
 
 
-def reward_metrics(fns: Mapping[str, RewardFn]) -> dict[str, float]:
-    """Extra metrics a reward reports about its last calls (e.g. failed compiles by reason):
-    a reward function may carry a ``pop_metrics()`` attribute; keys come back as
-    ``reward/<name>/<key>``."""
-    out = {}
-    for name, fn in fns.items():
-        pop = getattr(getattr(fn, "func", fn), "pop_metrics", None)
-        if pop is not None:
-            out.update({f"reward/{name}/{k}": float(v) for k, v in pop().items()})
-    return out
+MetricLogger = Callable[..., None]
+
+
+def metric_logger(into: dict[str, float], prefix: str = "") -> MetricLogger:
+    """``log_metric(key, value=1.0)`` adding `value` to ``into[prefix + key]``."""
+    def log_metric(key: str, value: float = 1.0) -> None:
+        into[prefix + key] = into.get(prefix + key, 0.0) + float(value)
+    return log_metric
+
+
+def takes_logger(fn: RewardFn) -> bool:
+    """Whether the reward declares a ``log_metric`` parameter."""
+    try:
+        return "log_metric" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], completions: Sequence[Any],
-                    columns: Mapping[str, Sequence[Any]]) -> dict[str, Tensor]:
-    """Call each reward; return name -> float tensor [N] with NaN where it gave None.
+                    columns: Mapping[str, Sequence[Any]], metrics: dict[str, float] | None = None
+                    ) -> dict[str, Tensor]:
+    """Call each reward; return name -> float tensor [N] with NaN where it gave None. The counts
+    rewards log about this call (`log_metric`) are added to `metrics` as ``reward/<name>/<key>``.
 
     Fails loudly, naming the reward (and the sample where one can be named), when a reward
     raises, returns a wrong-length result, or returns NaN or an infinity.
@@ -104,7 +116,9 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
     out = {}
     for name, fn in fns.items():
         try:
-            values = list(fn(prompts=list(prompts), completions=list(completions), **columns))
+            logger = ({"log_metric": metric_logger(metrics, f"reward/{name}/")}
+                      if metrics is not None and takes_logger(fn) else {})
+            values = list(fn(prompts=list(prompts), completions=list(completions), **columns, **logger))
         except Exception as e:  # report which reward broke, keep the original traceback
             raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         if len(values) != n:
@@ -118,7 +132,7 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
                 f = float(v)
             except (TypeError, ValueError):
                 raise RewardError(f"reward {name!r} returned {v!r} for sample {i} "
-                                  f"(completion {str(completions[i])[:80]!r}); expected a number or None")
+                                  f"(completion {str(completions[i])[:80]!r}); expected a number or None") from None
             if not math.isfinite(f):
                 raise RewardError(f"reward {name!r} returned {f} for sample {i} "
                                   f"(completion {str(completions[i])[:80]!r})")
@@ -128,6 +142,7 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
 
 
 ENGINE_COLUMNS = ("group_id", "auxiliary")
+RESERVED_COLUMNS = (*ENGINE_COLUMNS, "log_metric")
 
 
 def _auxiliary(rollout: Rollout) -> Tensor:
@@ -139,7 +154,7 @@ def reward_columns(rollout: Rollout, rows: Sequence[int] | None = None) -> dict[
     """The columns rewards see for the given rows (all by default): the rollout's data-set
     columns plus the engine's ``group_id`` and ``auxiliary`` (a data-set column of either name is
     an error)."""
-    for name in ENGINE_COLUMNS:
+    for name in RESERVED_COLUMNS:
         if name in rollout.columns:
             raise ValueError(f"column {name!r} is reserved for the engine (rewards receive it); rename it in "
                              "the data set")
@@ -150,19 +165,20 @@ def reward_columns(rollout: Rollout, rows: Sequence[int] | None = None) -> dict[
 
 
 def score_completions(fns: Mapping[str, RewardFn], rollout: Rollout, rows: Sequence[int],
-                      completions: Sequence[Any]) -> dict[str, Tensor]:
+                      completions: Sequence[Any], metrics: dict[str, float] | None = None) -> dict[str, Tensor]:
     """Score extra completions (e.g. intermediate states completed to the end), completion j
     standing for row rows[j]: its prompt and its columns."""
-    return compute_rewards(fns, [rollout.prompts[i] for i in rows], completions, reward_columns(rollout, rows))
+    return compute_rewards(fns, [rollout.prompts[i] for i in rows], completions, reward_columns(rollout, rows),
+                           metrics)
 
 
-def score_rollout(fns: Mapping[str, RewardFn], rollout: Rollout
+def score_rollout(fns: Mapping[str, RewardFn], rollout: Rollout, metrics: dict[str, float] | None = None
                   ) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
     """Score every row, auxiliary rows included; return (the rollout without its auxiliary rows,
     their rewards, the auxiliary rows' rewards). Rewards see the rollout's columns plus
     ``group_id`` and ``auxiliary`` (a data-set column of either name is an error)."""
     auxiliary = _auxiliary(rollout)
-    rewards = compute_rewards(fns, rollout.prompts, rollout.completions, reward_columns(rollout))
+    rewards = compute_rewards(fns, rollout.prompts, rollout.completions, reward_columns(rollout), metrics)
     if not auxiliary.any():
         return rollout, rewards, {k: v[:0] for k, v in rewards.items()}
     keep = (~auxiliary).nonzero().flatten()

@@ -1,4 +1,4 @@
-"""The rollout record shared by every adapter (DESIGN.md, 'The one contract: action units')."""
+"""The rollout record shared by every adapter (docs/architecture.md, 'The one contract: action units')."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Rollout:
     `completions` is what the rewards see (text, images, audio); `columns` holds the data-set
     fields of each row's prompt; `extras` holds whatever the adapter needs to recompute
     log-probs (token ids, latents, timesteps): tensors whose first dimension is N, or lists of
-    length N. `old_logp` / `ref_logp` are filled by the engine when they are needed.
+    length N. (The engine keeps the old and reference log-probs of a step itself.)
 
     `auxiliary` (bool [N], None: no such rows) marks rows an adapter draws only for the rewards to
     compare against, e.g. T-GRPO's rollouts of the same prompt with its video frames shuffled.
@@ -33,8 +33,6 @@ class Rollout:
     extras: dict[str, Any] = field(default_factory=dict)
     truncated: Tensor | None = None
     auxiliary: Tensor | None = None
-    old_logp: Tensor | None = None
-    ref_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.group_id.shape[0])

@@ -1,6 +1,6 @@
 """Which data-set prompts a training step uses; identical on every process, never the global RNG.
 
-Strategies (REFERENCES.md, 'Prompt sampling'):
+Strategies (docs/methods.md, 'Prompt sampling'):
 
 * ``uniform``: epochs of a seeded shuffle, without replacement, with a data position
   (epoch, offset) that advances and wraps to a new epoch;

@@ -34,11 +34,12 @@ from .config import TrainConfig, from_dict, to_dict
 from .data import Rows, load_data, reward_columns_needed
 from .errors import UserError, reading_user_input
 from .evaluate import evaluate
-from .loss import AGGREGATIONS, CLOSED_FORM_KL, OBJECTIVES, ratio_segments
+from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio_segments, reference_pass,
+                   regulariser_needs)
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, reward_metrics,
-                              score_completions, score_rollout)
+from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, score_completions,
+                              score_rollout)
 from .rollout import Rollout
 from .sampling import PromptSampler, derive_seed
 from .signals import RunInterrupted, StopSignals
@@ -63,6 +64,27 @@ class StepBatch:
     row_mask: Tensor               # local [n] bool: rows that take part in the loss
     weights: Tensor                # local [n, U]: aggregation weights over the whole batch
     metrics: dict[str, float]
+
+
+@dataclass
+class ShareCounts:
+    """One process's share of a step's batch, gathered from every process before the loss so the
+    aggregation is taken over the whole batch."""
+
+    units: float                   # trained units (unit_mask x row_mask)
+    rows: float                    # rows that take part in the loss
+    width: int                     # U, the units of the widest rollout (0 for no rows)
+    lengths: list[float]           # each row's unit count (completion length)
+    truncated: list[bool]          # each row cut at the length limit (empty: not reported)
+
+
+@dataclass
+class MicroBatchCounts:
+    """One process's micro-batch plan, gathered so every process runs as many backward passes."""
+
+    chunks: int                    # micro-batches
+    active: int                    # rows that run (carry a gradient)
+    rows: int                      # rows that take part in the loss
 
 
 def add_counts(into: dict[str, float], counts: dict[str, float]) -> None:
@@ -170,7 +192,7 @@ class Trainer:
             self.policy.model = get_peft_model(self.policy.model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
         self.reference = None
-        if any(s.config.algorithm.beta != 0.0 for s in self.plan.stages) and not self.lora:
+        if any(regulariser_needs(s.config.algorithm, "reference") for s in self.plan.stages) and not self.lora:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.policy.model.train()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
@@ -213,7 +235,7 @@ class Trainer:
 
     @property
     def _closed_form_kl(self) -> bool:
-        return self.cfg.algorithm.beta != 0 and self.cfg.algorithm.kl_estimator == CLOSED_FORM_KL
+        return closed_form_kl(self.cfg.algorithm)
 
     def _gather(self, obj: Any) -> list[Any]:
         """One object from each process, in process order (the identity on one process)."""
@@ -236,12 +258,13 @@ class Trainer:
         rollout = self.policy.rollout(rows, group_size, seeds)
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
-        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout)
+        reward_counts: dict[str, float] = {}  # what the rewards log about this draw's calls
+        rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout, reward_counts)
         per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
-            self.reward_fns, rollout, picked, completions))
+            self.reward_fns, rollout, picked, completions, reward_counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
-        counts = {**reward_metrics(self.reward_fns), **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
+        counts = {**reward_counts, **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
         gathered = self._gather(({k: v.tolist() for k, v in rewards.items()}, counts,
                                  {k: v.tolist() for k, v in auxiliary.items()}))
         full = {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}
@@ -293,7 +316,9 @@ class Trainer:
         stats.update(self.sampler.stats())
         return local, rewards, torch.cat(gid_parts), stats
 
-    def _prepare_batch(self, step: int) -> StepBatch:
+    def prepare_batch(self, step: int) -> StepBatch:
+        """Step `step`'s rollouts, rewards, advantages and aggregation weights: this process's share
+        of the batch, ready for `accumulate_gradients` (what `train_step` does before updating)."""
         algo = self.cfg.algorithm
         local, rewards, group_id, metrics = self._collect(step)
         adv = compute_advantages(rewards, self.reward_weights, group_id, algo)
@@ -311,11 +336,12 @@ class Trainer:
             row_mask = row_mask & ~small
         unit_mask = local.unit_mask * row_mask[:, None]
         truncated = local.truncated.tolist() if local.truncated is not None else []
-        counts = self._gather((float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0,
-                               local.unit_mask.sum(1).tolist(), truncated))
-        total_units = max(sum(c[0] for c in counts), 1.0)
-        total_rows = max(sum(c[1] for c in counts), 1.0)
-        max_units = algo.max_units or self.policy.max_units or max(c[2] for c in counts)
+        counts: list[ShareCounts] = self._gather(ShareCounts(
+            float(unit_mask.sum()), float(row_mask.sum()), local.num_units if n else 0,
+            local.unit_mask.sum(1).tolist(), truncated))
+        total_units = max(sum(c.units for c in counts), 1.0)
+        total_rows = max(sum(c.rows for c in counts), 1.0)
+        max_units = algo.max_units or self.policy.max_units or max(c.width for c in counts)
         weights = AGGREGATIONS.get(algo.aggregation)(unit_mask, total_units, total_rows, max_units)
 
         total = adv.total_reward
@@ -325,34 +351,35 @@ class Trainer:
             **{f"reward/{k}": float(torch.nanmean(v)) for k, v in rewards.items()},
             **adv.stats,
         })
-        lengths = [x for c in counts for x in c[3]]
-        truncated = [x for c in counts for x in c[4]]
+        lengths = [x for c in counts for x in c.lengths]
+        truncated = [x for c in counts for x in c.truncated]
         metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)
         if truncated:
             metrics["truncated_frac"] = sum(truncated) / len(truncated)
         return StepBatch(local, advantages, row_mask, weights, metrics)
 
     def _micro_batches(self, batch: StepBatch) -> list[Tensor]:
-        """Row indices of each micro-batch. Rows without gradient (zero advantage, no KL, entropy
-        or LLDS term) are skipped; every process runs the same number of micro-batches (padded
+        """Row indices of each micro-batch. Rows without gradient (zero advantage, and no active
+        regulariser that needs every row) are skipped; every process runs the same number of micro-batches (padded
         with empty ones) so gradient synchronisation lines up."""
         algo = self.cfg.algorithm
-        needs_every_row = algo.beta != 0 or algo.entropy_coef != 0 or algo.llds_coef != 0
+        needs_every_row = regulariser_needs(algo, "all_rows")
         active = batch.row_mask.clone()
         if not needs_every_row:
             active &= row_magnitude(batch.advantages) > 0
         rows = active.nonzero().flatten()
         size = self.cfg.optim.micro_batch_size
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
-        counts = self._gather((len(chunks), int(active.sum()), int(batch.row_mask.sum())))
-        most = max(c[0] for c in counts)
+        counts: list[MicroBatchCounts] = self._gather(MicroBatchCounts(len(chunks), int(active.sum()),
+                                                                       int(batch.row_mask.sum())))
+        most = max(c.chunks for c in counts)
         chunks += [rows[:0]] * (most - len(chunks))
-        batch.metrics["skipped_frac"] = 1.0 - sum(c[1] for c in counts) / max(sum(c[2] for c in counts), 1)
+        batch.metrics["skipped_frac"] = 1.0 - sum(c.active for c in counts) / max(sum(c.rows for c in counts), 1)
         return chunks
 
     def _unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
         algo = self.cfg.algorithm
-        if algo.ratio_level == "sequence" or algo.llds_coef != 0:
+        if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
             return [(slice(None), None)]
         if algo.ratio_level == "chunk":
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
@@ -384,8 +411,8 @@ class Trainer:
         into `.grad` and are synchronised across processes on the last backward."""
         acc, algo = self.accelerator, self.cfg.algorithm
         local, world = batch.rollout, acc.num_processes
-        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0,
-                "llds_active": 0.0, "ratio_max_dev": 0.0}
+        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "ratio_max_dev": 0.0,
+                **{k: 0.0 for k in metric_names()}}
         if len(local) == 0:  # this process kept no rows: take part in the synchronisation at zero
             acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return sums
@@ -397,7 +424,7 @@ class Trainer:
             mb = local.select(idx)
             sync = k == len(work) - 1 or world == 1
             with nullcontext() if sync else acc.no_sync(self.model):
-                want_entropy = with_entropy or algo.entropy_coef != 0
+                want_entropy = with_entropy or regulariser_needs(algo, "entropy")
                 kl = None
                 if self._closed_form_kl:
                     logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self._reference_model, mb, units,
@@ -416,8 +443,10 @@ class Trainer:
                     entropy=entropy, kl=kl)
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
-                for key in ("units", "clipped", "kl", "entropy", "llds_active"):
+                for key in ("units", "clipped"):
                     sums[key] += getattr(terms, key)
+                for key, value in terms.metrics.items():
+                    sums[key] += value
                 sums["loss"] += terms.loss.item()
                 sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)
         return sums
@@ -439,8 +468,7 @@ class Trainer:
 
         keep_old = algo.mu > 1 and self.objective.uses_ratio
         old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
-        ref_logp = (per_pass(reference=True) if algo.beta != 0 and not self._closed_form_kl
-                    else [None] * algo.mu)
+        ref_logp = per_pass(reference=True) if reference_pass(algo) else [None] * algo.mu
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         self.nonfinite_term = None
@@ -464,8 +492,9 @@ class Trainer:
         gathered = self._gather(first)
         total = {k: sum(g[k] for g in gathered) for k in first}
         units = total["units"] or math.nan  # nan: every row was skipped, nothing was measured
-        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, "kl": total["kl"] / units,
-                "entropy": total["entropy"] / units, "llds_active_rows": total["llds_active"],
+        regularisers = {logged: total[key] / units if per_unit else total[key]
+                        for key, (logged, per_unit) in metric_names().items()}
+        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, **regularisers,
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None)}
 
@@ -507,7 +536,7 @@ class Trainer:
         self._enter_stage(self.plan.stage_at(step))
         t0 = time.perf_counter()
         self.policy.set_training_step(step)
-        batch = self._prepare_batch(step)
+        batch = self.prepare_batch(step)
         t1 = time.perf_counter()
         update = self._update(batch)
         metrics = {**batch.metrics, **update}

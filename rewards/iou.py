@@ -31,7 +31,7 @@ The peers' own rules are the presets (`rewards.iou_presets`):
 
 A completion with no parsable box scores 0.0 (reason ``no_box``); one whose coordinates lie outside
 the declared range (e.g. pixels emitted where ``coords="norm1000"`` was declared) scores 0.0
-(reason ``bad_coords``). The counts are reported through `pop_metrics()` and logged by the engine
+(reason ``bad_coords``). The counts are reported through the per-call `log_metric` and logged by the engine
 as ``reward/iou/unparsable/<reason>``.
 """
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
@@ -68,7 +67,6 @@ _PLAIN_LIST = re.compile(r"\[\s*(" + _NUM + r")\s*,\s*(" + _NUM + r")\s*,\s*(" +
 _MAX_DEPTH = 16
 _MAX_JSON_FAILURES = 256  # bounds the JSON scan on adversarial text; plain lists are still read by regex
 
-_failures: Counter = Counter()
 
 Box = list[float]
 
@@ -421,19 +419,11 @@ def _frame_extent(frame: str, original: Any, input_size: Any) -> tuple[float, fl
     return None if size is None else tuple(float(v) for v in size)
 
 
-def pop_metrics() -> dict[str, float]:
-    """Counts of unparsable completions by reason (``no_box``, ``bad_coords``) since the last call
-    (the engine logs them as ``reward/iou/unparsable/<reason>``)."""
-    out = {f"unparsable/{reason}": float(n) for reason, n in _failures.items()}
-    _failures.clear()
-    return out
-
-
 @register_reward("iou")
 def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=None, mode: str = "mean_iou",
                iou_threshold: float = 0.5, frame: str | None = None, match: str = "hungarian",
                threshold: float = 0.0, preset: str | None = None, original_size=None, input_size=None,
-               math_verify_first: bool = False, **kwargs) -> list[float | None]:
+               math_verify_first: bool = False, log_metric=None, **kwargs) -> list[float | None]:
     """Box reward in [0, 1] against the ``boxes`` column (per row a list of ``[x1, y1, x2, y2]`` in
     the ORIGINAL image's pixels, or None: not applicable -> None; bind another column with
     ``rewards.iou.columns: {boxes: solution}``).
@@ -455,7 +445,8 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     ``match``, ``mode`` and ``threshold`` (Visual-RFT's 0.5 is fixed); ``math_verify_first`` adds
     Visual-RFT's math_verify shortcut (off by default: it pays 1.0 for coinciding first numbers).
     No parsable box -> 0.0 (``no_box``); a coordinate outside the declared range (0-1, 0-1000, the
-    input or the image for pixels with a size; 1% slack) -> 0.0 (``bad_coords``); see `pop_metrics()`.
+    input or the image for pixels with a size; 1% slack) -> 0.0 (``bad_coords``); each counted through
+    `log_metric` as ``unparsable/<reason>`` (the engine logs ``reward/iou/unparsable/<reason>``).
     """
     if mode not in MODES:
         raise ValueError(f"iou: mode={mode!r} is not one of {MODES}")
@@ -480,6 +471,7 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
     if preset is not None:
         return _preset_rewards(preset, frame, completions, boxes, originals, inputs, math_verify_first)
     sizes = _row_sizes(image_size, n)
+    log_metric = log_metric or (lambda key, value=1.0: None)  # called outside the engine: not counted
     out: list[float | None] = []
     for i, (completion, row) in enumerate(zip(completions, boxes)):
         if row is None:
@@ -496,11 +488,11 @@ def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=N
             if not truth:
                 out.append(1.0)  # no box expected, none given
                 continue
-            _failures["no_box"] += 1
+            log_metric("unparsable/no_box")
             out.append(0.0)
             continue
         if not _in_range(raw, extent):
-            _failures["bad_coords"] += 1
+            log_metric("unparsable/bad_coords")
             out.append(0.0)
             continue
         if frame is None:
@@ -531,5 +523,3 @@ def _preset_rewards(preset: str, frame: str | None, completions, boxes, original
                        else visual_rft_score(text, truth))
     return out
 
-
-iou_reward.pop_metrics = pop_metrics

@@ -11,15 +11,16 @@ edit distance.
 TEDS > 0.9; accuracy: CW-SSIM of 300-dpi pdflatex pages > 0.6 unless TEDS < 0.3; see
 `rewards.table2latex_rl`), summed by default as its training sums them.
 A snippet that does not compile, or uses a forbidden primitive, scores 0; the reasons are counted
-and reported through `pop_metrics()` (logged by the engine as ``reward/latex_render/...``).
-Renders are cached: references for the whole run, completions in a least-recently-used cache
-(a group's samples and successive steps repeat snippets; a TeX compile costs ~0.18 s of CPU).
+and reported through the per-call `log_metric` (logged by the engine as ``reward/latex_render/...``).
+Renders are cached in two least-recently-used caches, references and completions (a data set's
+references recur every epoch, a group's samples and successive steps repeat snippets; a TeX
+compile costs ~0.18 s of CPU).
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,11 +36,10 @@ from .text import completion_text
 FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|special|catcode|"
                        r"usepackage|documentclass|newwrite|newread|end\{document\})", re.IGNORECASE)
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\s]")
-_reference_cache: dict[tuple, Render] = {}
+_reference_cache: OrderedDict[tuple, Render] = OrderedDict()
 _completion_cache: OrderedDict[tuple, Render] = OrderedDict()
+REFERENCE_CACHE_SIZE = 4096
 COMPLETION_CACHE_SIZE = 4096
-_failures: Counter = Counter()
-_renderers: Counter = Counter()
 
 
 def latex_tokens(code: str) -> list[str]:
@@ -120,16 +120,6 @@ def _kind(reference: str, kind: str) -> str:
     return "table" if "\\begin{tabular}" in reference else "formula"
 
 
-def pop_metrics() -> dict[str, float]:
-    """Counts since the last call (the engine logs them): failed compiles by reason, and the
-    renderer used (`latex`, or `mathtext` on machines without TeX)."""
-    out = {f"fail/{reason}": float(n) for reason, n in _failures.items()}
-    out.update({f"renderer/{name}": float(n) for name, n in _renderers.items()})
-    _failures.clear()
-    _renderers.clear()
-    return out
-
-
 def _reason(error: str) -> str:
     if error.startswith("forbidden"):
         return "forbidden"
@@ -146,7 +136,8 @@ PRESETS = ("table2latex_rl",)
 COMPONENTS = ("sum", "format", "accuracy")
 
 
-def _table2latex_rl(completions, reference, component: str, timeout: float, workers: int) -> list[float | None]:
+def _table2latex_rl(completions, reference, component: str, timeout: float, workers: int,
+                    log_metric) -> list[float | None]:
     """Table2LaTeX-RL's format and accuracy rewards on the raw completion text (as its code
     reads it), `component` both summed or one of them; sandboxed renders, cached by text. A
     reference that does not compile is an error (their code would score every completion 0)."""
@@ -164,9 +155,9 @@ def _table2latex_rl(completions, reference, component: str, timeout: float, work
 
     def render_candidate(code: str) -> np.ndarray | None:
         result = page(code)
-        _renderers[result.renderer] += 1
+        log_metric(f"renderer/{result.renderer}")
         if result.image is None:
-            _failures[_reason(result.error)] += 1
+            log_metric(f"fail/{_reason(result.error)}")
         return result.image
 
     def render_reference(code: str) -> np.ndarray:
@@ -188,15 +179,28 @@ def _table2latex_rl(completions, reference, component: str, timeout: float, work
         return list(pool.map(score, range(len(codes))))
 
 
+def _remember(cache: OrderedDict, fresh: dict, used: list, size: int) -> None:
+    """Add `fresh` renders to a least-recently-used `cache`, mark the `used` keys as recent, and
+    keep at most `size` entries."""
+    cache.update(fresh)
+    for key in used:
+        if key in cache:
+            cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
+
+
 @register_reward("latex_render")
 def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
                         structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
                         renderer: str = "auto", preset: str | None = None, component: str = "sum",
-                        **kwargs) -> list[float | None]:
+                        log_metric=None, **kwargs) -> list[float | None]:
     """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1].
     `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`.
     ``preset: table2latex_rl``: Table2LaTeX-RL's format + accuracy rewards (0, 1 or 2; needs
-    pdflatex, multirow.sty and poppler's pdftoppm; `timeout` per compile); `component`: ``sum`` (default), ``format`` or ``accuracy``."""
+    pdflatex, multirow.sty and poppler's pdftoppm; `timeout` per compile); `component`: ``sum`` (default), ``format`` or ``accuracy``.
+    `log_metric` counts failed compiles by reason (``fail/<reason>``) and the renderer used
+    (``renderer/latex``, or ``renderer/mathtext`` on machines without TeX)."""
     if len(reference) != len(completions):
         raise ValueError(f"latex_render: column 'reference' has {len(reference)} values for "
                          f"{len(completions)} completions")
@@ -206,7 +210,8 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
         if (kind, visual_weight, structure_weight, renderer) != ("auto", 0.5, 0.5, "auto"):
             raise ValueError(f"latex_render: preset={preset!r} follows its authors' rules; kind / visual_weight / "
                              "structure_weight / renderer do not apply")
-        return _table2latex_rl(completions, reference, component, timeout, workers)
+        return _table2latex_rl(completions, reference, component, timeout, workers,
+                               log_metric or (lambda key, value=1.0: None))
     if visual_weight < 0 or structure_weight < 0 or visual_weight + structure_weight <= 0:
         raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")
     codes = [extract_latex(completion_text(c)) for c in completions]
@@ -220,29 +225,24 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
             return Render(None, "latex", f"forbidden command {bad.group(0)}")
         return compile_latex(code, code_kind, timeout=timeout, renderer=renderer)
 
-    def render_reference(i: int) -> Render | None:
-        if reference[i] is None:
-            return None
-        key = (reference[i], kinds[i], renderer)  # a mathtext render never stands in for TeX
-        if key not in _reference_cache:
-            _reference_cache[key] = compile_latex(reference[i], kinds[i], timeout=timeout, renderer=renderer)
-        return _reference_cache[key]
+    def render_reference(key: tuple) -> Render:
+        ref, ref_kind, _ = key
+        return compile_latex(ref, ref_kind, timeout=timeout, renderer=renderer)
 
     keys = [None if reference[i] is None else (codes[i], kinds[i], renderer)
             for i in range(len(codes))]
+    # a mathtext render never stands in for TeX: the renderer is part of the key
+    ref_keys = [None if reference[i] is None else (reference[i], kinds[i], renderer) for i in range(len(codes))]
     missing = list(dict.fromkeys(k for k in keys if k is not None and k not in _completion_cache))
+    missing_refs = list(dict.fromkeys(k for k in ref_keys if k is not None and k not in _reference_cache))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         fresh = dict(zip(missing, pool.map(render, missing)))
-        references = list(pool.map(render_reference, range(len(codes))))
+        fresh_refs = dict(zip(missing_refs, pool.map(render_reference, missing_refs)))
     candidates = [None if k is None else fresh.get(k) or _completion_cache[k] for k in keys]
-    for key, result in fresh.items():
-        if result.error != "timeout":  # a timeout may be the machine's load, not the snippet
-            _completion_cache[key] = result
-    for key in keys:
-        if key in _completion_cache:
-            _completion_cache.move_to_end(key)
-    while len(_completion_cache) > COMPLETION_CACHE_SIZE:
-        _completion_cache.popitem(last=False)
+    references = [None if k is None else fresh_refs.get(k) or _reference_cache[k] for k in ref_keys]
+    _remember(_completion_cache, {k: r for k, r in fresh.items() if r.error != "timeout"},  # a timeout may be
+              keys, COMPLETION_CACHE_SIZE)                                                  # the load, not the snippet
+    _remember(_reference_cache, fresh_refs, ref_keys, REFERENCE_CACHE_SIZE)
     total = visual_weight + structure_weight
     out: list[float | None] = []
     for i, (cand, ref) in enumerate(zip(candidates, references)):
@@ -251,9 +251,11 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
             continue
         if ref.image is None:
             raise ValueError(f"latex_render: reference {i} does not render ({ref.error}): {reference[i][:80]!r}")
-        _renderers[cand.renderer] += 1
+        if log_metric is not None:
+            log_metric(f"renderer/{cand.renderer}")
         if cand.image is None:
-            _failures[_reason(cand.error)] += 1
+            if log_metric is not None:
+                log_metric(f"fail/{_reason(cand.error)}")
             out.append(0.0)
             continue
         if kinds[i] == "table":
@@ -264,5 +266,3 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
         out.append((visual_weight * visual + structure_weight * structure) / total)
     return out
 
-
-latex_render_reward.pop_metrics = pop_metrics

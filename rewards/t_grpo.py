@@ -4,21 +4,9 @@ frames in order."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from fractions import Fraction
 
 from mmrl.reward_registry import bind_reward, register_reward
-
-_counts: Counter = Counter()
-
-
-def pop_metrics() -> dict[str, float]:
-    """Since the last call: ``groups`` compared (a group with ordered and shuffled rows and an
-    accuracy), ``bonus_groups`` among them whose ordered accuracy reached mu x the shuffled one
-    (the engine sums them over processes; logged as ``reward/t_grpo/<key>``)."""
-    out = {k: float(_counts[k]) for k in ("groups", "bonus_groups")}
-    _counts.clear()
-    return out
 
 
 def exact(x: float) -> Fraction:
@@ -30,7 +18,7 @@ def exact(x: float) -> Fraction:
 @register_reward("t_grpo")
 def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, mu: float = 0.8,
                   accuracy: str = "accuracy", accuracy_args: dict | None = None, correct_above: float = 0.1,
-                  **columns) -> list[float | None]:
+                  log_metric=None, **columns) -> list[float | None]:
     """For each prompt group, p = mean `accuracy` reward of its ordered rows and q = mean over its
     auxiliary rows (the rollouts with shuffled frames, `policy.shuffled_rollouts`). If
     p >= mu * q (compared in exact fractions, mu and the scores as written in decimal, so an exact
@@ -43,6 +31,9 @@ def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3,
     accuracy exceeds 0.1 (its graded rewards count as correct too). `accuracy` names the reward
     that scores correctness, called with `accuracy_args` (e.g. {mode: choice}). None for auxiliary
     rows, for rows whose accuracy is None, and for groups without auxiliary rows (no video).
+    `log_metric` counts ``groups`` compared (with ordered and shuffled rows and an accuracy) and
+    ``bonus_groups`` among them whose ordered accuracy reached mu x the shuffled one (logged as
+    ``reward/t_grpo/<key>``, summed over processes).
     """
     if not mu >= 0:
         raise ValueError(f"t_grpo: mu={mu!r} must be >= 0")
@@ -62,11 +53,10 @@ def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3,
     mu_exact = exact(mu)
     mean = lambda xs: sum(map(exact, xs)) / len(xs)  # noqa: E731
     bonus_groups = {g for g in compared if mean(ordered[g]) >= mu_exact * mean(shuffled[g])}
-    _counts["groups"] += len(compared)
-    _counts["bonus_groups"] += len(bonus_groups)
+    if log_metric is not None:
+        log_metric("groups", len(compared))
+        log_metric("bonus_groups", len(bonus_groups))
     return [None if aux or math.isnan(s) or g not in compared else
             (float(alpha) if g in bonus_groups and s > correct_above else 0.0)
             for g, aux, s in zip(group_id, auxiliary, scores)]
 
-
-t_grpo_reward.pop_metrics = pop_metrics

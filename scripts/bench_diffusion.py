@@ -76,7 +76,7 @@ def training_step(model, size, steps, layers, group_size, repeats, tmp):
               "optim": {"prompts_per_step": 1, "micro_batch_size": group_size},
               "logging": {"report_to": ["none"], "progress": False}, "output_dir": tmp, "max_steps": 1}
     t = Trainer(parse_config(recipe))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     batch.advantages = torch.linspace(-1, 1, len(batch.advantages))  # every row carries gradient
     chunks = t._micro_batches(batch)
     out = {"trained_steps": steps}
@@ -102,7 +102,7 @@ def _measure(t, batch, chunks, repeats):
 
         def counted(*a, **k):  # each unit slice starts a fresh graph
             saved.current = 0
-            return original(*a, **k)
+            return original(*a, **k)  # noqa: B023 (this iteration's; replaced each time)
         t.policy.logprobs = counted
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):

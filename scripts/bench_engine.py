@@ -2,8 +2,9 @@
 
 Same tiny Qwen2, same prompts, G completions of exactly T tokens each (eos suppressed), beta 0,
 one optimizer step per rollout batch, 2 CPU threads. Each contender runs in its own process
-for `--steps` timed steps after `--warmup` untimed ones; median step times are compared. The bare work is `generate` + a forward/backward of the same tokens with
-a plain log-softmax policy-gradient loss + an AdamW step: the floor any GRPO trainer sits on.
+for `--steps` timed steps after `--warmup` untimed ones; median step times are compared. The
+bare work is `generate` + a forward/backward of the same tokens with a plain log-softmax
+policy-gradient loss + an AdamW step: the floor any GRPO trainer sits on.
 
     python scripts/bench_engine.py --json bench_engine.json
 

@@ -97,17 +97,17 @@ def compare(policies: dict[str, CausalLMPolicy], prefix: int, group: int, comple
     plain_tokens, shared_tokens = token_counts(batch.extras["prompt_mask"], lengths,
                                                prompt_groups(batch.group_id, batch.extras["prompt_ids"]))
     times: dict[str, list[float]] = {"plain": [], "shared": []}
-    for name, policy in policies.items():  # warm-up
+    for policy in policies.values():  # warm-up
         train_pass(policy, batch, advantages)
     for _ in range(repeats):
         for name, policy in policies.items():
-            times[name].append(seconds(lambda: train_pass(policy, batch, advantages)))
+            times[name].append(seconds(lambda: train_pass(policy, batch, advantages)))  # noqa: B023 (called at once)
     out = {"prefix": prefix, "token_ratio": round(shared_tokens / plain_tokens, 4)}
     med = {k: statistics.median(v) for k, v in times.items()}
     out.update({"plain_s": round(med["plain"], 5), "shared_s": round(med["shared"], 5),
                 "time_ratio": round(med["shared"] / med["plain"], 4)})
     if memory:
-        peaks = {k: peak_bytes(lambda: train_pass(p, batch, advantages)) for k, p in policies.items()}
+        peaks = {k: peak_bytes(lambda: train_pass(p, batch, advantages)) for k, p in policies.items()}  # noqa: B023
         out.update({"plain_peak_mb": round(peaks["plain"] / 2**20, 2),
                     "shared_peak_mb": round(peaks["shared"] / 2**20, 2),
                     "memory_ratio": round(peaks["shared"] / peaks["plain"], 4)})

@@ -116,7 +116,7 @@ def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], 
                          {"path": _data_file(args)})
     trainer = Trainer(parse_config(recipe))
     phases = PhaseTimer()
-    phases.wrap(trainer, "_prepare_batch", "rollout")
+    phases.wrap(trainer, "prepare_batch", "rollout")
     phases.wrap(trainer.policy, "logprobs", "logprob")
     count = iter(range(10 ** 9))
 

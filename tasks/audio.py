@@ -6,7 +6,7 @@ and resampled with `soxr` to the feature extractor's rate."""
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ from .multimodal import MultimodalPolicy, column_values
 
 @dataclass
 class AudioLMConfig(CausalLMConfig):
-    audio_column: str = "audio"
+    audio_column: str = field(default="audio", metadata={"help": (
+        "The data-set column holding each prompt's audio (a path, or {array, sampling_rate}).")})
 
 
 def load_audio(clip: Any, rate: int) -> np.ndarray:

@@ -40,28 +40,53 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class CausalLMConfig:
-    model: str = ""
-    tokenizer: str | None = None
-    tiny_args: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"
-    device: str | None = None
-    attn_implementation: str | None = None
-    trust_remote_code: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    stop_strings: list[str] = field(default_factory=list)
-    chat_template: bool | None = None
-    system_prompt: str | None = None
-    mask_truncated: bool = False
-    gradient_checkpointing: bool = False
-    logprob_chunk_rows: int = 1024
+    model: str = field(default="", metadata={"help": (
+        "Hub id or local path of the model, or tiny:NAME for a tiny random model built from a config (tests, "
+        "demos).")})
+    tokenizer: str | None = field(default=None, metadata={"help": (
+        "Hub id or path of the tokenizer; null: the model's.")})
+    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments of the tiny model builder when model is tiny:NAME (hidden, layers, seed, ...).")})
+    dtype: str = field(default="float32", metadata={"help": (
+        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always computed in fp32)."),
+        "choices": "tasks.causal_lm:DTYPES"})
+    device: str | None = field(default=None, metadata={"help": (
+        "Move the model to this device (e.g. cuda:0); null: leave placement to accelerate.")})
+    attn_implementation: str | None = field(default=None, metadata={"help": (
+        "transformers' attention implementation (sdpa, eager, flash_attention_2); null: transformers' default. "
+        "Prefix sharing needs sdpa or eager.")})
+    trust_remote_code: bool = field(default=False, metadata={"help": (
+        "Allow the model's own code from the hub (transformers' trust_remote_code).")})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold of rollouts (1: off)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling of rollouts (0: off)."})
+    max_new_tokens: int = field(default=128, metadata={"help": (
+        "The most tokens a completion may have; longer ones are truncated (and Dr. GRPO's constant normaliser).")})
+    min_new_tokens: int = field(default=0, metadata={"help": (
+        "The fewest tokens a completion must have (EOS suppressed before).")})
+    stop_strings: list[str] = field(default_factory=list, metadata={"help": (
+        "Strings that end a completion (it keeps the stop string).")})
+    chat_template: bool | None = field(default=None, metadata={"help": (
+        "Apply the tokenizer's chat template: true (a string prompt becomes the user's message), false (prompts "
+        "must be strings), null (only for prompts given as message lists).")})
+    system_prompt: str | None = field(default=None, metadata={"help": (
+        "A system message put first when the chat template is applied.")})
+    mask_truncated: bool = field(default=False, metadata={"help": (
+        "Truncated completions (no EOS within max_new_tokens) take no part in the loss (DAPO's overlong "
+        "filtering).")})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": (
+        "Recompute activations in backward to save memory.")})
+    logprob_chunk_rows: int = field(default=1024, metadata={"help": (
+        "Logit rows per chunk of the fp32 log-softmax over the vocabulary, so the full fp32 logits of a "
+        "micro-batch are never held at once (memory bound, not a numeric setting).")})
     # log-prob passes run each group's prompt once (tasks/prefix_sharing.py); YAML's on/off are
     # booleans, so true / false mean on / off
-    prefix_sharing: Literal["auto", "on", "off"] | bool = "auto"
-    shared_prefill: bool = True
+    prefix_sharing: Literal["auto", "on", "off"] | bool = field(default="auto", metadata={"help": (
+        "Log-prob passes run each group's prompt once, as [prompt; completion_1; ...] under a 4D mask (Prefix "
+        "Grouper): on, off, or auto (when it at least halves the tokens). Same log-probs and gradients.")})
+    shared_prefill: bool = field(default=True, metadata={"help": (
+        "Rollouts prefill each prompt once and repeat its KV cache for the group's G samples (same samples as G "
+        "prefills).")})
 
 
 @lru_cache(maxsize=None)

@@ -15,7 +15,7 @@ not what the bonus asks to raise.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,16 +40,30 @@ class VLMConfig(CausalLMConfig):
     `shuffled_rollouts`: T-GRPO's rollouts per prompt with shuffled frames (Video-R1 uses half the
     group; 0: off)."""
 
-    image_column: str = "image"
-    min_pixels: int | None = None
-    max_pixels: int | None = None
-    video_column: str = "video"
-    num_frames: int | None = None
-    fps: float | None = None
-    max_frames: int | None = 32
-    video_min_pixels: int | None = None
-    video_max_pixels: int | None = None
-    shuffled_rollouts: int = 0
+    image_column: str = field(default="image", metadata={"help": (
+        "The data-set column holding each prompt's image(s): a path, a PIL image, or a list.")})
+    min_pixels: int | None = field(default=None, metadata={"help": (
+        "The image processor's lower bound on pixels per image (Qwen2-VL-style processors); null: the processor's "
+        "default.")})
+    max_pixels: int | None = field(default=None, metadata={"help": (
+        "The image processor's upper bound on pixels per image; null: the processor's default.")})
+    video_column: str = field(default="video", metadata={"help": (
+        "The data-set column holding each prompt's video: a path (read with PyAV), a list of frames, or {frames, "
+        "fps}.")})
+    num_frames: int | None = field(default=None, metadata={"help": (
+        "Sample this many frames evenly spaced over a video; give num_frames or fps, not both; null with fps "
+        "null: every frame.")})
+    fps: float | None = field(default=None, metadata={"help": (
+        "Sample frames at this rate (frames per second of video); give num_frames or fps, not both.")})
+    max_frames: int | None = field(default=32, metadata={"help": (
+        "More sampled frames than this are thinned to this many evenly spaced ones; null: no limit.")})
+    video_min_pixels: int | None = field(default=None, metadata={"help": (
+        "The video processor's per-frame lower size bound; null: the processor's default.")})
+    video_max_pixels: int | None = field(default=None, metadata={"help": (
+        "The video processor's per-frame upper size bound; null: the processor's default.")})
+    shuffled_rollouts: int = field(default=0, metadata={"help": (
+        "T-GRPO (Video-R1): extra rollouts per prompt that see the video's frames shuffled; the t_grpo reward "
+        "compares them with the ordered ones; they never train (Video-R1 uses half the group). 0: off.")})
 
 
 def load_image(image: Any):

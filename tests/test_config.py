@@ -44,9 +44,29 @@ def test_overrides_do_not_mutate_the_loaded_mapping():
 
 
 def test_shipped_recipes_parse():
-    from mmrl.registry import RECIPES
-    for name in RECIPES.names():
-        load_recipe(RECIPES.get(name))
+    """Every shipped recipe parses, and every name in it resolves: the adapter (whose Config takes
+    the policy section), the rewards, the estimator, objective, aggregation and KL estimator."""
+    from mmrl.advantages import ESTIMATORS
+    from mmrl.config import from_dict
+    from mmrl.loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
+    from mmrl.registry import ADAPTERS, RECIPES
+    from mmrl.reward_registry import REWARDS
+    names = RECIPES.names()
+    assert {"text_demo", "grounding", "t2i_demo", "dlm_demo"} <= set(names)
+    for name in names:
+        cfg = load_recipe(RECIPES.get(name))
+        assert cfg.task in ADAPTERS, (name, cfg.task)
+        policy_cfg = from_dict(ADAPTERS.get(cfg.task).Config, cfg.policy, "policy")
+        assert getattr(policy_cfg, "model", ""), f"recipe {name} names no policy.model"
+        assert cfg.rewards, f"recipe {name} has no reward"
+        assert not cfg.reward_modules, f"shipped recipe {name} needs a user module"
+        for reward in cfg.rewards:
+            assert reward in REWARDS, (name, reward)
+        algo = cfg.algorithm
+        assert algo.estimator in ESTIMATORS and algo.objective in OBJECTIVES, name
+        assert algo.aggregation in AGGREGATIONS, name
+        assert algo.kl_estimator in KL_ESTIMATORS or algo.kl_estimator == CLOSED_FORM_KL, name
+        assert (cfg.data.name is None) != (cfg.data.path is None), f"recipe {name}: data.name or data.path"
 
 
 def test_missing_recipe_file_is_named(tmp_path):

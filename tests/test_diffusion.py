@@ -221,7 +221,7 @@ def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeyp
     model, sampler, cfg = FAMILIES[name]
     t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.sampler={sampler}",
                                       f"policy.cfg={str(cfg).lower()}"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert (batch.advantages != 0).any()
     grads = []
     for size, whole in ((6, False), (2, False), (6, True)):
@@ -277,7 +277,7 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
                              "tp_max_extra_passes": 40})
     recipe["algorithm"]["estimator"] = "step"
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert batch.advantages.shape == (6, 4)
     assert (batch.advantages[:, [0, 3]] == 0).all()
     # states 1, 2 complete with 3 and 2 ODE steps (x CFG 2); state 3 is followed by ODE only
@@ -287,7 +287,7 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
     assert t.policy.training_step == 1  # the trainer tells the policy (sliding windows move with it)
     t.policy.cfg.tp_max_extra_passes = 4
     with pytest.raises(ValueError, match="policy.tp_max_extra_passes=4"):
-        t._prepare_batch(2)
+        t.prepare_batch(2)
 
 
 def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
@@ -312,7 +312,7 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     # the trainer backpropagates chunk by chunk; a second pass sees ratios != 1
     t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_level=chunk",
                                       "algorithm.chunks=[2,2]", "algorithm.mu=2"]))
-    assert [s for s, _ in t._unit_slices(t._prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
+    assert [s for s, _ in t._unit_slices(t.prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 

@@ -140,7 +140,7 @@ def test_eos_early_rejection_defers_eos(policy):
     for rejection in (False, True):
         cfg = DecodeConfig(gen_length=4, block_length=4, steps=4, temperature=0.0, eos_early_rejection=rejection)
         seen = []
-        block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], ids, mask, cfg,
+        block_decode(lambda x, a, p: (seen.append(x.clone()), confident_eos(x, a, p))[1], ids, mask, cfg,  # noqa: B023
                      policy.mask_id, eos, None, 1)
         second = seen[1][0, 2:]
         first_commits.append(int(second[(second != policy.mask_id)][0]))
@@ -323,7 +323,7 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
     cfg = parse_config(recipe, [f"output_dir={tmp_path}", f"policy.estimator={estimator}",
                                 f"algorithm.objective={objective}"])
     t = Trainer(cfg)
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert batch.advantages.abs().sum() > 0
     assert_grads_close(*streamed_grads(t, batch, (12, 5)))
     t.optimizer.zero_grad(set_to_none=True)
@@ -333,7 +333,7 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
 def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
     recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}", "algorithm.mu=3", "optim.lr=0.0"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     chunks = t._micro_batches(batch)
     seen = []
     original = t.accumulate_gradients

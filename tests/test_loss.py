@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mmrl.config import AlgorithmConfig
-from mmrl.loss import AGGREGATIONS, KL_ESTIMATORS, grouped_log_ratio, policy_loss, ratio_segments
+from mmrl.loss import (AGGREGATIONS, KL_ESTIMATORS, REGULARISERS, Regulariser, closed_form_kl, grouped_log_ratio,
+                       policy_loss, ratio_segments, reference_pass, regulariser_needs, weighted_likelihood_loss)
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]]
 OLD = [[-1.1, -1.5, -0.5], [-0.9, -1.2, -2.0]]
@@ -107,7 +108,7 @@ def test_kl_term_added_with_beta():
     kl = sum(math.exp(ref[i][u].item() - LOGP[i][u]) - (ref[i][u].item() - LOGP[i][u]) - 1
              for i in range(2) for u in range(3) if MASK[i][u])
     assert got.loss.item() == pytest.approx(base + 0.04 * kl / 5, abs=1e-6)
-    assert got.kl == pytest.approx(kl, abs=1e-5)
+    assert got.metrics["kl"] == pytest.approx(kl, abs=1e-5)
     with pytest.raises(ValueError, match="reference"):
         run(cfg)
 
@@ -123,7 +124,7 @@ def test_entropy_bonus_and_llds():
     cfg = AlgorithmConfig(llds_coef=0.5)
     terms = run(cfg)
     assert terms.loss.item() == pytest.approx(base + 0.5 * 0.5 / 5, abs=1e-6)
-    assert terms.llds_active == 1
+    assert terms.metrics["llds_active"] == 1
 
 
 def reference_llds(logp, old, adv, mask, rows):
@@ -163,7 +164,7 @@ def test_llds_follows_the_authors_preserving_set(rows):
     assert with_llds.loss.item() - without.loss.item() == pytest.approx(expected, abs=1e-6)
     # non_negative: row 0 drops -0.1 + 0.5 + 0 on its A >= 0 units (active), row 1's A >= 0 unit
     # (u = 2) drops 0.2 (active); all: row 0 drops -0.1 + 0.5 - 0.3 + 0 > 0, row 1 -0.6 + 0.7 + 0.2 > 0
-    assert with_llds.llds_active == 2
+    assert with_llds.metrics["llds_active"] == 2
     with pytest.raises(ValueError, match="algorithm.llds_rows"):
         policy_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(adv), m, w,
                     AlgorithmConfig(llds_coef=0.3, llds_rows="some"))
@@ -235,3 +236,45 @@ def test_wd1_weighted_likelihood_matches_reference():
     # a group with equal rewards pushes nothing
     assert torch.equal(wd1_coefficients(torch.zeros(3), torch.zeros(3, dtype=torch.long),
                                         torch.ones(3, dtype=torch.bool)), torch.zeros(3))
+
+
+def test_regularisers_declare_their_needs():
+    assert not any(regulariser_needs(AlgorithmConfig(), n) for n in ("all_rows", "whole_rows", "reference", "entropy"))
+    kl = AlgorithmConfig(beta=0.04)
+    assert regulariser_needs(kl, "all_rows") and reference_pass(kl) and not regulariser_needs(kl, "whole_rows")
+    closed = AlgorithmConfig(beta=0.04, kl_estimator="closed_form")
+    assert closed_form_kl(closed) and not reference_pass(closed)
+    assert not closed_form_kl(AlgorithmConfig(kl_estimator="closed_form"))  # beta 0: no KL at all
+    assert regulariser_needs(AlgorithmConfig(entropy_coef=0.1), "entropy")
+    assert regulariser_needs(AlgorithmConfig(llds_coef=0.1), "whole_rows")
+    assert not reference_pass(AlgorithmConfig(llds_coef=0.1, entropy_coef=0.1))
+
+
+def test_a_registered_regulariser_joins_the_loss_with_its_metric():
+    """A new term is one registration: it is added to the surrogate and reports its own sums."""
+    def squared_logp(x, coef):
+        penalty = x.logp ** 2
+        return coef * penalty, {"sq": float((penalty.detach() * x.mask).sum())}
+
+    cfg = AlgorithmConfig()
+    base = run(cfg).loss.item()
+    REGULARISERS.register("test_sq")(Regulariser(lambda c: 0.1, squared_logp, {"sq": ("sq", True)}, all_rows=True))
+    try:
+        assert regulariser_needs(cfg, "all_rows")
+        got = run(cfg)
+        sq = sum(LOGP[i][u] ** 2 for i in range(2) for u in range(3) if MASK[i][u])
+        assert got.loss.item() == pytest.approx(base + 0.1 * sq / 5, abs=1e-6)
+        assert got.metrics["sq"] == pytest.approx(sq, abs=1e-5)
+        assert got.metrics["kl"] == 0.0 and got.metrics["llds_active"] == 0.0
+    finally:
+        del REGULARISERS._items["test_sq"]
+
+
+def test_ratio_free_objective_skips_old_policy_terms():
+    """LLDS compares with the old policy: wd1 (no ratio) leaves it out, as before the registry."""
+    logp, mask = torch.tensor(LOGP), torch.tensor(MASK)
+    w = AGGREGATIONS.get("token_mean")(mask, mask.sum(), 2, 3)
+    coef = torch.tensor([0.3, -0.3])
+    plain = weighted_likelihood_loss(logp, torch.tensor(OLD), coef, mask, w, AlgorithmConfig())
+    llds = weighted_likelihood_loss(logp, torch.tensor(OLD), coef, mask, w, AlgorithmConfig(llds_coef=0.5))
+    assert llds.loss.item() == plain.loss.item() and llds.metrics["llds_active"] == 0.0

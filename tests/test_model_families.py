@@ -142,7 +142,7 @@ def test_streaming_and_a_training_step(name, tmp_path):
               "logging": {"report_to": ["none"], "progress": False}, "max_steps": 1,
               "output_dir": str(tmp_path / "run")}
     t = Trainer(parse_config(recipe))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert_grads_close(*streamed_grads(t, batch, (6, 2)))
     changed = on_policy_step_changes(t)
     assert any(encoder in n for n in changed), name

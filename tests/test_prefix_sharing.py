@@ -190,7 +190,7 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):
     overrides = tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on", "algorithm.mu": 2})
     t = Trainer(parse_config(TINY_RECIPE, overrides))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     one, streamed = streamed_grads(t, batch, (16, 3))  # 3 rows a micro-batch: groups of 4 split
     assert_grads_close(one, streamed)
     t.policy.cfg.prefix_sharing = "off"
@@ -209,7 +209,7 @@ def test_image_training_streams_exactly_and_starts_on_policy(tmp_path):
               "algorithm": {"group_size": 3, "mu": 2}, "optim": {"lr": 1e-2, "prompts_per_step": 3},
               "logging": {"report_to": ["none"], "progress": False}, "max_steps": 1}
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     one, streamed = streamed_grads(t, batch, (9, 2))
     assert_grads_close(one, streamed)
     assert t.train_step()["ratio_max_dev"] == 0.0

@@ -8,17 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.reward_registry import compute_rewards, reward_metrics
+from mmrl.reward_registry import compute_rewards, metric_logger
 from rewards import get_reward
-from rewards.iou import (STYLES, box_iou, format_boxes, iou_reward, match_boxes, parse_boxes,
-                         pop_metrics)
-
-
-@pytest.fixture(autouse=True)
-def _clear_metrics():
-    pop_metrics()
-    yield
-    pop_metrics()
+from rewards.iou import STYLES, box_iou, format_boxes, iou_reward, match_boxes, parse_boxes
 
 
 # --- IoU and matching ----------------------------------------------------------------------------
@@ -154,12 +146,13 @@ def test_detection_f1():
 
 
 def test_normalised_coords_in_the_reward():
+    counts = {}
     out = iou_reward(None, ["[0.0, 0.0, 0.5, 0.5]", "<box>(0,0),(500,500)</box>"],
                      boxes=[[[0, 0, 100, 50]], [[0, 0, 100, 50]]], coords="norm1",
-                     image_size=[[200, 100], [200, 100]])
+                     image_size=[[200, 100], [200, 100]], log_metric=metric_logger(counts))
     assert out[0] == pytest.approx(1.0)
     assert out[1] == 0.0  # 0-1000 numbers where 0-1 was declared
-    assert pop_metrics() == {"unparsable/bad_coords": 1.0}
+    assert counts == {"unparsable/bad_coords": 1.0}
     out = iou_reward(None, ["<box>(0,0),(500,500)</box>"], boxes=[[[0, 0, 100, 50]]], coords="norm1000",
                      image_size=[200, 100])
     assert out == [pytest.approx(1.0)]
@@ -168,22 +161,26 @@ def test_normalised_coords_in_the_reward():
 
 
 def test_none_ground_truth_is_none_and_empty_truth():
-    assert iou_reward(None, ["[0, 0, 1, 1]", "nothing"], boxes=[None, None]) == [None, None]
-    assert iou_reward(None, ["no objects", "[0, 0, 1, 1]"], boxes=[[], []]) == [1.0, 0.0]
-    assert pop_metrics() == {}
+    counts = {}
+    log = metric_logger(counts)
+    assert iou_reward(None, ["[0, 0, 1, 1]", "nothing"], boxes=[None, None], log_metric=log) == [None, None]
+    assert iou_reward(None, ["no objects", "[0, 0, 1, 1]"], boxes=[[], []], log_metric=log) == [1.0, 0.0]
+    assert counts == {}
 
 
 def test_unparsable_scores_zero_and_is_counted():
+    counts = {}
     out = iou_reward(None, ["I cannot see it", "[1, 2, 3]", "[0, 0, 10, 10]"],
-                     boxes=[[[0, 0, 10, 10]]] * 3)
+                     boxes=[[[0, 0, 10, 10]]] * 3, log_metric=metric_logger(counts))
     assert out == [0.0, 0.0, 1.0]
-    assert pop_metrics() == {"unparsable/no_box": 2.0}
-    assert pop_metrics() == {}
-    # the engine reads the counts through the registry
+    assert counts == {"unparsable/no_box": 2.0}
+    # the engine hands each call its own logger: counts belong to the call, not the module
     fns = {"iou": iou_reward}
-    rewards = compute_rewards(fns, ["p"], ["nothing"], {"boxes": [[[0, 0, 1, 1]]]})
-    assert rewards["iou"].tolist() == [0.0]
-    assert reward_metrics(fns) == {"reward/iou/unparsable/no_box": 1.0}
+    for _ in range(2):
+        metrics = {}
+        rewards = compute_rewards(fns, ["p"], ["nothing"], {"boxes": [[[0, 0, 1, 1]]]}, metrics)
+        assert rewards["iou"].tolist() == [0.0]
+        assert metrics == {"reward/iou/unparsable/no_box": 1.0}
 
 
 def test_chat_message_completions():

@@ -2,7 +2,6 @@
 nothing outside its temp dir and leaves no process; identical LaTeX scores 1; a one-cell change
 scores lower than the identical table."""
 
-import os
 import subprocess
 import time
 
@@ -10,7 +9,8 @@ import numpy as np
 import pytest
 
 from rewards import get_reward
-from rewards.latex_render import cw_ssim, pop_metrics, ssim, teds, token_similarity
+from mmrl.reward_registry import metric_logger
+from rewards.latex_render import cw_ssim, ssim, teds, token_similarity
 from rewards.latex_sandbox import compile_latex, tex_available
 
 needs_tex = pytest.mark.skipif(not tex_available(), reason="latex and dvipng are not installed")
@@ -38,16 +38,15 @@ def latex_processes() -> int:
 def test_attacks_score_zero_in_time_and_touch_nothing(tmp_path):
     outside = tmp_path / "pwned.txt"
     reward = get_reward("latex_render")
-    pop_metrics()
+    counts = {}
     for name, code in ATTACKS.items():
         code = code.replace("OUTSIDE", str(outside))
         t0 = time.perf_counter()
-        score = reward(None, [code], reference=[FORMULA], timeout=5)
+        score = reward(None, [code], reference=[FORMULA], timeout=5, log_metric=metric_logger(counts))
         assert score == [0.0], name
         assert time.perf_counter() - t0 < 8, name
         assert not outside.exists(), name
     assert latex_processes() == 0
-    counts = pop_metrics()
     fails = {k: v for k, v in counts.items() if k.startswith("fail/")}
     assert sum(fails.values()) == len(ATTACKS) and fails.get("fail/forbidden", 0) >= 3
 
@@ -118,12 +117,15 @@ def test_mathtext_fallback_without_tex(monkeypatch):
     table = sandbox.compile_latex(TABLE, kind="table")
     assert table.image is None and "TeX" in table.error
     reward = get_reward("latex_render")
-    pop_metrics()
-    assert reward(None, [FORMULA], reference=[FORMULA]) == pytest.approx([1.0])  # FORMULA's TeX render is cached
-    assert pop_metrics() == {"renderer/mathtext": 1.0}
+    counts = {}
+    assert reward(None, [FORMULA], reference=[FORMULA],  # FORMULA's TeX render is cached
+                  log_metric=metric_logger(counts)) == pytest.approx([1.0])
+    assert counts == {"renderer/mathtext": 1.0}
     monkeypatch.undo()
-    assert reward(None, [r"\frac{a}{b}"], reference=[r"\frac{a}{b}"], renderer="mathtext") == pytest.approx([1.0])
-    assert pop_metrics() == {"renderer/mathtext": 1.0}
+    counts = {}
+    assert reward(None, [r"\frac{a}{b}"], reference=[r"\frac{a}{b}"], renderer="mathtext",
+                  log_metric=metric_logger(counts)) == pytest.approx([1.0])
+    assert counts == {"renderer/mathtext": 1.0}
     with pytest.raises(ValueError, match="renderer='pdf'"):
         reward(None, ["a"], reference=["a"], renderer="pdf")
     many = [f"x^{{{i}}}" for i in range(16)]  # rendered on the reward's thread pool
@@ -141,7 +143,7 @@ def test_repeated_completions_compile_once(monkeypatch):
 
     monkeypatch.setattr(latex_render, "compile_latex", fake_compile)
     monkeypatch.setattr(latex_render, "_completion_cache", type(latex_render._completion_cache)())
-    monkeypatch.setattr(latex_render, "_reference_cache", {})
+    monkeypatch.setattr(latex_render, "_reference_cache", type(latex_render._reference_cache)())
     reward = get_reward("latex_render")
     ref = r"\sqrt{q}"
     first = reward(None, ["a+b", "a+b", "$a+b$", "c"], reference=[ref] * 4)
@@ -151,6 +153,13 @@ def test_repeated_completions_compile_once(monkeypatch):
     monkeypatch.setattr(latex_render, "COMPLETION_CACHE_SIZE", 1)
     reward(None, ["e"], reference=[ref])
     assert list(latex_render._completion_cache) == [("e", "formula", "latex" if tex_available() else "mathtext")]
+    # references are cached once each and bounded the same way
+    renderer = "latex" if tex_available() else "mathtext"
+    assert compiled.count(ref) == 1
+    monkeypatch.setattr(latex_render, "REFERENCE_CACHE_SIZE", 1)
+    reward(None, ["e", "e"], reference=[ref, r"\frac{1}{2}"])
+    assert compiled.count(ref) == 1 and compiled.count(r"\frac{1}{2}") == 1
+    assert list(latex_render._reference_cache) == [(r"\frac{1}{2}", "formula", renderer)]
 
 
 def test_auto_renderer_warns_once_when_tex_is_missing(monkeypatch):

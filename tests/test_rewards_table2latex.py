@@ -11,7 +11,7 @@ import rewards  # noqa: F401  (registration)
 from mmrl.reward_registry import get_reward
 from rewards import latex_sandbox as S
 from rewards import table2latex_rl as T
-from rewards.latex_render import pop_metrics
+from mmrl.reward_registry import metric_logger
 
 ROW = r"\begin{tabular}{cccc} a & b & c & d \\ \end{tabular}"
 TWO_ROWS = r"\begin{tabular}{cc}\hline a & b \\ c & d \\ \hline \end{tabular}"
@@ -114,12 +114,15 @@ def test_latex_render_preset_sums_format_and_accuracy(monkeypatch):
     refs = [TWO_ROWS, TWO_ROWS, TWO_ROWS, None]
     comps = [TWO_ROWS, ROW, TWO_ROWS.replace(" a ", r" \textbf{broken} "), "x"]
     # identical: 1 + 1; the row split: TEDS 6/11 fails format, passes 0.3, pages equal: 0 + 1; broken render: 1 + 0
-    assert reward(None, comps, reference=refs, preset="table2latex_rl") == [2.0, 1.0, 1.0, None]
-    assert pop_metrics()["fail/compile"] == 1.0
+    counts: dict[str, float] = {}
+    assert reward(None, comps, reference=refs, preset="table2latex_rl",
+                  log_metric=metric_logger(counts)) == [2.0, 1.0, 1.0, None]
+    assert counts["fail/compile"] == 1.0
     assert reward(None, comps[:2], reference=refs[:2], preset="table2latex_rl", component="format") == [1.0, 0.0]
+    counts.clear()
     assert reward(None, [r"\input{x}" + TWO_ROWS], reference=[TWO_ROWS], preset="table2latex_rl",
-                  component="accuracy") == [0.0]  # the sandbox refuses it before any render
-    assert pop_metrics()["fail/forbidden"] == 1.0
+                  component="accuracy", log_metric=metric_logger(counts)) == [0.0]  # refused before any render
+    assert counts["fail/forbidden"] == 1.0
     with pytest.raises(ValueError, match="reference does not render"):
         reward(None, [TWO_ROWS], reference=[comps[2]], preset="table2latex_rl")
     with pytest.raises(ValueError, match="preset='pubtabnet'"):

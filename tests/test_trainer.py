@@ -30,7 +30,7 @@ def grads_for(trainer, batch, micro_batch_size):
 def test_streamed_micro_batches_equal_one_batch(tmp_path, aggregation, level):
     t = make_trainer(tmp_path, f"algorithm.aggregation={aggregation}", f"algorithm.ratio_level={level}",
                      "optim.prompts_per_step=4", "algorithm.group_size=4")
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     one, sums_one = grads_for(t, batch, 16)
     streamed, sums_streamed = grads_for(t, batch, 3)
     assert sums_one["units"] > 0
@@ -42,7 +42,7 @@ def test_streamed_micro_batches_equal_one_batch(tmp_path, aggregation, level):
 
 def test_skipping_zero_advantage_rows_keeps_the_gradient(tmp_path):
     t = make_trainer(tmp_path)
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     batch.advantages[:4] = 0.0  # the first group carries no signal
     skipped, _ = grads_for(t, batch, 4)
     assert batch.metrics["skipped_frac"] == pytest.approx(4 / 16)
@@ -126,7 +126,7 @@ def test_batch_positions_follow_groups_not_process_order():
 def test_dr_grpo_normaliser_is_the_max_completion_length(tmp_path):
     t = make_trainer(tmp_path, "algorithm.aggregation=seq_mean_token_sum_norm")
     assert t.policy.max_units == 8  # a constant, not the widest rollout of the step
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     kept = batch.rollout.unit_mask.bool() & batch.row_mask[:, None]
     rows = int(batch.row_mask.sum())
     assert torch.allclose(batch.weights[kept], torch.full((int(kept.sum()),), 1.0 / (rows * 8)))  # max_new_tokens 8

@@ -14,7 +14,8 @@ import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
-from rewards.t_grpo import pop_metrics, t_grpo_reward
+from mmrl.reward_registry import metric_logger
+from rewards.t_grpo import t_grpo_reward
 from tasks.video import load_video, sample_indices
 from tasks.vlm import VLMConfig, VLMPolicy
 
@@ -160,7 +161,7 @@ def accuracy_rows(groups):
 
 
 def test_t_grpo_bonus_per_group_not_per_batch():
-    pop_metrics()
+    counts = {}
     # group 7: ordered 3/4 correct, shuffled 1/2 -> 0.75 >= 0.8 x 0.5: its correct rows get the bonus
     # group 2: ordered 1/4 correct, shuffled 2/2 -> 0.25 < 0.8: no bonus
     # over the whole batch (Video-R1's code): ordered 4/8 < 0.8 x shuffled 3/4, nobody would get it
@@ -170,15 +171,16 @@ def test_t_grpo_bonus_per_group_not_per_batch():
             (2, False, False), (2, True, True), (5, False, True)]
     completions, group_id, auxiliary, answers = accuracy_rows(spec)
     out = t_grpo_reward([""] * len(spec), completions, group_id, auxiliary, answer=answers,
-                        accuracy_args={"mode": "choice"})
+                        accuracy_args={"mode": "choice"}, log_metric=metric_logger(counts))
     expected = {(7, False, True): 0.3, (7, False, False): 0.0, (2, False, True): 0.0, (2, False, False): 0.0}
     assert out == [None if aux or g == 5 else expected[(g, aux, ok)] for g, aux, ok in spec]
-    assert pop_metrics() == {"groups": 2.0, "bonus_groups": 1.0}
+    assert counts == {"groups": 2.0, "bonus_groups": 1.0}
+    counts = {}
     # a stricter mu: 0.75 < 2 x 0.5, no group gets it
     out = t_grpo_reward([""] * len(spec), completions, group_id, auxiliary, answer=answers, mu=2.0, alpha=0.5,
-                        accuracy_args={"mode": "choice"})
+                        accuracy_args={"mode": "choice"}, log_metric=metric_logger(counts))
     assert all(v in (None, 0.0) for v in out)
-    assert pop_metrics() == {"groups": 2.0, "bonus_groups": 0.0}
+    assert counts == {"groups": 2.0, "bonus_groups": 0.0}
 
 
 VIDEO_RECIPE = {
@@ -198,7 +200,7 @@ VIDEO_RECIPE = {
 
 def test_streaming_and_a_training_step(tmp_path):
     t = Trainer(parse_config(VIDEO_RECIPE, [f"output_dir={tmp_path}"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert len(batch.rollout) == 9 and batch.rollout.auxiliary is None  # the shuffled rows never train
     assert batch.metrics["reward/t_grpo/groups"] == 3.0 and "auxiliary/reward/digit_share" in batch.metrics
     assert_grads_close(*streamed_grads(t, batch, (9, 2)))

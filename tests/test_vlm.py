@@ -72,7 +72,7 @@ def test_streaming_and_a_training_step(tmp_path):
     from pathlib import Path
     recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}"]))
-    batch = t._prepare_batch(1)
+    batch = t.prepare_batch(1)
     assert_grads_close(*streamed_grads(t, batch, (9, 2)))
     changed = on_policy_step_changes(t)
     assert any("visual" in n for n in changed) and any("language_model" in n for n in changed)

@@ -18,12 +18,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mmrl.registry import Registry
+
 Cond = dict[str, Tensor]
+FAMILIES: Registry[type] = Registry("diffusion pipeline family")
 
 
 class Family:
-    """One pipeline family; `denoiser` is the module RL trains."""
+    """One pipeline family; `denoiser` is the module RL trains. A subclass registers in FAMILIES
+    and names the diffusers pipeline class it serves in `pipeline` (by name, so that diffusers is
+    imported only when a pipeline is loaded); `family_of` picks the family of a loaded pipeline."""
 
+    pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
     uses_cfg = True
 
@@ -96,7 +102,9 @@ def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
                            c.get("base_shift", 0.5), c.get("max_shift", 1.15))
 
 
+@FAMILIES.register("sd3")
 class SD3(Family):
+    pipeline = "StableDiffusion3Pipeline"
     def encode(self, prompts, cfg):
         pe, npe, pooled, npooled = self.pipe.encode_prompt(
             prompt=prompts, prompt_2=None, prompt_3=None, negative_prompt=[""] * len(prompts) if cfg else None,
@@ -129,7 +137,9 @@ class SD3(Family):
         return self._vae_image(latents)
 
 
+@FAMILIES.register("flux")
 class Flux(Family):
+    pipeline = "FluxPipeline"
     uses_cfg = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
 
     def encode(self, prompts, cfg):
@@ -176,7 +186,9 @@ class Flux(Family):
         return self.pipe._pack_latents(z, z.shape[0], z.shape[1], z.shape[2], z.shape[3])
 
 
+@FAMILIES.register("sd15")
 class SD15(Family):
+    pipeline = "StableDiffusionPipeline"
     kind = "eps"
 
     @property
@@ -221,16 +233,13 @@ class SD15(Family):
 
 
 def family_of(pipe, size: tuple[int, int]) -> Family:
-    """The family of a loaded pipeline, by its class."""
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline
-
-    from .pixel import PixelFlow, PixelFlowPipeline
-    for cls, fam in ((StableDiffusion3Pipeline, SD3), (FluxPipeline, Flux), (StableDiffusionPipeline, SD15),
-                     (PixelFlowPipeline, PixelFlow)):
-        if isinstance(pipe, cls):
+    """The registered family serving the loaded pipeline's class (or one of its base classes)."""
+    classes = [c.__name__ for c in type(pipe).__mro__]
+    for _, fam in FAMILIES.items():
+        if fam.pipeline in classes:
             return fam(pipe, size)
-    raise ValueError(f"{type(pipe).__name__} is not a supported pipeline "
-                     "(StableDiffusion3Pipeline, FluxPipeline, StableDiffusionPipeline, PixelFlowPipeline)")
+    served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
+    raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
 
 
 def sd15_with_ddim(pipe) -> Any:

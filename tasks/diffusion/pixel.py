@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-from .families import SD3
+from .families import FAMILIES, SD3
 
 
 class PixelFlowPipeline(DiffusionPipeline):
@@ -19,8 +19,11 @@ class PixelFlowPipeline(DiffusionPipeline):
                               tokenizer=tokenizer)
 
 
+@FAMILIES.register("pixel_flow")
 class PixelFlow(SD3):
     """SD3's conditioning and steps; latents are the pixels themselves."""
+
+    pipeline = "PixelFlowPipeline"
 
     def encode(self, prompts, cfg):
         def embed(texts):

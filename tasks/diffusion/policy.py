@@ -49,25 +49,50 @@ class DiffusionConfig:
     turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
     `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
 
-    model: str = ""
-    tiny_args: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"
-    device: str | None = None
-    height: int = 512
-    width: int = 512
-    num_steps: int = 10
-    eval_num_steps: int = 40
-    guidance_scale: float = 4.5
-    cfg: bool = True
-    sampler: str = "flow_sde"
-    noise_level: float = 0.7
-    schedule: StepSchedule = field(default_factory=StepSchedule)
-    decode_batch: int = 8
-    gradient_checkpointing: bool = False
-    cfg_dropout: float = 0.1
-    turning_points: bool = False
-    tp_eta: float = 1.0
-    tp_max_extra_passes: int = 64
+    model: str = field(default="", metadata={"help": (
+        "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow (tiny "
+        "random pipelines).")})
+    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
+    dtype: str = field(default="float32", metadata={"help": (
+        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
+        "choices": "tasks.diffusion.policy:DTYPES"})
+    device: str | None = field(default=None, metadata={"help": (
+        "Move the pipeline to this device; null: leave placement to accelerate.")})
+    height: int = field(default=512, metadata={"help": "Image height in pixels."})
+    width: int = field(default=512, metadata={"help": "Image width in pixels."})
+    num_steps: int = field(default=10, metadata={"help": (
+        "Denoising steps of training rollouts (Flow-GRPO 10 for SD3.5, 6 for FLUX).")})
+    eval_num_steps: int = field(default=40, metadata={"help": (
+        "Denoising steps of greedy evaluation (ODE / deterministic DDIM; Flow-GRPO 40 / 28).")})
+    guidance_scale: float = field(default=4.5, metadata={"help": (
+        "Classifier-free guidance scale (FLUX: the guidance embedding's value).")})
+    cfg: bool = field(default=True, metadata={"help": (
+        "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
+        "as an embedding instead.")})
+    sampler: str = field(default="flow_sde", metadata={"help": (
+        "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
+        "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),
+        "choices": "tasks.diffusion.samplers:SAMPLERS"})
+    noise_level: float = field(default=0.7, metadata={"help": (
+        "The sampler's strength: a for flow_sde and cps (Flow-GRPO 0.7 SD3.5, 0.9 FLUX), eta for dance (0.3) and "
+        "ddim; 0 gives the deterministic step.")})
+    schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
+        "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
+    decode_batch: int = field(default=8, metadata={"help": "Images decoded by the VAE per batch."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": (
+        "Recompute the denoiser's activations in backward to save memory.")})
+    cfg_dropout: float = field(default=0.1, metadata={"help": (
+        "In the supervised warm start, prompts are dropped to '' with this probability so that CFG has an "
+        "unconditional model.")})
+    turning_points: bool = field(default=False, metadata={"help": (
+        "TP-GRPO step rewards: each state of the trained window is completed by the ODE and scored; turning "
+        "points get the long-term reward (use algorithm.estimator: step).")})
+    tp_eta: float = field(default=1.0, metadata={"help": (
+        "TP-GRPO's bonus weight of the aggregated long-term reward at a turning point (1 in the paper).")})
+    tp_max_extra_passes: int = field(default=64, metadata={"help": (
+        "The most extra denoiser calls per rollout for TP-GRPO's ODE completions (a cost bound; an error when "
+        "exceeded).")})
     tp_consistent_steps: str = field(default="all", metadata={"help": (
         "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
         "to be turning points: 'all' (the authors' published run, "
@@ -238,9 +263,6 @@ class DiffusionPolicy(Policy):
             levels = batch.extras["levels"][0]
             kl = kl * flow_grpo_kl_factor(self.cfg.sampler, float(levels[k]), float(levels[k + 1]))
         return kl
-
-    def _steps(self, batch: Rollout, units: slice) -> list[int]:
-        return list(range(batch.num_units))[units]
 
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):

@@ -1,4 +1,4 @@
-"""One denoising step as a Gaussian policy: x_next ~ N(mean, std^2 I) (REFERENCES.md, 'Text-to-image').
+"""One denoising step as a Gaussian policy: x_next ~ N(mean, std^2 I) (docs/methods.md, 'Text-to-image').
 
 Flow matching (diffusers' convention): x_s = (1 - s) x0 + s eps, the model predicts v = eps - x0,
 a step goes from level s to s_next < s with dt = s_next - s. DDPM models (SD 1.5) predict eps and
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from mmrl.registry import Registry

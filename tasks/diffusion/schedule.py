@@ -37,15 +37,23 @@ WINDOW_ENDS = ("shrink", "wrap")
 
 @dataclass
 class StepSchedule:
-    kind: str = "all_but_last"
-    fraction: float = 0.6
-    start: int = 0
-    size: int = 2
-    stride: int = 1
-    shift_every: int = 25
-    sizes: list[int] = field(default_factory=list)
-    sample: int = 0
-    weights: list[float] = field(default_factory=list)
+    kind: str = field(default="all_but_last", metadata={"help": (
+        "all_but_last (Flow-GRPO), random_fraction (DanceGRPO), window (Flow-GRPO-Fast), sliding_window "
+        "(MixGRPO), chunks (Chunk-GRPO); see docs/methods.md."), "choices": "tasks.diffusion.schedule:KINDS"})
+    fraction: float = field(default=0.6, metadata={"help": (
+        "random_fraction: the share of steps trained per rollout (DanceGRPO 0.6), in (0, 1].")})
+    start: int = field(default=0, metadata={"help": "window / sliding_window: the first step of the SDE window."})
+    size: int = field(default=2, metadata={"help": "window / sliding_window: steps in the window (MixGRPO 4)."})
+    stride: int = field(default=1, metadata={"help": "sliding_window: steps the window moves each shift."})
+    shift_every: int = field(default=25, metadata={"help": (
+        "sliding_window: training steps between shifts (MixGRPO 20-25).")})
+    sizes: list[int] = field(default_factory=list, metadata={"help": (
+        "chunks: lengths of the consecutive chunks of steps, summing to num_steps (Chunk-GRPO [2, 3, 4, 7] for "
+        "16).")})
+    sample: int = field(default=0, metadata={"help": (
+        "chunks: chunks trained per rollout, drawn with probability proportional to weights (0: every chunk).")})
+    weights: list[float] = field(default_factory=list, metadata={"help": (
+        "chunks: sampling weight of each chunk (empty: equal), e.g. biased to high noise.")})
     end: str = field(default="shrink", metadata={"help": (
         "sliding_window at the end of a sweep: shrink = MixGRPO's code (the window is cut at step U - 2, "
         "then one position with an empty window, then back to `start`); wrap = full windows only, "

@@ -56,15 +56,29 @@ LogitsFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 @dataclass
 class DecodeConfig:
-    gen_length: int = 32
-    block_length: int = 32
-    steps: int = 32                        # per completion, split over the blocks (`uniform` schedule)
-    temperature: float = 1.0
-    remasking: str = "low_confidence"
-    schedule: str = "uniform"
-    cfg_scale: float = 0.0
-    eos_early_rejection: bool = False
-    eos_min_gamma: float = 0.4
+    gen_length: int = field(default=32, metadata={"help": (
+        "Completion length in tokens (LLaDA block decoding; d1 uses 256); a multiple of block_length.")})
+    block_length: int = field(default=32, metadata={"help": (
+        "Tokens per semi-autoregressive block, decoded left to right (d1: 32).")})
+    steps: int = field(default=32, metadata={"help": (
+        "Denoising steps per completion, split evenly over the blocks with schedule uniform (d1: 128).")})
+    temperature: float = field(default=1.0, metadata={"help": (
+        "Sampling temperature through Gumbel noise (0: greedy).")})
+    remasking: str = field(default="low_confidence", metadata={"help": (
+        "Which predictions a step commits: low_confidence (the most probable, LLaDA) or random."),
+        "choices": "tasks.dlm.generation:REMASKING"})
+    schedule: str = field(default="uniform", metadata={"help": (
+        "Tokens committed per step: uniform (LLaDA), ascending (CJ-GRPO's code: floor(log2 B) steps of 2^s tokens, "
+        "the last the remainder) or ascending_paper (the paper's 1, 2, 4, ...)."),
+        "choices": "tasks.dlm.generation:SCHEDULES"})
+    cfg_scale: float = field(default=0.0, metadata={"help": (
+        "Classifier-free guidance w (LLaDA): z = z_u + (w + 1)(z_c - z_u), the unconditional pass with the prompt "
+        "masked; 0: off.")})
+    eos_early_rejection: bool = field(default=False, metadata={"help": (
+        "CJ-GRPO's EOS early rejection: an EOS prediction's confidence is scaled by gamma rising from "
+        "eos_min_gamma (see eos_gamma_rule), so answers do not close early.")})
+    eos_min_gamma: float = field(default=0.4, metadata={"help": (
+        "EOS early rejection's scale at a block's first step, in (0, 1].")})
     eos_gamma_rule: str = field(default="cj_grpo", metadata={"help": (
         "how the EOS early-rejection factor rises from eos_min_gamma: cj_grpo = the CJ-GRPO authors' code "
         "(linear over the completion's steps under uniform, so it stays below 1 in a block when there are "

@@ -40,28 +40,50 @@ MASK_SEED_SALT = 0xD1
 class DLMConfig(DecodeConfig):
     """The decoding settings (`DecodeConfig`: gen_length, block_length, steps, temperature,
     remasking, schedule, cfg_scale, eos_early_rejection, eos_min_gamma) and the model's."""
-    model: str = ""
-    tokenizer: str | None = None
-    tiny_args: dict[str, Any] = field(default_factory=dict)
-    auto_class: str = "AutoModelForCausalLM"
-    trust_remote_code: bool = False
-    dtype: str = "float32"
-    device: str | None = None
-    mask_token_id: int | None = None       # default: the tokenizer's mask token (LLaDA: 126336)
-    logits_shift: bool = False             # Dream: logits at i predict token i + 1
-    attention_mask: Literal["2d", "4d", "none"] = "2d"  # how padding is shown (Dream: 4d)
-    chat_template: bool | None = None
-    system_prompt: str | None = None
+    model: str = field(default="", metadata={"help": (
+        "Hub id or local path of the masked diffusion LM (LLaDA-8B-Instruct, Dream-7B), or tiny:dlm-char.")})
+    tokenizer: str | None = field(default=None, metadata={"help": (
+        "Hub id or path of the tokenizer; null: the model's.")})
+    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments of the tiny model builder when model is tiny:NAME.")})
+    auto_class: str = field(default="AutoModelForCausalLM", metadata={"help": (
+        "The transformers class that loads the model: AutoModelForCausalLM, AutoModel (LLaDA, Dream with "
+        "trust_remote_code) or AutoModelForMaskedLM."), "choices": "tasks.dlm.policy:AUTO_CLASSES"})
+    trust_remote_code: bool = field(default=False, metadata={"help": (
+        "Allow the model's own code from the hub (LLaDA, Dream).")})
+    dtype: str = field(default="float32", metadata={"help": (
+        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
+        "choices": "tasks.causal_lm:DTYPES"})
+    device: str | None = field(default=None, metadata={"help": (
+        "Move the model to this device; null: leave placement to accelerate.")})
+    mask_token_id: int | None = field(default=None, metadata={"help": (
+        "The mask token's id; null: the tokenizer's mask token (LLaDA: 126336).")})
+    logits_shift: bool = field(default=False, metadata={"help": (
+        "The logits at position i predict token i + 1 (Dream); false: they predict token i (LLaDA).")})
+    attention_mask: Literal["2d", "4d", "none"] = field(default="2d", metadata={"help": (
+        "How padding is shown to the model: 2d (a padding mask), 4d (a full [B, 1, L, L] mask: Dream), none.")})
+    chat_template: bool | None = field(default=None, metadata={"help": (
+        "Apply the tokenizer's chat template: true, false, or null (only for prompts given as message lists).")})
+    system_prompt: str | None = field(default=None, metadata={"help": (
+        "A system message put first when the chat template is applied.")})
     # log-prob estimator (estimators.py)
-    estimator: str = "diffu_grpo"
-    p_mask: float = 0.15
-    elbo_points: int = 4
+    estimator: str = field(default="diffu_grpo", metadata={"help": (
+        "Log-prob estimator of completion tokens: diffu_grpo (d1: one view, completion masked, prompt masked with "
+        "p_mask), coupled (DiffuCoder: two complementary masks), elbo (GDPO: Gauss-Legendre ELBO quadrature)."),
+        "choices": "tasks.dlm.estimators:ESTIMATORS"})
+    p_mask: float = field(default=0.15, metadata={"help": (
+        "diffu_grpo: the probability that each prompt token is masked in the scoring view (d1: 0.15), redrawn "
+        "each update pass.")})
+    elbo_points: int = field(default=4, metadata={"help": (
+        "elbo: Gauss-Legendre time points (views, forward passes) of the ELBO quadrature (GDPO).")})
     coupled_full_view: bool = field(default=True, metadata={"help": (
         "estimator coupled: average in the view with the whole completion masked, logp = (log p_full_mask + "
         "coupled term) / 2, as the DiffuCoder paper and apple/ml-diffucoder (3 forwards); false = the "
         "coupled term alone, halved (2 forwards; mmrl's earlier rule)")})
-    gradient_checkpointing: bool = False
-    sft_seed: int = 0
+    gradient_checkpointing: bool = field(default=False, metadata={"help": (
+        "Recompute activations in backward to save memory.")})
+    sft_seed: int = field(default=0, metadata={"help": (
+        "Seed of the random masks of the supervised warm start (LLaDA's SFT loss).")})
 
 
 def make_bidirectional(model: nn.Module) -> nn.Module:

@@ -1,0 +1,103 @@
+"""The contract every adapter keeps, as one battery of tests (as diffusers' PipelineTesterMixin).
+
+A new adapter opts in with a few lines in `tests/test_adapter_contract.py`:
+
+    class TestMyAdapter(AdapterContract):
+        recipe = {"task": "my_family", "policy": {"model": "tiny:..."}, "data": {...},
+                  "rewards": {"digit_share": {"weight": 1.0}}, ...}
+
+and gets these checks on a tiny model (override a hook where the family differs):
+
+* each row's log-probs equal the row's scored alone (padding and batching leak nothing);
+* micro-batches streamed through `accumulate_gradients` give the gradient of one batch;
+* a training step starts exactly on-policy (ratio 1) and moves the weights;
+* the saved weights load with the family's own `from_pretrained` and score the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
+from mmrl.config import parse_config
+from mmrl.trainer import Trainer
+
+TEST_REWARDS = str(Path(__file__).parent / "digit_reward.py")
+COMMON = {"logging": {"report_to": ["none"], "progress": False}, "max_steps": 1, "seed": 0}
+
+
+class AdapterContract:
+    recipe: dict                     # a tiny recipe of the adapter under test
+    stream_sizes: tuple[int, ...] = (2,)  # micro-batch sizes compared with one whole batch
+    atol: float = 1e-5               # log-prob tolerance (fp32)
+
+    # ----- hooks
+    def make_trainer(self, tmp_path: Path, *overrides: str) -> Trainer:
+        recipe = {**COMMON, **self.recipe}
+        recipe.setdefault("reward_modules", [TEST_REWARDS])
+        return Trainer(parse_config(recipe, [f"output_dir={tmp_path}", *overrides]))
+
+    def rollout(self, trainer: Trainer, prompts: int = 2):
+        rows = trainer.train_rows[:prompts]
+        batch = trainer.policy.rollout(rows, trainer.cfg.algorithm.group_size, seeds=list(range(1, prompts + 1)))
+        batch.add_data_columns(rows)
+        return batch
+
+    def reload_model(self, model: torch.nn.Module, path: Path) -> torch.nn.Module:
+        """The saved model loaded with its own class's `from_pretrained`."""
+        return type(model).from_pretrained(path).to(next(model.parameters()).device).eval()
+
+    def assert_same_draw(self, alone, in_batch) -> None:
+        """A group drawn alone equals the same group drawn in a batch (its completions)."""
+        assert alone.completions == in_batch.completions
+
+    # ----- the contract
+    def test_each_row_equals_the_row_alone(self, tmp_path):
+        """A group drawn alone is the group drawn in a batch, and every row scores as it does alone."""
+        t = self.make_trainer(tmp_path)
+        batch = self.rollout(t)
+        mask = batch.unit_mask.bool()
+        assert mask.any()
+        group_size = t.cfg.algorithm.group_size
+        with torch.no_grad():
+            together = t.policy.logprobs(t.model, batch)[0].float().cpu()
+            for g in range(len(batch) // group_size):
+                alone = t.policy.rollout([t.train_rows[g]], group_size, seeds=[g + 1])
+                mine = (batch.group_id == g).nonzero().flatten()
+                self.assert_same_draw(alone, batch.select(mine))
+                single = t.policy.logprobs(t.model, alone)[0].float().cpu()
+                width = alone.num_units
+                assert torch.equal(alone.unit_mask.bool(), mask[mine, :width]), f"group {g}"
+                assert not mask[mine, width:].any(), f"group {g}: units beyond its own width"
+                assert torch.allclose(single[alone.unit_mask.bool()], together[mine, :width][alone.unit_mask.bool()],
+                                      atol=self.atol), f"group {g}"
+            for i in range(len(batch)):
+                alone = t.policy.logprobs(t.model, batch.select([i]))[0].float().cpu()
+                assert together.shape[1] == alone.shape[1] == batch.num_units
+                assert torch.allclose(together[i][mask[i]], alone[0][mask[i]], atol=self.atol), f"row {i}"
+
+    def test_streamed_micro_batches_equal_one_batch(self, tmp_path):
+        t = self.make_trainer(tmp_path)
+        batch = t.prepare_batch(1)
+        assert (batch.advantages != 0).any(), "the recipe's rewards gave no gradient"
+        whole, *streamed = streamed_grads(t, batch, (len(batch.rollout), *self.stream_sizes))
+        for grads in streamed:
+            assert_grads_close(whole, grads)
+
+    def test_a_step_is_on_policy_and_moves_the_weights(self, tmp_path):
+        t = self.make_trainer(tmp_path)
+        assert on_policy_step_changes(t)
+
+    def test_saved_weights_reload_and_score_the_same(self, tmp_path):
+        t = self.make_trainer(tmp_path / "run")
+        batch = self.rollout(t, prompts=1)
+        t.policy.save_pretrained(t.unwrapped, tmp_path / "saved")
+        again = self.reload_model(t.unwrapped, tmp_path / "saved")
+        assert not any(p is q for p, q in zip(again.parameters(), t.unwrapped.parameters()))
+        with torch.no_grad():
+            before = t.policy.logprobs(t.model, batch)[0]
+            after = t.policy.logprobs(again, batch)[0]
+        mask = batch.unit_mask.bool()
+        assert torch.allclose(before.float().cpu()[mask], after.float().cpu()[mask], atol=self.atol)
