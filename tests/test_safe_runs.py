@@ -10,7 +10,6 @@ import pytest
 import torch
 from helpers import TINY_RECIPE, tiny_overrides
 
-import mmrl.trainer as trainer_module
 from mmrl import checkpoint as ckpt
 from mmrl.config import parse_config
 from mmrl.errors import UserError
@@ -20,15 +19,6 @@ from mmrl.trainer import NonFiniteError, Trainer
 
 def make(out, *extra):
     return Trainer(parse_config(TINY_RECIPE, tiny_overrides(out) + list(extra)))
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail the test if a model or data set is loaded."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or data set was loaded")
-    monkeypatch.setattr(trainer_module, "build_policy", refuse)
-    monkeypatch.setattr(trainer_module, "load_data", refuse)
 
 
 # ----- one run per output directory ----------------------------------------------------------------

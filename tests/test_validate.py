@@ -4,18 +4,8 @@ names its dotted key, and all of them are reported together."""
 import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
-import mmrl.trainer as trainer_module
 from mmrl.config import ConfigError, parse_config
 from mmrl.trainer import Trainer
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail the test if a model or data set is loaded."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or data set was loaded")
-    monkeypatch.setattr(trainer_module, "build_policy", refuse)
-    monkeypatch.setattr(trainer_module, "load_data", refuse)
 
 
 def problems(tmp_path, *overrides):
