@@ -1,4 +1,5 @@
-"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``; ``python -m mmrl`` too.
+"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``, ``mmrl export``,
+``mmrl explain``, ``mmrl list``; ``python -m mmrl`` too.
 
 Help answers without importing torch or the plugins: recipes and demos are read from the plugins'
 ``recipes/*.yaml`` and ``demos.yaml`` files. A sub-command is a subparser here plus one line in
