@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -45,7 +44,7 @@ from .sampling import PromptSampler, derive_seed
 from .signals import RunInterrupted, StopSignals
 from .stages import Stage, StagePlan
 from .tracking import Progress, Tracker
-from .validate import validate
+from .validate import check_world_size, validate
 
 
 class NonFiniteError(UserError):
@@ -121,21 +120,6 @@ def build_policy(cfg: TrainConfig) -> Policy:
     return adapter(from_dict(adapter.Config, cfg.policy, "policy"))
 
 
-def check_world_size(num_processes: int) -> None:
-    """The number of processes the launcher was asked for must be the number that joined:
-    ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
-    launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
-    env = os.environ
-    how = ("launch with `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m mmrl train ...` on CPU, "
-           "or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...` on GPUs")
-    if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
-        raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
-                        f"joined; {how}")
-    if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
-            and env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")):
-        raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")
-
-
 class Trainer:
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator: Accelerator | None = None, for_training: bool = True):
@@ -158,19 +142,11 @@ class Trainer:
             acc.wait_for_everyone()
         # start in the stage of the checkpoint's last step
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
-        for stage in self.plan.stages:
-            per_step = stage.config.optim.prompts_per_step
-            if per_step % acc.num_processes:
-                where = f"stages[{stage.index}]." if self.plan.staged else ""
-                raise ValueError(f"{where}optim.prompts_per_step={per_step} must be a multiple of "
-                                 f"the {acc.num_processes} processes")
         if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
             logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
                            self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
         cfg = self.cfg = self.stage.config
         algo = cfg.algorithm
-        if algo.mu < 1:
-            raise ValueError(f"algorithm.mu={algo.mu} must be >= 1")
         self.objective = OBJECTIVES.get(algo.objective)
         self.reward_fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in cfg.rewards.items()}
         self.reward_weights = {name: spec.weight for name, spec in cfg.rewards.items()}

@@ -17,11 +17,14 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, TrainConfig, from_dict
+from .errors import UserError
+from .stages import StagePlan
 from .registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 
 # dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
@@ -38,8 +41,8 @@ _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_
       "eval.group_size warm_start.batch_size sampling.variance_window sampling.dynamic_max_tries "
       "logging.plot_every save_total_limit algorithm.max_units", lambda v: v >= 1, "must be >= 1")
 _rule("optim.lr save_every eval.every warm_start.steps optim.warmup_steps optim.lora.r seed algorithm.eps algorithm.eps_low "
-      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay "
-      "sampling.diversity_weight", lambda v: v >= 0, "must be >= 0")
+      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
+      lambda v: v >= 0, "must be >= 0")
 _rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip_advantage "
       "algorithm.max_reward optim.lora.alpha", lambda v: v > 0, "must be > 0")
 _rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
@@ -148,6 +151,17 @@ def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> N
         problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
 
 
+def _check_stages(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    """Each stage's settings as the recipe's: ranges, and prompts per step against the processes."""
+    for stage in StagePlan(cfg).stages if cfg.stages else ():
+        found: list[str] = []
+        _check_ranges(stage.config, found)
+        pps = stage.config.optim.prompts_per_step
+        if pps >= 1 and pps % num_processes:
+            found.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
+        problems.extend(f"stages[{stage.index}].{p}" for p in found if p not in problems)
+
+
 def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
     from .tracking import REPORTERS
     data = cfg.data
@@ -182,7 +196,23 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
     _check_ranges(cfg, problems)
+    _check_stages(cfg, problems, num_processes)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f"{len(problems)} problems in the recipe:\n  " + "\n  ".join(problems))
+
+
+def check_world_size(num_processes: int) -> None:
+    """The number of processes the launcher was asked for must be the number that joined:
+    ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
+    launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
+    env = os.environ
+    how = ("launch with `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m mmrl train ...` on CPU, "
+           "or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...` on GPUs")
+    if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
+        raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
+                        f"joined; {how}")
+    if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
+            and env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")):
+        raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")

@@ -71,3 +71,10 @@ def test_unknown_keys_are_reported_together_when_parsed():
 def test_a_good_recipe_passes(tmp_path):
     from mmrl.validate import validate
     validate(parse_config(TINY_RECIPE, tiny_overrides(tmp_path)))
+
+
+def test_a_stage_is_checked_like_the_recipe(tmp_path, no_model):
+    """A stage's overrides meet the same ranges, named with the stage's index."""
+    message = problems(tmp_path, "stages=[{steps: 2}, {steps: 2, algorithm: {group_size: 1}}]", "max_steps=4")
+    assert "stages[1].algorithm.group_size=1 must be >= 2" in message
+    assert "stages[0]" not in message
