@@ -2,4 +2,6 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+# guarded: a vLLM rollout engine (policy.rollout_engine: vllm) may spawn processes that import this module
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,6 +32,8 @@ from mmrl.rollout import Rollout
 from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
 from .tiny_models import TINY_MODELS
 from .token_logprobs import selective_log_softmax
+from .vllm_engine import VLLMConfig, VLLMEngine
+from .vllm_engine import config_problems as vllm_config_problems
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,11 @@ class CausalLMConfig:
     shared_prefill: bool = field(default=True, metadata={"help": (
         "Rollouts prefill each prompt once and repeat its KV cache for the group's G samples (same samples as G "
         "prefills).")})
+    rollout_engine: Literal["hf", "vllm"] = field(default="hf", metadata={"help": (
+        "What samples rollouts: hf (transformers generate) or vllm (a colocated vLLM engine, sent the weights "
+        "after every optimizer step; see policy.vllm and the README's vLLM section).")})
+    vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={"help": (
+        "The vLLM engine's settings when rollout_engine is vllm.")})
 
 
 @lru_cache(maxsize=None)
@@ -153,6 +160,7 @@ class CausalLMPolicy(Policy):
     # read at each rollout / log-prob pass, so a training stage may change them
     stage_fields = frozenset({"max_new_tokens", "min_new_tokens", "top_p", "top_k", "stop_strings",
                               "mask_truncated"})
+    rollout_engines = ("hf", "vllm")  # what `policy.rollout_engine` may name for this adapter
 
     @classmethod
     def config_problems(cls, cfg: CausalLMConfig) -> list[str]:
@@ -165,6 +173,11 @@ class CausalLMPolicy(Policy):
             problems.append(f"policy.temperature={cfg.temperature} must be > 0")
         if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
             problems.append(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
+        if cfg.rollout_engine not in cls.rollout_engines:
+            problems.append(f"policy.rollout_engine={cfg.rollout_engine!r}: the {cls.__name__} adapter supports "
+                            f"{', '.join(cls.rollout_engines)}")
+        elif cfg.rollout_engine == "vllm":
+            problems.extend(vllm_config_problems(cfg.vllm))
         return problems
 
     def __init__(self, cfg: CausalLMConfig):
@@ -174,6 +187,7 @@ class CausalLMPolicy(Policy):
         if isinstance(cfg.prefix_sharing, bool):
             cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
         self.cfg = cfg
+        self._vllm: VLLMEngine | None = None  # built on the first rollout with rollout_engine vllm
         self._load(cfg)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -246,6 +260,9 @@ class CausalLMPolicy(Policy):
         cfg = self.cfg
         encoded = self._encode_prompts(prompts)
         rows = self._expand(encoded, group_size)
+        if cfg.rollout_engine == "vllm":
+            completion_ids, rollout_logp = self._vllm_generate(encoded, group_size, seeds, greedy)
+            return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
                                    pad_token_id=self.tokenizer.pad_token_id,
@@ -266,6 +283,12 @@ class CausalLMPolicy(Policy):
             tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
         completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
+        return self._rollout_record(prompts, group_size, rows, completion_ids, None)
+
+    def _rollout_record(self, prompts: Sequence[Any], group_size: int, rows: dict[str, Any], completion_ids: Tensor,
+                        rollout_logp: Tensor | None) -> Rollout:
+        """The Rollout of sampled `completion_ids` [N, T] (and their sampler log-probs [N, T] or None)."""
+        cfg = self.cfg
         unit_mask, truncated = self._completion_mask(completion_ids)
         completion_ids = completion_ids.masked_fill(unit_mask == 0, self.tokenizer.pad_token_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -279,7 +302,21 @@ class CausalLMPolicy(Policy):
             truncated=truncated.cpu(),
             columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
             extras={**rows, "completion_ids": completion_ids.cpu()},
+            rollout_logp=None if rollout_logp is None else (rollout_logp.float().cpu() * unit_mask.cpu()),
         )
+
+    def _vllm_generate(self, encoded: dict[str, Any], group_size: int, seeds: Sequence[int],
+                       greedy: bool) -> tuple[Tensor, Tensor | None]:
+        """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)."""
+        cfg = self.cfg
+        if self._vllm is None:
+            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device)
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(encoded["prompt_ids"], encoded["prompt_mask"])]
+        return self._vllm.generate(
+            self.model, prompt_ids, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,
+            top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
+            stop_token_ids=eos if isinstance(eos, list) else [eos], pad_token_id=self.tokenizer.pad_token_id)
 
     def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],
                         group_size: int) -> dict[str, Any] | None:
@@ -377,7 +414,9 @@ class CausalLMPolicy(Policy):
                 if key.startswith("prompt_") and isinstance(value, Tensor):
                     extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
             extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
-            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras))
+            logp = nn.functional.pad(r.rollout_logp, (0, dc)) if r.rollout_logp is not None else None
+            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras,
+                                 rollout_logp=logp))
         return Rollout.concat(fixed)
 
     # ----- log-probs -----------------------------------------------------------------------

@@ -35,6 +35,8 @@ class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
 
+    rollout_engines = ("hf",)  # vLLM rollouts are for text-only models so far (tasks/vllm_engine.py)
+
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
             self.model, self.processor = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)

