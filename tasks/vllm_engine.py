@@ -26,7 +26,7 @@ import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -50,8 +50,8 @@ class VLLMConfig:
         "max_position_embeddings.")})
     max_num_seqs: int = field(default=256, metadata={"help": (
         "Most sequences vLLM decodes at once (its max_num_seqs); >= 1.")})
-    cpu_kv_cache_gib: float = field(default=1.0, metadata={"help": (
-        "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE); > 0.")})
+    cpu_kv_cache_gib: int = field(default=1, metadata={"help": (
+        "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE unless it is set); >= 1.")})
     enforce_eager: bool = field(default=True, metadata={"help": (
         "Run vLLM's model eagerly (no CUDA graphs / torch.compile): faster start-up, slower decoding.")})
 
@@ -73,8 +73,8 @@ def config_problems(cfg: VLLMConfig) -> list[str]:
         problems.append(f"policy.vllm.max_model_len={cfg.max_model_len} must be >= 2 (or null)")
     if cfg.max_num_seqs < 1:
         problems.append(f"policy.vllm.max_num_seqs={cfg.max_num_seqs} must be >= 1")
-    if cfg.cpu_kv_cache_gib <= 0:
-        problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be > 0")
+    if cfg.cpu_kv_cache_gib < 1:
+        problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be >= 1")
     return problems
 
 
@@ -122,7 +122,7 @@ class VLLMEngine:
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
         if device.type == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kv_cache_gib))))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
         from vllm import LLM
         self.cfg = cfg
         self._dir = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
@@ -132,11 +132,16 @@ class VLLMEngine:
             hf_config.architectures = [type(base).__name__]
         hf_config.save_pretrained(self._dir.name)  # weights come from the policy (load_format=dummy)
         self.sleep = cfg.enable_sleep_mode and device.type == "cuda"
+        launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1
+        # under a multi-process launch every process drives its own engine in its own process, as TRL's
+        # colocate mode does (vLLM's external_launcher backend); untested here (one CPU process)
+        backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
         self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, load_format="dummy",
                        dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                        max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager)
+                       enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager, **backend)
         self._synced: tuple | None = None
         if self.sleep:
             self.llm.sleep(level=2)
