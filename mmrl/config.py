@@ -35,7 +35,7 @@ class AlgorithmConfig:
     estimator: str = field(default="grpo", metadata={"help": (
         "Advantage estimator: grpo (DeepSeekMath), dr_grpo (Dr. GRPO: no std), rloo (leave-one-out), median "
         "(MC-GRPO, odd groups), pairwise (2-GRPO), ngrpo (virtual max-reward sample), step (per-unit rewards, "
-        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ESTIMATORS"})
+        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ADVANTAGE_ESTIMATORS"})
     std: Literal["group", "batch", "none"] = field(default="group", metadata={"help": (
         "Divide advantages by the std of the group, of the whole batch (Flow-GRPO's global std), or not at all. "
         "Ignored by dr_grpo and pairwise.")})
