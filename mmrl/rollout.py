@@ -18,6 +18,11 @@ class Rollout:
     log-probs (token ids, latents, timesteps): tensors whose first dimension is N, or lists of
     length N. (The engine keeps the old and reference log-probs of a step itself.)
 
+    `rollout_logp` (float32 [N, U], None: the sampler gives none) is the log-prob of each unit
+    under the sampler that drew it, recorded at rollout time (0 at padding); the engine compares it
+    with the training forward's old log-probs (`rollout/logp_diff_*`) and uses it for
+    `algorithm.rollout_correction` (docs/methods.md, 'Rollout correction').
+
     `auxiliary` (bool [N], None: no such rows) marks rows an adapter draws only for the rewards to
     compare against, e.g. T-GRPO's rollouts of the same prompt with its video frames shuffled.
     They carry the group id of their prompt and sit inside its block of rows; the rewards score
@@ -33,6 +38,7 @@ class Rollout:
     extras: dict[str, Any] = field(default_factory=dict)
     truncated: Tensor | None = None
     auxiliary: Tensor | None = None
+    rollout_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.group_id.shape[0])

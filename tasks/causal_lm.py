@@ -119,13 +119,18 @@ def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_
 
 class GroupSeededSampler(LogitsProcessor):
     """Temperature / top-k / top-p sampling by inverse CDF, one uniform per row per step drawn
-    from the row's group generator. Returns scores that are 0 at the drawn token and -inf
-    elsewhere, so greedy decoding in ``generate`` emits the sample."""
+    from the row's group generator. Returns scores that are +inf at the drawn token, so greedy
+    decoding in ``generate`` emits the sample.
+
+    `logps` collects, per step, the fp32 log-prob [N] of the drawn token under the distribution it
+    was drawn from: the scores as ``generate`` processed them (token bans, min_new_tokens' EOS ban)
+    divided by the temperature, restricted to the top-k / top-p set and renormalised there."""
 
     def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.group_size = group_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.logps: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         logits = scores.float()
@@ -144,7 +149,14 @@ class GroupSeededSampler(LogitsProcessor):
         total = cdf[:, -1:]
         token = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
         # a token of zero probability is never drawn (u * total can equal a cdf plateau's value)
+        kept = logits.masked_fill(probs == 0, float("-inf"))  # the top-k / top-p set (and the bans)
+        self.logps.append(torch.log_softmax(kept, dim=-1).gather(1, token).squeeze(1).cpu())
         return scores.scatter(1, token, float("inf"))
+
+    def sampled_logp(self, width: int) -> Tensor:
+        """The drawn tokens' log-probs [N, width] (steps after the last one are 0)."""
+        logp = torch.stack(self.logps, 1) if self.logps else torch.zeros(self.group_size * len(self.generators), 0)
+        return nn.functional.pad(logp, (0, width - logp.shape[1]))
 
 
 @ADAPTERS.register("causal_lm")
@@ -254,8 +266,10 @@ class CausalLMPolicy(Policy):
                                    stop_strings=cfg.stop_strings or None,
                                    suppress_tokens=self.suppressed_tokens() or None)
         processors = LogitsProcessorList()
+        sampler = None
         if not greedy:
-            processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
+            sampler = GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p)
+            processors.append(sampler)
         was_training = self.model.training
         self.model.eval()
         inputs = None
@@ -271,6 +285,9 @@ class CausalLMPolicy(Policy):
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         if cfg.mask_truncated:
             unit_mask = unit_mask * (~truncated)[:, None]
+        rollout_logp = None
+        if sampler is not None:
+            rollout_logp = sampler.sampled_logp(completion_ids.shape[1]) * unit_mask.cpu()
         return Rollout(
             group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
             prompts=[self.prompt_of(p) for p in prompts for _ in range(group_size)],
@@ -279,6 +296,7 @@ class CausalLMPolicy(Policy):
             truncated=truncated.cpu(),
             columns={"completion_ids": [ids[:int(n)].tolist() for ids, n in zip(completion_ids, unit_mask.sum(1))]},
             extras={**rows, "completion_ids": completion_ids.cpu()},
+            rollout_logp=rollout_logp,
         )
 
     def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],
@@ -377,7 +395,9 @@ class CausalLMPolicy(Policy):
                 if key.startswith("prompt_") and isinstance(value, Tensor):
                     extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
             extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
-            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras))
+            logp = nn.functional.pad(r.rollout_logp, (0, dc)) if r.rollout_logp is not None else None
+            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras,
+                                 rollout_logp=logp))
         return Rollout.concat(fixed)
 
     # ----- log-probs -----------------------------------------------------------------------
@@ -406,11 +426,21 @@ class CausalLMPolicy(Policy):
         out = model(**self._model_inputs(rows, completion_ids, completion_mask), logits_to_keep=c + 1,
                     use_cache=False)
         device = out.logits.device
-        logits = out.logits[:, -(c + 1):-1]  # some models return every position despite logits_to_keep
-        if temperature != 1.0:
-            logits = logits / temperature
+        logits = self._sampling_logits(out.logits[:, -(c + 1):-1], temperature)  # some models return every position
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
+
+    def _sampling_logits(self, logits: Tensor, temperature: float) -> Tensor:
+        """The logits as the rollout sampler scores them at every position: divided by the
+        temperature, the never-sampled tokens (`suppressed_tokens`) banned. The sampler's top-k /
+        top-p truncation and min_new_tokens' early-EOS ban are not applied (docs/methods.md,
+        'Rollout log-probs'). A ban is the dtype's lowest value, not -inf, so the entropy stays finite."""
+        if temperature != 1.0:
+            logits = logits / temperature
+        banned = self.suppressed_tokens()
+        if banned:
+            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), torch.finfo(logits.dtype).min)
+        return logits
 
     # ----- shared-prefix log-probs (tasks/prefix_sharing.py) -----------------------------------
     def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
@@ -448,9 +478,7 @@ class CausalLMPolicy(Policy):
                                                          next(self.model.parameters()).dtype, self.device)
         out = model(**inputs, logits_to_keep=layout.region + 1, use_cache=False)
         device = out.logits.device
-        kept = out.logits[:, -(layout.region + 1):]  # sequence positions W - 1 .. W + R - 1
-        if temperature != 1.0:
-            kept = kept / temperature
+        kept = self._sampling_logits(out.logits[:, -(layout.region + 1):], temperature)  # positions W - 1 .. W + R - 1
         chunk = self.cfg.logprob_chunk_rows
         # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
         first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],
