@@ -431,7 +431,7 @@ class Trainer:
                     logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
                     batch.weights[idx][:, units].to(device), algo, segments=segs,
                     ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-                    entropy=entropy, kl=kl, is_weight=is_weight)
+                    entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
                 for key in ("units", "clipped"):

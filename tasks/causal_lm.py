@@ -3,8 +3,9 @@
 Any ``AutoModelForCausalLM`` with its tokenizer (and chat template for message-list prompts).
 Generation runs HF ``generate`` with the KV cache; sampling is done by `GroupSeededSampler`, so
 a group's completions depend on its prompt and seed only, not on which other groups share the
-batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature,
-computed by `selective_log_softmax` on the completion positions only.
+batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature with
+the never-sampled tokens banned as the sampler bans them, computed by `selective_log_softmax` on
+the completion positions only; the sampler records its own (`Rollout.rollout_logp`).
 
 With `shared_prefill` (the default), each prompt is prefilled once, its media encoded once, and
 its KV cache repeated for the G rows of its group before sampling, instead of prefilling G

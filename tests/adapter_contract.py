@@ -96,7 +96,7 @@ class AdapterContract:
 
     def test_a_step_is_on_policy_and_moves_the_weights(self, tmp_path):
         t = self.make_trainer(tmp_path)
-        assert on_policy_step_changes(t)
+        assert on_policy_step_changes(t, rollout_atol=None if self.comparable else self.rollout_atol)
 
     def test_rollout_logp_is_the_training_forwards_in_any_batch(self, tmp_path):
         t = self.make_trainer(tmp_path, *self.comparable)
