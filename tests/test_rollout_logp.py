@@ -129,8 +129,10 @@ def test_a_known_gap_is_measured_and_capped(tmp_path, kind):
     assert metrics["rollout/capped_frac"] == pytest.approx(float((shift[trained] == 1.0).float().mean()))
 
 
-def test_mis_gradient_is_the_weighted_gradient_with_capped_units_dropped(tmp_path):
-    t = trainer(tmp_path, "algorithm.rollout_correction=mis", "algorithm.rollout_correction_cap=2.0")
+@pytest.mark.parametrize("kind", ["tis", "mis"])
+def test_the_corrected_gradient_is_the_gradient_with_reweighted_units(tmp_path, kind):
+    """TIS: every unit's weight is min(rho, C); MIS: rho, and 0 for the capped units."""
+    t = trainer(tmp_path, f"algorithm.rollout_correction={kind}", "algorithm.rollout_correction_cap=2.0")
     batch = t.prepare_batch(1)
     r = batch.rollout
     shift = torch.zeros_like(r.rollout_logp)
@@ -144,7 +146,7 @@ def test_mis_gradient_is_the_weighted_gradient_with_capped_units_dropped(tmp_pat
     # reference: no correction, with the aggregation weights multiplied by each unit's MIS weight
     t.cfg.algorithm.rollout_correction = "none"
     rho = torch.exp(shift)
-    unit_weight = torch.where(rho > 2.0, 0.0, rho)
+    unit_weight = rho.clamp(max=2.0) if kind == "tis" else torch.where(rho > 2.0, 0.0, rho)
     reference = type(batch)(r, batch.advantages, batch.row_mask, batch.weights * unit_weight, batch.metrics)
     t.optimizer.zero_grad(set_to_none=True)
     t.accumulate_gradients(reference, chunks, None, None, with_entropy=False)
