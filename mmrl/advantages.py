@@ -26,7 +26,7 @@ from torch import Tensor
 from .registry import Registry
 
 Estimator = Callable[[Tensor, Tensor, "AdvantageOptions"], "tuple[Tensor, Tensor]"]
-ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 STD_MODES = ("group", "batch", "none")
 MEDIAN_SCALES = ("mad", "std")
@@ -35,7 +35,7 @@ MAD_EPS = 1e-3  # MC-GRPO's code: advantages / (median absolute deviation + 1e-3
 
 def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     """Decorator: register ``fn(rewards, group_id, opts) -> (advantages, row_mask)`` as `name`."""
-    return ESTIMATORS.register(name)
+    return ADVANTAGE_ESTIMATORS.register(name)
 
 
 @dataclass
@@ -396,7 +396,7 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
                        cfg) -> AdvantageResult:
     """Advantages for a batch of named rewards ([N] or [N, U] each; NaN = not applicable).
 
-    cfg (an `AlgorithmConfig`): ``estimator`` (a name in ESTIMATORS), ``std``, ``eps``,
+    cfg (an `AlgorithmConfig`): ``estimator`` (a name in ADVANTAGE_ESTIMATORS), ``std``, ``eps``,
     ``max_reward``; ``reward_combine`` "sum" (estimate on the weighted sum), "advantage"
     (estimate each reward, then the weighted sum of advantages: DanceGRPO video, MixGRPO; row_mask
     is the AND), "gate" (estimate on `gated_total` with ``gates``: Vision-R1) or "product"
@@ -407,7 +407,7 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     zero_variance_frac (groups whose totals are all equal), num_groups.
     """
     # Built-ins are found without importing the plugins (a plugin cannot replace a built-in).
-    estimator = ESTIMATORS.get(cfg.estimator)
+    estimator = ADVANTAGE_ESTIMATORS.get(cfg.estimator)
     opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward,
                             median_scale=cfg.median_scale, median_rescale=cfg.median_rescale)
     rs = _broadcast(rewards)

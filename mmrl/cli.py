@@ -137,7 +137,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from .advantages import ESTIMATORS
+    from .advantages import ADVANTAGE_ESTIMATORS
     from .loss import (
         AGGREGATIONS,
         CLOSED_FORM_KL,
@@ -149,7 +149,7 @@ def run_list(args: argparse.Namespace) -> int:
     from .reward_registry import REWARDS
     load_plugins()
     rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
-            ("advantage estimators (algorithm.estimator)", ESTIMATORS.names()),
+            ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
             ("objectives (algorithm.objective)", OBJECTIVES.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
             ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),

@@ -35,7 +35,7 @@ class AlgorithmConfig:
     estimator: str = field(default="grpo", metadata={"help": (
         "Advantage estimator: grpo (DeepSeekMath), dr_grpo (Dr. GRPO: no std), rloo (leave-one-out), median "
         "(MC-GRPO, odd groups), pairwise (2-GRPO), ngrpo (virtual max-reward sample), step (per-unit rewards, "
-        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ESTIMATORS"})
+        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ADVANTAGE_ESTIMATORS"})
     std: Literal["group", "batch", "none"] = field(default="group", metadata={"help": (
         "Divide advantages by the std of the group, of the whole batch (Flow-GRPO's global std), or not at all. "
         "Ignored by dr_grpo and pairwise.")})
@@ -427,7 +427,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            where = f" ({e.problem})" if getattr(e, "problem", None) else ""
+            raise ConfigError(f"override {item!r}: the value {raw!r} is not valid YAML{where}; quote it "
+                              f"(key='\"text\"') to pass it as a string") from None
         node = data
         parts = key.split(".")
         for part in parts[:-1]:

@@ -130,10 +130,10 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
 
 
 def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
-    from .advantages import ESTIMATORS
+    from .advantages import ADVANTAGE_ESTIMATORS
     from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
     algo = cfg.algorithm
-    _check_name(problems, ESTIMATORS, "algorithm.estimator", algo.estimator)
+    _check_name(problems, ADVANTAGE_ESTIMATORS, "algorithm.estimator", algo.estimator)
     _check_name(problems, OBJECTIVES, "algorithm.objective", algo.objective)
     _check_name(problems, AGGREGATIONS, "algorithm.aggregation", algo.aggregation)
     _check_name(problems, KL_ESTIMATORS, "algorithm.kl_estimator", algo.kl_estimator, [CLOSED_FORM_KL])

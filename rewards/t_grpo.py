@@ -16,27 +16,27 @@ def exact(x: float) -> Fraction:
 
 
 @register_reward("t_grpo")
-def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, mu: float = 0.8,
+def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, min_ratio: float = 0.8,
                   accuracy: str = "accuracy", accuracy_args: dict | None = None, correct_above: float = 0.1,
                   log_metric=None, **columns) -> list[float | None]:
     """For each prompt group, p = mean `accuracy` reward of its ordered rows and q = mean over its
     auxiliary rows (the rollouts with shuffled frames, `policy.shuffled_rollouts`). If
-    p >= mu * q (compared in exact fractions, mu and the scores as written in decimal, so an exact
-    tie such as 3 of 5 vs 0.8 x 3 of 4 pays, as Video-R1 does), each ordered row whose accuracy
+    p >= min_ratio * q (compared in exact fractions, min_ratio and the scores as written in decimal,
+    so an exact tie such as 3 of 5 vs 0.8 x 3 of 4 pays, as Video-R1 does), each ordered row whose accuracy
     is > `correct_above` gets `alpha`, the others 0; else every ordered row gets 0. Means are
     taken per group, never over the batch (Video-R1's code takes them over the local batch, right
     only at one prompt per device).
 
-    Defaults are Video-R1's: alpha 0.3, mu 0.8 (its authors also suggest 1.0), correct when the
+    Defaults are Video-R1's: alpha 0.3, min_ratio 0.8 (its authors also suggest 1.0), correct when the
     accuracy exceeds 0.1 (its graded rewards count as correct too). `accuracy` names the reward
     that scores correctness, called with `accuracy_args` (e.g. {mode: choice}). None for auxiliary
     rows, for rows whose accuracy is None, and for groups without auxiliary rows (no video).
     `log_metric` counts ``groups`` compared (with ordered and shuffled rows and an accuracy) and
-    ``bonus_groups`` among them whose ordered accuracy reached mu x the shuffled one (logged as
+    ``bonus_groups`` among them whose ordered accuracy reached min_ratio x the shuffled one (logged as
     ``reward/t_grpo/<key>``, summed over processes).
     """
-    if not mu >= 0:
-        raise ValueError(f"t_grpo: mu={mu!r} must be >= 0")
+    if not min_ratio >= 0:
+        raise ValueError(f"t_grpo: min_ratio={min_ratio!r} must be >= 0")
     n = len(completions)
     if len(group_id) != n or len(auxiliary) != n:
         raise ValueError(f"t_grpo: group_id / auxiliary have {len(group_id)} / {len(auxiliary)} values "
@@ -50,9 +50,9 @@ def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3,
         if not math.isnan(s):
             (shuffled if aux else ordered).setdefault(g, []).append(s)
     compared = ordered.keys() & shuffled.keys()
-    mu_exact = exact(mu)
+    min_ratio_exact = exact(min_ratio)
     mean = lambda xs: sum(map(exact, xs)) / len(xs)  # noqa: E731
-    bonus_groups = {g for g in compared if mean(ordered[g]) >= mu_exact * mean(shuffled[g])}
+    bonus_groups = {g for g in compared if mean(ordered[g]) >= min_ratio_exact * mean(shuffled[g])}
     if log_metric is not None:
         log_metric("groups", len(compared))
         log_metric("bonus_groups", len(bonus_groups))

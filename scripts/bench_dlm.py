@@ -133,12 +133,12 @@ def main() -> None:
     estimators = {"diffu_grpo": {}, "coupled": {}, "elbo": {"elbo_points": 4}, "elbo_k8": {"elbo_points": 8}}
     est_times = {name: [] for name in estimators}
     est_forwards = {}
-    from tasks.dlm.estimators import ESTIMATORS
+    from tasks.dlm.estimators import LOGP_ESTIMATORS
     for rep in range(args.reps + 1):
         for name, extra in estimators.items():
             policy.cfg.estimator = name.split("_k")[0]
             policy.cfg.elbo_points = extra.get("elbo_points", 4)
-            policy.estimate = ESTIMATORS.get(policy.cfg.estimator)
+            policy.estimate = LOGP_ESTIMATORS.get(policy.cfg.estimator)
             calls[0] = 0
             t0 = time.perf_counter()
             logp, _ = policy.logprobs(model, policy.pass_view(batch, rep))

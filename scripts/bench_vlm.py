@@ -41,7 +41,7 @@ PHASES = ("rollout", "logprob", "update")
 
 
 def shape_data(n: int) -> list[dict]:
-    from tasks.shapes import shape_rows
+    from tasks.synthetic.shapes import shape_rows
     return shape_rows(n, SIZE, 2, random.Random(0))
 
 

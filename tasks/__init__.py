@@ -9,8 +9,8 @@ import yaml
 
 from mmrl.registry import DEMO_FIGURES, DEMOS, RECIPES
 
-from . import (audio, causal_lm, diffusion, dlm, formulas, moving_dot, shapes, speech,  # noqa: F401  (registration)
-               text_tasks, tiny_models, tones, vlm)
+from . import audio_lm, causal_lm, diffusion, dlm, synthetic, tiny_models, vlm  # noqa: F401  (registration)
+from .synthetic import formulas, shapes, spoken_words
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
@@ -19,6 +19,6 @@ for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):
 for _demo, _recipe_name in yaml.safe_load((Path(__file__).parent / "demos.yaml").read_text()).items():
     DEMOS.register(_demo)(_recipe_name)
 DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
-DEMO_FIGURES.register("asr")(speech.draw_predictions)
+DEMO_FIGURES.register("asr")(spoken_words.draw_predictions)
 DEMO_FIGURES.register("latex")(formulas.draw_predictions)
 DEMO_FIGURES.register("t2i")(diffusion.synthetic.draw_samples)

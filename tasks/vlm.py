@@ -1,7 +1,7 @@
 """Vision-language models as policies: any ``AutoModelForImageTextToText`` with its
 ``AutoProcessor`` (Qwen2.5-VL, Qwen2-VL, Qwen3-VL, LLaVA-style, Gemma 3); images from paths or
 PIL images in the data set's `image_column`, videos (paths decoded with PyAV, or frames; see
-`tasks.video`) in its `video_column`, one or a list per row.
+`tasks.video_clips`) in its `video_column`, one or a list per row.
 
 T-GRPO (Video-R1): with `shuffled_rollouts: S > 0`, each prompt with a video is also rolled out S
 times with its frames shuffled (one permutation per group, drawn from the group's seed). Those
@@ -28,7 +28,7 @@ from mmrl.sampling import derive_seed
 
 from .causal_lm import DTYPES, CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
-from .video import Clip, check_video, is_single_video, load_video, shuffled_order
+from .video_clips import Clip, check_video, is_single_video, load_video, shuffled_order
 
 SHUFFLE_SALT = 0x5B0F
 

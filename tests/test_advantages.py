@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from mmrl.advantages import (ESTIMATORS, AdvantageOptions, compute_advantages, dr_grpo, grpo,
+from mmrl.advantages import (ADVANTAGE_ESTIMATORS, AdvantageOptions, compute_advantages, dr_grpo, grpo,
                              group_variance_mask, median, ngrpo, pairwise, rloo, step,
                              weighted_total)
 from mmrl.config import AlgorithmConfig
@@ -47,7 +47,7 @@ def cfg(**kw):
 
 def test_builtins_are_registered():
     for name, fn in FNS.items():
-        assert ESTIMATORS.get(name) is fn
+        assert ADVANTAGE_ESTIMATORS.get(name) is fn
         assert fn.__doc__
 
 

@@ -26,6 +26,11 @@ def test_unknown_keys_are_named_with_their_path():
         parse_config({"nonsense": 1})
 
 
+def test_an_override_that_is_not_yaml_is_named_not_a_traceback():
+    with pytest.raises(ConfigError, match=r"override 'algorithm.group_size=\[1,2'.*not valid YAML"):
+        parse_config({}, ["algorithm.group_size=[1,2"])
+
+
 def test_wrong_types_and_choices_are_named():
     with pytest.raises(ConfigError, match="algorithm.std"):
         parse_config({}, ["algorithm.std=sometimes"])
@@ -46,7 +51,7 @@ def test_overrides_do_not_mutate_the_loaded_mapping():
 def test_shipped_recipes_parse():
     """Every shipped recipe parses, and every name in it resolves: the adapter (whose Config takes
     the policy section), the rewards, the estimator, objective, aggregation and KL estimator."""
-    from mmrl.advantages import ESTIMATORS
+    from mmrl.advantages import ADVANTAGE_ESTIMATORS
     from mmrl.config import from_dict
     from mmrl.loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
     from mmrl.registry import ADAPTERS, RECIPES
@@ -63,7 +68,7 @@ def test_shipped_recipes_parse():
         for reward in cfg.rewards:
             assert reward in REWARDS, (name, reward)
         algo = cfg.algorithm
-        assert algo.estimator in ESTIMATORS and algo.objective in OBJECTIVES, name
+        assert algo.estimator in ADVANTAGE_ESTIMATORS and algo.objective in OBJECTIVES, name
         assert algo.aggregation in AGGREGATIONS, name
         assert algo.kl_estimator in KL_ESTIMATORS or algo.kl_estimator == CLOSED_FORM_KL, name
         assert (cfg.data.name is None) != (cfg.data.path is None), f"recipe {name}: data.name or data.path"

@@ -22,9 +22,9 @@ FAMILIES = {"sd3": ("tiny:sd3", "flow_sde", True), "flux": ("tiny:flux", "flow_s
 
 
 def make(name, **kw):
-    model, sampler, cfg = FAMILIES[name]
+    model, sampler, guided = FAMILIES[name]
     args = dict(model=model, height=SIZE, width=SIZE, num_steps=4, eval_num_steps=4, sampler=sampler,
-                noise_level=0.7, cfg=cfg)
+                noise_level=0.7, classifier_free_guidance=guided)
     args.update(kw)
     return DiffusionPolicy(DiffusionConfig(**args))
 
@@ -198,8 +198,8 @@ def test_sliding_window_follows_mixgrpo():
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="policy.sampler='ddim'"):
         make("sd3", sampler="ddim")
-    with pytest.raises(ValueError, match="policy.cfg"):
-        make("flux", cfg=True)
+    with pytest.raises(ValueError, match="policy.classifier_free_guidance"):
+        make("flux", classifier_free_guidance=True)
 
 
 RECIPE = {
@@ -218,9 +218,9 @@ RECIPE = {
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeypatch, name):
-    model, sampler, cfg = FAMILIES[name]
+    model, sampler, guided = FAMILIES[name]
     t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.sampler={sampler}",
-                                      f"policy.cfg={str(cfg).lower()}"]))
+                                      f"policy.classifier_free_guidance={str(guided).lower()}"]))
     batch = t.prepare_batch(1)
     assert (batch.advantages != 0).any()
     grads = []
@@ -330,7 +330,7 @@ def test_recipes_run_a_step(recipe, tmp_path):
 def test_warm_start_loss_is_the_flow_matching_loss():
     import numpy as np
     from tasks.diffusion.synthetic import colour_shapes
-    policy = DiffusionPolicy(DiffusionConfig(model="tiny:pixel-flow", height=16, width=16, num_steps=4, cfg=False,
+    policy = DiffusionPolicy(DiffusionConfig(model="tiny:pixel-flow", height=16, width=16, num_steps=4, classifier_free_guidance=False,
                                              cfg_dropout=0.0, sampler="dance", noise_level=0.3))
     rows = colour_shapes(n_train=3, n_eval=0, size=16)["train"]
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
-from tasks.dlm.estimators import ESTIMATORS, EstimatorArgs, view_seed
+from tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
 from tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
 from tasks.dlm.policy import DLMConfig, DLMPolicy
 
@@ -179,7 +179,7 @@ def test_a_group_depends_only_on_its_prompt_and_seed(policy):
 def _hand_views(policy, batch, name, **args):
     gens = [torch.Generator().manual_seed(view_seed(int(s), int(batch.extras["mask_pass"])))
             for s in batch.extras["mask_seed"]]
-    return ESTIMATORS.get(name)(gens, batch.extras["prompt_mask"], batch.extras["completion_ids"].shape[1],
+    return LOGP_ESTIMATORS.get(name)(gens, batch.extras["prompt_mask"], batch.extras["completion_ids"].shape[1],
                                 EstimatorArgs(**args))
 
 

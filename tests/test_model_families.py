@@ -19,7 +19,7 @@ from test_video import write_clip
 
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
-from tasks.audio import AudioLMConfig, AudioLMPolicy
+from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
 from tasks.prefix_sharing import unsupported_reason
 from tasks.vlm import VLMConfig, VLMPolicy
 

@@ -14,7 +14,7 @@ from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overrides
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer, build_policy
-from tasks.audio import AudioLMConfig, AudioLMPolicy
+from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
 from tasks.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
 from tasks.tiny_models import seeded_model
@@ -136,7 +136,7 @@ def test_image_logprobs_and_gradients_equal_the_plain_forward():
 
 
 def test_video_logprobs_and_gradients_equal_the_plain_forward():
-    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/video.py
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/video_clips.py
     rows = [{"prompt": "what moves?", "video": RNG.integers(0, 255, (4, 28, 56, 3), dtype=np.uint8)},
             {"prompt": "count", "video": RNG.integers(0, 255, (4, 56, 28, 3), dtype=np.uint8)},
             {"prompt": "where?", "video": RNG.integers(0, 255, (2, 28, 28, 3), dtype=np.uint8)}]

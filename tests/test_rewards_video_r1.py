@@ -16,14 +16,14 @@ def rows(ordered, shuffled):
     return completions, [0] * len(flags), [aux for aux, _ in flags], ["A"] * len(flags)
 
 
-def t_grpo_group(k, g, j, s, mu=0.8, alpha=0.3):
+def t_grpo_group(k, g, j, s, min_ratio=0.8, alpha=0.3):
     completions, group_id, auxiliary, answers = rows([True] * k + [False] * (g - k), [True] * j + [False] * (s - j))
-    return t_grpo_reward([""] * len(completions), completions, group_id, auxiliary, answer=answers, mu=mu,
+    return t_grpo_reward([""] * len(completions), completions, group_id, auxiliary, answer=answers, min_ratio=min_ratio,
                          alpha=alpha, accuracy_args={"mode": "choice"})[:g]
 
 
 def test_t_grpo_pays_at_the_exact_tie():
-    # 3 of 5 ordered vs 3 of 4 shuffled with mu 0.8: 3/5 = 0.8 x 3/4 exactly; Video-R1 pays 0.3
+    # 3 of 5 ordered vs 3 of 4 shuffled with min_ratio 0.8: 3/5 = 0.8 x 3/4 exactly; Video-R1 pays 0.3
     assert t_grpo_group(3, 5, 3, 4) == [0.3, 0.3, 0.3, 0.0, 0.0]
     assert 3 / 5 < 0.8 * (3 / 4)  # the floating-point comparison mmrl used to make denies it
     assert t_grpo_group(2, 5, 3, 4) == [0.0] * 5  # just below the tie
@@ -44,10 +44,10 @@ def test_t_grpo_exhaustive_against_exact_reference():
     assert ties_float_missed == 15  # the exact ties a floating-point comparison denies (as the issue counts)
 
 
-def test_t_grpo_mu_one_and_graded_scores_are_exact():
-    # mu 1.0: p >= q; a tie at 1/2 vs 1/2 pays
-    assert t_grpo_group(1, 2, 1, 2, mu=1.0) == [0.3, 0.0]
-    assert t_grpo_group(1, 2, 2, 2, mu=1.0) == [0.0, 0.0]
+def test_t_grpo_min_ratio_one_and_graded_scores_are_exact():
+    # min_ratio 1.0: p >= q; a tie at 1/2 vs 1/2 pays
+    assert t_grpo_group(1, 2, 1, 2, min_ratio=1.0) == [0.3, 0.0]
+    assert t_grpo_group(1, 2, 2, 2, min_ratio=1.0) == [0.0, 0.0]
     assert Fraction(repr(0.1)) * 3 == Fraction(3, 10)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tasks.audio import AudioLMConfig, AudioLMPolicy
+from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
 from tasks.vlm import VLMConfig, VLMPolicy
 

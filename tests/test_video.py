@@ -16,7 +16,7 @@ from mmrl.config import parse_config
 from mmrl.trainer import Trainer
 from mmrl.reward_registry import metric_logger
 from rewards.t_grpo import t_grpo_reward
-from tasks.video import load_video, sample_indices
+from tasks.video_clips import load_video, sample_indices
 from tasks.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
@@ -176,8 +176,8 @@ def test_t_grpo_bonus_per_group_not_per_batch():
     assert out == [None if aux or g == 5 else expected[(g, aux, ok)] for g, aux, ok in spec]
     assert counts == {"groups": 2.0, "bonus_groups": 1.0}
     counts = {}
-    # a stricter mu: 0.75 < 2 x 0.5, no group gets it
-    out = t_grpo_reward([""] * len(spec), completions, group_id, auxiliary, answer=answers, mu=2.0, alpha=0.5,
+    # a stricter min_ratio: 0.75 < 2 x 0.5, no group gets it
+    out = t_grpo_reward([""] * len(spec), completions, group_id, auxiliary, answer=answers, min_ratio=2.0, alpha=0.5,
                         accuracy_args={"mode": "choice"}, log_metric=metric_logger(counts))
     assert all(v in (None, 0.0) for v in out)
     assert counts == {"groups": 2.0, "bonus_groups": 0.0}

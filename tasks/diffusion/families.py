@@ -31,7 +31,7 @@ class Family:
 
     pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
-    uses_cfg = True
+    uses_classifier_free_guidance = True
 
     def __init__(self, pipe, size: tuple[int, int]):
         self.pipe = pipe
@@ -41,7 +41,7 @@ class Family:
     def denoiser(self) -> nn.Module:
         return self.pipe.transformer
 
-    def encode(self, prompts: list[str], cfg: bool) -> Cond:
+    def encode(self, prompts: list[str], guided: bool) -> Cond:
         raise NotImplementedError
 
     def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:
@@ -51,7 +51,7 @@ class Family:
         raise NotImplementedError
 
     def predict(self, model: nn.Module, x: Tensor, t: Tensor, cond: Cond, guidance_scale: float,
-                cfg: bool) -> Tensor:
+                guided: bool) -> Tensor:
         raise NotImplementedError
 
     def decode(self, latents: Tensor, height: int, width: int) -> list:
@@ -105,12 +105,12 @@ def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
 @FAMILIES.register("sd3")
 class SD3(Family):
     pipeline = "StableDiffusion3Pipeline"
-    def encode(self, prompts, cfg):
+    def encode(self, prompts, guided):
         pe, npe, pooled, npooled = self.pipe.encode_prompt(
-            prompt=prompts, prompt_2=None, prompt_3=None, negative_prompt=[""] * len(prompts) if cfg else None,
-            do_classifier_free_guidance=cfg, device=self.device, num_images_per_prompt=1)
+            prompt=prompts, prompt_2=None, prompt_3=None, negative_prompt=[""] * len(prompts) if guided else None,
+            do_classifier_free_guidance=guided, device=self.device, num_images_per_prompt=1)
         out = {"pos/embeds": pe, "pos/pooled": pooled}
-        if cfg:
+        if guided:
             out.update({"neg/embeds": npe, "neg/pooled": npooled})
         return out
 
@@ -125,13 +125,13 @@ class SD3(Family):
         self.pipe.scheduler.set_timesteps(num_steps, device="cpu", **({"mu": mu} if mu is not None else {}))
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
-    def predict(self, model, x, t, cond, guidance_scale, cfg):
+    def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = _split(cond)
 
         def run(h, c):
             return model(hidden_states=h.to(self.dtype), timestep=t.expand(h.shape[0]).to(h.device),
                          encoder_hidden_states=c["embeds"], pooled_projections=c["pooled"], return_dict=False)[0]
-        return self._guided(run, x, pos, neg if cfg else None, guidance_scale)
+        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
 
     def decode(self, latents, height, width):
         return self._vae_image(latents)
@@ -140,11 +140,11 @@ class SD3(Family):
 @FAMILIES.register("flux")
 class Flux(Family):
     pipeline = "FluxPipeline"
-    uses_cfg = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
+    uses_classifier_free_guidance = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
 
-    def encode(self, prompts, cfg):
-        if cfg:
-            raise ValueError("FLUX takes the guidance scale as an embedding: set policy.cfg=false")
+    def encode(self, prompts, guided):
+        if guided:
+            raise ValueError("FLUX takes the guidance scale as an embedding: set policy.classifier_free_guidance=false")
         pe, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, device=self.device,
                                                 num_images_per_prompt=1)
         return {"pos/embeds": pe, "pos/pooled": pooled}
@@ -165,7 +165,7 @@ class Flux(Family):
         self.pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu", **({"mu": mu} if mu is not None else {}))
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
-    def predict(self, model, x, t, cond, guidance_scale, cfg):
+    def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, _ = _split(cond)
         n = x.shape[0]
         h, w = (d // 2 for d in self._latent_hw(*self.size))
@@ -195,10 +195,10 @@ class SD15(Family):
     def denoiser(self):
         return self.pipe.unet
 
-    def encode(self, prompts, cfg):
-        pe, npe = self.pipe.encode_prompt(prompts, self.device, 1, cfg, negative_prompt=[""] * len(prompts) if cfg else None)
+    def encode(self, prompts, guided):
+        pe, npe = self.pipe.encode_prompt(prompts, self.device, 1, guided, negative_prompt=[""] * len(prompts) if guided else None)
         out = {"pos/embeds": pe}
-        if cfg:
+        if guided:
             out["neg/embeds"] = npe
         return out
 
@@ -218,13 +218,13 @@ class SD15(Family):
         out.append(float(ab[last]) if last >= 0 else float(sched.final_alpha_cumprod))
         return out, sched.timesteps.clone()
 
-    def predict(self, model, x, t, cond, guidance_scale, cfg):
+    def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = _split(cond)
 
         def run(h, c):
             return model(h.to(self.dtype), t.expand(h.shape[0]).to(h.device), encoder_hidden_states=c["embeds"],
                          return_dict=False)[0]
-        return self._guided(run, x, pos, neg if cfg else None, guidance_scale)
+        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
 
     def decode(self, latents, height, width):
         vae = self.pipe.vae

@@ -25,7 +25,7 @@ class PixelFlow(SD3):
 
     pipeline = "PixelFlowPipeline"
 
-    def encode(self, prompts, cfg):
+    def encode(self, prompts, guided):
         def embed(texts):
             ids = self.pipe.tokenizer(texts, padding="max_length", max_length=self.pipe.tokenizer.model_max_length,
                                       truncation=True, return_tensors="pt").input_ids.to(self.device)
@@ -33,7 +33,7 @@ class PixelFlow(SD3):
             return out.hidden_states[-1], out.text_embeds
         pe, pooled = embed(prompts)
         result = {"pos/embeds": pe, "pos/pooled": pooled}
-        if cfg:
+        if guided:
             npe, npooled = embed([""] * len(prompts))
             result.update({"neg/embeds": npe, "neg/pooled": npooled})
         return result

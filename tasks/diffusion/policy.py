@@ -19,7 +19,7 @@ import math
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -44,7 +44,7 @@ class DiffusionConfig:
     """model: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15.
     sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
     (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
-    eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. cfg: classifier-free guidance
+    eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. classifier_free_guidance: on or off
     in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
     turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
     `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
@@ -67,7 +67,7 @@ class DiffusionConfig:
         "Denoising steps of greedy evaluation (ODE / deterministic DDIM; Flow-GRPO 40 / 28).")})
     guidance_scale: float = field(default=4.5, metadata={"help": (
         "Classifier-free guidance scale (FLUX: the guidance embedding's value).")})
-    cfg: bool = field(default=True, metadata={"help": (
+    classifier_free_guidance: bool = field(default=True, metadata={"help": (
         "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
         "as an embedding instead.")})
     sampler: str = field(default="flow_sde", metadata={"help": (
@@ -93,18 +93,18 @@ class DiffusionConfig:
     tp_max_extra_passes: int = field(default=64, metadata={"help": (
         "The most extra denoiser calls per rollout for TP-GRPO's ODE completions (a cost bound; an error when "
         "exceeded).")})
-    tp_consistent_steps: str = field(default="all", metadata={"help": (
+    tp_consistent_steps: Literal["all", "first"] = field(default="all", metadata={"help": (
         "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
         "to be turning points: 'all' (the authors' published run, "
         "select_inter_step_only_from_consistent_trajectory=true) or 'first' (step 0 only)")})
     tp_balanced_bonus: bool = field(default=False, metadata={"help": (
         "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
         "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
-    kl_form: str = field(default="exact", metadata={"help": (
+    kl_form: Literal["exact", "flow_grpo"] = field(default="exact", metadata={"help": (
         "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
         "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
         "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
-    cps_logprob: str = field(default="gaussian", metadata={"help": (
+    cps_logprob: Literal["gaussian", "authors"] = field(default="gaussian", metadata={"help": (
         "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
         "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
         "and the clip range acts on that rescaled ratio")})
@@ -147,8 +147,9 @@ class DiffusionPolicy(Policy):
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
-        if cfg.cfg and not self.family.uses_cfg:
-            raise ValueError(f"policy.cfg=true: {type(self.family).__name__} takes guidance as an embedding; set policy.cfg=false")
+        if cfg.classifier_free_guidance and not self.family.uses_classifier_free_guidance:
+            raise ValueError(f"policy.classifier_free_guidance=true: {type(self.family).__name__} takes guidance as an "
+                             "embedding; set policy.classifier_free_guidance=false")
         for module in self.pipe.components.values():
             if isinstance(module, nn.Module):
                 module.requires_grad_(False).eval()
@@ -192,7 +193,7 @@ class DiffusionPolicy(Policy):
         sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
-        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.cfg).items()}
+        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.classifier_free_guidance).items()}
         x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
         levels, timesteps = self.family.levels(steps, tuple(x.shape))
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
@@ -207,7 +208,7 @@ class DiffusionPolicy(Policy):
         logps = torch.zeros(n, steps)
         noisy = torch.zeros(steps, dtype=torch.bool)
         for k in range(steps):
-            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.cfg)
+            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
             mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1],
                                 strength if stochastic[k] else 0.0)
             if std > 0:
@@ -248,7 +249,7 @@ class DiffusionPolicy(Policy):
         x = ex["latents"][:, k].to(device)
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
-        pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.cfg)
+        pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
         strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
@@ -342,7 +343,7 @@ class DiffusionPolicy(Policy):
         step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
         x = ex["latents"][:, k].to(device)
         for j in range(k, batch.num_units):
-            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.cfg)
+            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
             x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
         return x
 
@@ -364,7 +365,7 @@ class DiffusionPolicy(Policy):
                 continue
             passes += batch.num_units - k
             states.append(self._decode(self._ode_complete(batch, k)))
-        calls = passes * (2 if self.cfg.cfg else 1)
+        calls = passes * (2 if self.cfg.classifier_free_guidance else 1)
         if calls > self.cfg.tp_max_extra_passes:
             raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
                              f"extra denoiser calls per rollout for the window [{a}, {b}) of {batch.num_units} steps")

@@ -72,7 +72,7 @@ class EstimatorArgs:
 
 
 # (row generators, prompt mask [B, P] (1 = real token), completion width C, args) -> views
-ESTIMATORS: Registry[Callable[[list[torch.Generator], Tensor, int, EstimatorArgs], list[View]]] = \
+LOGP_ESTIMATORS: Registry[Callable[[list[torch.Generator], Tensor, int, EstimatorArgs], list[View]]] = \
     Registry("masked diffusion LM log-prob estimator")
 
 
@@ -87,7 +87,7 @@ def _uniform(generators: list[torch.Generator], *shape: int) -> Tensor:
         torch.stack([torch.rand((), generator=g) for g in generators])
 
 
-@ESTIMATORS.register("diffu_grpo")
+@LOGP_ESTIMATORS.register("diffu_grpo")
 def diffu_grpo(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
                args: EstimatorArgs) -> list[View]:
     rows, plen = prompt_mask.shape
@@ -101,7 +101,7 @@ def diffu_grpo(generators: list[torch.Generator], prompt_mask: Tensor, width: in
                  weight=torch.ones(rows))]
 
 
-@ESTIMATORS.register("coupled")
+@LOGP_ESTIMATORS.register("coupled")
 def coupled(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
             args: EstimatorArgs) -> list[View]:
     rows, plen = prompt_mask.shape
@@ -116,7 +116,7 @@ def coupled(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
     return [full, *coupled_views]
 
 
-@ESTIMATORS.register("elbo")
+@LOGP_ESTIMATORS.register("elbo")
 def elbo(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
          args: EstimatorArgs) -> list[View]:
     rows, plen = prompt_mask.shape

@@ -29,7 +29,7 @@ from mmrl.sampling import derive_seed
 from ..causal_lm import DTYPES, load_tiny, prompt_text
 from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
 from ..token_logprobs import selective_log_softmax
-from .estimators import ESTIMATORS, EstimatorArgs, view_seed
+from .estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
 from .generation import DecodeConfig, block_decode
 
 AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
@@ -70,7 +70,7 @@ class DLMConfig(DecodeConfig):
     estimator: str = field(default="diffu_grpo", metadata={"help": (
         "Log-prob estimator of completion tokens: diffu_grpo (d1: one view, completion masked, prompt masked with "
         "p_mask), coupled (DiffuCoder: two complementary masks), elbo (GDPO: Gauss-Legendre ELBO quadrature)."),
-        "choices": "tasks.dlm.estimators:ESTIMATORS"})
+        "choices": "tasks.dlm.estimators:LOGP_ESTIMATORS"})
     p_mask: float = field(default=0.15, metadata={"help": (
         "diffu_grpo: the probability that each prompt token is masked in the scoring view (d1: 0.15), redrawn "
         "each update pass.")})
@@ -117,7 +117,7 @@ class DLMPolicy(Policy):
             raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         if cfg.auto_class not in AUTO_CLASSES:
             raise ValueError(f"policy.auto_class={cfg.auto_class!r} is not one of {AUTO_CLASSES}")
-        self.estimate = ESTIMATORS.get(cfg.estimator)
+        self.estimate = LOGP_ESTIMATORS.get(cfg.estimator)
         self.decode = DecodeConfig(**{f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)})
         self.decode.check()
         self.cfg = cfg

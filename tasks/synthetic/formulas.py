@@ -51,5 +51,5 @@ def formulas(n_train: int = 1000, n_eval: int = 64, depth: int = 2, dpi: int = 1
 
 def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png) -> None:
     """Each held-out formula image with its LaTeX and the greedy outputs before and after RL."""
-    from .figures import draw_transcripts
+    from ..figures import draw_transcripts
     draw_transcripts([r["image"] for r in rows], [r["reference"] for r in rows], before, after, out_png)

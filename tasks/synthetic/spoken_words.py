@@ -78,6 +78,6 @@ def spoken_words(n_train: int = 2000, n_eval: int = 64, min_words: int = 1, max_
 def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png) -> None:
     """Each held-out clip's spectrogram with its transcript and the greedy transcripts before and
     after RL."""
-    from .figures import draw_transcripts, spectrogram_image
+    from ..figures import draw_transcripts, spectrogram_image
     draw_transcripts([spectrogram_image(r["audio"]["array"], r["audio"]["sampling_rate"]) for r in rows], [r["reference"] for r in rows],
                      before, after, out_png)
