@@ -111,6 +111,15 @@ class AlgorithmConfig:
     objective: str = field(default="clip", metadata={"help": (
         "The surrogate loss: clip (PPO/GRPO clipped ratio) or wd1 (ratio-free weighted likelihood, Tang et al. "
         "2025, softmax of advantages per group)."), "choices": "mmrl.loss:OBJECTIVES"})
+    rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
+        "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
+        "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "
+        "unit's policy-gradient loss times min(rho, cap); mis = masked IS, times rho where rho <= cap and 0 above "
+        "(TRL's token_truncate / token_mask, verl's token-level rollout_is). none: measured only "
+        "(rollout/logp_diff_*). Needs an adapter that records rollout log-probs.")})
+    rollout_correction_cap: float = field(default=2.0, metadata={"help": (
+        "The cap C of rollout_correction: tis truncates rho at C, mis drops the units with rho > C (verl's "
+        "rollout_is_threshold default 2; TRL's vllm_importance_sampling_clip_max default 3).")})
 
 
 @dataclass

@@ -255,12 +255,14 @@ class LossTerms:
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
-                kl: Tensor | None = None) -> LossTerms:
+                kl: Tensor | None = None, is_weight: Tensor | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
     ratio spans (`ratio_segments`) when `cfg.ratio_level == 'chunk'`. `kl` [B, u], when given,
     is the policy's closed-form KL (`kl_estimator: closed_form`) and replaces the estimator.
+    `is_weight` [B, u], when given, multiplies each unit's clipped surrogate before the
+    regularisers are added (`algorithm.rollout_correction`, mmrl/rollout_correction.py).
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
@@ -275,6 +277,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         if cfg.dual_clip <= 1.0:
             raise ValueError(f"algorithm.dual_clip={cfg.dual_clip} must be > 1")
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
+    if is_weight is not None:
+        per_unit = per_unit * is_weight
     per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
@@ -299,7 +303,7 @@ def wd1_coefficients(advantages: Tensor, group_id: Tensor, row_mask: Tensor) -> 
 def weighted_likelihood_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
                              cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                              ref_logp: Tensor | None = None, entropy: Tensor | None = None,
-                             kl: Tensor | None = None) -> LossTerms:
+                             kl: Tensor | None = None, is_weight: Tensor | None = None) -> LossTerms:
     """wd1's ratio-free objective: loss_u = c_i log pi_theta(u) (+ beta KL_u - entropy_coef H_u),
     with c_i = `advantages` from `wd1_coefficients`. Summed with unit weights (log L_i = sum of
     its units) it is wd1's -sum_i softmax(A)_i log L_i + sum_i softmax(-A)_i log L_i; the
@@ -310,6 +314,8 @@ def weighted_likelihood_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor,
     if coef.dim() != 1:
         raise ValueError("algorithm.objective='wd1' needs one advantage per row, not step-level rewards")
     per_unit = coef[:, None] * logp
+    if is_weight is not None:  # the rollout correction (policy_loss)
+        per_unit = per_unit * is_weight
     inputs = TermInputs(logp, old_logp.float(), coef[:, None], mask, cfg, ref_logp, entropy, kl)
     per_unit, sums = add_regularisers(per_unit, inputs, old_policy=False)
     loss = (per_unit * weights * mask).sum()

@@ -40,6 +40,7 @@ from .registry import ADAPTERS, import_user_module, load_plugins
 from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, score_completions,
                               score_rollout)
 from .rollout import Rollout
+from .rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
 from .sampling import PromptSampler, derive_seed
 from .signals import RunInterrupted, StopSignals
 from .stages import Stage, StagePlan
@@ -389,6 +390,13 @@ class Trainer:
         local, world = batch.rollout, acc.num_processes
         sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "ratio_max_dev": 0.0,
                 **{k: 0.0 for k in metric_names()}}
+        if local.rollout_logp is not None:  # the rollout-vs-training gap is measured (mmrl/rollout_correction.py)
+            add_sums(sums, {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0,
+                            "rollout_diff_max": 0.0})
+        elif algo.rollout_correction != "none" and len(local):
+            raise UserError(f"algorithm.rollout_correction={algo.rollout_correction!r} needs the rollout sampler's "
+                             f"log-probs, and the {self.cfg.task!r} adapter's rollouts under this policy section "
+                             "record none (Rollout.rollout_logp); set algorithm.rollout_correction: none")
         if len(local) == 0:  # this process kept no rows: take part in the synchronisation at zero
             acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return sums
@@ -409,14 +417,21 @@ class Trainer:
                     logp, entropy = self.policy.logprobs(self.model, mb, units, with_entropy=want_entropy)
                 device = logp.device
                 adv = batch.advantages[idx]
+                old = old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach()
+                mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
+                is_weight = capped = None
+                if mb.rollout_logp is not None:
+                    rollout_logp = mb.rollout_logp[:, units].to(device)
+                    if algo.rollout_correction != "none":
+                        is_weight, capped = importance_weights(old, rollout_logp, algo.rollout_correction,
+                                                               algo.rollout_correction_cap)
+                    if not empty:
+                        add_sums(sums, mismatch_sums(old, rollout_logp, mask, capped))
                 terms = self.objective.loss(
-                    logp,
-                    old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach(),
-                    (adv[:, units] if adv.dim() == 2 else adv).to(device),
-                    mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device),
+                    logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
                     batch.weights[idx][:, units].to(device), algo, segments=segs,
                     ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-                    entropy=entropy, kl=kl)
+                    entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
                 acc.backward(terms.loss * (0.0 if empty else float(world)))
             if not empty:
                 for key in ("units", "clipped"):
@@ -466,13 +481,14 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=False)
         self.scheduler.step()
         gathered = self._gather(first)
-        total = {k: sum(g[k] for g in gathered) for k in first}
+        total = {k: sum(g.get(k, 0.0) for g in gathered) for k in first}
         units = total["units"] or math.nan  # nan: every row was skipped, nothing was measured
         regularisers = {logged: total[key] / units if per_unit else total[key]
                         for key, (logged, per_unit) in metric_names().items()}
         return {"loss": total["loss"], "clip_frac": total["clipped"] / units, **regularisers,
                 "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None)}
+                "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None),
+                **mismatch_metrics(gathered, algo.rollout_correction)}
 
     def _nonfinite_term(self, loss: float, params: list[Tensor]) -> str | None:
         """'loss' or 'gradient norm' if either is NaN/inf on any process, else None (all agree)."""

@@ -44,7 +44,7 @@ _rule("optim.lr save_every eval.every warm_start.steps optim.warmup_steps optim.
       "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
       lambda v: v >= 0, "must be >= 0")
 _rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip_advantage "
-      "algorithm.max_reward optim.lora.alpha", lambda v: v > 0, "must be > 0")
+      "algorithm.max_reward optim.lora.alpha algorithm.rollout_correction_cap", lambda v: v > 0, "must be > 0")
 _rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
 _rule("optim.lora.dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
 _rule("sampling.variance_mix", lambda v: 0 <= v <= 1, "must be in [0, 1]")

@@ -3,8 +3,9 @@
 Any ``AutoModelForCausalLM`` with its tokenizer (and chat template for message-list prompts).
 Generation runs HF ``generate`` with the KV cache; sampling is done by `GroupSeededSampler`, so
 a group's completions depend on its prompt and seed only, not on which other groups share the
-batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature,
-computed by `selective_log_softmax` on the completion positions only.
+batch or the process. Log-probs of completion tokens are fp32, at the sampling temperature with
+the never-sampled tokens banned as the sampler bans them, computed by `selective_log_softmax` on
+the completion positions only; the sampler records its own (`Rollout.rollout_logp`).
 
 With `shared_prefill` (the default), each prompt is prefilled once, its media encoded once, and
 its KV cache repeated for the G rows of its group before sampling, instead of prefilling G
@@ -104,13 +105,18 @@ def _log_once(message: str) -> None:
 
 class GroupSeededSampler(LogitsProcessor):
     """Temperature / top-k / top-p sampling by inverse CDF, one uniform per row per step drawn
-    from the row's group generator. Returns scores that are 0 at the drawn token and -inf
-    elsewhere, so greedy decoding in ``generate`` emits the sample."""
+    from the row's group generator. Returns scores that are +inf at the drawn token, so greedy
+    decoding in ``generate`` emits the sample.
+
+    `logps` collects, per step, the fp32 log-prob [N] of the drawn token under the distribution it
+    was drawn from: the scores as ``generate`` processed them (token bans, min_new_tokens' EOS ban)
+    divided by the temperature, restricted to the top-k / top-p set and renormalised there."""
 
     def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.group_size = group_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.logps: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         logits = scores.float()
@@ -129,7 +135,14 @@ class GroupSeededSampler(LogitsProcessor):
         total = cdf[:, -1:]
         token = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
         # a token of zero probability is never drawn (u * total can equal a cdf plateau's value)
+        kept = logits.masked_fill(probs == 0, float("-inf"))  # the top-k / top-p set (and the bans)
+        self.logps.append(torch.log_softmax(kept, dim=-1).gather(1, token).squeeze(1).cpu())
         return scores.scatter(1, token, float("inf"))
+
+    def sampled_logp(self, width: int) -> Tensor:
+        """The drawn tokens' log-probs [N, width] (steps after the last one are 0)."""
+        logp = torch.stack(self.logps, 1) if self.logps else torch.zeros(self.group_size * len(self.generators), 0)
+        return nn.functional.pad(logp, (0, width - logp.shape[1]))
 
 
 @ADAPTERS.register("causal_lm")
@@ -245,8 +258,10 @@ class CausalLMPolicy(Policy):
                                    stop_strings=cfg.stop_strings or None,
                                    suppress_tokens=self.suppressed_tokens() or None)
         processors = LogitsProcessorList()
+        sampler = None
         if not greedy:
-            processors.append(GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p))
+            sampler = GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p)
+            processors.append(sampler)
         was_training = self.model.training
         self.model.eval()
         inputs = None
@@ -257,7 +272,8 @@ class CausalLMPolicy(Policy):
             tokenizer=self.tokenizer if cfg.stop_strings else None)
         self.model.train(was_training)
         completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
-        return self._rollout_record(prompts, group_size, rows, completion_ids, None)
+        rollout_logp = sampler.sampled_logp(completion_ids.shape[1]) if sampler is not None else None
+        return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
 
     def _rollout_record(self, prompts: Sequence[Any], group_size: int, rows: dict[str, Any], completion_ids: Tensor,
                         rollout_logp: Tensor | None) -> Rollout:
@@ -394,11 +410,21 @@ class CausalLMPolicy(Policy):
         out = model(**self._model_inputs(rows, completion_ids, completion_mask), logits_to_keep=c + 1,
                     use_cache=False)
         device = out.logits.device
-        logits = out.logits[:, -(c + 1):-1]  # some models return every position despite logits_to_keep
-        if temperature != 1.0:
-            logits = logits / temperature
+        logits = self._sampling_logits(out.logits[:, -(c + 1):-1], temperature)  # some models return every position
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
+
+    def _sampling_logits(self, logits: Tensor, temperature: float) -> Tensor:
+        """The logits as the rollout sampler scores them at every position: divided by the
+        temperature, the never-sampled tokens (`suppressed_tokens`) banned. The sampler's top-k /
+        top-p truncation and min_new_tokens' early-EOS ban are not applied (docs/methods.md,
+        'Rollout log-probs'). A ban is the dtype's lowest value, not -inf, so the entropy stays finite."""
+        if temperature != 1.0:
+            logits = logits / temperature
+        banned = self.suppressed_tokens()
+        if banned:
+            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), torch.finfo(logits.dtype).min)
+        return logits
 
     # ----- shared-prefix log-probs (tasks/prefix_sharing.py) -----------------------------------
     def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
@@ -436,9 +462,7 @@ class CausalLMPolicy(Policy):
                                                          next(self.model.parameters()).dtype, self.device)
         out = model(**inputs, logits_to_keep=layout.region + 1, use_cache=False)
         device = out.logits.device
-        kept = out.logits[:, -(layout.region + 1):]  # sequence positions W - 1 .. W + R - 1
-        if temperature != 1.0:
-            kept = kept / temperature
+        kept = self._sampling_logits(out.logits[:, -(layout.region + 1):], temperature)  # positions W - 1 .. W + R - 1
         chunk = self.cfg.logprob_chunk_rows
         # unit 0 of every row from its prefix's last logit; units t >= 1 from the region's logits
         first, first_ent = selective_log_softmax(kept[:, 0][layout.row_group.to(device)],

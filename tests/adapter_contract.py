@@ -11,6 +11,9 @@ and gets these checks on a tiny model (override a hook where the family differs)
 * each row's log-probs equal the row's scored alone (padding and batching leak nothing);
 * micro-batches streamed through `accumulate_gradients` give the gradient of one batch;
 * a training step starts exactly on-policy (ratio 1) and moves the weights;
+* the log-probs the sampler recorded at rollout time (`Rollout.rollout_logp`) equal the training
+  forward's, computed in other batch compositions (rows alone, the batch reversed), within
+  `rollout_atol` in fp32, and a training step logs that gap (`rollout/logp_diff_*`);
 * the saved weights load with the family's own `from_pretrained` and score the same.
 """
 
@@ -32,6 +35,11 @@ class AdapterContract:
     recipe: dict                     # a tiny recipe of the adapter under test
     stream_sizes: tuple[int, ...] = (2,)  # micro-batch sizes compared with one whole batch
     atol: float = 1e-5               # log-prob tolerance (fp32)
+    # rollout-time vs training log-probs (fp32): the sampler's forward runs with a KV cache / other
+    # batch shapes than the training forward, so they agree to float rounding, not bit for bit
+    rollout_atol: float = 1e-4
+    # recipe overrides under which the sampler's log-probs are the training forward's quantity
+    comparable: tuple[str, ...] = ()
 
     # ----- hooks
     def make_trainer(self, tmp_path: Path, *overrides: str) -> Trainer:
@@ -88,7 +96,29 @@ class AdapterContract:
 
     def test_a_step_is_on_policy_and_moves_the_weights(self, tmp_path):
         t = self.make_trainer(tmp_path)
-        assert on_policy_step_changes(t)
+        assert on_policy_step_changes(t, rollout_atol=None if self.comparable else self.rollout_atol)
+
+    def test_rollout_logp_is_the_training_forwards_in_any_batch(self, tmp_path):
+        t = self.make_trainer(tmp_path, *self.comparable)
+        batch = self.rollout(t)
+        mask = batch.unit_mask.bool()
+        assert batch.rollout_logp is not None and batch.rollout_logp.dtype == torch.float32
+        assert batch.rollout_logp.shape == mask.shape and mask.any()
+        reverse = torch.arange(len(batch) - 1, -1, -1)
+        with torch.no_grad():
+            reversed_batch = t.policy.logprobs(t.model, batch.select(reverse))[0].float().cpu()[reverse]
+            alone = torch.cat([t.policy.logprobs(t.model, batch.select([i]))[0].float().cpu()
+                               for i in range(len(batch))])
+        for training in (reversed_batch, alone):
+            gap = (training - batch.rollout_logp)[mask].abs().max()
+            assert gap <= self.rollout_atol, f"rollout vs training log-probs differ by {gap:.2e}"
+        assert t.policy.rollout(t.train_rows[:1], 2, seeds=[1], greedy=True).rollout_logp is None
+
+    def test_a_step_logs_the_rollout_gap(self, tmp_path):
+        t = self.make_trainer(tmp_path, *self.comparable)
+        metrics = t.train_step()
+        assert metrics["ratio_max_dev"] == 0.0
+        assert 0.0 <= metrics["rollout/logp_diff_mean"] <= metrics["rollout/logp_diff_max"] <= self.rollout_atol
 
     def test_saved_weights_reload_and_score_the_same(self, tmp_path):
         t = self.make_trainer(tmp_path / "run")

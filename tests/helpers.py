@@ -1,5 +1,6 @@
 """Shared by the trainer tests: small recipes (a tiny Qwen2 on 1-digit addition), the
-"streamed micro-batches equal one big batch" and "on-policy ratio is exactly 1" checks."""
+"streamed micro-batches equal one big batch" and "on-policy ratio is exactly 1" checks (with the
+rollout-time log-probs agreeing with the training forward's)."""
 
 from pathlib import Path
 
@@ -43,10 +44,14 @@ def assert_grads_close(a, b):
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
 
 
-def on_policy_step_changes(trainer):
-    """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1), and
-    return the names of the parameters the step changed."""
+def on_policy_step_changes(trainer, rollout_atol=1e-4):
+    """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1) and, with
+    `rollout_atol`, that the sampler's log-probs agree with the training forward's within it (fp32),
+    and return the names of the parameters the step changed. (The ratio compares the training
+    forward with itself; the rollout gap compares two independent computations.)"""
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     metrics = trainer.train_step()
     assert metrics["ratio_max_dev"] == 0.0
+    if rollout_atol is not None:
+        assert metrics["rollout/logp_diff_max"] <= rollout_atol, metrics["rollout/logp_diff_max"]
     return [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]

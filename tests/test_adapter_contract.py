@@ -59,6 +59,10 @@ class TestDLM(AdapterContract):
               "rewards": {"digit_share": {"weight": 1.0}},
               "algorithm": {"group_size": 4}, "optim": {"lr": 1e-3, "prompts_per_step": 2}}
     stream_sizes = (3,)
+    # the decoding probability of a token is the diffu_grpo estimate only when every token is drawn
+    # from the canvas with the whole completion masked (one block, one step), the prompt unmasked
+    # and at temperature 1 (docs/methods.md, 'Rollout log-probs')
+    comparable = ("policy.block_length=8", "policy.steps=1", "policy.p_mask=0.0")
 
 
 def test_every_registered_adapter_runs_the_contract():

@@ -61,7 +61,7 @@ def test_on_policy_ratio_is_exactly_one_and_groups_depend_on_seed_only(policies,
     new, _ = policy.logprobs(policy.model, batch)
     assert torch.equal(old, new)
     mask = batch.unit_mask.bool()
-    assert torch.allclose(new[mask], batch.extras["sample_logp"][mask], atol=1e-5)
+    assert torch.allclose(new[mask], batch.rollout_logp[mask], atol=1e-5)
     alone = policy.rollout(["blue square"], 2, seeds=[6])
     assert torch.allclose(alone.extras["latents"], batch.extras["latents"][2:], atol=1e-5)
 

@@ -327,7 +327,8 @@ def test_streaming_and_a_training_step(tmp_path, estimator, objective):
     assert batch.advantages.abs().sum() > 0
     assert_grads_close(*streamed_grads(t, batch, (12, 5)))
     t.optimizer.zero_grad(set_to_none=True)
-    assert on_policy_step_changes(t)  # ratio 1: pass 0's old log-probs use pass 0's masks
+    # ratio 1: pass 0's old log-probs use pass 0's masks; multi-step decoding is not the estimate (no rollout gap check)
+    assert on_policy_step_changes(t, rollout_atol=None)
 
 
 def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):

@@ -9,8 +9,8 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], `sample_logp` [N, U] (log-probs as sampled), and the prompt conditioning
-(`pos/...`, `neg/...` when CFG is on).
+`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
+step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 """
 
 from __future__ import annotations
@@ -228,11 +228,11 @@ class DiffusionPolicy(Policy):
             extras = {"latents": torch.stack(trajectory, 1),
                       "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
                       "timesteps": timesteps.float().expand(n, -1).clone(),
-                      "stochastic": noisy.expand(n, -1).clone(), "sample_logp": logps,
+                      "stochastic": noisy.expand(n, -1).clone(),
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=trained.float(), extras=extras)
+                       unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps)
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)

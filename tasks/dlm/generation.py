@@ -146,9 +146,14 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -
 
 @torch.no_grad()
 def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, cfg: DecodeConfig,
-                 mask_id: int, eos_id: int | None, seeds: Sequence[int] | None, group_size: int) -> Tensor:
+                 mask_id: int, eos_id: int | None, seeds: Sequence[int] | None, group_size: int,
+                 with_logp: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Completion ids [B, gen_length] for left-padded prompts [B, P] (rows grouped by
-    `group_size`, group g drawing from `seeds[g]`; `seeds=None` decodes greedily)."""
+    `group_size`, group g drawing from `seeds[g]`; `seeds=None` decodes greedily). With
+    `with_logp`, also each token's decoding log-prob [B, gen_length] (fp32): log softmax(z / T) of
+    the token at the step that committed it, z the (guided) logits of that step's canvas, i.e.
+    the probability the Gumbel-max draw gave it (the choice of which positions to commit is
+    not in it); 0 when decoding greedily."""
     cfg.check()
     device = prompt_ids.device
     rows, plen = prompt_ids.shape
@@ -160,6 +165,7 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
                                                    device=device)], dim=1)
     prompt_tokens = prompt_mask.bool() if cfg.cfg_scale > 0 else None  # masked in CFG's unconditional pass
     num_blocks = cfg.gen_length // cfg.block_length
+    logp = torch.zeros(rows, cfg.gen_length, dtype=torch.float64, device=device)
     for b in range(num_blocks):
         start, stop = plen + b * cfg.block_length, plen + (b + 1) * cfg.block_length
         positions = torch.arange(start, stop, device=device)
@@ -184,7 +190,12 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
             chosen = confidence.topk(k, dim=-1).indices
             commit = torch.zeros_like(still).scatter_(1, chosen, True) & still
             x[:, start:stop] = torch.where(commit, x0, block)
-    return x[:, plen:]
+            if with_logp and not greedy:
+                drawn = torch.log_softmax(logits.double() / cfg.temperature, dim=-1)
+                drawn = drawn.gather(-1, x0[..., None]).squeeze(-1)
+                span = slice(start - plen, stop - plen)
+                logp[:, span] = torch.where(commit, drawn, logp[:, span])
+    return (x[:, plen:], logp.float()) if with_logp else x[:, plen:]
 
 
 def _guided_logits(logits_fn: LogitsFn, x: Tensor, attention: Tensor, positions: Tensor,

@@ -187,10 +187,12 @@ class DLMPolicy(Policy):
         prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
         was_training = self.model.training
         self.model.eval()
-        completion_ids = block_decode(
+        sampled = not greedy and self.decode.temperature > 0
+        completion_ids, logp = block_decode(
             lambda x, a, p: self.logits(self.model, x, a, p), prompt_ids.to(self.device),
             prompt_mask.to(self.device), self.decode, self.mask_id, self.eos_ids[0],
-            None if greedy else seeds, group_size).cpu()
+            None if greedy else seeds, group_size, with_logp=True)
+        completion_ids = completion_ids.cpu()
         self.model.train(was_training)
         unit_mask, truncated = self._completion_mask(completion_ids)
         ends = unit_mask.sum(1).long().tolist()
@@ -202,7 +204,8 @@ class DLMPolicy(Policy):
             completions=texts, unit_mask=unit_mask, truncated=truncated,
             columns={"completion_ids": [ids[:n].tolist() for ids, n in zip(completion_ids, ends)]},
             extras={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-                    "mask_seed": mask_seeds, "mask_pass": 0})
+                    "mask_seed": mask_seeds, "mask_pass": 0},
+            rollout_logp=logp.cpu() * unit_mask if sampled else None)  # greedy decoding has no draw
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first EOS (the canvas after it is EOS filler);
