@@ -12,6 +12,7 @@ from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DE
 from . import audio_lm, causal_lm, diffusion, dlm, synthetic, tiny_models, vlm  # noqa: F401  (registration)
 from .demo_evaluators import boxes_at_iou, exact_match, tex_match
 from .demo_samples import write_samples
+from .diffusion.shape_judge import shape_colour_match
 from .synthetic import formulas, shapes, spoken_words
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
@@ -31,3 +32,4 @@ DEMO_EVALUATORS.register("text")(exact_match("answer"))
 DEMO_EVALUATORS.register("dlm")(exact_match("a"))
 DEMO_EVALUATORS.register("latex")(tex_match())
 DEMO_EVALUATORS.register("grounding")(boxes_at_iou(0.5))
+DEMO_EVALUATORS.register("t2i")(shape_colour_match())

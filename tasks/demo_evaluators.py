@@ -10,7 +10,7 @@ never used as a reward (`mmrl.evaluate.Evaluator`, registered in `DEMO_EVALUATOR
 - `boxes_at_iou`: the fraction of boxes found, the k-th predicted box against the k-th ground-truth
   box, with IoU >= `threshold`, over max(#predicted, #ground truth) (extra boxes count as misses;
   grounding);
-- the t2i demo's judge is a shape-and-colour classifier (`tasks.diffusion.shape_judge`).
+- the t2i demo's judge is a colour-and-shape classifier (`tasks.diffusion.shape_judge`).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ def test_tex_match_is_a_pixel_identical_render_and_says_which_renderer():
     assert judge.score(None, ["x^{2}", "$x^2$", "x^3", "\\frac{", "x_2"], ["x^2"] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
-def test_every_language_demo_has_an_evaluator():
-    assert {"text", "dlm", "latex", "grounding"} <= set(DEMO_EVALUATORS.names())
+def test_the_demos_have_evaluators():
+    assert {"text", "dlm", "latex", "grounding", "t2i"} <= set(DEMO_EVALUATORS.names())
 
 
 def test_a_demo_reports_its_evaluator_and_writes_samples_that_rescore(tmp_path):
