@@ -418,7 +418,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            where = f" ({e.problem})" if getattr(e, "problem", None) else ""
+            raise ConfigError(f"override {item!r}: the value {raw!r} is not valid YAML{where}; quote it "
+                              f"(key='\"text\"') to pass it as a string") from None
         node = data
         parts = key.split(".")
         for part in parts[:-1]:

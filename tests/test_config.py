@@ -26,6 +26,11 @@ def test_unknown_keys_are_named_with_their_path():
         parse_config({"nonsense": 1})
 
 
+def test_an_override_that_is_not_yaml_is_named_not_a_traceback():
+    with pytest.raises(ConfigError, match=r"override 'algorithm.group_size=\[1,2'.*not valid YAML"):
+        parse_config({}, ["algorithm.group_size=[1,2"])
+
+
 def test_wrong_types_and_choices_are_named():
     with pytest.raises(ConfigError, match="algorithm.std"):
         parse_config({}, ["algorithm.std=sometimes"])

@@ -19,7 +19,7 @@ import math
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -93,18 +93,18 @@ class DiffusionConfig:
     tp_max_extra_passes: int = field(default=64, metadata={"help": (
         "The most extra denoiser calls per rollout for TP-GRPO's ODE completions (a cost bound; an error when "
         "exceeded).")})
-    tp_consistent_steps: str = field(default="all", metadata={"help": (
+    tp_consistent_steps: Literal["all", "first"] = field(default="all", metadata={"help": (
         "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
         "to be turning points: 'all' (the authors' published run, "
         "select_inter_step_only_from_consistent_trajectory=true) or 'first' (step 0 only)")})
     tp_balanced_bonus: bool = field(default=False, metadata={"help": (
         "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
         "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
-    kl_form: str = field(default="exact", metadata={"help": (
+    kl_form: Literal["exact", "flow_grpo"] = field(default="exact", metadata={"help": (
         "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
         "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
         "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
-    cps_logprob: str = field(default="gaussian", metadata={"help": (
+    cps_logprob: Literal["gaussian", "authors"] = field(default="gaussian", metadata={"help": (
         "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
         "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
         "and the clip range acts on that rescaled ratio")})

@@ -28,6 +28,7 @@ k - 1) uses the window position p = start + stride * n, n = (j // shift_every) m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -54,7 +55,7 @@ class StepSchedule:
         "chunks: chunks trained per rollout, drawn with probability proportional to weights (0: every chunk).")})
     weights: list[float] = field(default_factory=list, metadata={"help": (
         "chunks: sampling weight of each chunk (empty: equal), e.g. biased to high noise.")})
-    end: str = field(default="shrink", metadata={"help": (
+    end: Literal["shrink", "wrap"] = field(default="shrink", metadata={"help": (
         "sliding_window at the end of a sweep: shrink = MixGRPO's code (the window is cut at step U - 2, "
         "then one position with an empty window, then back to `start`); wrap = full windows only, "
         "the start wrapping modulo U - size (mmrl's earlier rule)")})

@@ -41,7 +41,7 @@ completions depend on its prompt and seed only; the global RNG is never touched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -79,7 +79,7 @@ class DecodeConfig:
         "eos_min_gamma (see eos_gamma_rule), so answers do not close early.")})
     eos_min_gamma: float = field(default=0.4, metadata={"help": (
         "EOS early rejection's scale at a block's first step, in (0, 1].")})
-    eos_gamma_rule: str = field(default="cj_grpo", metadata={"help": (
+    eos_gamma_rule: Literal["cj_grpo", "block_linear"] = field(default="cj_grpo", metadata={"help": (
         "how the EOS early-rejection factor rises from eos_min_gamma: cj_grpo = the CJ-GRPO authors' code "
         "(linear over the completion's steps under uniform, so it stays below 1 in a block when there are "
         "several; geometric (2^(s+1) - 1) / 2^S under the ascending schedules); block_linear = linear to 1 "
