@@ -276,10 +276,6 @@ class WarmStartConfig:
         "The data-set column holding the supervised target of each row.")})
     max_grad_norm: float | None = field(default=None, metadata={"help": (
         "Clip the warm start's gradient norm to this; null: no clipping.")})
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
-        "AdamW betas [beta1, beta2] of the warm start. A lower beta2 (0.99) forgets the large gradients of the "
-        "first steps (learning the answer format) within ~100 steps, so the smaller ones that teach a tiny model "
-        "to read its image, video or audio input are not scaled down by them.")})
 
 
 @dataclass

@@ -580,7 +580,7 @@ class Trainer:
             return math.nan
         model = self.unwrapped
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=ws.lr, betas=tuple(ws.betas))
+        optimizer = torch.optim.AdamW(params, lr=ws.lr)
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, 0xA11CE))
         loss = torch.zeros(())
         progress = Progress(ws.steps, enabled=self.cfg.logging.progress and self.accelerator.is_main_process,

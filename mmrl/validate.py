@@ -48,7 +48,7 @@ _rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip
 _rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
 _rule("optim.lora.dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
 _rule("sampling.variance_mix", lambda v: 0 <= v <= 1, "must be in [0, 1]")
-_rule("optim.betas warm_start.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
+_rule("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
 _rule("algorithm.chunks", lambda v: len(v) > 0 and all(c >= 1 for c in v), "must be positive unit counts")
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")

@@ -141,12 +141,3 @@ def test_warm_start_clips_gradients_when_asked(tmp_path, monkeypatch, clip):
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, limit: norms.append(limit) or real(params, limit))
     trainer.warm_start()
     assert norms == ([] if clip is None else [clip] * 3)
-
-
-def test_warm_start_uses_its_own_adam_betas(tmp_path, monkeypatch):
-    trainer = make_trainer(tmp_path, "warm_start.steps=1", "warm_start.batch_size=2", "warm_start.betas=[0.8,0.99]")
-    made = []
-    real = torch.optim.AdamW
-    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: made.append(kw) or real(params, **kw))
-    trainer.warm_start()
-    assert made == [{"lr": trainer.cfg.warm_start.lr, "betas": (0.8, 0.99)}]

@@ -38,7 +38,6 @@ BAD = [  # override, what the message must say
     ("algorithm.eps_low=-0.2", r"algorithm.eps_low=-0.2 must be >= 0"),
     ("algorithm.dual_clip=0.5", r"algorithm.dual_clip=0.5 must be > 1"),
     ("optim.betas=[0.9,1.5]", r"optim.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
-    ("warm_start.betas=[0.9]", r"warm_start.betas=\[0.9\] must be two numbers in \[0, 1\)"),
     ("optim.lr=.nan", r"optim.lr=nan must be a finite number"),
     ("logging.report_to=[tensorbord]", r"logging.report_to: 'tensorbord' is not one of"),
     ("data.path=nowhere.jsonl", r"data: give exactly one of data.name"),
