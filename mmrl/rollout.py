@@ -60,9 +60,9 @@ class Rollout:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("columns", "extras"):
-                picked[f.name] = {k: _take(v, idx, len(self)) for k, v in value.items()}
+                picked[f.name] = {k: take_rows(v, idx, len(self)) for k, v in value.items()}
             else:
-                picked[f.name] = _take(value, idx, len(self))
+                picked[f.name] = take_rows(value, idx, len(self))
         return replace(self, **picked)
 
     @staticmethod
@@ -80,7 +80,8 @@ class Rollout:
         return Rollout(**out)
 
 
-def _take(value: Any, idx: Tensor, n: int) -> Any:
+def take_rows(value: Any, idx: Tensor, n: int) -> Any:
+    """Rows `idx` of a per-row value (a tensor or list of length n); anything else as is."""
     if value is None:
         return None
     if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:

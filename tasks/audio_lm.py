@@ -15,7 +15,8 @@ import numpy as np
 from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 
-from .causal_lm import DTYPES, CausalLMConfig
+from .causal_lm import CausalLMConfig
+from .model_loading import DTYPES
 from .multimodal import MultimodalPolicy, column_values
 
 

@@ -15,27 +15,27 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
-from mmrl.rollout import Rollout
+from mmrl.rollout import Rollout, take_rows
 
+from .chat_prompts import prompt_text, tokenize_prompts
+from .model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
-from .tiny_models import TINY_MODELS
+from .rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
 from .token_logprobs import selective_log_softmax
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -49,7 +49,7 @@ class CausalLMConfig:
         "Keyword arguments of the tiny model builder when model is tiny:NAME (hidden, layers, seed, ...).")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always computed in fp32)."),
-        "choices": "tasks.causal_lm:DTYPES"})
+        "choices": "tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the model to this device (e.g. cuda:0); null: leave placement to accelerate.")})
     attn_implementation: str | None = field(default=None, metadata={"help": (
@@ -93,28 +93,6 @@ class CausalLMConfig:
 def _log_once(message: str) -> None:
     """Log `message` as a warning the first time this process sees it."""
     logger.warning(message)
-
-
-def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str) -> tuple[nn.Module, Any]:
-    """The registered tiny model ``tiny:NAME`` (built from `tiny_args`) in `dtype`, with its tokenizer."""
-    module, tokenizer = TINY_MODELS.get(model.removeprefix("tiny:"))(**tiny_args)
-    return module.to(DTYPES[dtype]), tokenizer
-
-
-def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None) -> str:
-    """A string prompt as is; a list of chat messages (or, with `chat_template` true, a string as
-    the user's message) through the tokenizer's chat template, `system_prompt` first if given."""
-    use_template = chat_template
-    if use_template is None:
-        use_template = not isinstance(prompt, str)
-    if not use_template:
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
-        return prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt and messages[0].get("role") != "system":
-        messages = [{"role": "system", "content": system_prompt}] + messages
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 class GroupSeededSampler(LogitsProcessor):
@@ -175,9 +153,7 @@ class CausalLMPolicy(Policy):
             cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
         self.cfg = cfg
         self._load(cfg)
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"
+        pad_on_the_left(self.tokenizer)
         if cfg.device:
             self.model.to(cfg.device)
         if cfg.gradient_checkpointing:
@@ -189,8 +165,7 @@ class CausalLMPolicy(Policy):
         if cfg.model.startswith("tiny:"):
             self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
-                                                       trust_remote_code=cfg.trust_remote_code)
+        self.tokenizer = load_tokenizer(cfg)
         self.model = AutoModelForCausalLM.from_pretrained(
             cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code)
@@ -211,9 +186,8 @@ class CausalLMPolicy(Policy):
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with
         `prompt_` are [P, L] tensors padded on the left), plus adapter-specific entries."""
-        texts = [self.prompt_text(self.prompt_of(p)) for p in prompts]
-        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-        return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
+        ids, mask = tokenize_prompts(self.tokenizer, [self.prompt_text(self.prompt_of(p)) for p in prompts])
+        return {"prompt_ids": ids, "prompt_mask": mask}
 
     @staticmethod
     def _expand(enc: dict[str, Any], group_size: int) -> dict[str, Any]:
@@ -330,17 +304,10 @@ class CausalLMPolicy(Policy):
         """Units up to and including the first eos, or up to the token that completes a stop
         string; truncated = neither happened within max_new_tokens. (A sampled pad token is an
         ordinary token: only eos and stop strings end a completion.)"""
-        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        length = completion_ids.shape[1]
-        is_eos = torch.isin(completion_ids, torch.tensor(eos, device=completion_ids.device))
-        pos = torch.arange(length, device=completion_ids.device)
-        end = torch.where(is_eos, pos + 1, length + 1).min(dim=1).values
+        end = first_eos_ends(completion_ids, eos_token_ids(self.model, self.tokenizer))
         if self.cfg.stop_strings:
             end = torch.minimum(end, self._stop_string_ends(completion_ids, end))
-        truncated = end > length
-        mask = (pos[None, :] < end[:, None]).to(torch.float32)
-        return mask, truncated
+        return units_before(end, completion_ids.shape[1])
 
     def _stop_string_ends(self, completion_ids: Tensor, end: Tensor) -> Tensor:
         """Per row, 1 + the first token index whose prefix text contains a stop string (binary
@@ -366,26 +333,14 @@ class CausalLMPolicy(Policy):
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:
         """Pad prompt ids on the left and completion ids on the right to common widths."""
-        pad = self.tokenizer.pad_token_id
-        p_width = max(r.extras["prompt_ids"].shape[1] for r in parts)
-        c_width = max(r.num_units for r in parts)
-        fixed = []
-        for r in parts:
-            dp, dc = p_width - r.extras["prompt_ids"].shape[1], c_width - r.num_units
-            extras = dict(r.extras)
-            for key, value in r.extras.items():
-                if key.startswith("prompt_") and isinstance(value, Tensor):
-                    extras[key] = nn.functional.pad(value, (dp, 0), value=pad if key == "prompt_ids" else 0)
-            extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad)
-            fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras))
-        return Rollout.concat(fixed)
+        return concat_padded(parts, self.tokenizer.pad_token_id)
 
     # ----- log-probs -----------------------------------------------------------------------
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         completion_ids = batch.extras["completion_ids"]
         width = completion_ids.shape[1]
-        used = max(int(batch.unit_mask.sum(1).max()), 1)  # drop all-padding tail columns
+        used = used_width(batch.unit_mask)  # drop all-padding tail columns
         mask = batch.unit_mask[:, :used]
         groups = self._shared_prefix_groups(batch, mask)
         if groups is None:
@@ -394,10 +349,7 @@ class CausalLMPolicy(Policy):
         else:
             logp, ent = self._shared_token_logprobs(model, batch.extras, groups, completion_ids[:, :used],
                                                     mask, self.cfg.temperature, with_entropy)
-        logp = nn.functional.pad(logp * mask.to(logp.device), (0, width - used))
-        if ent is not None:
-            ent = nn.functional.pad(ent, (0, width - used))
-        return logp[:, units], (ent[:, units] if ent is not None else None)
+        return full_width(logp * mask.to(logp.device), ent, width, units)
 
     def _token_logprobs(self, model: nn.Module, rows: dict[str, Any], completion_ids: Tensor,
                         completion_mask: Tensor, temperature: float,
@@ -437,7 +389,7 @@ class CausalLMPolicy(Policy):
         prompt and the group's completions, under the shared-prefix mask."""
         n = completion_ids.shape[0]
         leaders = torch.tensor([g[0] for g in groups])  # one row stands for its group's prompt
-        prefix = {k: _pick(v, leaders, n) for k, v in rows.items() if k != "completion_ids"}
+        prefix = {k: take_rows(v, leaders, n) for k, v in rows.items() if k != "completion_ids"}
         start = int(prefix["prompt_mask"].any(0).int().argmax())  # drop columns that are padding in every prompt
         prefix = {k: v[:, start:] if k.startswith("prompt_") and isinstance(v, Tensor) else v
                   for k, v in prefix.items()}
@@ -493,12 +445,3 @@ class CausalLMPolicy(Policy):
     def save_pretrained(self, model: nn.Module, path: Path) -> None:
         model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
-
-
-def _pick(value: Any, idx: Tensor, n: int) -> Any:
-    """Rows `idx` of a per-row extra (a tensor or list of length n); anything else as is."""
-    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
-        return value[idx.to(value.device)]
-    if isinstance(value, list) and len(value) == n:
-        return [value[i] for i in idx.tolist()]
-    return value

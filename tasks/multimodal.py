@@ -22,7 +22,9 @@ from torch import Tensor, nn
 from mmrl.data.chat import split_placeholders
 from mmrl.rollout import Rollout
 
-from .causal_lm import CausalLMConfig, CausalLMPolicy, load_tiny
+from .causal_lm import CausalLMConfig, CausalLMPolicy
+from .chat_prompts import with_system_prompt
+from .model_loading import load_tiny
 from .prefix_sharing import SharedLayout
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
@@ -68,9 +70,7 @@ class MultimodalPolicy(CausalLMPolicy):
         ids = []
         for i, row in enumerate(prompts):
             content, media = self._media(row)
-            messages = place_media(self.prompt_of(row), content)
-            if self.cfg.system_prompt and messages[0]["role"] != "system":
-                messages = [{"role": "system", "content": self.cfg.system_prompt}] + messages
+            messages = with_system_prompt(place_media(self.prompt_of(row), content), self.cfg.system_prompt)
             chat = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             enc = self.processor(text=[chat], return_tensors="pt", **media)
             ids.append(enc["input_ids"][0])

@@ -29,13 +29,13 @@ from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
+from ..model_loading import DTYPES
 from ..tiny_models import TINY_MODELS
 from .families import Family, family_of, sd15_with_ddim
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .schedule import StepSchedule
 from .turning_point import step_rewards
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
 
 
@@ -49,6 +49,7 @@ class DiffusionConfig:
     turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
     `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
 
+    # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
     model: str = field(default="", metadata={"help": (
         "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow (tiny "
         "random pipelines).")})
@@ -56,7 +57,7 @@ class DiffusionConfig:
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "tasks.diffusion.policy:DTYPES"})
+        "choices": "tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the pipeline to this device; null: leave placement to accelerate.")})
     height: int = field(default=512, metadata={"help": "Image height in pixels."})

@@ -19,14 +19,15 @@ from typing import Any, Literal, Sequence
 import torch
 from torch import Tensor, nn
 import transformers
-from transformers import AutoTokenizer
 
 from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
-from ..causal_lm import DTYPES, load_tiny, prompt_text
+from ..chat_prompts import prompt_text, tokenize_prompts
+from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
+from ..rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
 from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
 from ..token_logprobs import selective_log_softmax
 from .estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
@@ -40,6 +41,7 @@ MASK_SEED_SALT = 0xD1
 class DLMConfig(DecodeConfig):
     """The decoding settings (`DecodeConfig`: gen_length, block_length, steps, temperature,
     remasking, schedule, cfg_scale, eos_early_rejection, eos_min_gamma) and the model's."""
+    # model .. device, chat_template, system_prompt repeat CausalLMConfig's: its sampling fields mean nothing here
     model: str = field(default="", metadata={"help": (
         "Hub id or local path of the masked diffusion LM (LLaDA-8B-Instruct, Dream-7B), or tiny:dlm-char.")})
     tokenizer: str | None = field(default=None, metadata={"help": (
@@ -53,7 +55,7 @@ class DLMConfig(DecodeConfig):
         "Allow the model's own code from the hub (LLaDA, Dream).")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "tasks.causal_lm:DTYPES"})
+        "choices": "tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the model to this device; null: leave placement to accelerate.")})
     mask_token_id: int | None = field(default=None, metadata={"help": (
@@ -125,12 +127,8 @@ class DLMPolicy(Policy):
         self.mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else self.tokenizer.mask_token_id
         if self.mask_id is None:
             raise ValueError(f"policy.mask_token_id: the tokenizer of {cfg.model!r} has no mask token; set it")
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"
-        eos = getattr(self.model, "generation_config", None)
-        eos = getattr(eos, "eos_token_id", None) or self.tokenizer.eos_token_id
-        self.eos_ids = eos if isinstance(eos, list) else [eos]
+        pad_on_the_left(self.tokenizer)
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         if cfg.device:
             self.model.to(cfg.device)
         if cfg.gradient_checkpointing:
@@ -144,8 +142,7 @@ class DLMPolicy(Policy):
         if cfg.model.startswith("tiny:"):
             self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
             return
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model,
-                                                       trust_remote_code=cfg.trust_remote_code)
+        self.tokenizer = load_tokenizer(cfg)
         auto = getattr(transformers, cfg.auto_class)
         self.model = make_bidirectional(auto.from_pretrained(cfg.model, dtype=DTYPES[cfg.dtype],
                                                              trust_remote_code=cfg.trust_remote_code))
@@ -179,9 +176,7 @@ class DLMPolicy(Policy):
         return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
 
     def _encode(self, rows: Sequence[Any]) -> tuple[Tensor, Tensor]:
-        texts = [self.prompt_text(self.prompt_of(r)) for r in rows]
-        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-        return enc["input_ids"], enc["attention_mask"]
+        return tokenize_prompts(self.tokenizer, [self.prompt_text(self.prompt_of(r)) for r in rows])
 
     # ----- rollout ------------------------------------------------------------------------
     @torch.no_grad()
@@ -212,23 +207,11 @@ class DLMPolicy(Policy):
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first EOS (the canvas after it is EOS filler);
         truncated = no EOS in the canvas."""
-        width = completion_ids.shape[1]
-        pos = torch.arange(width)
-        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_ids))
-        end = torch.where(is_eos, pos + 1, width + 1).min(dim=1).values
-        return (pos[None, :] < end[:, None]).float(), end > width
+        return units_before(first_eos_ends(completion_ids, self.eos_ids), completion_ids.shape[1])
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:
         """Left-pad prompts to a common width (completions all have `gen_length` tokens)."""
-        width = max(r.extras["prompt_ids"].shape[1] for r in parts)
-        fixed = []
-        for r in parts:
-            pad = width - r.extras["prompt_ids"].shape[1]
-            extras = {**r.extras,
-                      "prompt_ids": nn.functional.pad(r.extras["prompt_ids"], (pad, 0), value=self.tokenizer.pad_token_id),
-                      "prompt_mask": nn.functional.pad(r.extras["prompt_mask"], (pad, 0), value=0)}
-            fixed.append(replace(r, extras=extras))
-        return Rollout.concat(fixed)
+        return concat_padded(parts, self.tokenizer.pad_token_id)
 
     # ----- log-probs ----------------------------------------------------------------------
     def pass_view(self, batch: Rollout, pass_index: int) -> Rollout:
@@ -245,7 +228,7 @@ class DLMPolicy(Policy):
         generators = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
         args = EstimatorArgs(self.cfg.p_mask, self.cfg.elbo_points, self.cfg.coupled_full_view)
         views = self.estimate(generators, prompt_mask, width, args)
-        used = max(int(batch.unit_mask.sum(1).max()), 1)  # columns past every row's end are not scored
+        used = used_width(batch.unit_mask)  # columns past every row's end are not scored
         attention = torch.cat([prompt_mask, torch.ones(rows, width, dtype=prompt_mask.dtype)], dim=1)
         positions = torch.arange(plen, plen + used)
         device = next(model.parameters()).device
@@ -263,10 +246,7 @@ class DLMPolicy(Policy):
             if ent is not None:
                 ent = ent + torch.where(scored, e, 0.0)
         mask = batch.unit_mask[:, :used].to(device)
-        logp = nn.functional.pad(logp * mask, (0, width - used))
-        if ent is not None:
-            ent = nn.functional.pad(ent / hits.clamp(min=1) * mask, (0, width - used))
-        return logp[:, units], (ent[:, units] if ent is not None else None)
+        return full_width(logp * mask, ent / hits.clamp(min=1) * mask if ent is not None else None, width, units)
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """LLaDA's masked-diffusion SFT loss: the target (+ EOS filler up to `gen_length`) masked
@@ -294,6 +274,6 @@ class DLMPolicy(Policy):
         weight = (masked.float() / (t[:, None] * width)).to(logp.device)
         return -(logp * weight).sum() / len(rows)
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+    def save_pretrained(self, model: nn.Module, path: Path) -> None:  # as CausalLMPolicy's (not a subclass)
         model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)

@@ -1,0 +1,38 @@
+"""Prompts as the model reads them: chat templates, the system prompt, and batches of prompt
+texts tokenized with left padding (shared by the token adapters)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch import Tensor
+
+
+def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """`messages` with a system message `system_prompt` put first, unless it is empty or the
+    messages already start with a system message."""
+    if system_prompt and messages[0].get("role") != "system":
+        return [{"role": "system", "content": system_prompt}] + messages
+    return messages
+
+
+def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None) -> str:
+    """A string prompt as is; a list of chat messages (or, with `chat_template` true, a string as
+    the user's message) through the tokenizer's chat template, `system_prompt` first if given."""
+    use_template = chat_template
+    if use_template is None:
+        use_template = not isinstance(prompt, str)
+    if not use_template:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt {prompt!r} is not a string and policy.chat_template is false")
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    messages = with_system_prompt(messages, system_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """(ids, attention mask) [P, L] of prompt texts, padded on the tokenizer's side (left, see
+    `model_loading.pad_on_the_left`), without special tokens (the chat template has them)."""
+    enc = tokenizer(list(texts), padding=True, return_tensors="pt", add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
