@@ -3,7 +3,13 @@
 Every demo writes the same summary shape:
 ``{"metric": ..., "before": x, "after": y, "greedy_before": ..., "greedy_after": ...}``, where
 the metric is the mean reward of `eval.group_size` samples per held-out prompt at the rollout
-temperature, the quantity RL optimises.
+temperature, the quantity RL optimises. A demo with a held-out evaluator
+(`mmrl.registry.DEMO_EVALUATORS`, never a training reward) adds ``evaluator`` (its name),
+``eval_before`` / ``eval_after`` (on the same samples), ``greedy_eval_before`` /
+``greedy_eval_after`` and, per extra metric it reports, ``eval_before/<metric>`` /
+``eval_after/<metric>``. The held-out inputs and outputs are written to
+``OUTPUT_DIR/samples/before/`` and ``samples/after/`` (by the demo's
+`mmrl.registry.DEMO_SAMPLE_WRITERS` entry: images as PNG; else ``samples.json``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 
 from .config import load_recipe
 from .errors import reading_user_input
-from .registry import DEMO_FIGURES, DEMOS, RECIPES
+from .registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
 from .trainer import Trainer
 
 FIGURE_ROWS = 8
@@ -29,6 +35,37 @@ def _json(value) -> str:
 def _greedy_completions(trainer: Trainer) -> list:
     rows = trainer.eval_rows[:FIGURE_ROWS]
     return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
+
+
+def _scored(trainer: Trainer, name: str, folder: Path) -> dict:
+    """Held-out scores with the demo's evaluator, the scored samples written to `folder`, and
+    the greedy completions of the figure's rows (``greedy_samples``)."""
+    evaluator = DEMO_EVALUATORS.get(name) if name in DEMO_EVALUATORS else None
+    scores = trainer.evaluate(evaluator=evaluator, keep_samples=True)
+    samples = scores.pop("samples")
+    scores["greedy_samples"] = _greedy_completions(trainer)
+    if trainer.accelerator.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        if name in DEMO_SAMPLE_WRITERS:
+            DEMO_SAMPLE_WRITERS.get(name)(samples, folder)
+        else:
+            (folder / "samples.json").write_text(_json(samples))
+    return scores
+
+
+def _evaluator_summary(name: str, before: dict, after: dict) -> dict:
+    if "eval_mean" not in before or "eval_mean" not in after:
+        return {}
+    out = {"evaluator": DEMO_EVALUATORS.get(name).name,
+           "eval_before": before["eval_mean"], "eval_after": after["eval_mean"],
+           "eval_before_se": before["eval_mean_se"], "eval_after_se": after["eval_mean_se"],
+           "greedy_eval_before": before["greedy_eval_mean"], "greedy_eval_after": after["greedy_eval_mean"]}
+    for key in after:
+        if key.startswith(("eval_mean/", "greedy_eval_mean/", "eval/", "greedy_eval/")) and key in before:
+            metric = key.replace("eval_mean/", "eval/").replace("greedy_eval_mean/", "greedy_eval/")
+            head, _, tail = metric.partition("/")
+            out[f"{head}_before/{tail}"], out[f"{head}_after/{tail}"] = before[key], after[key]
+    return out
 
 
 def run_demo_command(args) -> int:
@@ -57,16 +94,14 @@ def run_scored(recipe: str | Path, overrides: list[str], name: str,
         before = json.loads(before_path.read_text())
     else:
         (warm_start or Trainer.warm_start)(trainer)
-        before = trainer.evaluate()
-        before["greedy_samples"] = _greedy_completions(trainer)
+        before = _scored(trainer, name, out / "samples" / "before")
         if trainer.accelerator.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             before_path.write_text(_json(before))
     say(f"[mmrl demo {name}] before RL: sampled reward {before['reward_mean']:.3f}, "
         f"greedy {before['greedy_reward_mean']:.3f}")
     trainer.train()
-    after = trainer.evaluate()
-    after["greedy_samples"] = _greedy_completions(trainer)
+    after = _scored(trainer, name, out / "samples" / "after")
     if name in DEMO_FIGURES and trainer.accelerator.is_main_process:
         figure = out / "plots" / "samples.png"
         DEMO_FIGURES.get(name)(trainer.eval_rows[:FIGURE_ROWS], before["greedy_samples"],
@@ -74,12 +109,17 @@ def run_scored(recipe: str | Path, overrides: list[str], name: str,
         say(f"[mmrl demo {name}] wrote {figure}")
     say(f"[mmrl demo {name}] after RL:  sampled reward {after['reward_mean']:.3f}, "
         f"greedy {after['greedy_reward_mean']:.3f}")
+    judged = _evaluator_summary(name, before, after)
+    if judged:
+        say(f"[mmrl demo {name}] evaluator ({judged['evaluator']}): {judged['eval_before']:.3f} -> "
+            f"{judged['eval_after']:.3f}, greedy {judged['greedy_eval_before']:.3f} -> {judged['greedy_eval_after']:.3f}")
     summary = {
         "metric": f"mean reward of {cfg.eval.group_size} samples per held-out prompt "
                   f"(n={min(len(trainer.eval_rows), cfg.eval.max_prompts)}) at the rollout temperature",
         "before": before["reward_mean"], "after": after["reward_mean"],
         "before_se": before["reward_mean_se"], "after_se": after["reward_mean_se"],
         "greedy_before": before["greedy_reward_mean"], "greedy_after": after["greedy_reward_mean"],
+        **judged,
         "before_detail": before, "after_detail": after,
         "rl_steps": cfg.max_steps, "wall_s": time.perf_counter() - t0,
     }

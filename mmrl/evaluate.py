@@ -4,49 +4,97 @@
 rollout temperature (`reward_mean_se` its standard error over prompts); `greedy_reward_mean` decodes once per prompt without sampling. Each reward
 is reported on its own as well (``reward/<name>``, ``greedy/<name>``), and so are the counts a
 reward logs (``reward/<name>/<key>``, see `mmrl.reward_registry`).
+
+An `Evaluator` (a demo's second judge, registered in `mmrl.registry.DEMO_EVALUATORS`; never a
+training reward) scores the very same samples: ``eval_mean`` (sampled, with ``eval_mean_se``)
+and ``greedy_eval_mean``, the counts it logs as ``eval/<key>``, and for each of its `variants`
+(held-out rows transformed, e.g. a video's frames shuffled) the same two on fresh rollouts of
+the transformed rows: ``eval_mean/<variant>``, ``greedy_eval_mean/<variant>``.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from .advantages import combined_total
 from .errors import UserError
 from .policy import Policy
-from .reward_registry import score_rollout
+from .reward_registry import compute_rewards, reward_columns, score_rollout
 from .sampling import derive_seed
 
 EVAL_SEED_SALT = 0xE7A1
 
 
+@dataclass(frozen=True)
+class Evaluator:
+    """A held-out judge beside the training reward (never used as one).
+
+    `score` has a reward's call shape, ``fn(prompts, completions, **columns) -> list[float | None]``
+    (it may take ``log_metric`` to log counts, reported as ``eval/<key>``); `name` says what it
+    measures (it is written to ``summary.json``). `variants`: name -> ``fn(row) -> row``, held-out
+    rows transformed (e.g. frames shuffled) on which the evaluator is measured again.
+    """
+
+    name: str
+    score: Callable[..., list[float | None]]
+    variants: Mapping[str, Callable[[dict], dict]] = field(default_factory=dict)
+
+
+def _mean_se(values: list[float], group_size: int) -> tuple[float, float]:
+    """The mean, and its standard error over prompts (the samples of one prompt are correlated)."""
+    if not values:
+        return float("nan"), float("nan")
+    per_prompt = torch.tensor(values).view(-1, group_size).nanmean(dim=1)
+    per_prompt = per_prompt[~per_prompt.isnan()]
+    se = float(per_prompt.std() / len(per_prompt) ** 0.5) if len(per_prompt) > 1 else 0.0
+    return float(torch.nanmean(torch.tensor(values))), se
+
+
 def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
-           prompts_per_call: int, combine: str, gates: Mapping[str, float] | None) -> dict[str, float]:
+           prompts_per_call: int, combine: str, gates: Mapping[str, float] | None,
+           evaluator: Evaluator | None = None, records: list[dict] | None = None) -> dict[str, float]:
+    """Score `group_size` samples per row; with `records`, append each row's samples, rewards and
+    evaluator values to it ({"row", "completions", "rewards", "eval"})."""
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
+    judged: list[float] = []
     counts: dict[str, float] = {}  # what the rewards log about these calls
+    eval_counts: dict[str, float] = {}
     for start in range(0, len(rows), prompts_per_call):
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
         rollout.add_data_columns(chunk)
-        _, rewards, _ = score_rollout(reward_fns, rollout, counts)
-        totals += combined_total(rewards, dict(weights), combine, dict(gates or {})).tolist()
+        kept, rewards, _ = score_rollout(reward_fns, rollout, counts)
+        total = combined_total(rewards, dict(weights), combine, dict(gates or {}))
+        totals += total.tolist()
         for k, v in rewards.items():
             per_reward[k] += v.tolist()
+        values = None
+        if evaluator is not None:
+            values = compute_rewards({evaluator.name: evaluator.score}, kept.prompts, kept.completions,
+                                     reward_columns(kept), eval_counts)[evaluator.name].tolist()
+            judged += values
+        if records is not None:
+            for i, row in enumerate(chunk):
+                span = slice(i * group_size, (i + 1) * group_size)
+                records.append({"row": row, "completions": list(kept.completions[span]),
+                                "rewards": total[span].tolist(),
+                                "eval": values[span] if values is not None else None})
+    out = dict(zip(("reward_mean", "reward_mean_se"), _mean_se(totals, group_size)))
     mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731
-    per_prompt = torch.tensor(totals).view(-1, group_size).nanmean(dim=1)
-    per_prompt = per_prompt[~per_prompt.isnan()]
-    out = {"reward_mean": mean(totals),
-           # standard error over prompts (samples of one prompt are correlated)
-           "reward_mean_se": float(per_prompt.std() / len(per_prompt) ** 0.5) if len(per_prompt) > 1 else 0.0}
     out.update({f"reward/{k}": mean(v) for k, v in per_reward.items()})
     out.update(counts)  # the rewards' own counts for these calls
+    if evaluator is not None:
+        out.update(zip(("eval_mean", "eval_mean_se"), _mean_se(judged, group_size)))
+        out.update({k.replace(f"reward/{evaluator.name}/", "eval/"): v for k, v in eval_counts.items()})
     return out
 
 
@@ -54,15 +102,35 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
 def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
              weights: Mapping[str, float], group_size: int, seed: int,
              prompts_per_call: int = 16, combine: str = "sum",
-             gates: Mapping[str, float] | None = None) -> dict[str, float]:
+             gates: Mapping[str, float] | None = None, evaluator: Evaluator | None = None,
+             keep_samples: bool = False) -> dict[str, Any]:
+    """The scores; with `keep_samples`, also ``samples``: per row {"row", "completions",
+    "rewards", "eval" (the sampled ones), "greedy", "greedy_reward", "greedy_eval"}."""
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
-    sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates)
-    greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates)
-    out = dict(sampled)
+    sampled_records: list[dict] | None = [] if keep_samples else None
+    greedy_records: list[dict] | None = [] if keep_samples else None
+    sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates,
+                     evaluator, sampled_records)
+    greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates,
+                    evaluator, greedy_records)
+    out: dict[str, Any] = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")
-    out.update({k.replace("reward/", "greedy/"): v for k, v in greedy.items()})
+    if evaluator is not None:
+        out["greedy_eval_mean"] = greedy.pop("eval_mean")
+        greedy.pop("eval_mean_se")
+    out.update({k.replace("reward/", "greedy/").replace("eval/", "greedy_eval/"): v for k, v in greedy.items()})
+    for variant, transform in (evaluator.variants if evaluator is not None else {}).items():
+        moved = [transform(dict(row)) for row in rows]
+        for greedy_pass, key in ((False, "eval_mean"), (True, "greedy_eval_mean")):
+            scores = _score(policy, moved, reward_fns, weights, 1 if greedy_pass else group_size, seed, greedy_pass,
+                            prompts_per_call, combine, gates, evaluator)
+            out[f"{key}/{variant}"] = scores["eval_mean"]
+    if keep_samples:
+        out["samples"] = [{**s, "greedy": g["completions"][0], "greedy_reward": g["rewards"][0],
+                           "greedy_eval": g["eval"][0] if g["eval"] is not None else None}
+                          for s, g in zip(sampled_records, greedy_records)]
     return out
 
 

@@ -45,7 +45,9 @@ SUMMARY = "summary.json"
 WARM_DIR = "warm_starts"
 # the parts of a config the supervised warm start reads
 WARM_START_KEYS = ("task", "policy", "data", "warm_start", "reward_modules", "seed", "optim.lora")
-CSV_FIELDS = ("cell", "overrides", "seed", "before", "after", "greedy_before", "greedy_after", "wall_s", "run_dir")
+CSV_FIELDS = ("cell", "overrides", "seed", "before", "after", "greedy_before", "greedy_after", "eval_before",
+              "eval_after", "greedy_eval_before", "greedy_eval_after", "wall_s", "run_dir")
+EVAL_FIELDS = ("eval_before", "eval_after", "greedy_eval_before", "greedy_eval_after")  # NaN without an evaluator
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,7 @@ def write_reports(out: Path, runs: list[Run]) -> list[dict]:
         rows.append({"cell": run.cell, "overrides": " ".join(run.overrides), "seed": run.seed,
                      "before": summary["before"], "after": summary["after"],
                      "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
+                     **{k: summary.get(k, math.nan) for k in EVAL_FIELDS},
                      "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
     tmp = out / "sweep.csv.tmp"
     with open(tmp, "w", newline="") as f:
@@ -318,8 +321,9 @@ def write_reports(out: Path, runs: list[Run]) -> list[dict]:
 def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> str:
     by_cell = {c: [r for r in rows if r["cell"] == c] for c in cell_overrides}
     first = by_cell[0] if by_cell else []
-    lines = ["| cell | runs | held-out before | held-out after | after - before | greedy after | after - cell 0 (paired by seed) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| cell | runs | held-out before | held-out after | after - before | greedy after | after - cell 0 (paired by seed) "
+             "| evaluator before | evaluator after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c, overrides in cell_overrides.items():
         rs = by_cell[c]
         gain = _mean_se([r["after"] - r["before"] for r in rs])
@@ -327,10 +331,12 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> s
         diff = _mean_se([r["after"] - base[r["seed"]] for r in rs if r["seed"] in base])
         lines.append(f"| {' '.join(overrides) or '(base)'} | {len(rs)} | {_fmt(*_mean_se([r['before'] for r in rs]))} | "
                      f"{_fmt(*_mean_se([r['after'] for r in rs]))} | {_fmt(*gain)} | "
-                     f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} |")
+                     f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} | "
+                     f"{_fmt(*_mean_se([r['eval_before'] for r in rs]))} | {_fmt(*_mean_se([r['eval_after'] for r in rs]))} |")
     lines += ["", ("Mean ± standard error over seeds (sample std / sqrt(n)); held-out: the demo's metric "
-                   "(mean reward of the eval samples per held-out prompt); the last column is the mean over the "
-                   "seeds both cells finished of (after - cell 0's after), with its standard error.")]
+                   "(mean reward of the eval samples per held-out prompt); after - cell 0 is the mean over the "
+                   "seeds both cells finished of (after - cell 0's after), with its standard error; evaluator: the demo's "
+                   "held-out evaluator (a second judge, never a reward) on the same samples, n/a without one.")]
     return "\n".join(lines) + "\n"
 
 

@@ -581,12 +581,13 @@ class Trainer:
             progress.close()
             self.tracker.close()
 
-    def evaluate(self, rows: list[dict] | None = None) -> dict[str, float]:
+    def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False) -> dict:
+        """Held-out scores (`mmrl.evaluate.evaluate`), with `evaluator`'s beside the reward's."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
         return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
                         cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                        gates=cfg.algorithm.gates)
+                        gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""

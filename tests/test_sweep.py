@@ -112,7 +112,8 @@ def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
                 for e in ("grpo", "dr_grpo") for lr in ("1e-4", "1e-3") for s in (0, 1)}
     assert {(r["overrides"], r["seed"]) for r in rows} == expected and len(rows) == 8
     for r in rows:
-        assert all(math.isfinite(float(r[k])) for k in ("before", "after", "greedy_before", "greedy_after", "wall_s"))
+        assert all(math.isfinite(float(r[k])) for k in ("before", "after", "greedy_before", "greedy_after", "wall_s",
+                                                        "eval_before", "eval_after"))  # the text demo's evaluator
     md = (out / "sweep.md").read_text()
     assert md.count("\n| algorithm.estimator=") == 4 and (out / "sweep.png").stat().st_size > 0
     # one warm start computed per seed; every other run of that seed loaded it

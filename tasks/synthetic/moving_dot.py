@@ -5,12 +5,14 @@ direction cannot be told (T-GRPO's contrast)."""
 from __future__ import annotations
 
 import random
+import zlib
 
 import numpy as np
 
 from mmrl.registry import DATASETS
 
 DIRECTIONS = {"A": (-1, 0), "B": (1, 0), "C": (0, -1), "D": (0, 1)}  # (dx, dy); y grows downwards
+NAMES = {"A": "left", "B": "right", "C": "up", "D": "down"}
 QUESTION = "Which way does the dot move? (A) left (B) right (C) up (D) down"
 FPS = 4.0
 
@@ -47,3 +49,33 @@ def moving_dot(n_train: int = 1000, n_eval: int = 64, frames: int = 8, size: int
         return out
 
     return {"train": rows(n_train), "eval": rows(n_eval)}
+
+
+def shuffled_frames(row: dict) -> dict:
+    """The row with its clip's frames in a random order (fixed per clip: seeded by its pixels), the
+    held-out variant on which a model that reads frame order drops to chance."""
+    frames = np.asarray(row["video"]["frames"])
+    order = np.random.default_rng(zlib.crc32(frames.tobytes())).permutation(len(frames))
+    return {**row, "video": {**row["video"], "frames": frames[order]}}
+
+
+def motion_trail(frames: np.ndarray):
+    """One PIL image of a clip: each frame's dot drawn over the first frame, later frames darker,
+    so the direction reads at a glance."""
+    from PIL import Image
+    frames = np.asarray(frames, dtype=np.float32)
+    background = np.median(frames, axis=0)
+    trail = np.full(frames.shape[1:], 255.0)
+    for t, frame in enumerate(frames):
+        moved = np.abs(frame - background).sum(-1) > 30
+        trail[moved] = 200 * (1 - (t + 1) / len(frames))
+    return Image.fromarray(trail.astype(np.uint8))
+
+
+def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png) -> None:
+    """Each held-out clip as a motion trail (the dot darkens as it moves), with its answer and the
+    greedy answers before and after RL."""
+    from ..figures import draw_transcripts
+    draw_transcripts([motion_trail(r["video"]["frames"]) for r in rows],
+                     [f"{r['answer']} ({NAMES[r['answer']]})" for r in rows],
+                     before, after, out_png)

@@ -46,3 +46,11 @@ def tones(n_train: int = 1000, n_eval: int = 64, seed: int = 0, min_gap: int = 2
         return out
 
     return {"train": rows(n_train), "eval": rows(n_eval)}
+
+
+def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png) -> None:
+    """Each held-out clip's spectrogram (two tones: which one is higher?) with its answer and the
+    greedy answers before and after RL."""
+    from ..figures import draw_transcripts, spectrogram_image
+    draw_transcripts([spectrogram_image(r["audio"]["array"], r["audio"]["sampling_rate"]) for r in rows],
+                     [r["answer"] for r in rows], before, after, out_png)

@@ -1,0 +1,64 @@
+"""The demos' held-out evaluators (a second judge beside the training reward, never a reward):
+their rules on hand-written cases, and a tiny demo run that reports them in ``summary.json`` and
+writes its held-out samples as files that re-score to the same numbers."""
+
+import json
+import re
+
+import pytest
+
+from mmrl.demo import run_scored
+from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
+from rewards.latex_sandbox import tex_available
+from tasks.demo_evaluators import boxes_at_iou, exact_match, tex_match
+
+TINY = ["max_steps=2", "warm_start.steps=20", "warm_start.batch_size=8", "eval.max_prompts=6",
+        "eval.group_size=3", "optim.prompts_per_step=2", "optim.micro_batch_size=8", "algorithm.group_size=2",
+        "policy.max_new_tokens=16", "policy.tiny_args.hidden=32", "logging.report_to=[none]",
+        "logging.progress=false", "save_every=0", "data.args.n_train=64", "data.args.n_eval=8"]
+
+
+def test_exact_match_takes_the_last_tagged_answer_without_partial_credit():
+    score = exact_match("a").score
+    assert score(None, ["<a>1 2</a>", "<a> 12 </a>", "<a>13</a>", "12", "<a>9</a> then <a>12</a>", "x"],
+                 ["12", "12", "12", "12", "12", None]) == [0.0, 1.0, 0.0, 0.0, 1.0, None]
+
+
+def test_boxes_at_iou_counts_boxes_over_the_threshold_and_extra_boxes_as_misses():
+    score = boxes_at_iou(0.5).score
+    truth = [[0, 0, 10, 10]]
+    # IoU of [0,0,10,10] with [0,0,10,20] is 0.5 (a hit at the threshold); with [0,0,10,21] 10/21 < 0.5
+    assert score(None, ["[0, 0, 10, 20]", "[0, 0, 10, 21]", "[0,0,10,10] [50,50,60,60]", "none", "[1,1,2,2]"],
+                 [truth] * 5) == [1.0, 0.0, 0.5, 0.0, 0.0]
+    assert score(None, ["[0,0,10,10] [20,20,30,30]"], [[[0, 0, 10, 10], [20, 20, 30, 31]]]) == [1.0]
+    assert score(None, ["[0,0,10,10]"], [[]]) == [None]
+
+
+def test_tex_match_is_a_pixel_identical_render_and_says_which_renderer():
+    judge = tex_match()
+    assert ("TeX-rendered" in judge.name) == tex_available()
+    assert judge.score(None, ["x^{2}", "$x^2$", "x^3", "\\frac{", "x_2"], ["x^2"] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_demos_have_evaluators():
+    assert {"text", "dlm", "latex", "grounding", "t2i"} <= set(DEMO_EVALUATORS.names())
+
+
+def test_a_demo_reports_its_evaluator_and_writes_samples_that_rescore(tmp_path):
+    summary = run_scored(RECIPES.get(DEMOS.get("text")), [*TINY, f"output_dir={tmp_path}"], "text")
+    assert summary["evaluator"] == DEMO_EVALUATORS.get("text").name
+    for when in ("before", "after"):
+        saved = json.loads((tmp_path / "samples" / when / "samples.json").read_text())
+        assert len(saved) == 6 and all(len(s["completions"]) == 3 for s in saved)
+
+        def exact(text, answer):  # the rule written out again: the last <answer> block equals the answer
+            found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
+            return float(bool(found) and found[-1].strip() == answer)
+        sampled = [exact(c, s["row"]["answer"]) for s in saved for c in s["completions"]]
+        greedy = [exact(s["greedy"], s["row"]["answer"]) for s in saved]
+        assert [v for s in saved for v in s["eval"]] == sampled
+        assert summary[f"eval_{when}"] == pytest.approx(sum(sampled) / len(sampled))
+        assert summary[f"greedy_eval_{when}"] == pytest.approx(sum(greedy) / len(greedy))
+        # the saved rewards are the reward the summary reports
+        rewards = [v for s in saved for v in s["rewards"]]
+        assert summary[when] == pytest.approx(sum(rewards) / len(rewards))
