@@ -43,3 +43,13 @@ def test_the_evaluator_scores_both_right(monkeypatch, judge):
     scores = shape_colour_match().score(None, [red_circle] * 3, colour=["red", "blue", "red"],
                                         shape=["circle", "circle", "square"])
     assert scores == [1.0, 0.0, 0.0]
+
+
+def test_the_judge_trains_inside_evaluation_no_grad():
+    """Its first use is inside `evaluate` (no_grad): training must still get gradients."""
+    import torch
+    with torch.no_grad():
+        trained = train_judge(size=16, seed=1, n=64, steps=2, batch=8)
+    fresh = train_judge(size=16, seed=1, n=64, steps=0, batch=8)
+    moved = [not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), fresh.state_dict().values())]
+    assert any(moved)

@@ -88,8 +88,9 @@ def labelled_images(n: int, size: int, rng: random.Random) -> tuple[list, list[i
 
 def train_judge(size: int = 16, seed: int = 0, n: int = 2000, steps: int = 250, batch: int = 64,
                 noise: float = 0.1) -> ShapeJudge:
-    """Train on `n` clean drawings (Gaussian pixel noise of std `noise` added per batch, in [-1, 1] units)."""
-    with torch.random.fork_rng(devices=[]):
+    """Train on `n` clean drawings (Gaussian pixel noise of std `noise` added per batch, in [-1, 1] units).
+    Gradients are on even when called inside evaluation's no_grad (its first use trains it)."""
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
         images, colours, shapes = labelled_images(n, size, random.Random(seed))
         x, yc, ys = to_tensor(images), torch.tensor(colours), torch.tensor(shapes)
