@@ -221,7 +221,7 @@ def test_t_grpo_one_and_two_processes_agree(tmp_path):
     from test_distributed import free_port, run_cli
     recipe = tmp_path / "recipe.yaml"  # a graded "accuracy" (digit share) so the bonus varies between groups
     cfg = dict(VIDEO_RECIPE, rewards={"digit_share": {"weight": 1.0}, "t_grpo": {
-        "weight": 1.0, "args": {"accuracy": "digit_share", "correct_above": 0.0, "mu": 1.0}}},
+        "weight": 1.0, "args": {"accuracy": "digit_share", "correct_above": 0.0, "min_ratio": 1.0}}},
         optim={**VIDEO_RECIPE["optim"], "prompts_per_step": 4, "micro_batch_size": 5})
     recipe.write_text(yaml.safe_dump(cfg))
     single = run_cli([sys.executable], recipe, tmp_path / "one", 2)
