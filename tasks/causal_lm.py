@@ -404,13 +404,16 @@ class CausalLMPolicy(Policy):
         return full_width(logp * mask.to(logp.device), ent, width, units)
 
     def _token_logprobs(self, model: nn.Module, rows: dict[str, Any], completion_ids: Tensor,
-                        completion_mask: Tensor, temperature: float,
-                        with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                        completion_mask: Tensor, temperature: float, with_entropy: bool,
+                        as_sampled: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Log-probs of `completion_ids` after the prompts: as the rollout sampler scores them
+        (`as_sampled`), or under the model's whole softmax (the supervised warm start's NLL)."""
         c = completion_ids.shape[1]
         out = model(**self._model_inputs(rows, completion_ids, completion_mask), logits_to_keep=c + 1,
                     use_cache=False)
         device = out.logits.device
-        logits = self._sampling_logits(out.logits[:, -(c + 1):-1], temperature)  # some models return every position
+        logits = out.logits[:, -(c + 1):-1]  # some models return every position
+        logits = self._sampling_logits(logits, temperature) if as_sampled else logits / temperature
         return selective_log_softmax(logits, completion_ids.to(device), self.cfg.logprob_chunk_rows,
                                      with_entropy)
 
@@ -488,7 +491,8 @@ class CausalLMPolicy(Policy):
         return (torch.cat([mask, torch.ones_like(mask[:, :1])], 1).cumsum(-1) - 1).clamp(min=0)
 
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
-        """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1."""
+        """Mean token NLL of `target_column` (+ eos) after the prompt, at temperature 1, over the
+        whole vocabulary (standard supervised fine-tuning; no sampler bans)."""
         prompts = self._encode_prompts(rows)
         targets = [self.tokenizer(str(r[target_column]), add_special_tokens=False)["input_ids"]
                    + [self.tokenizer.eos_token_id] for r in rows]
@@ -498,7 +502,7 @@ class CausalLMPolicy(Policy):
         for i, t in enumerate(targets):
             ids[i, :len(t)] = torch.tensor(t)
             mask[i, :len(t)] = 1
-        logp, _ = self._token_logprobs(model, prompts, ids, mask, 1.0, False)
+        logp, _ = self._token_logprobs(model, prompts, ids, mask, 1.0, False, as_sampled=False)
         mask = mask.to(logp.device)
         return -(logp * mask).sum() / mask.sum()
 
