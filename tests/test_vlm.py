@@ -91,3 +91,20 @@ def test_grounding_demo_writes_summary_and_box_figure(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"before", "after", "greedy_before", "greedy_after"} <= set(summary)
     assert (tmp_path / "plots" / "samples.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_supervised_loss_is_the_whole_vocabulary_nll(policy):
+    """The warm start is plain supervised fine-tuning: its NLL normalises over every token, the
+    placeholder tokens the sampler bans included (they are banned in rollout / training log-probs)."""
+    assert policy.suppressed_tokens()
+    rows = [{"prompt": "what?", "image": image(56, 56), "target": "ab"}]
+    loss = policy.supervised_loss(policy.model, rows, "target")
+    target = policy.tokenizer("ab", add_special_tokens=False)["input_ids"] + [policy.tokenizer.eos_token_id]
+    ids = torch.tensor([target])
+    mask = torch.ones(1, len(target))
+    with torch.no_grad():
+        whole, _ = policy._token_logprobs(policy.model, policy._encode_prompts(rows), ids, mask, 1.0, False,
+                                          as_sampled=False)
+        banned, _ = policy._token_logprobs(policy.model, policy._encode_prompts(rows), ids, mask, 1.0, False)
+    assert torch.allclose(loss, -whole.mean(), atol=1e-6)
+    assert (banned > whole).all()  # the bans renormalise over fewer tokens: a different quantity
