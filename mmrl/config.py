@@ -288,6 +288,28 @@ class WarmStartConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """How the policy is spread over processes (docs/distributed.md). The same recipe runs under
+    `torchrun` or `accelerate launch`, on GPUs or on CPU processes (gloo)."""
+
+    strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata={"help": (
+        "ddp: every process holds the whole model and gradients are averaged (data parallel); fsdp: parameters, "
+        "gradients and AdamW state are sharded over the processes (PyTorch FSDP2, fully_shard): each holds 1/N "
+        "of them between layers. With fsdp, policy.dtype bfloat16/float16 is the compute dtype: the weights and "
+        "optimizer state stay fp32 (master copy).")})
+    shard_modules: list[str] | None = field(default=None, metadata={"help": (
+        "fsdp: class names of the blocks that form one shard unit each (gathered together in forward, freed "
+        "after); null: the model's own list (transformers' and diffusers' _no_split_modules: decoder layers, "
+        "vision / audio encoder blocks, DiT blocks). The rest of the model forms one unit with the root.")})
+    reshard_after_forward: bool = field(default=True, metadata={"help": (
+        "fsdp: free each unit's gathered parameters after its forward and gather them again in backward "
+        "(ZeRO-3 memory); false keeps them until backward (ZeRO-2-like: less communication, more memory).")})
+    offload: bool = field(default=False, metadata={"help": (
+        "fsdp: keep the parameter shards, gradients and AdamW state in CPU memory (the optimizer step runs on "
+        "the CPU); each unit is copied to the device for its forward and backward.")})
+
+
+@dataclass
 class TrainConfig:
     task: str = field(default="causal_lm", metadata={"help": (
         "The task adapter (model family) to train; its Config types the policy section."),
@@ -313,6 +335,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation during training."})
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig, metadata={"help": (
         "An optional supervised warm start before RL.")})
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"help": (
+        "Data parallel or sharded (FSDP2) training over the launched processes.")})
     output_dir: str = field(default="outputs/run", metadata={"help": (
         "Where metrics, plots and checkpoints are written.")})
     seed: int = field(default=0, metadata={"help": (

@@ -119,9 +119,11 @@ class Policy(ABC):
         """Negative log-likelihood of each row's `target_column` given its prompt (warm start)."""
         raise NotImplementedError(f"{type(self).__name__} has no supervised warm start")
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:
-        """Write the weights (or the LoRA adapter) in the family's own `from_pretrained` format."""
-        model.save_pretrained(path, safe_serialization=True)
+    def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        """Write the weights (or the LoRA adapter) in the family's own `from_pretrained` format.
+        `state_dict`: the whole weights when `model` is sharded (its own state dict then holds
+        this process's shards), saved in place of `model.state_dict()`."""
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
 
     @property
     def device(self) -> torch.device:

@@ -31,6 +31,7 @@ from .advantages import (check_reward_combine, combined_total, compute_advantage
                          row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
 from .data import Rows, load_data, reward_columns_needed
+from .distributed import SHARDS_DIR, Sharding, launcher_settings, local_tensor, take_over_launcher_fsdp
 from .errors import UserError, reading_user_input
 from .evaluate import evaluate
 from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio_segments, reference_pass,
@@ -130,6 +131,13 @@ class Trainer:
             import_user_module(module)
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
+        launcher = launcher_settings()  # `accelerate launch` with an FSDP config: mmrl shards (mmrl/distributed.py)
+        if launcher is not None:
+            take_over_launcher_fsdp()
+            cfg = replace(cfg, policy={**cfg.policy, **{k.split(".", 1)[1]: v for k, v in launcher.items()
+                                                        if k.startswith("policy.")}},
+                          distributed=replace(cfg.distributed, **{k.split(".", 1)[1]: v for k, v in launcher.items()
+                                                                  if k.startswith("distributed.")}))
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
         check_world_size(acc.num_processes)
@@ -162,6 +170,13 @@ class Trainer:
         self.policy.prompt_column = cfg.data.prompt_column
         if cfg.policy.get("device") is None:
             self.policy.model.to(acc.device)
+        self.sharding: Sharding | None = None
+        self._idle_row: Rollout | None = None  # a row of this process's latest draw (sharded passes at zero)
+        if cfg.distributed.strategy == "fsdp":
+            # the adapter's dtype becomes the compute dtype; weights and AdamW state stay fp32
+            compute = next(p.dtype for p in self.policy.model.parameters() if p.is_floating_point())
+            self.sharding = Sharding(cfg.distributed, acc.device, compute)
+            self.policy.model.float()
         self.lora = cfg.optim.lora.r > 0
         if self.lora:
             from peft import LoraConfig, get_peft_model
@@ -171,6 +186,10 @@ class Trainer:
         self.reference = None
         if any(regulariser_needs(s.config.algorithm, "reference") for s in self.plan.stages) and not self.lora:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+            if self.sharding is not None:  # a frozen sharded copy, never a whole replica per process
+                self.sharding.shard(self.reference, "the reference model")
+        if self.sharding is not None:
+            self.sharding.shard(self.policy.model)
         self.policy.model.train()
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         # the fused kernel (CPU and CUDA) is several times faster than the per-tensor loop
@@ -180,7 +199,10 @@ class Trainer:
         from transformers import get_scheduler
         self.scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
                                        num_training_steps=max(cfg.max_steps, 1))
-        self.model, self.optimizer = acc.prepare(self.policy.model, optimizer)
+        if self.sharding is None:
+            self.model, self.optimizer = acc.prepare(self.policy.model, optimizer)
+        else:  # sharded in place: the module is the model; checkpoints hold its shards (save_checkpoint)
+            self.model, self.optimizer = self.policy.model, optimizer
         acc.register_for_checkpointing(self.scheduler)
         self.sampler = PromptSampler(self.train_rows, cfg.sampling, self.plan.sampler_seed(self.stage))
         self.step = 0
@@ -210,6 +232,13 @@ class Trainer:
             with self.unwrapped.disable_adapter():
                 yield self.model
 
+    def _gathered(self, model: torch.nn.Module | None = None):
+        """Under fsdp, `model`'s (default: the policy's) parameters gathered for no-grad passes
+        that need no gradient synchronisation: rollouts, evaluation, old and reference log-probs."""
+        if self.sharding is None:
+            return nullcontext()
+        return self.sharding.gathered(model if model is not None else self.model)
+
     @property
     def _closed_form_kl(self) -> bool:
         return closed_form_kl(self.cfg.algorithm)
@@ -232,13 +261,16 @@ class Trainer:
         local = self._local_groups(len(indices))
         rows = [self.train_rows[indices[g]] for g in local]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
-        rollout = self.policy.rollout(rows, group_size, seeds)
+        with self._gathered():
+            rollout = self.policy.rollout(rows, group_size, seeds)
+        self._idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         reward_counts: dict[str, float] = {}  # what the rewards log about this draw's calls
         rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout, reward_counts)
-        per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
-            self.reward_fns, rollout, picked, completions, reward_counts))
+        with self._gathered():
+            per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
+                self.reward_fns, rollout, picked, completions, reward_counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
         counts = {**reward_counts, **{f"policy/{k}": v for k, v in self.policy.pop_metrics().items()}}
@@ -369,17 +401,18 @@ class Trainer:
         so that the on-policy ratio of the first pass is exactly 1."""
         local = batch.rollout
         out = torch.zeros_like(local.unit_mask)
-        for rows in chunks:
-            if len(rows) == 0:
-                continue
-            mb = local.select(rows)
-            for units, _ in self._unit_slices(mb):
-                if reference:
-                    with self._reference_model() as ref:
-                        logp, _ = self.policy.logprobs(ref, mb, units)
-                else:
-                    logp, _ = self.policy.logprobs(self.model, mb, units)
-                out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
+        with self._gathered(self.reference if reference and self.reference is not None else self.model):
+            for rows in chunks:
+                if len(rows) == 0:
+                    continue
+                mb = local.select(rows)
+                for units, _ in self._unit_slices(mb):
+                    if reference:
+                        with self._reference_model() as ref:
+                            logp, _ = self.policy.logprobs(ref, mb, units)
+                    else:
+                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                    out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
         return out
 
     def accumulate_gradients(self, batch: StepBatch, chunks: list[Tensor], old_logp: Tensor | None,
@@ -397,16 +430,23 @@ class Trainer:
             raise UserError(f"algorithm.rollout_correction={algo.rollout_correction!r} needs the rollout sampler's "
                              f"log-probs, and the {self.cfg.task!r} adapter's rollouts under this policy section "
                              "record none (Rollout.rollout_logp); set algorithm.rollout_correction: none")
-        if len(local) == 0:  # this process kept no rows: take part in the synchronisation at zero
+        if len(local) == 0 and self.sharding is None:  # this process kept no rows: synchronise at zero
             acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return sums
+        idle = len(local) == 0  # sharded: as many forward and backward passes as the others, at zero
+        source = self._idle_row if idle else local
         work = [(rows, units, segs) for rows in chunks
-                for units, segs in self._unit_slices(local.select(rows if len(rows) else [0]))]
+                for units, segs in self._unit_slices(source.select(rows if len(rows) else [0]))]
         for k, (rows, units, segs) in enumerate(work):
             empty = len(rows) == 0  # padding so every process runs as many backward passes
             idx = rows if not empty else torch.tensor([0])
-            mb = local.select(idx)
-            sync = k == len(work) - 1 or world == 1
+            mb = source.select(idx)
+            if idle:
+                logp, _ = self.policy.logprobs(self.model, mb, units)
+                acc.backward(logp.sum() * 0.0)
+                continue
+            # DDP: synchronise on the last backward only; FSDP reduce-scatters each one (sharded gradients)
+            sync = k == len(work) - 1 or world == 1 or self.sharding is not None
             with nullcontext() if sync else acc.no_sync(self.model):
                 want_entropy = with_entropy or regulariser_needs(algo, "entropy")
                 kl = None
@@ -495,7 +535,7 @@ class Trainer:
         term = None
         if not math.isfinite(loss):
             term = "loss"
-        elif not all(bool(torch.isfinite(p.grad).all()) for p in params):
+        elif not all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in params):
             term = "gradient norm"
         return next((t for t in self._gather(term) if t is not None), None)
 
@@ -585,9 +625,10 @@ class Trainer:
         """Held-out scores (`mmrl.evaluate.evaluate`), with `evaluator`'s beside the reward's."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
-        return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
-                        cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                        gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
+        with self._gathered():
+            return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
+                            cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
+                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
@@ -621,9 +662,13 @@ class Trainer:
         if acc.is_main_process and tmp.exists():
             shutil.rmtree(tmp)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp), safe_serialization=True)
+        acc.save_state(str(tmp), safe_serialization=True)  # under fsdp: the scheduler and RNG states only
+        full = None
+        if self.sharding is not None:
+            self.sharding.save(self.model, self.optimizer, tmp / SHARDS_DIR)
+            full = self.sharding.full_state_dict(self.model, self.sharding.compute_dtype)
         if acc.is_main_process:
-            self.policy.save_pretrained(self.unwrapped, tmp / "model")
+            self.policy.save_pretrained(self.unwrapped, tmp / "model", state_dict=full)
             state = {"step": self.step, "sampler": self.sampler.state_dict(), "bad_steps": self.bad_steps}
             if self.last_eval is not None and self.last_eval[0] == self.step:
                 state["eval_reward_mean"] = self.last_eval[1]
@@ -635,6 +680,8 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         self.accelerator.load_state(str(path))
+        if self.sharding is not None:
+            self.sharding.load(self.model, self.optimizer, path / SHARDS_DIR)
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings

@@ -180,6 +180,18 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
             problems.append(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
 
 
+def _check_distributed(cfg: TrainConfig, problems: list[str]) -> None:
+    dist = cfg.distributed
+    if dist.strategy != "fsdp":
+        return
+    if cfg.policy.get("rollout_engine", "hf") != "hf":
+        problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=fsdp: the "
+                        "vLLM engine is sent whole weights and mmrl does not gather them for it yet; use "
+                        "policy.rollout_engine=hf (rollouts then run on the gathered sharded model)")
+    if dist.shard_modules is not None and not dist.shard_modules:
+        problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
+
+
 def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
     """Raise one `ConfigError` listing every problem of `cfg`, or return. Imports the plugins and
     the recipe's `reward_modules` (to know their names), loads no model, data set or reward model."""
@@ -195,6 +207,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
     _check_algorithm(cfg, problems)
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
+    _check_distributed(cfg, problems)
     _check_ranges(cfg, problems)
     _check_stages(cfg, problems, num_processes)
     if len(problems) == 1:

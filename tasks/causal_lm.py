@@ -506,6 +506,6 @@ class CausalLMPolicy(Policy):
         mask = mask.to(logp.device)
         return -(logp * mask).sum() / mask.sum()
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:
-        model.save_pretrained(path, safe_serialization=True)
+    def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)

@@ -54,8 +54,8 @@ class MultimodalPolicy(CausalLMPolicy):
     def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
         """(chat content items, one per image or clip; keyword inputs of the processor)."""
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:
-        model.save_pretrained(path, safe_serialization=True)
+    def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.processor.save_pretrained(path)
 
     def suppressed_tokens(self) -> list[int]:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
+from mmrl.distributed import unsharded_class
 from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout
@@ -390,19 +391,23 @@ class DiffusionPolicy(Policy):
         out, self._counts = self._counts, {}
         return out
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:
+    def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
         """A LoRA: the PEFT adapter of the denoiser, and the same weights in the diffusers LoRA
         format (`pytorch_lora_weights.safetensors`, rank and alpha in its metadata), so that
         `pipe.load_lora_weights(path)` on the stock pipeline applies it. Full weights: the whole
         pipeline with `model` as its denoiser, loadable by `DiffusionPipeline.from_pretrained(path)`."""
         name = next(k for k, v in self.pipe.components.items() if v is self.family.denoiser)
         if hasattr(model, "peft_config"):
-            model.save_pretrained(path, safe_serialization=True)
+            model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
             if hasattr(self.pipe, "save_lora_weights"):  # pipelines without diffusers LoRA support keep PEFT's
                 from peft.utils import get_peft_model_state_dict
-                layers = {k.removeprefix("base_model.model."): v for k, v in get_peft_model_state_dict(model).items()}
+                layers = {k.removeprefix("base_model.model."): v
+                          for k, v in get_peft_model_state_dict(model, state_dict=state_dict).items()}
                 self.pipe.save_lora_weights(path, **{f"{name}_lora_layers": layers,
                                                      f"{name}_lora_adapter_metadata":
                                                          model.peft_config[model.active_adapter].to_dict()})
             return
+        if state_dict is not None:  # sharded: a plain denoiser of the same class holding the whole weights
+            model = unsharded_class(model).from_config(model.config)
+            model.load_state_dict(state_dict)
         type(self.pipe)(**{**self.pipe.components, name: model}).save_pretrained(path, safe_serialization=True)

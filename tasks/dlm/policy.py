@@ -277,6 +277,7 @@ class DLMPolicy(Policy):
         weight = (masked.float() / (t[:, None] * width)).to(logp.device)
         return -(logp * weight).sum() / len(rows)
 
-    def save_pretrained(self, model: nn.Module, path: Path) -> None:  # as CausalLMPolicy's (not a subclass)
-        model.save_pretrained(path, safe_serialization=True)
+    def save_pretrained(self, model: nn.Module, path: Path,  # as CausalLMPolicy's (not a subclass)
+                        state_dict: dict[str, Tensor] | None = None) -> None:
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)

@@ -1,0 +1,177 @@
+"""Sharded training with PyTorch's FSDP2 (`distributed.strategy: fsdp`, docs/distributed.md).
+
+`Sharding` applies ``fully_shard`` to a module: each shard unit (a decoder layer, a vision block,
+a DiT block; `distributed.shard_modules`) and then the root, so that between layers every process
+holds 1/N of each parameter, its gradient and its AdamW state (fp32), and a unit's parameters are
+all-gathered for its forward and backward only. Gradients are reduce-scattered (averaged) as
+each unit's backward finishes.
+
+Rollouts run on gathered parameters (`Sharding.gathered`): every unit is all-gathered once, the
+adapter samples with no collective communication (each process may generate as many tokens as
+its own prompts need), and the shards are freed afterwards. That costs one whole copy of the
+weights in the compute dtype per process during the rollout, as a vLLM engine or an unsharded
+model would, and is as fast as an unsharded model; per-layer gathering during generation would
+all-gather the whole model once per generated token.
+
+Checkpoints: each process writes its own shards with `torch.distributed.checkpoint`
+(`save` / `load`), and the full weights for ``model/`` are gathered to the main process
+(`full_state_dict`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import DistributedConfig
+from .errors import UserError
+
+SHARDS_DIR = "sharded"  # a checkpoint's subdirectory with every process's shards (torch.distributed.checkpoint)
+
+# accelerate's FSDP launcher settings (`accelerate launch --config_file scripts/accelerate/fsdp.yaml`,
+# exported as environment variables) -> recipe keys
+_TRUE = ("true", "1")
+_ACCELERATE_FSDP_ENV = {
+    "FSDP_RESHARD_AFTER_FORWARD": ("distributed.reshard_after_forward", lambda v: v.lower() in (*_TRUE, "full_shard")),
+    "FSDP_OFFLOAD_PARAMS": ("distributed.offload", lambda v: v.lower() in _TRUE),
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": ("distributed.shard_modules",
+                                     lambda v: [c.strip() for c in v.split(",") if c.strip()]),
+    "FSDP_ACTIVATION_CHECKPOINTING": ("policy.gradient_checkpointing", lambda v: v.lower() in _TRUE),
+}
+
+
+def launcher_settings(environ: dict[str, str] | None = None) -> dict[str, object] | None:
+    """The recipe settings (dotted key -> value) an `accelerate launch` with an FSDP config asks
+    for, or None when the launcher did not ask for FSDP. mmrl takes the launcher's FSDP over and
+    shards the policy itself, so `accelerate` is then started without its own FSDP plugin."""
+    env = os.environ if environ is None else environ
+    if env.get("ACCELERATE_USE_FSDP", "").lower() not in _TRUE:
+        return None
+    if env.get("FSDP_VERSION", "2") != "2":
+        raise UserError(f"accelerate launch: fsdp_version {env['FSDP_VERSION']} in the launcher config; mmrl shards "
+                        "with FSDP2 (set fsdp_version: 2, as scripts/accelerate/fsdp.yaml does)")
+    settings: dict[str, object] = {"distributed.strategy": "fsdp"}
+    for name, (key, parse) in _ACCELERATE_FSDP_ENV.items():
+        if env.get(name):
+            value = parse(env[name])
+            if key != "policy.gradient_checkpointing" or value:  # only switched on from the launcher
+                settings[key] = value
+    return settings
+
+
+def take_over_launcher_fsdp(environ: dict[str, str] | None = None) -> None:
+    """Stop `accelerate.Accelerator` from building its own FSDP plugin from the launcher's
+    environment (mmrl shards the policy itself, and the reference and rollouts with it)."""
+    env = os.environ if environ is None else environ
+    env.pop("ACCELERATE_USE_FSDP", None)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a sharded tensor (DTensor); any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def unsharded_class(module: nn.Module) -> type:
+    """The class `module` had before `fully_shard` (which gives it a subclass of FSDPModule)."""
+    from torch.distributed.fsdp import FSDPModule
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
+def block_classes(model: nn.Module) -> list[str]:
+    """The model's own shard-unit class names: transformers' and diffusers' `_no_split_modules`,
+    from every sub-model that declares them (a VLM's language model and vision tower)."""
+    names: list[str] = []
+    for module in model.modules():
+        for name in getattr(module, "_no_split_modules", None) or []:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+class Sharding:
+    """FSDP2 over all processes of the default process group, on `device`'s type."""
+
+    def __init__(self, cfg: DistributedConfig, device: torch.device, compute_dtype: torch.dtype):
+        if not dist.is_available() or not dist.is_initialized():
+            raise UserError("distributed.strategy=fsdp needs processes started by torchrun or accelerate launch "
+                            "(e.g. `torchrun --nproc_per_node 2 -m mmrl train RECIPE distributed.strategy=fsdp`)")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+        self.cfg = cfg
+        self.compute_dtype = compute_dtype
+        self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        # fp32 weights, gradients and optimizer state; forward and backward in the compute dtype;
+        # gradients reduced in fp32
+        self.mixed_precision = MixedPrecisionPolicy(
+            param_dtype=None if compute_dtype == torch.float32 else compute_dtype, reduce_dtype=torch.float32)
+        self.offload = CPUOffloadPolicy() if cfg.offload else OffloadPolicy()
+
+    def shard(self, model: nn.Module, what: str = "the policy") -> nn.Module:
+        """`fully_shard` each shard unit of `model`, then the root (in place); returns `model`."""
+        from torch.distributed.fsdp import fully_shard
+        names = self.cfg.shard_modules if self.cfg.shard_modules is not None else block_classes(model)
+        units = [m for m in model.modules() if type(m).__name__ in set(names)]
+        if not units:
+            found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.ModuleList)
+                            for m in m.children()})
+            source = ("distributed.shard_modules=" + repr(names) if self.cfg.shard_modules is not None
+                      else "the model's _no_split_modules " + repr(names))
+            raise UserError(f"distributed.strategy=fsdp: {what} has no module of the classes of {source}; "
+                            f"name its block classes in distributed.shard_modules (its repeated blocks: "
+                            f"{', '.join(found) or 'none found'})")
+        options = dict(mesh=self.mesh, mp_policy=self.mixed_precision, offload_policy=self.offload,
+                       reshard_after_forward=self.cfg.reshard_after_forward)
+        for unit in units:
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
+        return model
+
+    @contextmanager
+    def gathered(self, model: nn.Module) -> Iterator[None]:
+        """All of `model`'s parameters gathered (in the compute dtype) for the duration: forward
+        passes inside need no communication, so each process may run as many as it likes."""
+        from torch.distributed.fsdp import FSDPModule
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.unshard()
+            unit.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(self.cfg.reshard_after_forward, recurse=False)
+
+    @staticmethod
+    def full_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The whole weights in `dtype` (floating ones; the compute dtype, as an unsharded run in
+        that dtype saves them), gathered on the CPU of the main process (an empty dict on the
+        others); every process must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
+
+    @staticmethod
+    def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """Every process writes its shards of the weights and AdamW state under `directory`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        weights, optim = get_state_dict(model, optimizer)
+        dcp.save({"model": weights, "optimizer": optim}, checkpoint_id=str(directory))
+
+    @staticmethod
+    def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """Read back what `save` wrote (the same number of processes and shard units)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        weights, optim = get_state_dict(model, optimizer)
+        state = {"model": weights, "optimizer": optim}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

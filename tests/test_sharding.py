@@ -1,0 +1,215 @@
+"""FSDP2 over 2 CPU processes (gloo) against one process: the same rewards, loss and updated weights
+for every family; exact resume after kill -9; the exported `model/` loads with `from_pretrained`;
+bf16 compute with fp32 weights, optimizer state and log-probs.
+
+Tolerances: one process sums each gradient over the whole batch in one backward; FSDP sums two
+partial gradients in a reduce-scatter (fp32), so the sums differ by rounding (~1e-7 relative) and
+AdamW, which divides by sqrt(v), carries that into the weights at about lr x 1e-4. Metrics and
+weights are compared at 2e-5 absolute; a real mistake (a shard lost, a gradient not averaged,
+the wrong reference) moves them by 1e-3 or more at these learning rates.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from helpers import TINY_RECIPE
+from test_distributed import free_port
+
+HERE = Path(__file__).parent
+TOL = 2e-5
+COMPARED = ("reward_mean", "loss", "kl", "clip_frac", "grad_norm", "skipped_frac", "completion_length")
+
+
+def launch(recipe: Path, out: Path, *extra: str, processes: int = 2, env_extra: dict | None = None,
+           wait: bool = True):
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           **(env_extra or {})}
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
+                     "127.0.0.1", "--master_port", str(free_port())]
+    cmd = launcher + ["-m", "mmrl", "train", str(recipe), f"output_dir={out}", *extra]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def exported(out: Path, step: int) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's `model/` (a pipeline's components included), by file and name."""
+    root = out / "checkpoints" / f"step-{step:06d}" / "model"
+    return {f"{f.relative_to(root)}:{k}": v for f in sorted(root.rglob("*.safetensors"))
+            for k, v in load_file(f).items()}
+
+
+def assert_same(one: list[dict], two: list[dict], w1: dict, w2: dict) -> None:
+    """The same metrics per step and the same exported weights, at `TOL`."""
+    assert len(one) == len(two)
+    for a, b in zip(one, two):
+        for key in COMPARED:
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=TOL), (a["step"], key)
+    shared = w1.keys() & w2.keys()
+    assert shared and all(k in shared for k in w1 if "lm_head" not in k)  # a sharded export may keep the tied head
+    for name in shared:
+        assert w1[name].dtype == w2[name].dtype, name
+        assert torch.allclose(w1[name].float(), w2[name].float(), atol=TOL), name
+
+
+def write(tmp_path: Path, cfg: dict) -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cfg))
+    return recipe
+
+
+LM = dict(TINY_RECIPE, algorithm={"group_size": 4, "beta": 0.04, "mu": 2},
+          optim={**TINY_RECIPE["optim"], "micro_batch_size": 3}, max_steps=3)
+
+
+def test_fsdp_matches_one_process_with_a_sharded_reference(tmp_path):
+    """Full fine-tune with a KL term: the reference is a frozen sharded copy; mu=2 keeps old
+    log-probs from gathered no-grad passes; micro-batches of 3 over groups of 4 leave the
+    processes different numbers of active rows."""
+    recipe = write(tmp_path, LM)
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two", "distributed.strategy=fsdp")
+    assert any(r["kl"] > 0 and r["loss"] != 0 for r in one[1:])  # the reference took part, updates happened
+    w1, w2 = exported(tmp_path / "one", 3), exported(tmp_path / "two", 3)
+    assert_same(one, two, w1, w2)
+    from transformers import AutoModelForCausalLM
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "checkpoints" / "step-000003" / "model")
+    for name, tensor in loaded.state_dict().items():  # the export is the gathered weights
+        assert torch.equal(tensor, w2[f"model.safetensors:{name}"]), name
+    shards = sorted(p.name for p in (tmp_path / "two" / "checkpoints" / "step-000003" / "sharded").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each process wrote its own shard
+
+
+def test_fsdp_with_lora_matches_one_process(tmp_path):
+    cfg = dict(LM, optim={**LM["optim"], "lr": 1e-2, "lora": {"r": 4, "alpha": 8}})
+    recipe = write(tmp_path, cfg)
+    one = launch(recipe, tmp_path / "one", "max_steps=2", processes=1)
+    two = launch(recipe, tmp_path / "two", "distributed.strategy=fsdp", "max_steps=2")
+    assert_same(one, two, exported(tmp_path / "one", 2), exported(tmp_path / "two", 2))
+    assert (tmp_path / "two" / "checkpoints" / "step-000002" / "model" / "adapter_config.json").is_file()
+
+
+def test_accelerate_fsdp_launcher_config_shards_the_same(tmp_path):
+    """`accelerate launch --config_file scripts/accelerate/fsdp.yaml` runs the recipe sharded: the
+    same metrics as `distributed.strategy=fsdp` under torchrun, and the same shard files."""
+    recipe = write(tmp_path, dict(LM, max_steps=2))
+    config = yaml.safe_load((HERE.parent / "scripts" / "accelerate" / "fsdp.yaml").read_text())
+    config.update(num_processes=2, use_cpu=True, main_process_port=free_port())
+    (tmp_path / "fsdp.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "fsdp.yaml"),
+           "-m", "mmrl", "train", str(recipe), f"output_dir={tmp_path / 'acc'}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    via_accelerate = [json.loads(x) for x in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()]
+    via_torchrun = launch(recipe, tmp_path / "torchrun", "distributed.strategy=fsdp")
+    assert_same(via_torchrun, via_accelerate, exported(tmp_path / "torchrun", 2), exported(tmp_path / "acc", 2))
+    assert (tmp_path / "acc" / "checkpoints" / "step-000002" / "sharded" / "__1_0.distcp").is_file()
+
+
+def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
+    cfg = dict(LM, max_steps=5, save_every=2, rewards={**LM["rewards"], "killer": {"weight": 0.0}},
+               reward_modules=LM["reward_modules"] + [str(HERE / "kill_reward.py")])
+    recipe = write(tmp_path, cfg)
+    whole = launch(recipe, tmp_path / "whole", "distributed.strategy=fsdp")
+    killed = launch(recipe, tmp_path / "run", "distributed.strategy=fsdp", wait=False,
+                    env_extra={"MMRL_TEST_KILL_AT": "4"})  # both processes SIGKILL themselves in step 4
+    killed.wait(timeout=900)
+    assert killed.returncode != 0
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]
+    resumed = launch(recipe, tmp_path / "run", "distributed.strategy=fsdp", "resume=true")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    for a, b in zip(whole, resumed):
+        for key in a:
+            if not key.startswith("time_") and a[key] is not None:
+                assert a[key] == pytest.approx(b[key], abs=1e-7), (a["step"], key)
+    w1, w2 = exported(tmp_path / "whole", 5), exported(tmp_path / "run", 5)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+SHARDED_BF16_CHECK = r"""
+import json, sys, torch
+from torch.distributed.tensor import DTensor
+from mmrl.config import load_recipe
+from mmrl.trainer import Trainer
+t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
+batch = t.prepare_batch(1)
+chunks = t._micro_batches(batch)
+old = t._no_grad_logprobs(batch, chunks, reference=False)
+metrics = t._update(batch)
+logp, _ = t.policy.logprobs(t.model, batch.rollout.select([0]), slice(None))
+params = [p for p in t.model.parameters()]
+state = [v for s in t.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+with torch.no_grad():
+    out = t.model(input_ids=torch.tensor([[1, 2, 3]]))
+print(json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "old_dtype": str(old.dtype),
+                  "logp_dtype": str(logp.dtype), "sharded": all(isinstance(p, DTensor) for p in params),
+                  "param_dtypes": sorted({str(p.dtype) for p in params}),
+                  "state_dtypes": sorted({str(v.dtype) for v in state}),
+                  "compute_dtype": str(out.logits.dtype)}))
+"""
+
+
+def test_bf16_under_fsdp_computes_in_bf16_with_fp32_weights_state_and_logprobs(tmp_path):
+    recipe = write(tmp_path, LM)
+    script = tmp_path / "check.py"
+    script.write_text(SHARDED_BF16_CHECK)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), str(recipe), f"output_dir={tmp_path / 'run'}",
+           "distributed.strategy=fsdp", "policy.dtype=bfloat16"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][0])
+    assert report["sharded"] and report["param_dtypes"] == ["torch.float32"]  # fp32 master weights, sharded
+    assert report["state_dtypes"] == ["torch.float32"]  # AdamW moments in fp32
+    assert report["compute_dtype"] == "torch.bfloat16"  # forward in the policy's dtype
+    assert report["old_dtype"] == report["logp_dtype"] == "torch.float32"
+    assert torch.isfinite(torch.tensor([report["loss"], report["grad_norm"]])).all() and report["grad_norm"] > 0
+
+
+AUDIO_ROWS = {"name": "tones", "args": {"n_train": 8, "n_eval": 2}}
+FAMILY_RECIPES = {
+    "vlm": {"task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 6},
+            "data": {"name": "shapes", "args": {"n_train": 16, "n_eval": 4, "size": 56}},
+            "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 3}},
+    "audio_lm": {"task": "audio_lm", "policy": {"model": "tiny:qwen2-audio-char", "max_new_tokens": 5},
+                 "data": AUDIO_ROWS, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 3}},
+    "dlm": {"task": "dlm", "policy": {"model": "tiny:dlm-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2},
+                                      "gen_length": 8, "block_length": 4, "steps": 4},
+            "data": {"name": "arithmetic", "args": {"n_train": 32, "n_eval": 4, "digits": 1}},
+            "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 3}},
+    "diffusion": {"task": "diffusion", "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4,
+                                                  "eval_num_steps": 4, "noise_level": 0.7},
+                  "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+                  "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
+                  "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILY_RECIPES))
+def test_every_family_trains_sharded_as_on_one_process(tmp_path, family):
+    cfg = {"rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": [str(HERE / "digit_reward.py")],
+           "algorithm": {"group_size": 3, "beta": 0.04}, "logging": {"report_to": ["none"], "progress": False},
+           "max_steps": 2, **FAMILY_RECIPES[family]}
+    recipe = write(tmp_path, cfg)
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two", "distributed.strategy=fsdp")
+    assert any(r["loss"] != 0 for r in one)
+    assert_same(one, two, exported(tmp_path / "one", 2), exported(tmp_path / "two", 2))
