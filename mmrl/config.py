@@ -304,6 +304,12 @@ class DistributedConfig:
     reshard_after_forward: bool = field(default=True, metadata={"help": (
         "fsdp: free each unit's gathered parameters after its forward and gather them again in backward "
         "(ZeRO-3 memory); false keeps them until backward (ZeRO-2-like: less communication, more memory).")})
+    rollout_params: Literal["gathered", "sharded"] = field(default="gathered", metadata={"help": (
+        "fsdp: how rollouts, evaluation and the no-grad old / reference log-prob passes see the weights. "
+        "gathered: all units are gathered once beforehand (one whole copy in the compute dtype per process "
+        "while they run; as fast as an unsharded model; each process generates at its own pace). sharded: each "
+        "forward gathers its units as training does (no whole copy; one all-gather per unit per forward, so per "
+        "generated token, and processes generate in step). TP-GRPO's turning-point passes always gather.")})
     offload: bool = field(default=False, metadata={"help": (
         "fsdp: keep the parameter shards, gradients and AdamW state in CPU memory (the optimizer step runs on "
         "the CPU); each unit is copied to the device for its forward and backward.")})

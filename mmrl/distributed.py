@@ -128,7 +128,7 @@ class Sharding:
                             f"{', '.join(found) or 'none found'})")
         options = dict(mesh=self.mesh, mp_policy=self.mixed_precision, offload_policy=self.offload,
                        reshard_after_forward=self.cfg.reshard_after_forward)
-        for unit in units:
+        for unit in reversed(units):  # nested units (an attention inside an encoder layer) before their parents
             fully_shard(unit, **options)
         fully_shard(model, **options)
         return model
@@ -153,10 +153,33 @@ class Sharding:
     def full_state_dict(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The whole weights in `dtype` (floating ones; the compute dtype, as an unsharded run in
         that dtype saves them), gathered on the CPU of the main process (an empty dict on the
-        others); every process must call it."""
+        others); every process must call it. Tied parameters (an LM head sharing the embedding)
+        are one tensor under each of their names, as in an unsharded state dict, so that
+        `save_pretrained` writes them once."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
+        full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
+        first: dict[int, str] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if name in full and first.setdefault(id(param), name) != name:
+                full[name] = full[first[id(param)]]
+        return full
+
+    @staticmethod
+    @contextmanager
+    def plain_classes(model: nn.Module) -> Iterator[None]:
+        """`model` and its shard units with the classes they had before sharding, for code that
+        looks a model up by its class name (transformers' `save_pretrained` reverting its weight
+        renamings); their state dicts still hold shards (see `full_state_dict`)."""
+        from torch.distributed.fsdp import FSDPModule
+        swapped = [(m, type(m)) for m in model.modules() if isinstance(m, FSDPModule)]
+        for module, _ in swapped:
+            module.__class__ = unsharded_class(module)
+        try:
+            yield
+        finally:
+            for module, cls in swapped:
+                module.__class__ = cls
 
     @staticmethod
     def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:

@@ -24,6 +24,11 @@ class Policy(ABC):
     stage_fields: ClassVar[frozenset[str]] = frozenset()
     model: nn.Module
     prompt_column: str = "prompt"  # set by the engine from `data.prompt_column`
+    # set by the engine: every process must run as many forward passes as the others in a rollout
+    # (FSDP with `distributed.rollout_params: sharded` gathers each layer from all processes in
+    # every forward); an adapter whose number of forwards depends on its samples (generation that
+    # stops at eos) keeps running forwards until every process is done (transformers' `synced_gpus`)
+    synced_rollouts: bool = False
 
     @abstractmethod
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],

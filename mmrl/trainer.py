@@ -177,6 +177,7 @@ class Trainer:
             compute = next(p.dtype for p in self.policy.model.parameters() if p.is_floating_point())
             self.sharding = Sharding(cfg.distributed, acc.device, compute)
             self.policy.model.float()
+            self.policy.synced_rollouts = cfg.distributed.rollout_params == "sharded"
         self.lora = cfg.optim.lora.r > 0
         if self.lora:
             from peft import LoraConfig, get_peft_model
@@ -232,12 +233,18 @@ class Trainer:
             with self.unwrapped.disable_adapter():
                 yield self.model
 
-    def _gathered(self, model: torch.nn.Module | None = None):
-        """Under fsdp, `model`'s (default: the policy's) parameters gathered for no-grad passes
-        that need no gradient synchronisation: rollouts, evaluation, old and reference log-probs."""
-        if self.sharding is None:
+    def _gathered(self, model: torch.nn.Module | None = None, always: bool = False):
+        """Under fsdp with `distributed.rollout_params: gathered` (or `always`), `model`'s (default:
+        the policy's) parameters gathered for no-grad passes: rollouts, evaluation, old and
+        reference log-probs, whose forward counts may then differ between processes."""
+        if self.sharding is None or not (always or self.cfg.distributed.rollout_params == "gathered"):
             return nullcontext()
         return self.sharding.gathered(model if model is not None else self.model)
+
+    @property
+    def _forwards_in_step(self) -> bool:
+        """No-grad passes run on sharded parameters: every process runs as many forwards."""
+        return self.sharding is not None and self.cfg.distributed.rollout_params == "sharded"
 
     @property
     def _closed_form_kl(self) -> bool:
@@ -268,7 +275,7 @@ class Trainer:
         rollout.add_data_columns(rows)
         reward_counts: dict[str, float] = {}  # what the rewards log about this draw's calls
         rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout, reward_counts)
-        with self._gathered():
+        with self._gathered(always=True):  # turning-point passes: as many as each process's samples need
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 self.reward_fns, rollout, picked, completions, reward_counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
@@ -401,18 +408,21 @@ class Trainer:
         so that the on-policy ratio of the first pass is exactly 1."""
         local = batch.rollout
         out = torch.zeros_like(local.unit_mask)
+        source = local if len(local) else self._idle_row
         with self._gathered(self.reference if reference and self.reference is not None else self.model):
             for rows in chunks:
-                if len(rows) == 0:
+                padding = len(rows) == 0 or len(local) == 0  # a pass at zero, only to keep the processes in step
+                if padding and not self._forwards_in_step:
                     continue
-                mb = local.select(rows)
+                mb = source.select(rows if not padding else [0])
                 for units, _ in self._unit_slices(mb):
                     if reference:
                         with self._reference_model() as ref:
                             logp, _ = self.policy.logprobs(ref, mb, units)
                     else:
                         logp, _ = self.policy.logprobs(self.model, mb, units)
-                    out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
+                    if not padding:
+                        out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
         return out
 
     def accumulate_gradients(self, batch: StepBatch, chunks: list[Tensor], old_logp: Tensor | None,
@@ -518,7 +528,8 @@ class Trainer:
             if self.cfg.optim.max_grad_norm is not None:
                 grad_norm = float(acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=False)
+            # sharded: free the gradient shards until the next backward (rollouts need no gradients)
+            self.optimizer.zero_grad(set_to_none=self.sharding is not None)
         self.scheduler.step()
         gathered = self._gather(first)
         total = {k: sum(g.get(k, 0.0) for g in gathered) for k in first}
@@ -663,12 +674,15 @@ class Trainer:
             shutil.rmtree(tmp)
         acc.wait_for_everyone()
         acc.save_state(str(tmp), safe_serialization=True)  # under fsdp: the scheduler and RNG states only
-        full = None
         if self.sharding is not None:
             self.sharding.save(self.model, self.optimizer, tmp / SHARDS_DIR)
             full = self.sharding.full_state_dict(self.model, self.sharding.compute_dtype)
+            if acc.is_main_process:
+                with self.sharding.plain_classes(self.model):
+                    self.policy.save_pretrained(self.model, tmp / "model", state_dict=full)
+        elif acc.is_main_process:
+            self.policy.save_pretrained(self.unwrapped, tmp / "model")
         if acc.is_main_process:
-            self.policy.save_pretrained(self.unwrapped, tmp / "model", state_dict=full)
             state = {"step": self.step, "sampler": self.sampler.state_dict(), "bad_steps": self.bad_steps}
             if self.last_eval is not None and self.last_eval[0] == self.step:
                 state["eval_reward_mean"] = self.last_eval[1]

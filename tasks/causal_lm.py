@@ -269,7 +269,7 @@ class CausalLMPolicy(Policy):
             inputs = self._shared_prefill(encoded, rows, group_size)
         sequences = self.model.generate(
             **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
-            tokenizer=self.tokenizer if cfg.stop_strings else None)
+            tokenizer=self.tokenizer if cfg.stop_strings else None, synced_gpus=self.synced_rollouts)
         self.model.train(was_training)
         completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
         rollout_logp = sampler.sampled_logp(completion_ids.shape[1]) if sampler is not None else None
