@@ -1,0 +1,163 @@
+"""Memory and step time of one GRPO step: 1 process against FSDP2 over 2 processes, in one run.
+
+Two models: a causal LM of about 50M parameters (the tiny Qwen2 at hidden 512, 12 layers) and the
+tiny SD3 transformer, each trained in full (no LoRA) with a KL term, so the reference model is
+counted too (a whole replica per process on 1 process, a frozen sharded copy under FSDP).
+
+    python scripts/bench_sharding.py --json scripts/results/bench_sharding.json
+
+Each configuration runs in fresh processes (`--worker`, under torchrun for FSDP, one CPU thread
+per process, gloo), takes `--steps` training steps and reports the last. Memory is counted
+from the tensors themselves, per process: parameters (policy and reference), gradients and
+AdamW state, at the moment all three exist (just before the optimizer step), each sharded
+tensor counted by its local shard. A forward additionally holds one gathered shard unit (a
+decoder layer) under FSDP; rollouts under `distributed.rollout_params: gathered` hold one whole
+copy of the policy in the compute dtype (`gathered_rollout_copy_mb`), under `sharded` only one
+unit. Keys: `memory_ratio_lm`, `memory_ratio_diffusion` (FSDP over 2 / 1 process; the goal
+is <= 0.6), `time_ratio_lm`, `time_ratio_diffusion` (step time, FSDP with gathered rollouts / 1
+process; reported, no goal on CPU), and the same for `rollout_params: sharded`
+(`time_ratio_*_sharded_rollouts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_report import emit
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RECIPES = {
+    "lm": {
+        "task": "causal_lm",
+        "policy": {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 512, "layers": 12, "heads": 8},
+                   "max_new_tokens": 16},
+        "data": {"name": "arithmetic", "args": {"n_train": 64, "n_eval": 4, "digits": 2}},
+        "rewards": {"accuracy": {"weight": 1.0}},
+        "algorithm": {"group_size": 4, "beta": 0.04},
+        "optim": {"lr": 1e-5, "prompts_per_step": 2, "micro_batch_size": 4},
+    },
+    "diffusion": {
+        "task": "diffusion",
+        "policy": {"model": "tiny:sd3", "tiny_args": {"layers": 4}, "height": 32, "width": 32, "num_steps": 4,
+                   "eval_num_steps": 4, "noise_level": 0.7},
+        "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+        "rewards": {"colour_shape": {"weight": 1.0}},
+        "algorithm": {"group_size": 4, "beta": 0.04},
+        "optim": {"lr": 1e-4, "prompts_per_step": 2, "micro_batch_size": 4},
+    },
+}
+
+
+def tensor_bytes(tensors) -> int:
+    from mmrl.distributed import local_tensor
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        local = local_tensor(t)
+        total += local.numel() * local.element_size()
+    return total
+
+
+def run_worker(args) -> None:
+    """One configuration in this process (or this torchrun process group); rank 0 writes the JSON."""
+    import torch
+
+    from mmrl.config import parse_config
+    from mmrl.trainer import Trainer
+    recipe = {**RECIPES[args.worker], "logging": {"report_to": ["none"], "progress": False},
+              "max_steps": args.steps, "output_dir": tempfile.mkdtemp(prefix="bench_sharding_")}
+    overrides = [f"distributed.strategy={args.strategy}", f"distributed.rollout_params={args.rollout_params}"]
+    trainer = Trainer(parse_config(recipe, overrides))
+    model, reference, optimizer = trainer.model, trainer.reference, trainer.optimizer
+    measured: dict[str, int] = {}
+    step = optimizer.step
+
+    def counting_step(*a, **k):  # parameters, gradients and AdamW state all exist here
+        params = list(model.parameters()) + (list(reference.parameters()) if reference is not None else [])
+        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+        counts = {"parameters": tensor_bytes(params), "gradients": tensor_bytes(p.grad for p in model.parameters()),
+                  "optimizer_state": tensor_bytes(state)}
+        if optimizer.state:  # from the second step on (AdamW creates its state in the first)
+            for key, value in counts.items():
+                measured[key] = max(measured.get(key, 0), value)
+        return step(*a, **k)
+
+    optimizer.step = counting_step
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - start)
+    policy_params = sum(p.numel() for p in model.parameters())  # a sharded parameter's numel is the whole one
+    whole_copy = policy_params * 4  # fp32 compute here
+    if trainer.accelerator.is_main_process:
+        Path(args.out).write_text(json.dumps({
+            "step_s": times[-1], "bytes": measured, "total_mb": sum(measured.values()) / 2**20,
+            "policy_parameters": policy_params, "whole_copy_mb": whole_copy / 2**20}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(case: str, processes: int, strategy: str, rollout_params: str, steps: int) -> dict:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        launcher = [sys.executable]
+        if processes > 1:
+            launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
+                         "127.0.0.1", "--master_port", str(free_port())]
+        cmd = launcher + [str(Path(__file__).resolve()), "--worker", case, "--strategy", strategy,
+                          "--rollout-params", rollout_params, "--steps", str(steps), "--out", str(out)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{case} {strategy} x{processes} failed:\n{done.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--steps", type=int, default=2, help="training steps per run (the last is timed)")
+    parser.add_argument("--worker", choices=sorted(RECIPES), help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
+    parser.add_argument("--rollout-params", default="gathered", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_worker(args)
+        return
+    report: dict = {"processes": 2, "threads_per_process": 1, "device": "cpu (gloo)"}
+    for case in RECIPES:
+        one = measure(case, 1, "ddp", "gathered", args.steps)
+        fsdp = measure(case, 2, "fsdp", "gathered", args.steps)
+        fsdp_sharded = measure(case, 2, "fsdp", "sharded", args.steps)
+        report[f"memory_ratio_{case}"] = fsdp["total_mb"] / one["total_mb"]
+        report[f"time_ratio_{case}"] = fsdp["step_s"] / one["step_s"]
+        report[f"time_ratio_{case}_sharded_rollouts"] = fsdp_sharded["step_s"] / one["step_s"]
+        report[f"{case}_parameters_m"] = one["policy_parameters"] / 1e6
+        report[f"{case}_one_process_mb"] = {k: v / 2**20 for k, v in one["bytes"].items()}
+        report[f"{case}_fsdp_per_process_mb"] = {k: v / 2**20 for k, v in fsdp["bytes"].items()}
+        report[f"{case}_gathered_rollout_copy_mb"] = one["whole_copy_mb"]
+        report[f"{case}_step_s"] = {"one_process": one["step_s"], "fsdp_gathered": fsdp["step_s"],
+                                    "fsdp_sharded": fsdp_sharded["step_s"]}
+    emit(report, args.json)
+
+
+if __name__ == "__main__":
+    main()
