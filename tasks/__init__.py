@@ -11,7 +11,7 @@ from mmrl.evaluate import Evaluator
 from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
 
 from . import audio_lm, causal_lm, diffusion, dlm, synthetic, tiny_models, vlm  # noqa: F401  (registration)
-from .demo_evaluators import boxes_at_iou, exact_match, tex_match
+from .demo_evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
 from .demo_samples import write_samples
 from .diffusion.shape_judge import shape_colour_match
 from .synthetic import formulas, moving_dot, shapes, spoken_words, tones
@@ -34,6 +34,7 @@ DEMO_FIGURES.register("audio")(tones.draw_predictions)
 DEMO_EVALUATORS.register("text")(exact_match("answer"))
 DEMO_EVALUATORS.register("dlm")(exact_match("a"))
 DEMO_EVALUATORS.register("latex")(tex_match())
+DEMO_EVALUATORS.register("asr")(exact_transcript())
 DEMO_EVALUATORS.register("grounding")(boxes_at_iou(0.5))
 DEMO_EVALUATORS.register("t2i")(shape_colour_match())
 # accuracy of the answer letter; the video's also on its frames shuffled (does the model read their order?)

@@ -10,6 +10,8 @@ never used as a reward (`mmrl.evaluate.Evaluator`, registered in `DEMO_EVALUATOR
 - `boxes_at_iou`: the fraction of boxes found, the k-th predicted box against the k-th ground-truth
   box, with IoU >= `threshold`, over max(#predicted, #ground truth) (extra boxes count as misses;
   grounding);
+- `exact_transcript`: the whole transcript equals the `reference` column, case and whitespace
+  aside, 1 or 0 (sentence accuracy; asr, whose reward is 1 - WER with partial credit per word);
 - the t2i demo's judge is a colour-and-shape classifier (`tasks.diffusion.shape_judge`).
 """
 
@@ -36,6 +38,13 @@ def exact_match(tag: str = "answer") -> Evaluator:
                 float((found := extract_answer(completion_text(c), tag)) is not None and _same(found, truth))
                 for c, truth in zip(completions, answer)]
     return Evaluator(f"exact-match accuracy of the <{tag}> answer", score)
+
+
+def exact_transcript() -> Evaluator:
+    def score(prompts, completions, reference, **columns):
+        return [None if truth is None else float(_same(completion_text(c).lower(), truth.lower()))
+                for c, truth in zip(completions, reference)]
+    return Evaluator("sentence accuracy (the whole transcript right)", score)
 
 
 def tex_match(timeout: float = 10.0) -> Evaluator:

@@ -151,7 +151,8 @@ def test_pdf_pages_render_whole_at_the_given_dpi():
 
 
 @needs_pdf
-@pytest.mark.skipif(not subprocess.run(["kpsewhich", "multirow.sty"], capture_output=True).stdout,
+@pytest.mark.skipif(shutil.which("kpsewhich") is None
+                    or not subprocess.run(["kpsewhich", "multirow.sty"], capture_output=True).stdout,
                     reason="their preamble needs multirow.sty (texlive-latex-extra)")
 def test_their_document_renders_at_300_dpi():
     page = T.render_page(TWO_ROWS).image
