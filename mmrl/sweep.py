@@ -329,7 +329,7 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> s
         gain = _mean_se([r["after"] - r["before"] for r in rs])
         base = {r["seed"]: r["after"] for r in first}
         diff = _mean_se([r["after"] - base[r["seed"]] for r in rs if r["seed"] in base])
-        lines.append(f"| {' '.join(overrides) or '(base)'} | {len(rs)} | {_fmt(*_mean_se([r['before'] for r in rs]))} | "
+        lines.append(f"| {c}: {' '.join(overrides) or '(base)'} | {len(rs)} | {_fmt(*_mean_se([r['before'] for r in rs]))} | "
                      f"{_fmt(*_mean_se([r['after'] for r in rs]))} | {_fmt(*gain)} | "
                      f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} | "
                      f"{_fmt(*_mean_se([r['eval_before'] for r in rs]))} | {_fmt(*_mean_se([r['eval_after'] for r in rs]))} |")
@@ -343,10 +343,10 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> s
 def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run]) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5 + 0.2 * len(cell_overrides)))
     FigureCanvasAgg(fig)
     bars, curves = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    labels = [" ".join(o.split(".")[-1] for o in ov) or "(base)" for ov in cell_overrides.values()]
+    labels = [f"{c}: " + (" ".join(ov) or "(base)") for c, ov in cell_overrides.items()]
     for c, label in zip(cell_overrides, labels):
         rs = [r for r in rows if r["cell"] == c]
         for offset, key, alpha in ((-0.2, "before", 0.4), (0.2, "after", 1.0)):
@@ -366,13 +366,16 @@ def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ..
             curves.plot(xs, ys, color=f"C{c % 10}", label=label)
             curves.fill_between(xs, [y - s for y, s in zip(ys, ses)], [y + s for y, s in zip(ys, ses)],
                                 color=f"C{c % 10}", alpha=0.2)
-    bars.set_xticks(list(cell_overrides), labels, rotation=20, ha="right", fontsize=7)
+    bars.set_xticks(list(cell_overrides), [str(c) for c in cell_overrides])
+    bars.set_xlabel("cell")
     bars.set_ylabel("held-out reward (mean ± SE over seeds)")
     bars.legend(fontsize=7)
     curves.set_xlabel("RL step")
-    curves.set_ylabel("training reward (mean ± SE over seeds)")
-    curves.legend(fontsize=7)
-    fig.tight_layout()
+    curves.set_ylabel("training reward_mean (mean ± SE over seeds)")
+    # the cells' full settings under the plots, one line each (numbered as the bars and sweep.md)
+    handles = curves.get_lines()
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=1, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * len(cell_overrides) / (1 + 0.045 * len(cell_overrides)) + 0.02, 1, 1))
     fig.savefig(out / "sweep.png", dpi=110)
 
 

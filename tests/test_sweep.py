@@ -98,7 +98,7 @@ def test_report_means_standard_errors_and_paired_differences(tmp_path):
     # cell 0: 0.1, 0.3, 0.2 -> 0.2 ± sqrt(0.01 / 3); cell 1: 0.4, 0.5 -> 0.45 ± 0.05;
     # paired differences 0.3, 0.2 -> 0.25 ± 0.05
     assert f"0.200 ± {math.sqrt(0.01 / 3):.3f}" in md
-    assert "| a=2 | 2 | 0.000 ± 0.000 | 0.450 ± 0.050 | 0.450 ± 0.050 | 0.500 ± 0.000 | 0.250 ± 0.050 |" in md
+    assert "| 1: a=2 | 2 | 0.000 ± 0.000 | 0.450 ± 0.050 | 0.450 ± 0.050 | 0.500 ± 0.000 | 0.250 ± 0.050 |" in md
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
@@ -115,7 +115,7 @@ def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
         assert all(math.isfinite(float(r[k])) for k in ("before", "after", "greedy_before", "greedy_after", "wall_s",
                                                         "eval_before", "eval_after"))  # the text demo's evaluator
     md = (out / "sweep.md").read_text()
-    assert md.count("\n| algorithm.estimator=") == 4 and (out / "sweep.png").stat().st_size > 0
+    assert sum(f"\n| {c}: algorithm.estimator=" in md for c in range(4)) == 4 and (out / "sweep.png").stat().st_size > 0
     # one warm start computed per seed; every other run of that seed loaded it
     log = [json.loads(line) for line in (out / "warm_starts" / "log.jsonl").read_text().splitlines()]
     assert sorted(entry["seed"] for entry in log) == [0, 1]
