@@ -23,13 +23,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import DistributedConfig
+from .config import DistributedConfig, TrainConfig
 from .errors import UserError
 
 SHARDS_DIR = "sharded"  # a checkpoint's subdirectory with every process's shards (torch.distributed.checkpoint)
@@ -65,11 +66,18 @@ def launcher_settings(environ: dict[str, str] | None = None) -> dict[str, object
     return settings
 
 
-def take_over_launcher_fsdp(environ: dict[str, str] | None = None) -> None:
-    """Stop `accelerate.Accelerator` from building its own FSDP plugin from the launcher's
-    environment (mmrl shards the policy itself, and the reference and rollouts with it)."""
-    env = os.environ if environ is None else environ
-    env.pop("ACCELERATE_USE_FSDP", None)
+def with_launcher_settings(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the settings of an `accelerate launch` FSDP config (`launcher_settings`) in
+    place of the recipe's; `accelerate.Accelerator` is then kept from building its own FSDP
+    plugin from the launcher's environment (mmrl shards the policy, the reference and the
+    rollouts itself). `cfg` itself when the launcher did not ask for FSDP."""
+    settings = launcher_settings()
+    if settings is None:
+        return cfg
+    os.environ.pop("ACCELERATE_USE_FSDP", None)
+    section = lambda name: {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith(name + ".")}  # noqa: E731
+    return replace(cfg, policy={**cfg.policy, **section("policy")},
+                   distributed=replace(cfg.distributed, **section("distributed")))
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

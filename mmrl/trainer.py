@@ -31,7 +31,7 @@ from .advantages import (check_reward_combine, combined_total, compute_advantage
                          row_magnitude)
 from .config import TrainConfig, from_dict, to_dict
 from .data import Rows, load_data, reward_columns_needed
-from .distributed import SHARDS_DIR, Sharding, launcher_settings, local_tensor, take_over_launcher_fsdp
+from .distributed import SHARDS_DIR, Sharding, local_tensor, with_launcher_settings
 from .errors import UserError, reading_user_input
 from .evaluate import evaluate
 from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio_segments, reference_pass,
@@ -131,13 +131,7 @@ class Trainer:
             import_user_module(module)
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
-        launcher = launcher_settings()  # `accelerate launch` with an FSDP config: mmrl shards (mmrl/distributed.py)
-        if launcher is not None:
-            take_over_launcher_fsdp()
-            cfg = replace(cfg, policy={**cfg.policy, **{k.split(".", 1)[1]: v for k, v in launcher.items()
-                                                        if k.startswith("policy.")}},
-                          distributed=replace(cfg.distributed, **{k.split(".", 1)[1]: v for k, v in launcher.items()
-                                                                  if k.startswith("distributed.")}))
+        cfg = with_launcher_settings(cfg)  # `accelerate launch` with an FSDP config: mmrl shards
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
         check_world_size(acc.num_processes)

@@ -218,3 +218,18 @@ def test_every_family_trains_sharded_as_on_one_process(tmp_path, family):
     two = launch(recipe, tmp_path / "two", "distributed.strategy=fsdp")
     assert any(r["loss"] != 0 for r in one)
     assert_same(one, two, exported(tmp_path / "one", 2), exported(tmp_path / "two", 2))
+
+
+def test_an_accelerate_fsdp_launcher_config_becomes_the_recipe_settings():
+    from mmrl.distributed import launcher_settings
+    assert launcher_settings({"ACCELERATE_USE_FSDP": "false"}) is None and launcher_settings({}) is None
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false",
+           "FSDP_OFFLOAD_PARAMS": "true", "FSDP_TRANSFORMER_CLS_TO_WRAP": "Qwen2DecoderLayer, Qwen2VLVisionBlock",
+           "FSDP_ACTIVATION_CHECKPOINTING": "false"}
+    assert launcher_settings(env) == {"distributed.strategy": "fsdp", "distributed.reshard_after_forward": False,
+                                      "distributed.offload": True,
+                                      "distributed.shard_modules": ["Qwen2DecoderLayer", "Qwen2VLVisionBlock"]}
+    assert launcher_settings({**env, "FSDP_ACTIVATION_CHECKPOINTING": "true"})["policy.gradient_checkpointing"]
+    from mmrl.errors import UserError
+    with pytest.raises(UserError, match="fsdp_version 1"):
+        launcher_settings({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
