@@ -237,9 +237,22 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
     return 1 if failed else 0
 
 
+def run_environment(parallel: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of each run: the machine's cores shared out between the `parallel` runs
+    (OMP / MKL threads = cores // parallel, at least 1), unless the user set OMP_NUM_THREADS.
+    PyTorch's default of one thread per core in every run oversubscribes the cores, and its
+    spinning threads then make each run several times slower."""
+    env = dict(os.environ if environ is None else environ)
+    if "OMP_NUM_THREADS" not in env:
+        threads = str(max(1, (os.cpu_count() or 1) // parallel))
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    return env
+
+
 def _execute(target: str, todo: list[Run], out: Path, common: list[str], parallel: int,
              ignores: list[str], say) -> list[Run]:
     pending, active, failed = list(todo), [], []
+    env = run_environment(parallel)
     while pending or active:
         while pending and len(active) < parallel:
             run = pending.pop(0)
@@ -248,7 +261,7 @@ def _execute(target: str, todo: list[Run], out: Path, common: list[str], paralle
             cmd = [sys.executable, "-m", "mmrl.sweep", "--run", target, "--warm-cache", str(out / WARM_DIR),
                    *[f"--warm-start-ignores={k}" for k in ignores], "--", *run_overrides(common, run, run_dir)]
             log = open(run_dir / "log.txt", "w")  # noqa: SIM115 (open while the run lives, closed below)
-            active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
             say(f"[mmrl sweep] start {run.dirname} {' '.join(run.overrides)}")
         time.sleep(0.2)
         for item in list(active):

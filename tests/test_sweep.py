@@ -160,3 +160,11 @@ def test_bad_grid_key_fails_before_any_run(tmp_path):
         sweep("text", ["algorithm.nope=1,2"], 1, tmp_path, TINY, say=lambda *_: None)
     assert not (tmp_path / "runs").exists()
     assert Run(0, ("a=1",), 0).dirname.endswith("/seed-0")
+
+
+def test_parallel_runs_share_the_cores_unless_the_user_set_threads():
+    from mmrl.sweep import run_environment
+    cores = os.cpu_count() or 1
+    assert run_environment(1, {})["OMP_NUM_THREADS"] == str(cores)
+    assert run_environment(2 * cores, {})["OMP_NUM_THREADS"] == "1"
+    assert run_environment(2, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
