@@ -139,6 +139,9 @@ def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
     _check_name(problems, KL_ESTIMATORS, "algorithm.kl_estimator", algo.kl_estimator, [CLOSED_FORM_KL])
     if algo.ratio_level == "chunk" and not algo.chunks:
         problems.append("algorithm.chunks: ratio_level='chunk' needs the chunk sizes (a list of unit counts)")
+    if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/advantages.py's median_advantages
+        problems.append(f"algorithm.group_size={algo.group_size}: the median estimator (MC-GRPO) draws G+1 "
+                        f"rollouts, an odd number, so that the median is one of them; use {algo.group_size + 1}")
 
 
 def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
@@ -182,14 +185,12 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
 
 def _check_distributed(cfg: TrainConfig, problems: list[str]) -> None:
     dist = cfg.distributed
-    if dist.strategy != "fsdp":
-        return
-    if cfg.policy.get("rollout_engine", "hf") != "hf":
+    if dist.shard_modules is not None and not dist.shard_modules:
+        problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
+    if dist.strategy == "fsdp" and cfg.policy.get("rollout_engine", "hf") != "hf":
         problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=fsdp: the "
                         "vLLM engine is sent whole weights and mmrl does not gather them for it yet; use "
                         "policy.rollout_engine=hf (rollouts then run on the gathered sharded model)")
-    if dist.shard_modules is not None and not dist.shard_modules:
-        problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
 
 
 def validate(cfg: TrainConfig, num_processes: int = 1) -> None:

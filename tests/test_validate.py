@@ -41,6 +41,8 @@ BAD = [  # override, what the message must say
     ("optim.lr=.nan", r"optim.lr=nan must be a finite number"),
     ("logging.report_to=[tensorbord]", r"logging.report_to: 'tensorbord' is not one of"),
     ("data.path=nowhere.jsonl", r"data: give exactly one of data.name"),
+    ("algorithm.estimator=median", r"algorithm.group_size=\d+: the median estimator \(MC-GRPO\) draws G\+1 rollouts"),
+    ("distributed.shard_modules=[]", r"distributed.shard_modules=\[\]: name at least one block class"),
 ]
 
 
