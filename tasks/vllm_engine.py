@@ -165,9 +165,13 @@ class VLLMEngine:
     def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],
                  *, greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
                  min_new_tokens: int, stop_token_ids: list[int], pad_token_id: int,
+                 stop_strings: Sequence[str] = (),
                  ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
-        [N, T] float32 (None for greedy), group by group, G rows per prompt."""
+        [N, T] float32 (None for greedy), group by group, G rows per prompt. `stop_strings` end a
+        completion at the token that completes one (kept, as transformers' `stop_strings` keeps it):
+        vLLM checks them on the detokenized text after each token and stops there; its `token_ids`
+        are not cut back, so they end with that token."""
         from vllm import SamplingParams
         self.sync(model)
         if self.sleep:
@@ -181,7 +185,8 @@ class VLLMEngine:
                     n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
                     top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
                     min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
-                    detokenize=False))
+                    stop=list(stop_strings) or None, include_stop_str_in_output=bool(stop_strings),
+                    detokenize=bool(stop_strings)))  # stop strings are matched on the text
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         if self.sleep:
             self.llm.sleep(level=2)
