@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 from mmrl.config import parse_config  # noqa: E402
 from mmrl.tracking import read_metrics  # noqa: E402
 from mmrl.trainer import Trainer  # noqa: E402
-from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from tasks.causal_lm import CausalLMConfig, CausalLMPolicy, eos_token_ids  # noqa: E402
 from tasks.vllm_engine import export_weights  # noqa: E402
 
 TOL = 1e-3
@@ -129,10 +129,11 @@ def test_stop_strings_end_vllm_completions_where_the_hf_mask_does():
     encoded = policy.tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(encoded["input_ids"], encoded["attention_mask"])]
     policy.rollout(PROMPTS[:1], 2, [0])  # builds the engine
+    eos = eos_token_ids(policy.model, policy.tokenizer)
     raw, _ = policy._vllm.generate(
         policy.model, prompt_ids, 4, [1, 2, 3, 4], greedy=False, temperature=cfg.temperature, top_k=cfg.top_k,
         top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=0,
-        stop_token_ids=[], pad_token_id=-1, stop_strings=STOPS)
+        stop_token_ids=eos, pad_token_id=-1, stop_strings=STOPS)
     lengths = (raw != -1).sum(1)
     ids = raw.masked_fill(raw == -1, policy.tokenizer.pad_token_id)
     mask, truncated = policy._completion_mask(ids)
@@ -146,8 +147,7 @@ def test_stop_strings_end_vllm_completions_where_the_hf_mask_does():
             # the last token completes the first stop string: nothing generated past it
             assert not any(s in prefix for s in STOPS), (row, text)
         else:
-            assert int(lengths[row]) == cfg.max_new_tokens or int(raw[row, lengths[row] - 1]) in \
-                set(policy.tokenizer.all_special_ids), (row, text)
+            assert int(lengths[row]) == cfg.max_new_tokens or int(raw[row, lengths[row] - 1]) in eos, (row, text)
     assert stopped > 0, "no completion met a stop string: the test exercised nothing"
     # hf's rule (_completion_mask) ends each completion exactly where vLLM stopped
     assert ends.tolist() == lengths.tolist()
