@@ -301,7 +301,8 @@ class CausalLMPolicy(Policy):
         """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)."""
         cfg = self.cfg
         if self._vllm is None:
-            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device)
+            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device,
+                                    tokenizer=self.tokenizer if cfg.stop_strings else None)
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(encoded["prompt_ids"], encoded["prompt_mask"])]
         return self._vllm.generate(
             self.model, prompt_ids, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,

@@ -117,7 +117,10 @@ def _weights_fingerprint(model: nn.Module) -> tuple:
 class VLLMEngine:
     """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
 
-    def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
+                 tokenizer=None):
+        """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
+        on vLLM's detokenized text; without one the engine runs on token ids alone."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
@@ -137,7 +140,9 @@ class VLLMEngine:
         # under a multi-process launch every process drives its own engine in its own process, as TRL's
         # colocate mode does (vLLM's external_launcher backend); untested here (one CPU process)
         backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
-        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, load_format="dummy",
+        if tokenizer is not None:
+            tokenizer.save_pretrained(self._dir.name)
+        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None, load_format="dummy",
                        dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                        max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
