@@ -68,7 +68,8 @@ class CausalLMConfig:
     min_new_tokens: int = field(default=0, metadata={"help": (
         "The fewest tokens a completion must have (EOS suppressed before).")})
     stop_strings: list[str] = field(default_factory=list, metadata={"help": (
-        "Strings that end a completion (it keeps the stop string).")})
+        "Strings that end a completion (it keeps the stop string); both rollout engines (hf, vllm) stop "
+        "sampling there.")})
     chat_template: bool | None = field(default=None, metadata={"help": (
         "Apply the tokenizer's chat template: true (a string prompt becomes the user's message), false (prompts "
         "must be strings), null (only for prompts given as message lists).")})
@@ -300,12 +301,14 @@ class CausalLMPolicy(Policy):
         """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)."""
         cfg = self.cfg
         if self._vllm is None:
-            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device)
+            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device,
+                                    tokenizer=self.tokenizer if cfg.stop_strings else None)
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(encoded["prompt_ids"], encoded["prompt_mask"])]
         return self._vllm.generate(
             self.model, prompt_ids, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,
             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
-            stop_token_ids=eos_token_ids(self.model, self.tokenizer), pad_token_id=self.tokenizer.pad_token_id)
+            stop_token_ids=eos_token_ids(self.model, self.tokenizer), pad_token_id=self.tokenizer.pad_token_id,
+            stop_strings=cfg.stop_strings)
 
     def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],
                         group_size: int) -> dict[str, Any] | None:

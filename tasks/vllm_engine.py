@@ -117,7 +117,10 @@ def _weights_fingerprint(model: nn.Module) -> tuple:
 class VLLMEngine:
     """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
 
-    def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
+                 tokenizer=None):
+        """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
+        on vLLM's detokenized text; without one the engine runs on token ids alone."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
@@ -137,7 +140,9 @@ class VLLMEngine:
         # under a multi-process launch every process drives its own engine in its own process, as TRL's
         # colocate mode does (vLLM's external_launcher backend); untested here (one CPU process)
         backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
-        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, load_format="dummy",
+        if tokenizer is not None:
+            tokenizer.save_pretrained(self._dir.name)
+        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None, load_format="dummy",
                        dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                        max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -165,9 +170,13 @@ class VLLMEngine:
     def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],
                  *, greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
                  min_new_tokens: int, stop_token_ids: list[int], pad_token_id: int,
+                 stop_strings: Sequence[str] = (),
                  ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
-        [N, T] float32 (None for greedy), group by group, G rows per prompt."""
+        [N, T] float32 (None for greedy), group by group, G rows per prompt. `stop_strings` end a
+        completion at the token that completes one (kept, as transformers' `stop_strings` keeps it):
+        vLLM checks them on the detokenized text after each token and stops there; its `token_ids`
+        are not cut back, so they end with that token."""
         from vllm import SamplingParams
         self.sync(model)
         if self.sleep:
@@ -181,7 +190,8 @@ class VLLMEngine:
                     n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
                     top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
                     min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
-                    detokenize=False))
+                    stop=list(stop_strings) or None, include_stop_str_in_output=bool(stop_strings),
+                    detokenize=bool(stop_strings)))  # stop strings are matched on the text
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         if self.sleep:
             self.llm.sleep(level=2)

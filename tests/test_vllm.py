@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 from mmrl.config import parse_config  # noqa: E402
 from mmrl.tracking import read_metrics  # noqa: E402
 from mmrl.trainer import Trainer  # noqa: E402
-from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from tasks.causal_lm import CausalLMConfig, CausalLMPolicy, eos_token_ids  # noqa: E402
 from tasks.vllm_engine import export_weights  # noqa: E402
 
 TOL = 1e-3
@@ -114,3 +114,43 @@ def test_three_steps_train_with_vllm_rollouts(tmp_path):
     assert len(records) == 3 and all(r["reward_mean"] is not None for r in records)
     engine = trainer.policy._vllm
     assert engine is not None  # the rollouts came from vLLM
+
+
+STOPS = [str(d) for d in range(10)] + ["+", "=", "ab"]
+
+
+def test_stop_strings_end_vllm_completions_where_the_hf_mask_does():
+    """vLLM stops at the token that completes a stop string (kept), as transformers does: the
+    engine's raw ids (pad -1, so lengths are unambiguous) end where `_completion_mask` says,
+    and the kept units' sampler log-probs still match the training forward."""
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", tiny_args=TINY, temperature=0.7,
+                                           max_new_tokens=12, rollout_engine="vllm", stop_strings=STOPS))
+    cfg = policy.cfg
+    encoded = policy.tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(encoded["input_ids"], encoded["attention_mask"])]
+    policy.rollout(PROMPTS[:1], 2, [0])  # builds the engine
+    eos = eos_token_ids(policy.model, policy.tokenizer)
+    raw, _ = policy._vllm.generate(
+        policy.model, prompt_ids, 4, [1, 2, 3, 4], greedy=False, temperature=cfg.temperature, top_k=cfg.top_k,
+        top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=0,
+        stop_token_ids=eos, pad_token_id=-1, stop_strings=STOPS)
+    lengths = (raw != -1).sum(1)
+    ids = raw.masked_fill(raw == -1, policy.tokenizer.pad_token_id)
+    mask, truncated = policy._completion_mask(ids)
+    ends = mask.sum(1)
+    stopped = 0
+    for row in range(len(raw)):
+        text = policy.tokenizer.decode(ids[row, :int(lengths[row])].tolist())
+        prefix = policy.tokenizer.decode(ids[row, :int(lengths[row]) - 1].tolist())
+        if any(s in text for s in STOPS):
+            stopped += 1
+            # the last token completes the first stop string: nothing generated past it
+            assert not any(s in prefix for s in STOPS), (row, text)
+        else:
+            assert int(lengths[row]) == cfg.max_new_tokens or int(raw[row, lengths[row] - 1]) in eos, (row, text)
+    assert stopped > 0, "no completion met a stop string: the test exercised nothing"
+    # hf's rule (_completion_mask) ends each completion exactly where vLLM stopped
+    assert ends.tolist() == lengths.tolist()
+    rollout = policy.rollout(PROMPTS, 4, [1, 2, 3, 4])
+    gap, tokens = max_gap(policy, rollout)
+    assert gap <= TOL, f"max |vllm - forward| = {gap} over {tokens} tokens"
