@@ -285,6 +285,10 @@ class WarmStartConfig:
         "The data-set column holding the supervised target of each row.")})
     max_grad_norm: float | None = field(default=None, metadata={"help": (
         "Clip the warm start's gradient norm to this; null: no clipping.")})
+    schedule: Literal["constant", "cosine"] = field(default="constant", metadata={"help": (
+        "Learning rate over the warm start: constant, or cosine (from lr down to 0 at the last step).")})
+    warmup_steps: int = field(default=0, metadata={"help": (
+        "Steps over which the learning rate rises linearly from 0 to lr before the schedule.")})
 
 
 @dataclass

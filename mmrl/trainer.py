@@ -643,6 +643,9 @@ class Trainer:
         model = self.unwrapped
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=ws.lr)
+        from transformers import get_scheduler
+        scheduler = get_scheduler("cosine" if ws.schedule == "cosine" else "constant_with_warmup", optimizer,
+                                  num_warmup_steps=ws.warmup_steps, num_training_steps=ws.steps)
         generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, 0xA11CE))
         loss = torch.zeros(())
         progress = Progress(ws.steps, enabled=self.cfg.logging.progress and self.accelerator.is_main_process,
@@ -654,6 +657,7 @@ class Trainer:
             if ws.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(params, ws.max_grad_norm)
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
             progress.update(step, {"loss": loss.item()})
         progress.close()

@@ -141,3 +141,20 @@ def test_warm_start_clips_gradients_when_asked(tmp_path, monkeypatch, clip):
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, limit: norms.append(limit) or real(params, limit))
     trainer.warm_start()
     assert norms == ([] if clip is None else [clip] * 3)
+
+
+@pytest.mark.parametrize("schedule,warmup,expected", [
+    ("constant", 0, [0.1, 0.1, 0.1, 0.1]),
+    ("constant", 2, [0.0, 0.05, 0.1, 0.1]),
+    # cosine from lr to 0 over the steps after warm-up: lr * (1 + cos(pi * k / 3)) / 2 for k = 0, 1, 2
+    ("cosine", 1, [0.0, 0.1, 0.075, 0.025]),
+])
+def test_warm_start_learning_rate_schedule(tmp_path, monkeypatch, schedule, warmup, expected):
+    trainer = make_trainer(tmp_path, "warm_start.steps=4", "warm_start.batch_size=2", "warm_start.lr=0.1",
+                           f"warm_start.schedule={schedule}", f"warm_start.warmup_steps={warmup}")
+    seen = []
+    real = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step",
+                        lambda self, *a, **k: seen.append(self.param_groups[0]["lr"]) or real(self, *a, **k))
+    trainer.warm_start()
+    assert seen == pytest.approx(expected, abs=1e-9)
