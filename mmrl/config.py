@@ -296,11 +296,13 @@ class DistributedConfig:
     """How the policy is spread over processes (docs/distributed.md). The same recipe runs under
     `torchrun` or `accelerate launch`, on GPUs or on CPU processes (gloo)."""
 
-    strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata={"help": (
+    strategy: Literal["ddp", "fsdp", "zero3"] = field(default="ddp", metadata={"help": (
         "ddp: every process holds the whole model and gradients are averaged (data parallel); fsdp: parameters, "
         "gradients and AdamW state are sharded over the processes (PyTorch FSDP2, fully_shard): each holds 1/N "
-        "of them between layers. With fsdp, policy.dtype bfloat16/float16 is the compute dtype: the weights and "
-        "optimizer state stay fp32 (master copy).")})
+        "of them between layers; zero3: the same with DeepSpeed ZeRO stage 3 (pip install deepspeed; each "
+        "module's parameters are gathered for its forward and backward, so no-grad passes and rollouts always "
+        "run in step over the processes, as rollout_params sharded). With fsdp or zero3, policy.dtype "
+        "bfloat16 is the compute dtype: the weights and optimizer state stay fp32 (master copy).")})
     shard_modules: list[str] | None = field(default=None, metadata={"help": (
         "fsdp: class names of the blocks that form one shard unit each (gathered together in forward, freed "
         "after); null: the model's own list (transformers' and diffusers' _no_split_modules: decoder layers, "
@@ -313,10 +315,11 @@ class DistributedConfig:
         "gathered: all units are gathered once beforehand (one whole copy in the compute dtype per process "
         "while they run; as fast as an unsharded model; each process generates at its own pace). sharded: each "
         "forward gathers its units as training does (no whole copy; one all-gather per unit per forward, so per "
-        "generated token, and processes generate in step). TP-GRPO's turning-point passes always gather.")})
+        "generated token, and processes generate in step). TP-GRPO's turning-point passes always gather. zero3 "
+        "always runs them as sharded (DeepSpeed gathers each module's parameters as it runs).")})
     offload: bool = field(default=False, metadata={"help": (
-        "fsdp: keep the parameter shards, gradients and AdamW state in CPU memory (the optimizer step runs on "
-        "the CPU); each unit is copied to the device for its forward and backward.")})
+        "fsdp, zero3: keep the parameter shards, gradients and AdamW state in CPU memory (the optimizer step runs "
+        "on the CPU); each unit is copied to the device for its forward and backward.")})
 
 
 @dataclass

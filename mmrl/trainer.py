@@ -44,6 +44,7 @@ from .rollout import Rollout
 from .rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
 from .sampling import PromptSampler, derive_seed
 from .signals import RunInterrupted, StopSignals
+from . import zero
 from .stages import Stage, StagePlan
 from .tracking import Progress, Tracker
 from .validate import check_world_size, validate
@@ -132,6 +133,11 @@ class Trainer:
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         cfg = with_launcher_settings(cfg)  # `accelerate launch` with an FSDP config: mmrl shards
+        self.zero3 = cfg.distributed.strategy == "zero3"  # DeepSpeed ZeRO-3 (mmrl/zero.py)
+        if self.zero3:
+            if accelerator is not None:
+                raise ValueError("distributed.strategy=zero3: the trainer builds its own DeepSpeed accelerator")
+            accelerator = zero.accelerator(cfg, zero.DTYPES.get(cfg.policy.get("dtype", "float32"), torch.float32))
         self.accelerator = accelerator or Accelerator()
         acc = self.accelerator
         check_world_size(acc.num_processes)
@@ -172,6 +178,10 @@ class Trainer:
             self.sharding = Sharding(cfg.distributed, acc.device, compute)
             self.policy.model.float()
             self.policy.synced_rollouts = cfg.distributed.rollout_params == "sharded"
+        elif self.zero3:  # the dtype is DeepSpeed's compute dtype (engine_config); fp32 master weights
+            self.policy.model.float()
+            self.policy.synced_rollouts = True
+        self.sharded = self.sharding is not None or self.zero3  # every process runs as many passes
         self.lora = cfg.optim.lora.r > 0
         if self.lora:
             from peft import LoraConfig, get_peft_model
@@ -183,6 +193,8 @@ class Trainer:
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
             if self.sharding is not None:  # a frozen sharded copy, never a whole replica per process
                 self.sharding.shard(self.reference, "the reference model")
+            elif self.zero3:
+                self.reference = zero.frozen_sharded(self.reference, cfg, zero.DTYPES[cfg.policy.get("dtype", "float32")])
         if self.sharding is not None:
             self.sharding.shard(self.policy.model)
         self.policy.model.train()
@@ -238,7 +250,7 @@ class Trainer:
     @property
     def _forwards_in_step(self) -> bool:
         """No-grad passes run on sharded parameters: every process runs as many forwards."""
-        return self.sharding is not None and self.cfg.distributed.rollout_params == "sharded"
+        return self.zero3 or (self.sharding is not None and self.cfg.distributed.rollout_params == "sharded")
 
     @property
     def _closed_form_kl(self) -> bool:
@@ -434,7 +446,7 @@ class Trainer:
             raise UserError(f"algorithm.rollout_correction={algo.rollout_correction!r} needs the rollout sampler's "
                              f"log-probs, and the {self.cfg.task!r} adapter's rollouts under this policy section "
                              "record none (Rollout.rollout_logp); set algorithm.rollout_correction: none")
-        if len(local) == 0 and self.sharding is None:  # this process kept no rows: synchronise at zero
+        if len(local) == 0 and not self.sharded:  # this process kept no rows: synchronise at zero
             acc.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return sums
         idle = len(local) == 0  # sharded: as many forward and backward passes as the others, at zero
@@ -445,12 +457,13 @@ class Trainer:
             empty = len(rows) == 0  # padding so every process runs as many backward passes
             idx = rows if not empty else torch.tensor([0])
             mb = source.select(idx)
+            last = k == len(work) - 1
             if idle:
                 logp, _ = self.policy.logprobs(self.model, mb, units)
-                acc.backward(logp.sum() * 0.0)
+                self._backward(logp.sum() * 0.0, last)
                 continue
             # DDP: synchronise on the last backward only; FSDP reduce-scatters each one (sharded gradients)
-            sync = k == len(work) - 1 or world == 1 or self.sharding is not None
+            sync = last or world == 1 or self.sharded
             with nullcontext() if sync else acc.no_sync(self.model):
                 want_entropy = with_entropy or regulariser_needs(algo, "entropy")
                 kl = None
@@ -476,7 +489,7 @@ class Trainer:
                     batch.weights[idx][:, units].to(device), algo, segments=segs,
                     ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
                     entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
-                acc.backward(terms.loss * (0.0 if empty else float(world)))
+                self._backward(terms.loss * (0.0 if empty else float(world)), last)
             if not empty:
                 for key in ("units", "clipped"):
                     sums[key] += getattr(terms, key)
@@ -485,6 +498,13 @@ class Trainer:
                 sums["loss"] += terms.loss.item()
                 sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)
         return sums
+
+    def _backward(self, loss: Tensor, last: bool) -> None:
+        """Backward of one micro-batch (`last`: the step's last one)."""
+        if self.zero3:  # DeepSpeed's engine accumulates; the trainer steps it after its checks
+            zero.backward(self.model, loss, last)
+        else:
+            self.accelerator.backward(loss)
 
     def _update(self, batch: StepBatch) -> dict[str, float]:
         """`mu` optimizer steps on the batch, old log-probs kept from before the first. A policy
@@ -511,10 +531,17 @@ class Trainer:
             sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
                                              with_entropy=pass_index == 0)
             first = first or sums
+            self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
+            if self.zero3:  # DeepSpeed clips (optim.max_grad_norm) and steps; a skipped step drops the gradients
+                if self.nonfinite_term is not None:
+                    zero.drop_gradients(self.model)
+                    grad_norm = math.nan
+                    break
+                grad_norm = zero.step(self.model)
+                continue
             for p in params:  # a parameter with no gradient still takes an optimizer step at zero
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
             if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
                 self.optimizer.zero_grad(set_to_none=False)
                 grad_norm = math.nan
@@ -540,7 +567,8 @@ class Trainer:
         term = None
         if not math.isfinite(loss):
             term = "loss"
-        elif not all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in params):
+        elif not (zero.gradients_finite(self.model) if self.zero3 else
+                  all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in params if p.grad is not None)):
             term = "gradient norm"
         return next((t for t in self._gather(term) if t is not None), None)
 
@@ -678,6 +706,10 @@ class Trainer:
             if acc.is_main_process:
                 with self.sharding.plain_classes(self.model):
                     self.policy.save_pretrained(self.model, tmp / "model", state_dict=full)
+        elif self.zero3:  # every process takes part in gathering the weights
+            full = acc.get_state_dict(self.model)
+            if acc.is_main_process:
+                self.policy.save_pretrained(self.unwrapped, tmp / "model", state_dict=full)
         elif acc.is_main_process:
             self.policy.save_pretrained(self.unwrapped, tmp / "model")
         if acc.is_main_process:

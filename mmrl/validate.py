@@ -187,6 +187,21 @@ def _check_distributed(cfg: TrainConfig, problems: list[str]) -> None:
     dist = cfg.distributed
     if dist.shard_modules is not None and not dist.shard_modules:
         problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
+    if dist.strategy == "zero3":
+        if cfg.warm_start.steps > 0:
+            problems.append(f"warm_start.steps={cfg.warm_start.steps} with distributed.strategy=zero3: the supervised "
+                            "warm start runs its own optimizer on the whole model; warm-start with ddp or fsdp, then "
+                            "train from that checkpoint's model/ (or set warm_start.steps=0)")
+        if cfg.policy.get("dtype", "float32") not in ("float32", "bfloat16"):
+            problems.append(f"policy.dtype={cfg.policy['dtype']!r} with distributed.strategy=zero3: float32 or bfloat16")
+        if cfg.policy.get("turning_points"):
+            problems.append("policy.turning_points with distributed.strategy=zero3: TP-GRPO's turning-point passes "
+                            "run as many forwards as each process's samples need, and ZeRO-3 needs every process "
+                            "in every forward; use distributed.strategy=fsdp")
+        if cfg.policy.get("rollout_engine", "hf") != "hf":
+            problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=zero3: "
+                            "a vLLM engine needs the whole weights, which ZeRO-3 never holds in one place; use "
+                            "policy.rollout_engine=hf")
     if dist.strategy == "fsdp" and cfg.policy.get("rollout_engine", "hf") != "hf":
         problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=fsdp: the "
                         "vLLM engine is sent whole weights and mmrl does not gather them for it yet; use "

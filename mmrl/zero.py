@@ -1,0 +1,111 @@
+"""Sharded training with DeepSpeed ZeRO stage 3 (`distributed.strategy: zero3`, docs/distributed.md).
+
+DeepSpeed partitions the parameters, gradients and AdamW state over the processes (fp32 master
+weights; `policy.dtype: bfloat16` is the compute dtype) and gathers each module's parameters with
+hooks as its forward and backward run. Every forward is therefore a collective: rollouts,
+evaluation and the no-grad passes run in step over the processes (`Policy.synced_rollouts`), as
+FSDP does with `distributed.rollout_params: sharded`.
+
+mmrl drives the engine itself rather than through `Accelerator.backward`, which would step the
+optimizer inside the last backward: the step's micro-batches accumulate (`backward(loss, last)`),
+the trainer checks the gradients are finite (`gradients_finite`), and only then steps (`step`) or
+drops them (`drop_gradients`). The learning rate follows the trainer's scheduler, which holds the
+same parameter groups as DeepSpeed's optimizer; gradient clipping is DeepSpeed's
+(`optim.max_grad_norm`). Checkpoints are DeepSpeed's own (each process writes its partitions,
+through `Accelerator.save_state`); `model/` gets the gathered weights (`Accelerator.get_state_dict`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # policy.dtype -> compute dtype
+
+
+def available() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def engine_config(cfg: TrainConfig, compute_dtype: torch.dtype) -> dict:
+    """The DeepSpeed configuration for the recipe: ZeRO-3, one optimizer step per trainer step
+    (micro-batches are the trainer's), mmrl's clipping and offload settings."""
+    zero: dict = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    if cfg.distributed.offload:
+        zero.update(offload_param={"device": "cpu"}, offload_optimizer={"device": "cpu"})
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's bookkeeping only: mmrl forms the micro-batches
+        "gradient_accumulation_steps": 1,     # the trainer marks the step's last backward itself
+        "gradient_clipping": cfg.optim.max_grad_norm or 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": compute_dtype == torch.bfloat16},
+        "zero_allow_untested_optimizer": True,  # torch's AdamW, as in every other strategy
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2 ** 62,
+    }
+
+
+def accelerator(cfg: TrainConfig, compute_dtype: torch.dtype):
+    """An `Accelerator` whose DeepSpeed plugin is `engine_config(cfg)`; gloo on CPU processes."""
+    if not available():
+        raise UserError("distributed.strategy=zero3 needs DeepSpeed: pip install 'mmrl[deepspeed]' (or deepspeed)")
+    from accelerate import Accelerator, InitProcessGroupKwargs
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils import DistributedType
+    handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
+    # accelerate drops a DeepSpeed plugin under ACCELERATE_USE_CPU (set for CPU runs of the other
+    # strategies); DeepSpeed finds the CPU itself where there is no GPU
+    os.environ.pop("ACCELERATE_USE_CPU", None)
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=engine_config(cfg, compute_dtype)),
+                      kwargs_handlers=handlers)
+    if acc.distributed_type != DistributedType.DEEPSPEED:
+        raise UserError(f"distributed.strategy=zero3: accelerate started {acc.distributed_type}, not DeepSpeed")
+    return acc
+
+
+def frozen_sharded(model: nn.Module, cfg: TrainConfig, compute_dtype: torch.dtype) -> nn.Module:
+    """`model` partitioned by ZeRO-3 for forward passes only (no optimizer): the frozen reference,
+    never a whole replica per process. Returns the module, whose hooks gather its parameters."""
+    import deepspeed
+    config = {k: v for k, v in engine_config(cfg, compute_dtype).items() if k != "gradient_clipping"}
+    config["zero_optimization"] = {k: v for k, v in config["zero_optimization"].items() if k != "offload_optimizer"}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()
+    return engine.module
+
+
+def backward(engine, loss: torch.Tensor, last: bool) -> None:
+    """Accumulate `loss`'s gradients; `last`: the step's last backward, after which the gradients
+    are reduced into each process's partition."""
+    engine.set_gradient_accumulation_boundary(is_boundary=last)
+    engine.backward(loss)
+
+
+def gradients_finite(engine) -> bool:
+    """Whether this process's partition of every gradient is finite (after the last backward)."""
+    from deepspeed.utils import safe_get_local_grad
+    for param in engine.module.parameters():
+        if param.requires_grad:
+            grad = safe_get_local_grad(param)
+            if grad is not None and not bool(torch.isfinite(grad).all()):
+                return False
+    return True
+
+
+def step(engine) -> float:
+    """Clip (DeepSpeed's `gradient_clipping`), step the optimizer, clear the gradients; returns
+    the gradient norm before clipping."""
+    engine.step()
+    norm = engine.get_global_grad_norm()
+    return float(norm) if norm is not None else float("nan")
+
+
+def drop_gradients(engine) -> None:
+    """Forget the accumulated gradients without stepping (a non-finite step is skipped)."""
+    engine.optimizer.zero_grad()
