@@ -159,6 +159,16 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def end_process_group() -> None:
+    """After a run over several processes: wait for all of them, then free the process group and
+    its communication threads before the interpreter exits (a group torn down at exit, gloo's
+    under DeepSpeed, could abort the process after the run had finished)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
@@ -172,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     module, function = DISPATCH[args.command]
     try:
-        return getattr(importlib.import_module(module), function)(args)
+        code = getattr(importlib.import_module(module), function)(args)
+        end_process_group()
+        return code
     except Exception as e:  # the one place that decides how an error is shown
         if not is_user_error(e):
             raise

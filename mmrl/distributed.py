@@ -47,11 +47,29 @@ _ACCELERATE_FSDP_ENV = {
 }
 
 
+def deepspeed_launcher_settings(env: dict[str, str]) -> dict[str, object]:
+    """The recipe settings of an `accelerate launch` DeepSpeed config (scripts/accelerate/zero3.yaml)."""
+    stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none").lower() != "none" or stage != "3":
+        raise UserError(f"accelerate launch: a DeepSpeed config with zero_stage {stage}"
+                        f"{' and a deepspeed_config_file' if env.get('ACCELERATE_DEEPSPEED_CONFIG_FILE', 'none') != 'none' else ''}"
+                        "; mmrl runs ZeRO stage 3 from the recipe (distributed.strategy: zero3; set zero_stage: 3 "
+                        "and no deepspeed_config_file, as scripts/accelerate/zero3.yaml does), or FSDP2 (fsdp.yaml)")
+    settings: dict[str, object] = {"distributed.strategy": "zero3"}
+    offload = {env.get(f"ACCELERATE_DEEPSPEED_OFFLOAD_{what}_DEVICE", "none").lower() for what in ("PARAM", "OPTIMIZER")}
+    if offload != {"none"}:
+        settings["distributed.offload"] = True
+    return settings
+
+
 def launcher_settings(environ: dict[str, str] | None = None) -> dict[str, object] | None:
-    """The recipe settings (dotted key -> value) an `accelerate launch` with an FSDP config asks
-    for, or None when the launcher did not ask for FSDP. mmrl takes the launcher's FSDP over and
-    shards the policy itself, so `accelerate` is then started without its own FSDP plugin."""
+    """The recipe settings (dotted key -> value) an `accelerate launch` with an FSDP or DeepSpeed
+    config asks for, or None when the launcher asked for neither. mmrl takes the launcher's
+    sharding over and shards the policy itself, so `accelerate` is then started without its own
+    FSDP plugin (for DeepSpeed, with mmrl's plugin: mmrl/zero.py)."""
     env = os.environ if environ is None else environ
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE:
+        return deepspeed_launcher_settings(env)
     if env.get("ACCELERATE_USE_FSDP", "").lower() not in _TRUE:
         return None
     if env.get("FSDP_VERSION", "2") != "2":
@@ -67,14 +85,16 @@ def launcher_settings(environ: dict[str, str] | None = None) -> dict[str, object
 
 
 def with_launcher_settings(cfg: TrainConfig) -> TrainConfig:
-    """`cfg` with the settings of an `accelerate launch` FSDP config (`launcher_settings`) in
-    place of the recipe's; `accelerate.Accelerator` is then kept from building its own FSDP
-    plugin from the launcher's environment (mmrl shards the policy, the reference and the
-    rollouts itself). `cfg` itself when the launcher did not ask for FSDP."""
+    """`cfg` with the settings of an `accelerate launch` FSDP or DeepSpeed config
+    (`launcher_settings`) in place of the recipe's; `accelerate.Accelerator` is then kept from
+    building its own plugin from the launcher's environment (mmrl shards the policy, the
+    reference and the rollouts itself). `cfg` itself when the launcher asked for neither."""
     settings = launcher_settings()
     if settings is None:
         return cfg
     os.environ.pop("ACCELERATE_USE_FSDP", None)
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)  # the launcher's DeepSpeed fields, which mmrl's plugin replaces
     section = lambda name: {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith(name + ".")}  # noqa: E731
     return replace(cfg, policy={**cfg.policy, **section("policy")},
                    distributed=replace(cfg.distributed, **section("distributed")))

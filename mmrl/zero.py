@@ -62,8 +62,14 @@ def accelerator(cfg: TrainConfig, compute_dtype: torch.dtype):
     # accelerate drops a DeepSpeed plugin under ACCELERATE_USE_CPU (set for CPU runs of the other
     # strategies); DeepSpeed finds the CPU itself where there is no GPU
     os.environ.pop("ACCELERATE_USE_CPU", None)
-    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=engine_config(cfg, compute_dtype)),
-                      kwargs_handlers=handlers)
+    plugin = DeepSpeedPlugin(hf_ds_config=engine_config(cfg, compute_dtype), zero3_init_flag=False)
+    acc = Accelerator(deepspeed_plugin=plugin, kwargs_handlers=handlers)
+    # the plugin registers its config with transformers, which then builds every model partitioned
+    # (deepspeed.zero.Init) from its constructor on; mmrl builds the models whole (every family's
+    # loading code, frozen text encoders and VAEs included) and partitions only the policy and the
+    # reference, when the trainer prepares them
+    from transformers.integrations import unset_hf_deepspeed_config
+    unset_hf_deepspeed_config()
     if acc.distributed_type != DistributedType.DEEPSPEED:
         raise UserError(f"distributed.strategy=zero3: accelerate started {acc.distributed_type}, not DeepSpeed")
     return acc

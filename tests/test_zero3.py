@@ -176,3 +176,37 @@ def test_zero3_recipe_problems_are_named_before_anything_loads(tmp_path, overrid
     recipe = write(tmp_path, LM)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(load_recipe(recipe, [ZERO3, override]))
+
+
+@needs_deepspeed
+def test_accelerate_zero3_launcher_config_trains_the_same(tmp_path):
+    """`accelerate launch --config_file scripts/accelerate/zero3.yaml` runs the recipe under ZeRO-3:
+    the same metrics and weights as `distributed.strategy=zero3` under torchrun."""
+    import yaml
+    recipe = write(tmp_path, dict(LM, max_steps=2))
+    config = yaml.safe_load((HERE.parent / "scripts" / "accelerate" / "zero3.yaml").read_text())
+    config.update(num_processes=2, main_process_port=free_port())
+    (tmp_path / "zero3.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "zero3.yaml"),
+           "-m", "mmrl", "train", str(recipe), f"output_dir={tmp_path / 'acc'}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    via_accelerate = [json.loads(x) for x in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()]
+    via_torchrun = launch(recipe, tmp_path / "torchrun", ZERO3)
+    assert_same(via_torchrun, via_accelerate, exported(tmp_path / "torchrun", 2), exported(tmp_path / "acc", 2))
+    assert (tmp_path / "acc" / "checkpoints" / "step-000002" / "pytorch_model").is_dir()
+
+
+def test_an_accelerate_deepspeed_launcher_config_becomes_the_recipe_settings():
+    from mmrl.distributed import launcher_settings
+    from mmrl.errors import UserError
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+           "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none"}
+    assert launcher_settings(env) == {"distributed.strategy": "zero3"}
+    assert launcher_settings({**env, "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}) == {
+        "distributed.strategy": "zero3", "distributed.offload": True}
+    with pytest.raises(UserError, match="zero_stage 2"):
+        launcher_settings({**env, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
+    with pytest.raises(UserError, match="deepspeed_config_file"):
+        launcher_settings({**env, "ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds.json"})
