@@ -14,7 +14,7 @@ import pytest
 def test_demo_raises_the_held_out_reward(tmp_path, demo, gain):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "mmrl", "demo", demo, f"output_dir={tmp_path}",
-                           "logging.progress=false"], env=env, capture_output=True, text=True, timeout=1200)
+                           "logging.progress=false"], env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) >= {"metric", "before", "after", "greedy_before", "greedy_after"}
