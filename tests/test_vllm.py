@@ -114,6 +114,9 @@ def test_three_steps_train_with_vllm_rollouts(tmp_path):
     assert len(records) == 3 and all(r["reward_mean"] is not None for r in records)
     engine = trainer.policy._vllm
     assert engine is not None  # the rollouts came from vLLM
+    # every rollout sampled with the weights of its step: the trainer's fused AdamW leaves the
+    # parameters' version counters alone, so a missed sync would show here as a gap of ~1 or more
+    assert all(r["rollout/logp_diff_max"] <= TOL for r in records), [r["rollout/logp_diff_max"] for r in records]
 
 
 STOPS = [str(d) for d in range(10)] + ["+", "=", "ab"]
