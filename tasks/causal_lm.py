@@ -188,6 +188,10 @@ class CausalLMPolicy(Policy):
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
 
+    @property
+    def rollout_runs_model(self) -> bool:
+        return self.cfg.rollout_engine == "hf"  # vllm: the engine holds its own copy of the weights
+
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
         if cfg.model.startswith("tiny:"):

