@@ -11,7 +11,8 @@ adapter samples with no collective communication (each process may generate as m
 its own prompts need), and the shards are freed afterwards. That costs one whole copy of the
 weights in the compute dtype per process during the rollout, as a vLLM engine or an unsharded
 model would, and is as fast as an unsharded model; per-layer gathering during generation would
-all-gather the whole model once per generated token.
+all-gather the whole model once per generated token. A vLLM rollout engine holds its own copy
+instead: its weight sync reads the policy one gathered unit at a time (`gathered_in_turn`).
 
 Checkpoints: each process writes its own shards with `torch.distributed.checkpoint`
 (`save` / `load`), and the full weights for ``model/`` are gathered to the main process
