@@ -1,4 +1,5 @@
-"""vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`).
+"""vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`): text
+models, and vision-language models with images (the engine is given the policy's processor).
 
 The engine is colocated: it lives in the training process (vLLM's in-process executor, so weights
 are handed over as tensors, not copied through a pipe), is built on the first rollout from the
@@ -63,6 +64,9 @@ class VLLMConfig:
         "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE unless it is set); >= 1.")})
     enforce_eager: bool = field(default=True, metadata={"help": (
         "Run vLLM's model eagerly (no CUDA graphs / torch.compile): faster start-up, slower decoding.")})
+    max_images_per_prompt: int = field(default=4, metadata={"help": (
+        "Adapter vlm: the most images one prompt may carry (vLLM's limit_mm_per_prompt; vLLM plans its "
+        "encoder budget for it); >= 1.")})
 
 
 def vllm_available() -> bool:
@@ -84,6 +88,8 @@ def config_problems(cfg: VLLMConfig) -> list[str]:
         problems.append(f"policy.vllm.max_num_seqs={cfg.max_num_seqs} must be >= 1")
     if cfg.cpu_kv_cache_gib < 1:
         problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be >= 1")
+    if cfg.max_images_per_prompt < 1:
+        problems.append(f"policy.vllm.max_images_per_prompt={cfg.max_images_per_prompt} must be >= 1")
     return problems
 
 
@@ -158,9 +164,11 @@ class VLLMEngine:
     """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
 
     def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
-                 tokenizer=None):
+                 tokenizer=None, processor=None):
         """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
-        on vLLM's detokenized text; without one the engine runs on token ids alone."""
+        on vLLM's detokenized text; without one the engine runs on token ids alone. `processor` (a
+        vision-language model's, saved beside the config) for prompts with images: vLLM then runs
+        it on each prompt's chat text and images, as the policy does."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
@@ -182,13 +190,24 @@ class VLLMEngine:
         # backend, which takes the launcher's process group instead of starting its own (with
         # tensor_parallel_size 1, each process is a tensor-parallel group of one; tested with 2 CPU processes)
         backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
-        if tokenizer is not None:
+        self.multimodal = processor is not None
+        multimodal = {}
+        if processor is not None:
+            processor.save_pretrained(self._dir.name)
+            # images only (video prompts are refused by the adapter). The processor normalises the
+            # pixels on the CPU, as for the training forward: vLLM's default on-device normalisation
+            # keeps its constants in buffers that its in-place weight reload does not restore
+            # (measured: garbage after the first sync, log-prob gaps of ~2 with vllm-cpu 0.32)
+            multimodal = dict(limit_mm_per_prompt={"image": cfg.max_images_per_prompt, "video": 0},
+                              mm_device_do_normalize=False)
+        elif tokenizer is not None:
             tokenizer.save_pretrained(self._dir.name)
-        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None, load_format="dummy",
-                       dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
-                       max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager, **backend)
+        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None and processor is None,
+                       load_format="dummy", dtype=dtype, seed=0, enable_prefix_caching=True,
+                       logprobs_mode="processed_logprobs", tensor_parallel_size=cfg.tensor_parallel_size,
+                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=self.sleep,
+                       enforce_eager=cfg.enforce_eager, **multimodal, **backend)
         self._synced: tuple | None = None
         self._watched: set[int] = set()  # ids of the policy's parameters, as its optimizer holds them
         self._stepped = False  # an optimizer stepped some of them since the last sync
@@ -234,38 +253,55 @@ class VLLMEngine:
             # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        if self.multimodal:  # and cached image embeddings with the old vision tower
+            self.llm.llm_engine.reset_encoder_cache()
         self._synced = _weights_fingerprint(model)
         self._stepped = False
         return True
 
-    def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],
+    def generate(self, model: nn.Module, prompts: Sequence[list[int] | dict], group_size: int, seeds: Sequence[int],
                  *, greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
                  min_new_tokens: int, stop_token_ids: list[int], pad_token_id: int,
-                 stop_strings: Sequence[str] = (),
+                 stop_strings: Sequence[str] = (), banned_token_ids: Sequence[int] = (),
+                 expected_prompt_ids: Sequence[list[int]] | None = None,
                  ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
-        [N, T] float32 (None for greedy), group by group, G rows per prompt. `stop_strings` end a
-        completion at the token that completes one (kept, as transformers' `stop_strings` keeps it):
-        vLLM checks them on the detokenized text after each token and stops there; its `token_ids`
-        are not cut back, so they end with that token."""
+        [N, T] float32 (None for greedy), group by group, G rows per prompt. A prompt is its token
+        ids, or a vLLM prompt dict (``{"prompt": chat text, "multi_modal_data": {"image": [...]}}``),
+        which vLLM's processor turns into token ids; `expected_prompt_ids` then asserts they are the
+        policy's own. `stop_strings` end a completion at the token that completes one (kept, as
+        transformers' `stop_strings` keeps it): vLLM checks them on the detokenized text after each
+        token and stops there; its `token_ids` are not cut back, so they end with that token.
+        `banned_token_ids` are never sampled (a bias of -100, vLLM's floor: their probability is
+        at most e^-100 of another token's, so the others' log-probs are those of the banned softmax)."""
         from vllm import SamplingParams
         self.sync(model)
         if self.sleep:
             self._synced = None  # level-2 sleep drops the weights: re-send them after the next wake-up
             self.llm.wake_up(tags=["kv_cache"])
         requests, params = [], []
-        for ids, seed in zip(prompt_ids, seeds):
+        bias = {int(t): -100.0 for t in banned_token_ids} or None
+        for prompt, seed in zip(prompts, seeds):
             for i in range(group_size):
-                requests.append({"prompt_token_ids": list(ids)})
+                requests.append(prompt if isinstance(prompt, dict) else {"prompt_token_ids": list(prompt)})
                 params.append(SamplingParams(
                     n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
                     top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
-                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
+                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0, logit_bias=bias,
                     stop=list(stop_strings) or None, include_stop_str_in_output=bool(stop_strings),
                     detokenize=bool(stop_strings)))  # stop strings are matched on the text
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         if self.sleep:
             self.llm.sleep(level=2)
+        if expected_prompt_ids is not None:
+            for row, out in enumerate(outputs):
+                expected = list(expected_prompt_ids[row // group_size])
+                if list(out.prompt_token_ids) != expected:
+                    raise RuntimeError(
+                        f"vLLM's processor made prompt {row // group_size} into {len(out.prompt_token_ids)} tokens, "
+                        f"the policy's into {len(expected)} (first difference at "
+                        f"{next((k for k, (a, b) in enumerate(zip(out.prompt_token_ids, expected)) if a != b), None)}): "
+                        "the rollout would not be the one trained on")
         samples = [out.outputs[0] for out in outputs]
         width = max(1, max(len(s.token_ids) for s in samples))
         ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
