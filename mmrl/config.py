@@ -315,8 +315,10 @@ class DistributedConfig:
         "gathered: all units are gathered once beforehand (one whole copy in the compute dtype per process "
         "while they run; as fast as an unsharded model; each process generates at its own pace). sharded: each "
         "forward gathers its units as training does (no whole copy; one all-gather per unit per forward, so per "
-        "generated token, and processes generate in step). TP-GRPO's turning-point passes always gather. zero3 "
-        "always runs them as sharded (DeepSpeed gathers each module's parameters as it runs).")})
+        "generated token, and processes generate in step). TP-GRPO's turning-point passes always gather. "
+        "With policy.rollout_engine vllm, rollouts and evaluation never gather the policy (the engine's weight "
+        "sync gathers one shard unit at a time): this setting then concerns the log-prob passes only. zero3 always "
+        "runs them as sharded (DeepSpeed gathers each module's parameters as it runs).")})
     offload: bool = field(default=False, metadata={"help": (
         "fsdp, zero3: keep the parameter shards, gradients and AdamW state in CPU memory (the optimizer step runs "
         "on the CPU); each unit is copied to the device for its forward and backward.")})

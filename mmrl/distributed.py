@@ -11,7 +11,8 @@ adapter samples with no collective communication (each process may generate as m
 its own prompts need), and the shards are freed afterwards. That costs one whole copy of the
 weights in the compute dtype per process during the rollout, as a vLLM engine or an unsharded
 model would, and is as fast as an unsharded model; per-layer gathering during generation would
-all-gather the whole model once per generated token.
+all-gather the whole model once per generated token. A vLLM rollout engine holds its own copy
+instead: its weight sync reads the policy one gathered unit at a time (`gathered_in_turn`).
 
 Checkpoints: each process writes its own shards with `torch.distributed.checkpoint`
 (`save` / `load`), and the full weights for ``model/`` are gathered to the main process
@@ -110,6 +111,44 @@ def unsharded_class(module: nn.Module) -> type:
     """The class `module` had before `fully_shard` (which gives it a subclass of FSDPModule)."""
     from torch.distributed.fsdp import FSDPModule
     return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `fully_shard` was applied to `model` or one of its modules."""
+    from torch.distributed.fsdp import FSDPModule
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def gathered_in_turn(model: nn.Module) -> Iterator[tuple[list[str], bool]]:
+    """`model`'s parameters gathered one FSDP2 shard unit at a time, for a reader of the whole
+    weights (a vLLM engine's weight sync): for each unit, in the order of its first parameter,
+    the names of the parameters it holds (as ``named_parameters(remove_duplicate=False)`` names
+    them, tied names included), yielded while that unit is gathered, so that its parameters are
+    whole tensors (in the compute dtype), and whether it was gathered for this. A unit gathered
+    here is freed when the caller asks for the next one (copy what you keep): besides the shards,
+    one unit's parameters exist at a time, as in a forward. A unit that was already gathered
+    (inside `Sharding.gathered`) is left as it is. Every process must go through all units in
+    step (each gather is a collective). A model that is not sharded is one group of every name,
+    not gathered here."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    owner: dict[str, nn.Module | None] = {}  # module path -> the shard unit that holds its own parameters
+    for path, module in model.named_modules(remove_duplicate=False):
+        parent = owner.get(path.rpartition(".")[0]) if path else None
+        owner[path] = module if isinstance(module, FSDPModule) else parent
+    groups: dict[int, tuple[nn.Module | None, list[str]]] = {}
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        unit = owner[name.rpartition(".")[0]]
+        groups.setdefault(id(unit), (unit, []))[1].append(name)
+    for unit, names in groups.values():
+        sharded = unit is not None and any(isinstance(model.get_parameter(n), DTensor) for n in names)
+        if sharded:
+            unit.unshard()
+        try:
+            yield names, sharded
+        finally:
+            if sharded:
+                unit.reshard()
 
 
 def block_classes(model: nn.Module) -> list[str]:

@@ -30,6 +30,13 @@ class Policy(ABC):
     # stops at eos) keeps running forwards until every process is done (transformers' `synced_gpus`)
     synced_rollouts: bool = False
 
+    @property
+    def rollout_runs_model(self) -> bool:
+        """Whether `rollout` runs `model` itself (True), or an engine of its own that is sent the
+        weights (a vLLM engine). The engine gathers the rollouts' parameters under FSDP only for the
+        former: the latter's weight sync gathers one shard unit at a time."""
+        return True
+
     @abstractmethod
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:

@@ -247,6 +247,11 @@ class Trainer:
             return nullcontext()
         return self.sharding.gathered(model if model is not None else self.model)
 
+    def _rollout_params(self):
+        """`_gathered()` for rollouts and evaluation, unless the policy samples with an engine of its
+        own (vLLM), whose weight sync gathers the sharded policy one unit at a time."""
+        return self._gathered() if self.policy.rollout_runs_model else nullcontext()
+
     @property
     def _forwards_in_step(self) -> bool:
         """No-grad passes run on sharded parameters: every process runs as many forwards."""
@@ -274,14 +279,16 @@ class Trainer:
         local = self._local_groups(len(indices))
         rows = [self.train_rows[indices[g]] for g in local]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
-        with self._gathered():
+        with self._rollout_params():
             rollout = self.policy.rollout(rows, group_size, seeds)
         self._idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         reward_counts: dict[str, float] = {}  # what the rewards log about this draw's calls
         rollout, rewards, auxiliary = score_rollout(self.reward_fns, rollout, reward_counts)
-        with self._gathered(always=True):  # turning-point passes: as many as each process's samples need
+        # turning-point passes: as many as each process's samples need (an adapter without step rewards runs none)
+        step_level = type(self.policy).step_rewards is not Policy.step_rewards
+        with self._gathered(always=True) if step_level else nullcontext():
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 self.reward_fns, rollout, picked, completions, reward_counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
@@ -658,7 +665,7 @@ class Trainer:
         """Held-out scores (`mmrl.evaluate.evaluate`), with `evaluator`'s beside the reward's."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.eval_rows)[: cfg.eval.max_prompts]
-        with self._gathered():
+        with self._rollout_params():
             return evaluate(self.policy, rows, self.reward_fns, self.reward_weights,
                             cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
                             gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)

@@ -183,7 +183,7 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
             problems.append(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
 
 
-def _check_distributed(cfg: TrainConfig, problems: list[str]) -> None:
+def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
     dist = cfg.distributed
     if dist.shard_modules is not None and not dist.shard_modules:
         problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
@@ -202,10 +202,13 @@ def _check_distributed(cfg: TrainConfig, problems: list[str]) -> None:
             problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=zero3: "
                             "a vLLM engine needs the whole weights, which ZeRO-3 never holds in one place; use "
                             "policy.rollout_engine=hf")
-    if dist.strategy == "fsdp" and cfg.policy.get("rollout_engine", "hf") != "hf":
-        problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=fsdp: the "
-                        "vLLM engine is sent whole weights and mmrl does not gather them for it yet; use "
-                        "policy.rollout_engine=hf (rollouts then run on the gathered sharded model)")
+    vllm = cfg.policy.get("vllm") or {}
+    tensor_parallel = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else 1
+    if (cfg.policy.get("rollout_engine") == "vllm" and num_processes > 1 and isinstance(tensor_parallel, int)
+            and tensor_parallel > 1):
+        problems.append(f"policy.vllm.tensor_parallel_size={tensor_parallel} with {num_processes} processes: each "
+                        "process drives a vLLM engine of its own on its own prompts, so an engine cannot span "
+                        "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
 def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
@@ -223,7 +226,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
     _check_algorithm(cfg, problems)
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
-    _check_distributed(cfg, problems)
+    _check_distributed(cfg, problems, num_processes)
     _check_ranges(cfg, problems)
     _check_stages(cfg, problems, num_processes)
     if len(problems) == 1:

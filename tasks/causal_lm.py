@@ -188,6 +188,10 @@ class CausalLMPolicy(Policy):
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
 
+    @property
+    def rollout_runs_model(self) -> bool:
+        return self.cfg.rollout_engine == "hf"  # vllm: the engine holds its own copy of the weights
+
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
         if cfg.model.startswith("tiny:"):
@@ -249,7 +253,7 @@ class CausalLMPolicy(Policy):
         encoded = self._encode_prompts(prompts)
         rows = self._expand(encoded, group_size)
         if cfg.rollout_engine == "vllm":
-            completion_ids, rollout_logp = self._vllm_generate(encoded, group_size, seeds, greedy)
+            completion_ids, rollout_logp = self._vllm_generate(prompts, encoded, group_size, seeds, greedy)
             return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
@@ -296,19 +300,30 @@ class CausalLMPolicy(Policy):
             rollout_logp=None if rollout_logp is None else (rollout_logp.float().cpu() * unit_mask.cpu()),
         )
 
-    def _vllm_generate(self, encoded: dict[str, Any], group_size: int, seeds: Sequence[int],
-                       greedy: bool) -> tuple[Tensor, Tensor | None]:
+    def _vllm_generate(self, prompts: Sequence[Any], encoded: dict[str, Any], group_size: int,
+                       seeds: Sequence[int], greedy: bool) -> tuple[Tensor, Tensor | None]:
         """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)."""
         cfg = self.cfg
         if self._vllm is None:
-            self._vllm = VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device,
-                                    tokenizer=self.tokenizer if cfg.stop_strings else None)
+            self._vllm = self._vllm_engine()
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(encoded["prompt_ids"], encoded["prompt_mask"])]
+        requests = self._vllm_prompts(prompts, prompt_ids)
         return self._vllm.generate(
-            self.model, prompt_ids, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,
+            self.model, requests, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,
             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
             stop_token_ids=eos_token_ids(self.model, self.tokenizer), pad_token_id=self.tokenizer.pad_token_id,
-            stop_strings=cfg.stop_strings)
+            stop_strings=cfg.stop_strings, banned_token_ids=self.suppressed_tokens(),
+            expected_prompt_ids=None if requests is prompt_ids else prompt_ids)
+
+    def _vllm_engine(self) -> VLLMEngine:
+        """The engine, built on the first vLLM rollout."""
+        cfg = self.cfg
+        return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device,
+                          tokenizer=self.tokenizer if cfg.stop_strings else None)
+
+    def _vllm_prompts(self, prompts: Sequence[Any], prompt_ids: list[list[int]]) -> list:
+        """What the engine is given for each prompt: its token ids (a text model's)."""
+        return prompt_ids
 
     def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],
                         group_size: int) -> dict[str, Any] | None:

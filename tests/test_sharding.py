@@ -233,3 +233,66 @@ def test_an_accelerate_fsdp_launcher_config_becomes_the_recipe_settings():
     from mmrl.errors import UserError
     with pytest.raises(UserError, match="fsdp_version 1"):
         launcher_settings({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
+
+
+EXPORT_CHECK = r"""
+import copy, json, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from mmrl.config import DistributedConfig
+from mmrl.distributed import Sharding
+from tasks.model_loading import load_tiny
+from tasks.vllm_engine import export_weights
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model, _ = load_tiny("tiny:qwen2-char", {"hidden": 32, "layers": 3, "heads": 2}, "float32")
+if sys.argv[1] == "lora":
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                             init_lora_weights=False))  # B != 0: a real delta
+whole = {k: v.clone() for k, v in export_weights(copy.deepcopy(model))}  # unsharded: what one process sends
+sharding = Sharding(DistributedConfig(strategy="fsdp"), torch.device("cpu"), torch.float32)
+sharding.shard(model)
+units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+def own(unit):  # the parameters a unit holds: its subtree's, less those of the units nested in it
+    nested = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
+    return [p for p in unit.parameters() if id(p) not in nested]
+def gathered_units():
+    return sum(any(not isinstance(p, DTensor) for p in own(u)) for u in units)
+most, got = 0, {}
+for name, tensor in export_weights(model):
+    most = max(most, gathered_units())
+    got[name] = tensor
+after = gathered_units()
+with sharding.gathered(model):
+    inside = {k: v.clone() for k, v in export_weights(model)}
+    still = gathered_units()
+report = {"units": len(units), "most_gathered": most, "after": after, "still_gathered": still,
+          "names_equal": sorted(got) == sorted(whole) and sorted(inside) == sorted(whole),
+          "tied": "lm_head.weight" in got,
+          "values_equal": all(torch.equal(got[k], whole[k]) and torch.equal(inside[k], whole[k]) for k in whole),
+          "any_dtensor": any(isinstance(t, DTensor) for t in [*got.values(), *inside.values()])}
+if dist.get_rank() == 0:
+    print(json.dumps(report))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_vllm_weight_export_gathers_one_shard_unit_at_a_time(tmp_path, variant):
+    """What a vLLM engine is sent under fsdp (`tasks.vllm_engine.export_weights`): the same names and
+    bit-equal tensors as the unsharded model sends (LoRA merged), with at most one shard unit
+    gathered at any time and every unit freed afterwards; inside `Sharding.gathered` the gathered
+    tensors are read and left gathered. (fp32 all-gathers move bits: compared exactly.)"""
+    script = tmp_path / "check.py"
+    script.write_text(EXPORT_CHECK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), variant]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][0])
+    assert report["units"] == 4  # three decoder layers and the root
+    assert report["most_gathered"] == 1 and report["after"] == 0 and report["still_gathered"] == 4
+    assert report["names_equal"] and report["tied"] and report["values_equal"] and not report["any_dtensor"]

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from helpers import TINY_RECIPE, tiny_overrides
+from test_sharding import LM, assert_same, exported, launch, write
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -114,6 +115,9 @@ def test_three_steps_train_with_vllm_rollouts(tmp_path):
     assert len(records) == 3 and all(r["reward_mean"] is not None for r in records)
     engine = trainer.policy._vllm
     assert engine is not None  # the rollouts came from vLLM
+    # every rollout sampled with the weights of its step: the trainer's fused AdamW leaves the
+    # parameters' version counters alone, so a missed sync would show here as a gap of ~1 or more
+    assert all(r["rollout/logp_diff_max"] <= TOL for r in records), [r["rollout/logp_diff_max"] for r in records]
 
 
 STOPS = [str(d) for d in range(10)] + ["+", "=", "ab"]
@@ -154,3 +158,31 @@ def test_stop_strings_end_vllm_completions_where_the_hf_mask_does():
     rollout = policy.rollout(PROMPTS, 4, [1, 2, 3, 4])
     gap, tokens = max_gap(policy, rollout)
     assert gap <= TOL, f"max |vllm - forward| = {gap} over {tokens} tokens"
+
+
+# 2 processes, each with its own engine (vLLM's external_launcher backend), against 1 process: the
+# recipe of tests/test_sharding.py (a KL term, mu 2, micro-batches of 3 over groups of 4) with the
+# vLLM-sized tiny model
+LAUNCHED = dict(LM, policy={**LM["policy"], "tiny_args": TINY, "rollout_engine": "vllm"})
+
+
+@pytest.mark.parametrize("strategy,lora", [("fsdp", False), ("fsdp", True), ("ddp", False)])
+def test_vllm_rollouts_on_two_processes_match_one_process(tmp_path, strategy, lora):
+    """With fsdp the engine of each process is sent the whole weights, gathered one shard unit at a
+    time (LoRA merged); with ddp the process's own replica. Group g's samples depend on (prompt g,
+    seed g) only, so the 2-process run draws the same completions as the 1-process run, and gives
+    the same rewards, loss and updated weights, at test_sharding's tolerance (2e-5: the two runs sum
+    gradients in different orders, ~1e-7 relative, which AdamW carries into the weights at about
+    lr x 1e-4; the samples themselves are the same, as the equal rewards and lengths show). The
+    rollout log-prob gap is compared at TOL (vLLM's kernels vs the training forward, ~1e-6 in fp32),
+    and stays within it at every step: each engine samples with the weights of that step."""
+    cfg = LAUNCHED if not lora else dict(LAUNCHED, optim={**LAUNCHED["optim"], "lr": 1e-2, "lora": {"r": 4, "alpha": 8}})
+    recipe = write(tmp_path, cfg)
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two", f"distributed.strategy={strategy}")
+    assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one[1:])
+    steps = cfg["max_steps"]
+    assert_same(one, two, exported(tmp_path / "one", steps), exported(tmp_path / "two", steps))
+    for a, b in zip(one, two):
+        assert a["completion_length"] == b["completion_length"]
+        assert max(a["rollout/logp_diff_max"], b["rollout/logp_diff_max"]) <= TOL, (a["step"], a, b)

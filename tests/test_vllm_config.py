@@ -41,6 +41,31 @@ def test_unknown_engine_and_vllm_key_are_refused(tmp_path, no_model):
 
 def test_adapters_without_vllm_support_refuse_it(tmp_path, no_model, monkeypatch):
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
-    vlm = {**TINY_RECIPE, "task": "vlm", "policy": {"model": "tiny:qwen2-vl-char", "max_new_tokens": 8}}
-    message = problems(tmp_path, "policy.rollout_engine=vllm", recipe=vlm)
-    assert "policy.rollout_engine='vllm': the VLMPolicy adapter supports hf" in message
+    audio = {**TINY_RECIPE, "task": "audio_lm", "policy": {"model": "tiny:qwen2-audio-char", "max_new_tokens": 8}}
+    message = problems(tmp_path, "policy.rollout_engine=vllm", recipe=audio)
+    assert "policy.rollout_engine='vllm': the AudioLMPolicy adapter supports hf" in message
+
+
+def test_vlm_takes_vllm_for_images_but_not_for_shuffled_video_rollouts(tmp_path, no_model, monkeypatch):
+    from mmrl.validate import validate
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    vlm = {**TINY_RECIPE, "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 8}}
+    validate(parse_config(vlm, tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm"]))
+    message = problems(tmp_path, "policy.rollout_engine=vllm", "policy.shuffled_rollouts=2",
+                       "policy.vllm.max_images_per_prompt=0", recipe=vlm)
+    assert "policy.shuffled_rollouts=2 with policy.rollout_engine=vllm" in message
+    assert "policy.vllm.max_images_per_prompt=0 must be >= 1" in message
+
+
+def test_vllm_under_fsdp_is_accepted_but_an_engine_cannot_span_processes(tmp_path, no_model, monkeypatch):
+    """fsdp + vllm passes the recipe check (each process's engine is sent the gathered weights); a
+    tensor-parallel engine under several processes is refused: every process drives an engine of
+    its own on its own prompts."""
+    from mmrl.validate import validate
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    base = tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm", "distributed.strategy=fsdp"]
+    validate(parse_config(TINY_RECIPE, base), num_processes=2)
+    validate(parse_config(TINY_RECIPE, base + ["policy.vllm.tensor_parallel_size=2"]), num_processes=1)
+    with pytest.raises(ConfigError) as info:
+        validate(parse_config(TINY_RECIPE, base + ["policy.vllm.tensor_parallel_size=2"]), num_processes=2)
+    assert "policy.vllm.tensor_parallel_size=2 with 2 processes" in str(info.value)

@@ -1,0 +1,121 @@
+"""vLLM rollouts for the vlm adapter (Qwen2.5-VL, images) against the training forward. Needs
+vLLM: run in the venv of scripts/make_vllm_env.sh as ``DIR/bin/python -m pytest -q -m vllm``;
+skipped where vLLM is not importable. That venv has no torchvision: tests/vllm_without_torchvision.py
+lists the shims the tiny model needs there (none where torchvision is installed).
+
+Tolerance: 1e-3 on |vLLM's processed log-prob - the training forward's| (fp32, max over every
+real token), as tests/test_vllm.py; measured ~4e-6. A vision tower that was not synced, or an
+image that vLLM saw differently, moves the completion's log-probs by far more (checked below)."""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+import vllm_without_torchvision  # noqa: E402
+from mmrl.config import parse_config  # noqa: E402
+from mmrl.tracking import read_metrics  # noqa: E402
+from mmrl.trainer import Trainer  # noqa: E402
+from tasks.vlm import VLMConfig, VLMPolicy  # noqa: E402
+
+vllm_without_torchvision.apply()
+
+TOL = 1e-3
+# vLLM's CPU attention takes head_dim 64: a text model of hidden 256 over 4 heads; the vision
+# tower (its own attention, any head dim) keeps the tiny default
+TINY = {"hidden": 256, "layers": 2, "heads": 4}
+
+
+def images(n, size=56, seed=0):
+    from PIL import Image
+    gen = torch.Generator().manual_seed(seed)
+    return [Image.fromarray((torch.rand(size, size, 3, generator=gen) * 255).to(torch.uint8).numpy()) for _ in range(n)]
+
+
+def rows():
+    pics = images(5)
+    return [{"prompt": "what colour is the shape?", "image": pics[0]},
+            {"prompt": "count the dots", "image": pics[1]},
+            {"prompt": "compare <image> and <image>", "image": [pics[2], pics[3]]},  # two images, placed in the text
+            {"prompt": "describe it", "image": pics[4]}]
+
+
+def perturb(model, seed):
+    """Move every weight in place (as an optimizer step does) by seeded noise."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p.dtype))
+
+
+def gaps(policy, rollout, model=None):
+    """|vLLM's log-prob - the forward's| over the real tokens (the forward of `model`, default the policy's)."""
+    with torch.no_grad():
+        logp, _ = policy.logprobs(model if model is not None else policy.model, rollout)
+    real = rollout.unit_mask.bool()
+    assert rollout.rollout_logp is not None and real.sum() > 0
+    return (rollout.rollout_logp - logp)[real].abs()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", tiny_args=TINY, temperature=0.7, max_new_tokens=10,
+                                 rollout_engine="vllm"))
+    vllm_without_torchvision.use_processor(policy.processor)
+    return policy
+
+
+def test_vlm_logprobs_match_the_training_forward_after_a_weight_sync(policy):
+    data = rows()
+    policy.rollout(data[:1], 2, [0])  # the engine is built, and sees the initial weights and an image
+    perturb(policy.model, 1)  # language model and vision tower alike
+    rollout = policy.rollout(data, 4, [1, 2, 3, 4])
+    gap = gaps(policy, rollout)
+    assert len(gap) >= 40
+    assert float(gap.max()) <= TOL, f"max |vllm - forward| = {float(gap.max())} over {len(gap)} tokens"
+    assert rollout.extras["image_grid_thw"][8].shape[0] == 2  # the two-image prompt kept both
+    # the new weights were used, vision tower included: a model whose vision tower alone keeps
+    # other weights scores the same completions differently
+    other = copy.deepcopy(policy.model)
+    perturb(other.model.visual, 2)
+    assert float(gaps(policy, rollout, other).max()) > 100 * TOL
+    # and vLLM saw each row's own image: the completions scored with the images swapped disagree
+    swapped = copy.copy(rollout)
+    pixels, grids = rollout.extras["pixel_values"], rollout.extras["image_grid_thw"]
+    order = list(range(4, 8)) + list(range(4)) + list(range(8, len(rollout)))  # rows 0-3 <-> 4-7 (1 image each)
+    swapped.extras = {**rollout.extras, "pixel_values": [pixels[i] for i in order],
+                      "image_grid_thw": [grids[i] for i in order]}
+    assert float(gaps(policy, swapped)[:16].max()) > 100 * TOL
+
+
+def test_vlm_media_tokens_are_never_sampled_and_a_group_depends_on_its_prompt_and_seed(policy):
+    data = rows()
+    whole = policy.rollout(data, 4, [10, 11, 12, 13])
+    alone = policy.rollout(data[1:2], 4, [11])
+    assert whole.completions[4:8] == alone.completions
+    banned = set(policy.suppressed_tokens())
+    sampled = {t for ids in whole.columns["completion_ids"] for t in ids}
+    assert banned and not banned & sampled
+
+
+def test_two_steps_train_with_vllm_image_rollouts(tmp_path):
+    recipe = {"task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": TINY, "max_new_tokens": 6,
+                                        "rollout_engine": "vllm"},
+              "data": {"name": "shapes", "args": {"n_train": 16, "n_eval": 4, "size": 56}},
+              "rewards": {"digit_share": {"weight": 1.0}},
+              "reward_modules": [str(__import__("pathlib").Path(__file__).parent / "digit_reward.py")],
+              "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+              "logging": {"report_to": ["none"], "progress": False}, "max_steps": 2, "seed": 0}
+    cfg = parse_config(recipe, [f"output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg)
+    vllm_without_torchvision.use_processor(trainer.policy.processor)
+    start = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(p, start[n]) for n, p in trainer.unwrapped.named_parameters())
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+    assert len(records) == 2 and trainer.policy._vllm is not None
+    # each step sampled with that step's weights (the second after the first's optimizer step)
+    assert all(r["rollout/logp_diff_max"] <= TOL for r in records), [r["rollout/logp_diff_max"] for r in records]
