@@ -125,17 +125,20 @@ def test_accelerate_fsdp_launcher_config_shards_the_same(tmp_path):
     assert (tmp_path / "acc" / "checkpoints" / "step-000002" / "sharded" / "__1_0.distcp").is_file()
 
 
-def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
+def check_resumes_exactly_after_kill_9(tmp_path: Path, strategy: str) -> None:
+    """Under `distributed.strategy=strategy` over 2 processes, a run killed in step 4 and resumed
+    gives the metrics and weights of an uninterrupted run."""
     cfg = dict(LM, max_steps=5, save_every=2, rewards={**LM["rewards"], "killer": {"weight": 0.0}},
                reward_modules=LM["reward_modules"] + [str(HERE / "kill_reward.py")])
     recipe = write(tmp_path, cfg)
-    whole = launch(recipe, tmp_path / "whole", "distributed.strategy=fsdp")
-    killed = launch(recipe, tmp_path / "run", "distributed.strategy=fsdp", wait=False,
+    setting = f"distributed.strategy={strategy}"
+    whole = launch(recipe, tmp_path / "whole", setting)
+    killed = launch(recipe, tmp_path / "run", setting, wait=False,
                     env_extra={"MMRL_TEST_KILL_AT": "4"})  # both processes SIGKILL themselves in step 4
     killed.wait(timeout=900)
     assert killed.returncode != 0
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]
-    resumed = launch(recipe, tmp_path / "run", "distributed.strategy=fsdp", "resume=true")
+    resumed = launch(recipe, tmp_path / "run", setting, "resume=true")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     for a, b in zip(whole, resumed):
         for key in a:
@@ -143,6 +146,10 @@ def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
                 assert a[key] == pytest.approx(b[key], abs=1e-7), (a["step"], key)
     w1, w2 = exported(tmp_path / "whole", 5), exported(tmp_path / "run", 5)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
+    check_resumes_exactly_after_kill_9(tmp_path, "fsdp")
 
 
 SHARDED_BF16_CHECK = r"""

@@ -24,7 +24,7 @@ from mmrl import zero
 from mmrl.config import ConfigError, load_recipe
 from mmrl.validate import validate
 from test_distributed import free_port
-from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, exported, launch, write
+from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, check_resumes_exactly_after_kill_9, exported, launch, write
 
 needs_deepspeed = pytest.mark.skipif(not zero.available(), reason="DeepSpeed is not installed (pip install deepspeed)")
 ZERO3 = "distributed.strategy=zero3"
@@ -74,22 +74,7 @@ def test_zero3_with_lora_matches_one_process(tmp_path):
 
 @needs_deepspeed
 def test_zero3_resumes_exactly_after_kill_9(tmp_path):
-    cfg = dict(LM, max_steps=5, save_every=2, rewards={**LM["rewards"], "killer": {"weight": 0.0}},
-               reward_modules=LM["reward_modules"] + [str(HERE / "kill_reward.py")])
-    recipe = write(tmp_path, cfg)
-    whole = launch(recipe, tmp_path / "whole", ZERO3)
-    killed = launch(recipe, tmp_path / "run", ZERO3, wait=False, env_extra={"MMRL_TEST_KILL_AT": "4"})
-    killed.wait(timeout=900)
-    assert killed.returncode != 0
-    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]
-    resumed = launch(recipe, tmp_path / "run", ZERO3, "resume=true")
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
-    for a, b in zip(whole, resumed):
-        for key in a:
-            if not key.startswith("time_") and a[key] is not None:
-                assert a[key] == pytest.approx(b[key], abs=1e-7), (a["step"], key)
-    w1, w2 = exported(tmp_path / "whole", 5), exported(tmp_path / "run", 5)
-    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    check_resumes_exactly_after_kill_9(tmp_path, "zero3")
 
 
 NONFINITE_CHECK = r"""
