@@ -1,6 +1,6 @@
-"""The audio and video demos end to end (slow: minutes each): audio's RL raises the held-out
-reward and the answer accuracy beside it; the video demo reports ordered and shuffled-frame
-accuracy and T-GRPO's bonus rate."""
+"""The audio and video demos end to end (slow: about a minute each): RL raises the held-out reward
+and the answer accuracy beside it; the video model answers from the frame order (accuracy on
+shuffled frames stays far below), and the demo reports T-GRPO's bonus rate."""
 
 import json
 import os
@@ -29,12 +29,13 @@ def test_audio_raises_held_out_accuracy(tmp_path):
 
 
 @pytest.mark.slow
-def test_video_demo_reports_ordered_and_shuffled_accuracy(tmp_path):
-    """The video demo runs end to end and reports what a user needs to judge T-GRPO: accuracy on
-    ordered and shuffled frames before and after, and the bonus rate. (Its tiny model still
-    answers at chance, so no rise is asserted: issue 17 stays open on that.)"""
+def test_video_raises_held_out_accuracy_from_the_frame_order(tmp_path):
+    """What a user needs to judge T-GRPO: accuracy on ordered and shuffled frames before and
+    after, and the bonus rate."""
     summary = run_demo(tmp_path, "video")
-    for key in ("eval_before", "eval_after", "eval_before/shuffled_frames", "eval_after/shuffled_frames"):
-        assert 0.0 <= summary[key] <= 1.0, key
+    assert summary["after"] > summary["before"]
+    assert summary["eval_after"] - summary["eval_before"] >= 0.05
+    assert summary["greedy_eval_after"] - summary["greedy_eval_after/shuffled_frames"] >= 0.3
+    assert summary["eval_after"] - summary["eval_after/shuffled_frames"] >= 0.2
     groups = summary["after_detail"]["reward/t_grpo/groups"]
     assert 0 < groups and 0 <= summary["after_detail"]["reward/t_grpo/bonus_groups"] <= groups
