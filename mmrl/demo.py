@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from .config import load_recipe
 from .errors import reading_user_input
 from .registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
@@ -33,8 +35,12 @@ def _json(value) -> str:
 
 
 def _greedy_completions(trainer: Trainer) -> list:
+    """One greedy completion per figure row (auxiliary rows, e.g. T-GRPO's shuffled frames, left out)."""
     rows = trainer.eval_rows[:FIGURE_ROWS]
-    return trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True).completions
+    out = trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True)
+    if out.auxiliary is not None:
+        out = out.select(torch.nonzero(~out.auxiliary).flatten())
+    return out.completions
 
 
 def _scored(trainer: Trainer, name: str, folder: Path) -> dict:

@@ -93,3 +93,15 @@ def test_sample_files_keep_audio_and_video_clips_exactly(tmp_path):
     assert row["video"]["fps"] == 4.0 and len(row["video"]["frames"]) == 3
     read = np.stack([np.asarray(Image.open(tmp_path / name)) for name in row["video"]["frames"]])
     assert np.array_equal(read, frames)
+
+
+def test_video_figure_pairs_each_clip_with_its_own_greedy_answer(tmp_path):
+    """T-GRPO's greedy rollouts also answer each clip with shuffled frames (auxiliary rows); the
+    figure's answers are the ordered clips' only, the ones the held-out evaluation scored."""
+    overrides = ["max_steps=1", "warm_start.steps=2", "warm_start.batch_size=4", "eval.max_prompts=8",
+                 "eval.group_size=2", "optim.prompts_per_step=2", "algorithm.group_size=2", "policy.max_new_tokens=8",
+                 "policy.shuffled_rollouts=2", "logging.report_to=[none]", "logging.progress=false", "save_every=0",
+                 "data.args.n_train=8", "data.args.n_eval=8", f"output_dir={tmp_path}"]
+    summary = run_scored(RECIPES.get(DEMOS.get("video")), overrides, "video")
+    saved = json.loads((tmp_path / "samples" / "after" / "samples.json").read_text())
+    assert summary["after_detail"]["greedy_samples"] == [s["greedy"] for s in saved]
