@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -197,5 +198,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The entry point of `mmrl` and `python -m mmrl`: main(), then exit with its code. A process
+    of a multi-process run (WORLD_SIZE > 1, set by torchrun and accelerate launch) exits at once,
+    its output flushed, without the interpreter's teardown (os._exit): FSDP's device mesh and
+    DeepSpeed keep references to the ended process group, and its gloo threads, destroyed during
+    teardown, aborted finished runs now and then ("terminate called without an active exception",
+    SIGABRT after the last checkpoint was written). Not with a vLLM engine: its engine-core
+    processes are shut down by the teardown."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "vllm" not in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

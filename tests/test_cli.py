@@ -66,3 +66,19 @@ def test_user_reward_file_plugs_in(tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     result = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
     assert "reward/short_answer" in result and result["checkpoint"].endswith("step-000001")
+
+
+def test_a_process_of_a_multi_process_run_exits_without_the_interpreter_teardown():
+    """Under torchrun (WORLD_SIZE > 1) the entry point exits at once with main()'s code, its output
+    flushed, and no teardown (an atexit handler does not run); a single process exits normally."""
+    import os
+    import subprocess
+    import sys
+    source = ("import atexit, mmrl.cli as cli\n"
+              "atexit.register(lambda: print('TEARDOWN'))\n"
+              "cli.main = lambda: print('finished', end='') or 3\n"
+              "cli.run()\n")
+    for world, tail in (("2", "finished"), ("1", "finishedTEARDOWN")):
+        done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "WORLD_SIZE": world})
+        assert done.returncode == 3 and done.stdout.strip() == tail, (world, done.stdout, done.stderr[-1000:])
