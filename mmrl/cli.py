@@ -198,19 +198,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def exit_without_teardown(code: int) -> None:
+    """End a process of a multi-process run: its process group ended, its output flushed, then
+    os._exit(code), without the interpreter's teardown. FSDP's device mesh and DeepSpeed keep
+    references to the ended gloo group, and destroying it during teardown aborted finished
+    processes now and then ("terminate called without an active exception", SIGABRT after
+    their last output)."""
+    end_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run() -> None:
-    """The entry point of `mmrl` and `python -m mmrl`: main(), then exit with its code. A process
-    of a multi-process run (WORLD_SIZE > 1, set by torchrun and accelerate launch) exits at once,
-    its output flushed, without the interpreter's teardown (os._exit): FSDP's device mesh and
-    DeepSpeed keep references to the ended process group, and its gloo threads, destroyed during
-    teardown, aborted finished runs now and then ("terminate called without an active exception",
-    SIGABRT after the last checkpoint was written). Not with a vLLM engine: its engine-core
-    processes are shut down by the teardown."""
+    """The entry point of `mmrl` and `python -m mmrl`: main(), then exit with its code; a process
+    of a multi-process run (WORLD_SIZE > 1, set by torchrun and accelerate launch) through
+    `exit_without_teardown`, except with a vLLM engine, whose engine-core processes are shut
+    down by the teardown."""
     code = main()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "vllm" not in sys.modules:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_without_teardown(code)
     sys.exit(code)
 
 
