@@ -199,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_without_teardown(code: int) -> None:
-    """End a process of a multi-process run: its process group ended, its output flushed, then
-    os._exit(code), without the interpreter's teardown. FSDP's device mesh and DeepSpeed keep
-    references to the ended gloo group, and destroying it during teardown aborted finished
-    processes now and then ("terminate called without an active exception", SIGABRT after
-    their last output)."""
-    end_process_group()
+    """End a process of a multi-process run: its process group ended (after a success only: a
+    failed process leaves at once, so the launcher sees it instead of a barrier waiting on the
+    others), its output flushed, then os._exit(code), without the interpreter's teardown. FSDP's
+    device mesh and DeepSpeed keep references to the ended gloo group, and destroying it during
+    teardown aborted finished processes now and then ("terminate called without an active
+    exception", SIGABRT after their last output)."""
+    if code == 0:
+        end_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

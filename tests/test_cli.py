@@ -70,15 +70,18 @@ def test_user_reward_file_plugs_in(tmp_path):
 
 def test_a_process_of_a_multi_process_run_exits_without_the_interpreter_teardown():
     """Under torchrun (WORLD_SIZE > 1) the entry point exits at once with main()'s code, its output
-    flushed, and no teardown (an atexit handler does not run); a single process exits normally."""
+    flushed, and no teardown (an atexit handler does not run); it ends the process group after a
+    success only (a failed process must not wait in a barrier for the others). A single process
+    exits normally."""
     import os
     import subprocess
     import sys
-    source = ("import atexit, mmrl.cli as cli\n"
-              "atexit.register(lambda: print('TEARDOWN'))\n"
-              "cli.main = lambda: print('finished', end='') or 3\n"
+    source = ("import atexit, sys, mmrl.cli as cli\n"
+              "atexit.register(lambda: print('+teardown', end=''))\n"
+              "cli.end_process_group = lambda: print('+group ended', end='')\n"
+              "cli.main = lambda: print('finished', end='') or int(sys.argv[1])\n"
               "cli.run()\n")
-    for world, tail in (("2", "finished"), ("1", "finishedTEARDOWN")):
-        done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60,
+    for world, code, out in (("2", 3, "finished"), ("2", 0, "finished+group ended"), ("1", 3, "finished+teardown")):
+        done = subprocess.run([sys.executable, "-c", source, str(code)], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "WORLD_SIZE": world})
-        assert done.returncode == 3 and done.stdout.strip() == tail, (world, done.stdout, done.stderr[-1000:])
+        assert done.returncode == code and done.stdout.strip() == out, (world, code, done.stdout, done.stderr[-1000:])
