@@ -356,6 +356,34 @@ def test_warm_start_loss_is_the_flow_matching_loss():
             other.supervised_loss(other.model, rows, "missing")
 
 
+
+@pytest.mark.parametrize("model", ["tiny:pixel-flow", "tiny:pixel-flow-unet"])
+def test_pixel_pipelines_roll_out_on_policy_and_load_back_from_their_directory(model, tmp_path):
+    """The demo's pixel-space pipelines (an MMDiT or a UNet denoiser): the sampler's log-probs are
+    the training forward's, a group's images depend on its seed only, the warm start's flow
+    loss trains the denoiser, and a saved pipeline loads back as `policy.model: path`."""
+    from tasks.diffusion.policy import load_pipeline
+    from tasks.diffusion.synthetic import colour_shapes
+    cfg = dict(height=16, width=16, num_steps=4, eval_num_steps=4, classifier_free_guidance=False, cfg_dropout=0.0,
+               sampler="dance", noise_level=0.3)
+    policy = DiffusionPolicy(DiffusionConfig(model=model, **cfg))
+    batch = policy.rollout(["red circle", "blue square"], 2, seeds=[5, 6])
+    mask = batch.unit_mask.bool()
+    logp, _ = policy.logprobs(policy.model, batch)
+    assert mask.any() and torch.allclose(logp[mask], batch.rollout_logp[mask], atol=1e-5)
+    alone = policy.rollout(["blue square"], 2, seeds=[6])
+    assert torch.allclose(alone.extras["latents"], batch.extras["latents"][2:], atol=1e-5)
+    rows = colour_shapes(n_train=4, n_eval=0, size=16)["train"]
+    policy.supervised_loss(policy.model, rows, "image").backward()
+    torch.optim.SGD(policy.model.parameters(), lr=0.1).step()
+    policy.save_pretrained(policy.model, tmp_path)
+    loaded = load_pipeline(DiffusionConfig(model=str(tmp_path), **cfg))
+    assert type(loaded) is type(policy.pipe)
+    trained = dict(policy.model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in policy.family.__class__(loaded, (16, 16)).denoiser.named_parameters())
+    fresh = DiffusionPolicy(DiffusionConfig(model=model, **cfg)).model
+    assert not all(torch.equal(p, q) for p, q in zip(fresh.parameters(), policy.model.parameters()))
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     grads = []
     for checkpointing in (False, True):

@@ -1,14 +1,19 @@
 """A pixel-space flow-matching text-to-image pipeline for the CPU demo: an SD3 MMDiT over RGB
 pixels in [-1, 1] (no VAE), conditioned on a CLIP text encoder (token states and the pooled
 projection), FlowMatchEulerDiscreteScheduler. It is a `DiffusionPipeline`, so it saves, loads
-and moves like any diffusers pipeline. (Imported on first use: diffusers is slow to import.)"""
+and moves like any diffusers pipeline; diffusers does not know the class, so a saved one loads with
+`PixelFlowPipeline.from_pretrained(path)` (or `PixelFlowUNetPipeline`), and `policy.model: path`
+finds the class itself. (Imported on first use: diffusers is slow to import.)"""
 
 from __future__ import annotations
 
-import torch
-from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+import json
+from pathlib import Path
 
-from .families import FAMILIES, SD3
+import torch
+from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
+
+from .families import FAMILIES, SD3, _split
 
 
 class PixelFlowPipeline(DiffusionPipeline):
@@ -48,3 +53,46 @@ class PixelFlow(SD3):
         from PIL import Image
         arr = ((latents.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
         return [Image.fromarray(a) for a in arr]
+
+
+class PixelFlowUNetPipeline(DiffusionPipeline):
+    """The same pixel-space flow model with a convolutional denoiser: a UNet2DConditionModel that
+    cross-attends to the text encoder's token states."""
+
+    def __init__(self, unet: UNet2DConditionModel, scheduler: FlowMatchEulerDiscreteScheduler, text_encoder,
+                 tokenizer):
+        super().__init__()
+        self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+@FAMILIES.register("pixel_flow_unet")
+class PixelFlowUNet(PixelFlow):
+    """PixelFlow with a UNet denoiser (no patches, no pooled projection)."""
+
+    pipeline = "PixelFlowUNetPipeline"
+
+    @property
+    def denoiser(self):
+        return self.pipe.unet
+
+    def levels(self, num_steps, latent_shape):
+        self.pipe.scheduler.set_timesteps(num_steps, device="cpu")
+        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+
+    def predict(self, model, x, t, cond, guidance_scale, guided):
+        pos, neg = _split(cond)
+
+        def run(h, c):
+            return model(h.to(self.dtype), t.expand(h.shape[0]).to(h.device), encoder_hidden_states=c["embeds"],
+                         return_dict=False)[0]
+        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
+
+
+def saved_pixel_pipeline(path: str) -> type | None:
+    """The pixel pipeline class a saved pipeline directory names in its model_index.json (None
+    for anything else: a diffusers pipeline, a hub id)."""
+    index = Path(path) / "model_index.json"
+    if not index.is_file():
+        return None
+    name = json.loads(index.read_text()).get("_class_name")
+    return {cls.__name__: cls for cls in (PixelFlowPipeline, PixelFlowUNetPipeline)}.get(name)

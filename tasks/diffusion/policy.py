@@ -52,8 +52,8 @@ class DiffusionConfig:
 
     # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
     model: str = field(default="", metadata={"help": (
-        "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow (tiny "
-        "random pipelines).")})
+        "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
+        "tiny:pixel-flow-unet (tiny random pipelines; the last two draw pixels directly, an MMDiT or a UNet).")})
     tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (
@@ -117,7 +117,10 @@ def load_pipeline(cfg: DiffusionConfig):
         pipe = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
     else:
         from diffusers import DiffusionPipeline
-        pipe = DiffusionPipeline.from_pretrained(cfg.model, torch_dtype=DTYPES[cfg.dtype])
+
+        from .pixel import saved_pixel_pipeline
+        pipeline_class = saved_pixel_pipeline(cfg.model) or DiffusionPipeline
+        pipe = pipeline_class.from_pretrained(cfg.model, torch_dtype=DTYPES[cfg.dtype])
     return sd15_with_ddim(pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype]))
 
 

@@ -112,3 +112,23 @@ def tiny_pixel_flow(seed: int = 0, layers: int = 2, heads: int = 2, head_dim: in
                                             pos_embed_max_size=size // patch)
         return PixelFlowPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
                                  text_encoder=_clip(tok), tokenizer=tok)
+
+
+@TINY_MODELS.register("pixel-flow-unet")
+def tiny_pixel_flow_unet(seed: int = 0, channels: tuple[int, ...] = (32, 64), size: int = 16, head_dim: int = 8):
+    """A PixelFlowUNetPipeline (`pixel.py`) for `size` x `size` images: a UNet with one resolution
+    level per entry of `channels`, cross-attention to the text below the top level."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
+
+    from .pixel import PixelFlowUNetPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = _tokenizer()
+        levels = len(channels)
+        unet = UNet2DConditionModel(sample_size=size, in_channels=3, out_channels=3, layers_per_block=1,
+                                    block_out_channels=tuple(channels), norm_num_groups=8, cross_attention_dim=32,
+                                    down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (levels - 1),
+                                    up_block_types=("CrossAttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
+                                    attention_head_dim=head_dim)
+        return PixelFlowUNetPipeline(unet=unet, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+                                     text_encoder=_clip(tok), tokenizer=tok)
