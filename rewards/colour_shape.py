@@ -6,15 +6,18 @@ f the fraction of pixels of the prompt's colour and [lo, hi] = `area` the share 
 covers,
     colour = min(1, f / lo) for f <= hi,   max(0, (2 hi - f) / hi) above (painting the whole
              canvas in the colour scores 0)
-and, on the bounding box of those pixels, with fill = (pixels of the colour) / (box area)
-(pi / 4 for a disc, 1 for a square),
-    shape = max(0, 1 - |fill - fill_expected| / fill_expected)   (0 when fewer than 4 pixels)
+The shape is judged on the bounding box (h x w) of those pixels: its inscribed ellipse E (as PIL
+draws a disc, the synthetic data's convention) and its corners C (the box outside E). With a the
+share of E and b the share of C that the pixels cover,
+    shape = a (1 - b) for a circle,   a b for a square,   times min(h, w) / max(h, w)
+so a perfect disc asked to be a square (or the reverse) scores 0 on shape, a ragged blob or
+scattered pixels score in between (a graded signal for RL from a random model on), and a long
+bar loses by its aspect ratio (0 when fewer than 4 pixels, or when the box is too thin, 1 or 2
+pixels, to have corners).
     reward = (colour + colour * shape) / 2
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -22,14 +25,14 @@ from mmrl.reward_registry import register_reward
 
 PALETTE = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40),
            "background": (245, 245, 245)}
-FILL = {"circle": math.pi / 4, "square": 1.0}
+SHAPES = ("circle", "square")
 
 
 def colour_shape_score(image, colour: str, shape: str, area: tuple[float, float] = (0.08, 0.4)) -> float:
     if colour not in PALETTE or colour == "background":
         raise ValueError(f"colour_shape: colour {colour!r} is not one of {sorted(set(PALETTE) - {'background'})}")
-    if shape not in FILL:
-        raise ValueError(f"colour_shape: shape {shape!r} is not one of {sorted(FILL)}")
+    if shape not in SHAPES:
+        raise ValueError(f"colour_shape: shape {shape!r} is not one of {list(SHAPES)}")
     pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
     names = list(PALETTE)
     palette = np.array([PALETTE[n] for n in names], dtype=np.float32)
@@ -41,11 +44,24 @@ def colour_shape_score(image, colour: str, shape: str, area: tuple[float, float]
     if mine.sum() < 4:
         return colour_score / 2
     ys, xs = np.nonzero(mine)
-    box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
-    fill = float(mine.sum()) / float(box)
-    shape_score = max(0.0, 1.0 - abs(fill - FILL[shape]) / FILL[shape])
+    top, left = ys.min(), xs.min()
+    h, w = ys.max() - top + 1, xs.max() - left + 1
+    drawn = mine[top:top + h, left:left + w]
+    ellipse = inscribed_ellipse(h, w)
+    if ellipse.all() or not ellipse.any():
+        return colour_score / 2
+    inside, corners = float(drawn[ellipse].mean()), float(drawn[~ellipse].mean())
+    shape_score = inside * (1 - corners if shape == "circle" else corners) * min(h, w) / max(h, w)
     return (colour_score + colour_score * shape_score) / 2
 
+
+def inscribed_ellipse(h: int, w: int) -> np.ndarray:
+    """[h, w] bool: the ellipse inscribed in an h x w box, rasterised by PIL as the synthetic
+    data draws its discs (at a few pixels a side rasterisations differ; this one is the data's)."""
+    from PIL import Image, ImageDraw
+    image = Image.new("1", (int(w), int(h)), 0)
+    ImageDraw.Draw(image).ellipse([0, 0, int(w) - 1, int(h) - 1], fill=1)
+    return np.asarray(image, dtype=bool)
 
 @register_reward("colour_shape")
 def colour_shape(prompts, completions, colour=None, shape=None, area: tuple[float, float] = (0.08, 0.4),
