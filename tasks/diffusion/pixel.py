@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
 
-from .families import FAMILIES, SD3, _split
+from .families import FAMILIES, SD3, SD15
 
 
 class PixelFlowPipeline(DiffusionPipeline):
@@ -67,25 +67,16 @@ class PixelFlowUNetPipeline(DiffusionPipeline):
 
 @FAMILIES.register("pixel_flow_unet")
 class PixelFlowUNet(PixelFlow):
-    """PixelFlow with a UNet denoiser (no patches, no pooled projection)."""
+    """PixelFlow with a UNet denoiser (no patches, no pooled projection): the denoiser and its call
+    are SD 1.5's (a UNet2DConditionModel on the text's token states), the steps are flow matching's."""
 
     pipeline = "PixelFlowUNetPipeline"
-
-    @property
-    def denoiser(self):
-        return self.pipe.unet
+    denoiser = SD15.denoiser
+    predict = SD15.predict
 
     def levels(self, num_steps, latent_shape):
         self.pipe.scheduler.set_timesteps(num_steps, device="cpu")
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
-
-    def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, neg = _split(cond)
-
-        def run(h, c):
-            return model(h.to(self.dtype), t.expand(h.shape[0]).to(h.device), encoder_hidden_states=c["embeds"],
-                         return_dict=False)[0]
-        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
 
 
 def saved_pixel_pipeline(path: str) -> type | None:
