@@ -63,6 +63,7 @@ def inscribed_ellipse(h: int, w: int) -> np.ndarray:
     ImageDraw.Draw(image).ellipse([0, 0, int(w) - 1, int(h) - 1], fill=1)
     return np.asarray(image, dtype=bool)
 
+
 @register_reward("colour_shape")
 def colour_shape(prompts, completions, colour=None, shape=None, area: tuple[float, float] = (0.08, 0.4),
                  **columns):

@@ -1,6 +1,7 @@
-"""A pixel-space flow-matching text-to-image pipeline for the CPU demo: an SD3 MMDiT over RGB
-pixels in [-1, 1] (no VAE), conditioned on a CLIP text encoder (token states and the pooled
-projection), FlowMatchEulerDiscreteScheduler. It is a `DiffusionPipeline`, so it saves, loads
+"""Pixel-space flow-matching text-to-image pipelines for CPU demos: RGB pixels in [-1, 1] (no
+VAE), FlowMatchEulerDiscreteScheduler, a CLIP text encoder, and as the denoiser an SD3 MMDiT
+(token states and the pooled projection; `PixelFlowPipeline`) or a UNet that cross-attends to the
+token states (`PixelFlowUNetPipeline`, the t2i demo's). Each is a `DiffusionPipeline`, so it saves, loads
 and moves like any diffusers pipeline; diffusers does not know the class, so a saved one loads with
 `PixelFlowPipeline.from_pretrained(path)` (or `PixelFlowUNetPipeline`), and `policy.model: path`
 finds the class itself. (Imported on first use: diffusers is slow to import.)"""
