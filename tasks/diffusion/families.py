@@ -120,7 +120,7 @@ class SD3(Family):
         return torch.randn((1, c, height // f, width // f), generator=generator, dtype=torch.float32)
 
     def levels(self, num_steps, latent_shape):
-        p = self.denoiser.config.patch_size
+        p = self.denoiser.config.get("patch_size", 1)  # a UNet denoiser (pixel_flow_unet) has no patches
         mu = _flow_shift_mu(self.pipe, (latent_shape[-2] // p) * (latent_shape[-1] // p))
         self.pipe.scheduler.set_timesteps(num_steps, device="cpu", **({"mu": mu} if mu is not None else {}))
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()

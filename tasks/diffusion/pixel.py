@@ -75,10 +75,6 @@ class PixelFlowUNet(PixelFlow):
     denoiser = SD15.denoiser
     predict = SD15.predict
 
-    def levels(self, num_steps, latent_shape):
-        self.pipe.scheduler.set_timesteps(num_steps, device="cpu")
-        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
-
 
 def saved_pixel_pipeline(path: str) -> type | None:
     """The pixel pipeline class a saved pipeline directory names in its model_index.json (None
