@@ -459,7 +459,7 @@ class CausalLMPolicy(Policy):
         if reason is not None:
             _log_once(f"policy.prefix_sharing={mode}: {reason}; log-probs use the plain forward")
             return None
-        groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"])
+        groups = prompt_groups(batch.group_id, batch.extras["prompt_ids"], batch.auxiliary)
         if mode == "auto" and not worth_sharing(batch.extras["prompt_mask"], completion_lengths(completion_mask),
                                                 groups):
             return None

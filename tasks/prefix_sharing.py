@@ -1,7 +1,8 @@
 """Prefix Grouper (github.com/johncaged/PrefixGrouper): the log-prob forward of a group's
 completions runs the shared prompt prefix once instead of once per completion.
 
-The rows of a micro-batch that share a prompt (same `group_id`, same prompt ids) become one
+The rows of a micro-batch that share a prompt (same `group_id`, same prompt ids, both auxiliary or
+neither: T-GRPO's auxiliary rows see the group's video with its frames shuffled) become one
 sequence ``[prefix; c_1; ...; c_k]`` (each completion cut to its unit count). A 4D attention mask
 lets a prefix token see the prefix causally and completion token t of c_i see the whole prefix
 and c_i[:t+1] only, and each completion's positions continue from the prefix (the position the
@@ -30,12 +31,15 @@ SHARED_ATTENTION = ("sdpa", "eager")
 AUTO_TOKEN_RATIO = 0.5
 
 
-def prompt_groups(group_id: Tensor, prompt_ids: Tensor) -> list[list[int]]:
+def prompt_groups(group_id: Tensor, prompt_ids: Tensor, auxiliary: Tensor | None = None) -> list[list[int]]:
     """Row indices of each prompt in a micro-batch, in order of first appearance: rows with the
-    same group id and the same prompt ids (a micro-batch may hold several groups or part of one)."""
+    same group id and the same prompt ids (a micro-batch may hold several groups or part of one),
+    and the same `auxiliary` flag (`Rollout.auxiliary`: a group's auxiliary rows share their own
+    media, not the group's, under the same prompt ids)."""
+    flags = auxiliary.tolist() if auxiliary is not None else [False] * len(group_id)
     groups: dict[tuple, list[int]] = {}
-    for i, (g, ids) in enumerate(zip(group_id.tolist(), prompt_ids.tolist())):
-        groups.setdefault((g, tuple(ids)), []).append(i)
+    for i, (g, ids, aux) in enumerate(zip(group_id.tolist(), prompt_ids.tolist(), flags)):
+        groups.setdefault((g, aux, tuple(ids)), []).append(i)
     return list(groups.values())
 
 

@@ -62,6 +62,8 @@ def test_layout_masks_positions_and_gather_by_hand():
 def test_rows_are_grouped_by_group_and_prompt():
     ids = torch.tensor([[1, 2], [1, 2], [3, 4], [1, 2], [3, 4], [1, 9]])
     assert prompt_groups(torch.tensor([3, 3, 5, 3, 5, 3]), ids) == [[0, 1, 3], [2, 4], [5]]
+    auxiliary = torch.tensor([False, True, False, True, False, False])  # T-GRPO's shuffled-frame rows
+    assert prompt_groups(torch.tensor([3, 3, 5, 3, 5, 3]), ids, auxiliary) == [[0], [1, 3], [2, 4], [5]]
 
 
 def with_lengths(policy, rollout, lengths):

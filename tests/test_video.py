@@ -154,6 +154,22 @@ def test_each_row_equals_the_row_alone(policy, rows):
     assert torch.equal(old, full)
 
 
+def test_sampler_and_training_log_probs_agree_on_every_row_with_the_prompt_shared(rows):
+    """The log-probs HF generate sampled with and the training forward's, computed in other batch
+    compositions, on ordered and shuffled rows alike, with each group's prompt run once
+    (prefix_sharing on). A group's shuffled rows share the group's prompt ids, not its frames, so
+    they form a prompt group of their own."""
+    shared = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=6, shuffled_rollouts=2,
+                                 prefix_sharing="on", temperature=0.8, **SMALL_FRAMES))
+    batch = shared.rollout(rows, 3, seeds=[5, 6, 7, 8])
+    with torch.no_grad():
+        logp, _ = shared.logprobs(shared.model, batch)
+    real = batch.unit_mask.bool()
+    assert batch.auxiliary.any() and real[batch.auxiliary].sum() > 0
+    gap = (batch.rollout_logp - logp)[real].abs()
+    assert float(gap.max()) <= 1e-4, float(gap.max())
+
+
 def accuracy_rows(groups):
     """(completions, group_id, auxiliary, answers) from [(group, auxiliary, correct), ...]."""
     return ([f"<answer>{'A' if ok else 'B'}</answer>" for _, _, ok in groups], [g for g, _, _ in groups],
