@@ -29,6 +29,7 @@ from mmrl.sampling import derive_seed
 from .causal_lm import CausalLMConfig
 from .model_loading import DTYPES
 from .multimodal import MultimodalPolicy, column_values
+from .qwen_vl_positions import use_released_positions
 from .video_clips import Clip, check_video, is_single_video, load_video, shuffled_order
 
 SHUFFLE_SALT = 0x5B0F
@@ -156,6 +157,10 @@ class VLMPolicy(MultimodalPolicy):
     @classmethod
     def media_columns(cls, cfg: VLMConfig) -> dict[str, Any]:
         return {cfg.image_column: check_image, cfg.video_column: check_video}
+
+    def _load(self, cfg: VLMConfig) -> None:
+        super()._load(cfg)
+        use_released_positions(self.model)  # Qwen2-VL / Qwen2.5-VL: the positions vLLM and the released models use
 
     def _load_pretrained(self, cfg: VLMConfig) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
