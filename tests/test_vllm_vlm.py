@@ -109,11 +109,12 @@ def test_vlm_media_tokens_are_never_sampled_and_a_group_depends_on_its_prompt_an
     assert banned and not banned & sampled
 
 
-def test_two_steps_train_with_vllm_image_rollouts(tmp_path):
-    recipe = {"task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": TINY, "max_new_tokens": 6,
-                                        "rollout_engine": "vllm"},
-              "data": {"name": "shapes", "args": {"n_train": 16, "n_eval": 4, "size": 56}},
-              "rewards": {"digit_share": {"weight": 1.0}},
+def train_two_steps(tmp_path, policy: dict, data: dict) -> list[dict]:
+    """Two GRPO steps with vLLM rollouts of the tiny Qwen2.5-VL, rewarded by the share of digits (a
+    random model's samples already differ in it); the weights must change. Each step's metrics."""
+    recipe = {"task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": TINY, "rollout_engine": "vllm",
+                                        **policy},
+              "data": data, "rewards": {"digit_share": {"weight": 1.0}},
               "reward_modules": [str(__import__("pathlib").Path(__file__).parent / "digit_reward.py")],
               "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
               "logging": {"report_to": ["none"], "progress": False}, "max_steps": 2, "seed": 0}
@@ -123,8 +124,14 @@ def test_two_steps_train_with_vllm_image_rollouts(tmp_path):
     start = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
     trainer.train()
     assert any(not torch.equal(p, start[n]) for n, p in trainer.unwrapped.named_parameters())
-    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
-    assert len(records) == 2 and trainer.policy._vllm is not None
+    assert trainer.policy._vllm is not None
+    return [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
+
+
+def test_two_steps_train_with_vllm_image_rollouts(tmp_path):
+    records = train_two_steps(tmp_path, {"max_new_tokens": 6},
+                              {"name": "shapes", "args": {"n_train": 16, "n_eval": 4, "size": 56}})
+    assert len(records) == 2
     # each step sampled with that step's weights (the second after the first's optimizer step)
     assert all(r["rollout/logp_diff_max"] <= TOL for r in records), [r["rollout/logp_diff_max"] for r in records]
 
@@ -174,6 +181,25 @@ def test_vlm_video_logprobs_match_the_training_forward_after_a_weight_sync(video
 
 
 @needs_torchvision
+def test_qwen3_vl_video_and_image_logprobs_match_the_training_forward():
+    """Qwen3-VL marks each frame with its time stamp in the text (its processor's, from the clip's
+    metadata) instead of time-scaled positions: vLLM's rollouts match the forward there too."""
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen3-vl-char", tiny_args=TINY, temperature=0.7, max_new_tokens=10,
+                                 rollout_engine="vllm", shuffled_rollouts=2, **VIDEO))
+    data = video_rows()
+    policy.rollout(data[:1], 2, [0])
+    perturb(policy.model, 4)
+    rollout = policy.rollout(data, 4, [1, 2, 3, 4])
+    gap = gaps(policy, rollout)
+    assert len(gap) >= 100 and float(gap.max()) <= TOL, float(gap.max())
+    swapped = copy.copy(rollout)  # the clips of groups 0 and 1 swapped: vLLM saw each row's own
+    pixels = rollout.extras["pixel_values_videos"]
+    order = list(range(6, 12)) + list(range(6)) + list(range(12, len(rollout)))
+    swapped.extras = {**rollout.extras, "pixel_values_videos": [pixels[i] for i in order]}
+    assert float(gaps(policy, swapped)[:24].max()) > 100 * TOL
+
+
+@needs_torchvision
 def test_vlm_video_group_depends_on_its_prompt_and_seed_and_shuffled_rows_see_other_frames(video_policy):
     data = video_rows()
     whole = video_policy.rollout(data, 4, [20, 21, 22, 23])
@@ -186,21 +212,8 @@ def test_vlm_video_group_depends_on_its_prompt_and_seed_and_shuffled_rows_see_ot
 
 @needs_torchvision
 def test_two_steps_train_with_vllm_video_rollouts(tmp_path):
-    """The video demo's clips with vLLM rollouts, T-GRPO's shuffled ones among them (a random model
-    answers no multiple choice: the digit-share reward gives the groups a spread)."""
-    recipe = {"task": "vlm",
-              "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": TINY, "max_new_tokens": 8,
-                         "shuffled_rollouts": 2, "rollout_engine": "vllm", **VIDEO},
-              "data": {"name": "moving_dot", "args": {"n_train": 16, "n_eval": 4, "frames": 8, "size": 56}},
-              "rewards": {"digit_share": {"weight": 1.0}},
-              "reward_modules": [str(__import__("pathlib").Path(__file__).parent / "digit_reward.py")],
-              "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
-              "logging": {"report_to": ["none"], "progress": False}, "max_steps": 2, "seed": 0}
-    cfg = parse_config(recipe, [f"output_dir={tmp_path / 'run'}"])
-    trainer = Trainer(cfg)
-    start = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
-    trainer.train()
-    assert any(not torch.equal(p, start[n]) for n, p in trainer.unwrapped.named_parameters())
-    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in r]
-    assert len(records) == 2 and trainer.policy._vllm is not None
+    """The video demo's clips with vLLM rollouts, T-GRPO's shuffled ones among them."""
+    records = train_two_steps(tmp_path, {"max_new_tokens": 8, "shuffled_rollouts": 2, **VIDEO},
+                              {"name": "moving_dot", "args": {"n_train": 16, "n_eval": 4, "frames": 8, "size": 56}})
+    assert len(records) == 2
     assert all(r["rollout/logp_diff_max"] <= TOL for r in records), [r["rollout/logp_diff_max"] for r in records]
