@@ -180,13 +180,19 @@ def test_vlm_video_logprobs_match_the_training_forward_after_a_weight_sync(video
     assert float(gaps(policy, swapped)[:24].max()) > 100 * TOL
 
 
+@pytest.fixture(scope="module")
+def qwen3_policy():
+    """Module-scoped as the others: vLLM's process-wide parallel state goes with the first engine
+    destroyed, and the engines still alive then fail."""
+    return VLMPolicy(VLMConfig(model="tiny:qwen3-vl-char", tiny_args=TINY, temperature=0.7, max_new_tokens=10,
+                               rollout_engine="vllm", shuffled_rollouts=2, **VIDEO))
+
+
 @needs_torchvision
-def test_qwen3_vl_video_and_image_logprobs_match_the_training_forward():
+def test_qwen3_vl_video_and_image_logprobs_match_the_training_forward(qwen3_policy):
     """Qwen3-VL marks each frame with its time stamp in the text (its processor's, from the clip's
     metadata) instead of time-scaled positions: vLLM's rollouts match the forward there too."""
-    policy = VLMPolicy(VLMConfig(model="tiny:qwen3-vl-char", tiny_args=TINY, temperature=0.7, max_new_tokens=10,
-                                 rollout_engine="vllm", shuffled_rollouts=2, **VIDEO))
-    data = video_rows()
+    policy, data = qwen3_policy, video_rows()
     policy.rollout(data[:1], 2, [0])
     perturb(policy.model, 4)
     rollout = policy.rollout(data, 4, [1, 2, 3, 4])
