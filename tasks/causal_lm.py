@@ -218,7 +218,16 @@ class CausalLMPolicy(Policy):
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with
         `prompt_` are [P, L] tensors padded on the left), plus adapter-specific entries."""
-        ids, mask = tokenize_prompts(self.tokenizer, [self.prompt_text(self.prompt_of(p)) for p in prompts])
+        return self._encode_parts(self._prompt_parts(prompts))
+
+    def _prompt_parts(self, prompts: Sequence[Any]) -> list:
+        """What encoding a prompt and sending it to vLLM both start from, prepared once per rollout:
+        its text (an adapter with media: its chat text and decoded media)."""
+        return [self.prompt_text(self.prompt_of(p)) for p in prompts]
+
+    def _encode_parts(self, parts: list) -> dict[str, Any]:
+        """`_encode_prompts` from the prompts' `_prompt_parts`."""
+        ids, mask = tokenize_prompts(self.tokenizer, parts)
         return {"prompt_ids": ids, "prompt_mask": mask}
 
     @staticmethod
@@ -250,10 +259,11 @@ class CausalLMPolicy(Policy):
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
         cfg = self.cfg
-        encoded = self._encode_prompts(prompts)
+        parts = self._prompt_parts(prompts)
+        encoded = self._encode_parts(parts)
         rows = self._expand(encoded, group_size)
         if cfg.rollout_engine == "vllm":
-            completion_ids, rollout_logp = self._vllm_generate(prompts, encoded, group_size, seeds, greedy)
+            completion_ids, rollout_logp = self._vllm_generate(parts, encoded, group_size, seeds, greedy)
             return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
         gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
                                    do_sample=False,
@@ -300,14 +310,15 @@ class CausalLMPolicy(Policy):
             rollout_logp=None if rollout_logp is None else (rollout_logp.float().cpu() * unit_mask.cpu()),
         )
 
-    def _vllm_generate(self, prompts: Sequence[Any], encoded: dict[str, Any], group_size: int,
+    def _vllm_generate(self, parts: list, encoded: dict[str, Any], group_size: int,
                        seeds: Sequence[int], greedy: bool) -> tuple[Tensor, Tensor | None]:
-        """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)."""
+        """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)
+        for prompts given by their `_prompt_parts` and their encoding."""
         cfg = self.cfg
         if self._vllm is None:
             self._vllm = self._vllm_engine()
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(encoded["prompt_ids"], encoded["prompt_mask"])]
-        requests = self._vllm_prompts(prompts, prompt_ids)
+        requests = self._vllm_prompts(parts, prompt_ids)
         return self._vllm.generate(
             self.model, requests, group_size, seeds, greedy=greedy, temperature=cfg.temperature, top_k=cfg.top_k,
             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
@@ -321,8 +332,9 @@ class CausalLMPolicy(Policy):
         return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device,
                           tokenizer=self.tokenizer if cfg.stop_strings else None)
 
-    def _vllm_prompts(self, prompts: Sequence[Any], prompt_ids: list[list[int]]) -> list:
-        """What the engine is given for each prompt: its token ids (a text model's)."""
+    def _vllm_prompts(self, parts: list, prompt_ids: list[list[int]]) -> list:
+        """What the engine is given for each prompt (its `_prompt_parts`, its token ids): the token
+        ids (a text model's)."""
         return prompt_ids
 
     def _shared_prefill(self, encoded: dict[str, Any], rows: dict[str, Any],

@@ -69,12 +69,15 @@ class MultimodalPolicy(CausalLMPolicy):
                  any(m in k for m in ("image", "video", "vision", "audio"))]
         return sorted({int(getattr(cfg, k)) for k in names if isinstance(getattr(cfg, k), int)})
 
-    def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
+    def _prompt_parts(self, prompts: Sequence[Any]) -> list[tuple[str, dict[str, Any]]]:
+        """Each prompt's chat text and media, read and decoded once (`_chat_and_media`)."""
+        return [self._chat_and_media(row) for row in prompts]
+
+    def _encode_parts(self, parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         per_token: dict[str, list[Tensor]] = {}
         per_prompt: dict[str, dict[int, Tensor]] = {}
         ids = []
-        for i, row in enumerate(prompts):
-            chat, media = self._chat_and_media(row)
+        for i, (chat, media) in enumerate(parts):
             enc = self.processor(text=[chat], return_tensors="pt", **media)
             ids.append(enc["input_ids"][0])
             for key, value in enc.items():
@@ -94,7 +97,7 @@ class MultimodalPolicy(CausalLMPolicy):
         out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
         for key, values in per_prompt.items():  # a prompt without this input (no video, ...) gets 0 rows of it
             empty = next(iter(values.values()))[:0]
-            out[key] = [values.get(i, empty) for i in range(len(prompts))]
+            out[key] = [values.get(i, empty) for i in range(len(parts))]
         return out
 
     def _chat_and_media(self, row: Any) -> tuple[str, dict[str, Any]]:
@@ -107,15 +110,14 @@ class MultimodalPolicy(CausalLMPolicy):
         cfg = self.cfg
         return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device, processor=self.processor)
 
-    def _vllm_prompts(self, prompts: Sequence[Any], prompt_ids: list[list[int]]) -> list:
+    def _vllm_prompts(self, parts: list[tuple[str, dict[str, Any]]], prompt_ids: list[list[int]]) -> list:
         """vLLM prompts: each row's chat text with its images and videos, which vLLM's copy of the
         processor expands as the policy's does (the engine checks the token ids agree). A video is
         its sampled frames with their metadata (source fps and frame indices, from which Qwen2.5-VL
         takes its time positions), and the processor gets the policy's video options (no second
         frame sampling, the frame size bounds)."""
         requests = []
-        for row in prompts:
-            chat, media = self._chat_and_media(row)
+        for chat, media in parts:
             others = sorted(k for k, v in media.items() if v is not None and k not in VLLM_MEDIA)
             if others:
                 raise ValueError(f"policy.rollout_engine=vllm takes images and videos; a row has {', '.join(others)}")
@@ -124,7 +126,7 @@ class MultimodalPolicy(CausalLMPolicy):
                                        ("videos", limits.max_videos_per_prompt, "max_videos_per_prompt")):
                 if len(media.get(key) or ()) > most:
                     raise ValueError(f"a prompt has {len(media[key])} {key}, more than policy.vllm.{setting}={most} "
-                                     f"(vLLM plans for that many per prompt): raise it ({self.prompt_of(row)!r:.80})")
+                                     f"(vLLM plans for that many per prompt): raise it (prompt ending {chat[-120:]!r})")
             data: dict[str, Any] = {}
             if media.get("images"):
                 data["image"] = media["images"]

@@ -70,3 +70,17 @@ def test_vllm_under_fsdp_is_accepted_but_an_engine_cannot_span_processes(tmp_pat
     with pytest.raises(ConfigError) as info:
         validate(parse_config(TINY_RECIPE, base + ["policy.vllm.tensor_parallel_size=2"]), num_processes=2)
     assert "policy.vllm.tensor_parallel_size=2 with 2 processes" in str(info.value)
+
+
+def test_a_prompt_with_more_media_than_vllm_plans_for_is_refused_naming_the_setting():
+    """Checked on the prompts sent to vLLM, before the engine sees them (no vLLM needed)."""
+    import numpy as np
+
+    from tasks.vlm import VLMConfig, VLMPolicy
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", vllm=vllm_engine.VLLMConfig(max_videos_per_prompt=0)))
+    row = {"prompt": "which way?", "video": np.zeros((4, 28, 28, 3), np.uint8)}
+    with pytest.raises(ValueError, match=r"1 videos, more than policy.vllm.max_videos_per_prompt=0"):
+        policy._vllm_prompts(policy._prompt_parts([row]), [[0]])
+    request, = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char"))._vllm_prompts(policy._prompt_parts([row]), [[0]])
+    frames, metadata = request["multi_modal_data"]["video"][0]
+    assert frames.shape == (4, 28, 28, 3) and metadata["frames_indices"] == [0, 1, 2, 3]
