@@ -27,11 +27,10 @@ import types
 import torch
 from torch import Tensor, nn
 
-TEXT = 0  # mm_token_type_ids: 0 text, 1 image, 2 video (the Qwen processors' convention)
-VIDEO = 2
+TEXT, IMAGE, VIDEO = 0, 1, 2  # mm_token_type_ids (the Qwen processors' convention)
 
 
-def released_rope_index(core: nn.Module, input_ids: Tensor, mm_token_type_ids: Tensor | None = None,
+def released_rope_index(core: nn.Module, input_ids: Tensor, mm_token_type_ids: Tensor,
                         image_grid_thw: Tensor | None = None, video_grid_thw: Tensor | None = None,
                         second_per_grid_ts: Tensor | None = None, attention_mask: Tensor | None = None,
                         **unused) -> tuple[Tensor, Tensor]:
@@ -41,15 +40,12 @@ def released_rope_index(core: nn.Module, input_ids: Tensor, mm_token_type_ids: T
 
     A vision block of t x h x w merged patches starting at p gets temporal positions
     p + floor(k x step) (k < t; step: tokens_per_second x the video's seconds per temporal patch for
-    Qwen2.5-VL videos, else 1), height p + i, width p + j; the next block starts at its largest + 1."""
-    if mm_token_type_ids is None:  # what transformers does without modality types
-        return type(core).get_rope_index(core, input_ids, mm_token_type_ids=None, image_grid_thw=image_grid_thw,
-                                         video_grid_thw=video_grid_thw, second_per_grid_ts=second_per_grid_ts,
-                                         attention_mask=attention_mask, **unused)
+    Qwen2.5-VL videos, else 1), height p + i, width p + j; the next block starts at its largest + 1.
+    transformers calls it only with `mm_token_type_ids` (text-only inputs take plain positions)."""
     vision = core.config.vision_config
     merge = vision.spatial_merge_size
     per_second = getattr(vision, "tokens_per_second", None)  # Qwen2.5-VL's time scale; Qwen2-VL has none
-    grids = {1: iter(image_grid_thw if image_grid_thw is not None else ()),
+    grids = {IMAGE: iter(image_grid_thw if image_grid_thw is not None else ()),
              VIDEO: iter(video_grid_thw if video_grid_thw is not None else ())}
     seconds = iter(second_per_grid_ts) if second_per_grid_ts is not None else itertools.repeat(1.0)
     positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)

@@ -68,6 +68,18 @@ def gaps(policy, rollout, model=None):
     return (rollout.rollout_logp - logp)[real].abs()
 
 
+def with_extras(rollout, **changes):
+    """A copy of `rollout` whose extras have `changes` (key: a function of the old value)."""
+    other = copy.copy(rollout)
+    other.extras = {**rollout.extras, **{k: change(rollout.extras[k]) for k, change in changes.items()}}
+    return other
+
+
+def first_groups_swapped(rows: list, size: int) -> list:
+    """Per-row values with the rows of groups 0 and 1 (`size` rows each) exchanged."""
+    return rows[size:2 * size] + rows[:size] + rows[2 * size:]
+
+
 @pytest.fixture(scope="module")
 def policy():
     policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", tiny_args=TINY, temperature=0.7, max_new_tokens=10,
@@ -91,11 +103,8 @@ def test_vlm_logprobs_match_the_training_forward_after_a_weight_sync(policy):
     perturb(other.model.visual, 2)
     assert float(gaps(policy, rollout, other).max()) > 100 * TOL
     # and vLLM saw each row's own image: the completions scored with the images swapped disagree
-    swapped = copy.copy(rollout)
-    pixels, grids = rollout.extras["pixel_values"], rollout.extras["image_grid_thw"]
-    order = list(range(4, 8)) + list(range(4)) + list(range(8, len(rollout)))  # rows 0-3 <-> 4-7 (1 image each)
-    swapped.extras = {**rollout.extras, "pixel_values": [pixels[i] for i in order],
-                      "image_grid_thw": [grids[i] for i in order]}
+    swapped = with_extras(rollout, pixel_values=lambda v: first_groups_swapped(v, 4),  # 1 image each
+                          image_grid_thw=lambda v: first_groups_swapped(v, 4))
     assert float(gaps(policy, swapped)[:16].max()) > 100 * TOL
 
 
@@ -169,14 +178,10 @@ def test_vlm_video_logprobs_match_the_training_forward_after_a_weight_sync(video
     assert len(rollout.extras["image_grid_thw"][-1]) == 1  # the last row has its image beside its clip
     # vLLM placed the frames in time as the policy did: the same completions scored with other
     # seconds per temporal patch (Qwen2.5-VL's time positions) disagree
-    shifted = copy.copy(rollout)
-    shifted.extras = {**rollout.extras, "second_per_grid_ts": [2 * s for s in seconds]}
+    shifted = with_extras(rollout, second_per_grid_ts=lambda v: [2 * s for s in v])
     assert float(gaps(policy, shifted).max()) > 100 * TOL
     # and saw each row's own clip: the completions scored with the clips of groups 0 and 1 swapped disagree
-    swapped = copy.copy(rollout)
-    pixels = rollout.extras["pixel_values_videos"]
-    order = list(range(6, 12)) + list(range(6)) + list(range(12, len(rollout)))  # groups 0 <-> 1, 6 rows each
-    swapped.extras = {**rollout.extras, "pixel_values_videos": [pixels[i] for i in order]}
+    swapped = with_extras(rollout, pixel_values_videos=lambda v: first_groups_swapped(v, 6))  # 4 + 2 shuffled rows
     assert float(gaps(policy, swapped)[:24].max()) > 100 * TOL
 
 
@@ -198,10 +203,7 @@ def test_qwen3_vl_video_and_image_logprobs_match_the_training_forward(qwen3_poli
     rollout = policy.rollout(data, 4, [1, 2, 3, 4])
     gap = gaps(policy, rollout)
     assert len(gap) >= 100 and float(gap.max()) <= TOL, float(gap.max())
-    swapped = copy.copy(rollout)  # the clips of groups 0 and 1 swapped: vLLM saw each row's own
-    pixels = rollout.extras["pixel_values_videos"]
-    order = list(range(6, 12)) + list(range(6)) + list(range(12, len(rollout)))
-    swapped.extras = {**rollout.extras, "pixel_values_videos": [pixels[i] for i in order]}
+    swapped = with_extras(rollout, pixel_values_videos=lambda v: first_groups_swapped(v, 6))  # vLLM saw its own
     assert float(gaps(policy, swapped)[:24].max()) > 100 * TOL
 
 
