@@ -9,10 +9,11 @@ The public names below are imported on first use, so that ``mmrl --help`` does n
 
 import importlib
 
-_PUBLIC = {"TrainConfig": "config", "load_recipe": "config", "parse_config": "config", "Policy": "policy",
-           "get_reward": "reward_registry", "register_reward": "reward_registry", "Rollout": "rollout"}
+_PUBLIC = {"TrainConfig": "config.sections", "load_recipe": "config.parse", "parse_config": "config.parse",
+           "Policy": "core.policy", "get_reward": "core.scoring", "register_reward": "core.scoring",
+           "Rollout": "core.rollout", "Trainer": "train.trainer"}
 
-__all__ = ["Policy", "Rollout", "TrainConfig", "get_reward", "load_recipe", "parse_config", "register_reward"]
+__all__ = ["Policy", "Rollout", "TrainConfig", "Trainer", "get_reward", "load_recipe", "parse_config", "register_reward"]
 __version__ = "0.1.0"
 
 

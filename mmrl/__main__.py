@@ -1,4 +1,4 @@
-from .cli import run
+from mmrl.cli.main import run
 
 # guarded: a vLLM rollout engine (policy.rollout_engine: vllm) may spawn processes that import this module
 if __name__ == "__main__":

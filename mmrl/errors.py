@@ -14,7 +14,6 @@ class UserError(Exception):
     """A mistake the user can fix: the message names the key, file, value or command to change."""
 
 
-
 class MissingFileError(UserError, FileNotFoundError):
     """A file or folder the user named does not exist."""
 

@@ -125,5 +125,5 @@ DATASETS: Registry = Registry("dataset")
 DEMOS: Registry = Registry("demo")
 RECIPES: Registry = Registry("recipe")
 DEMO_FIGURES: Registry = Registry("demo figure")  # fn(rows, greedy_before, greedy_after, out_png)
-DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.evaluate.Evaluator: a held-out judge, never a reward
+DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.train.evaluation.Evaluator: a held-out judge, never a reward
 DEMO_SAMPLE_WRITERS: Registry = Registry("demo sample writer")  # fn(samples, folder): held-out inputs and outputs as files

@@ -4,7 +4,7 @@
 registers the built-ins: ``format``, ``accuracy``, ``length``.
 """
 
-from mmrl.reward_registry import REWARDS, get_reward, register_reward
+from mmrl.core.scoring import REWARDS, get_reward, register_reward
 
 from . import accuracy, format, length  # noqa: F401  (registration)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from .reasoner_presets import check_preset, preset_accuracy
 from .text import completion_text, extract_answer

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 
 def load_clip(model: str | None, pretrained: str | None, model_config: str | None, device: str):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 PALETTE = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40),
            "background": (245, 245, 245)}

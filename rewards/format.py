@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from .reasoner_presets import check_preset, preset_format
 from .text import completion_text

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from .iou_presets import math_verify_equal, visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
 from .text import completion_text, extract_answer

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from . import latex_sandbox, table2latex_rl
 from .latex_sandbox import Render, compile_latex

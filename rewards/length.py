@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from .text import completion_text
 

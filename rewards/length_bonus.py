@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from mmrl.reward_registry import bind_reward, register_reward
+from mmrl.core.scoring import bind_reward, register_reward
 
 
 @register_reward("length_bonus")

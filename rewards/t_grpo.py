@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from mmrl.reward_registry import bind_reward, register_reward
+from mmrl.core.scoring import bind_reward, register_reward
 
 
 def exact(x: float) -> Fraction:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import jiwer
 import numpy as np
 
-from mmrl.reward_registry import register_reward
+from mmrl.core.scoring import register_reward
 
 from .text import completion_text
 

@@ -65,8 +65,8 @@ def rollout_overhead(policy, prompts, group_size, repeats):
 
 
 def training_step(model, size, steps, layers, group_size, repeats, tmp):
-    from mmrl.config import parse_config
-    from mmrl.trainer import Trainer
+    from mmrl.config.parse import parse_config
+    from mmrl.train.trainer import Trainer
     recipe = {"task": "diffusion",
               "policy": {"model": model, "tiny_args": {"layers": layers} if model.startswith("tiny:") else {},
                          "height": size, "width": size, "num_steps": steps + 1, "noise_level": 0.7},
@@ -78,7 +78,7 @@ def training_step(model, size, steps, layers, group_size, repeats, tmp):
     t = Trainer(parse_config(recipe))
     batch = t.prepare_batch(1)
     batch.advantages = torch.linspace(-1, 1, len(batch.advantages))  # every row carries gradient
-    chunks = t._micro_batches(batch)
+    chunks = t.updater.micro_batches(batch)
     out = {"trained_steps": steps}
     for mode in ("per_step", "one_backward"):
         if mode == "one_backward":  # the naive baseline: every trained step in one graph
@@ -106,7 +106,7 @@ def _measure(t, batch, chunks, repeats):
         t.policy.logprobs = counted
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            t.accumulate_gradients(batch, chunks, None, None, with_entropy=False)
+            t.updater.accumulate_gradients(batch, chunks, None, None, with_entropy=False)
         times.append(time.perf_counter() - t0)
         t.policy.logprobs = original
     return saved, times

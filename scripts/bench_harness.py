@@ -49,7 +49,7 @@ def policy_gradient_update(opt, logits, completion, advantages) -> None:
 def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """One mmrl GRPO step per rollout batch of `args.prompts` x `args.group` completions, rewarded
     by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm."""
-    from mmrl.reward_registry import REWARDS, register_reward
+    from mmrl.core.scoring import REWARDS, register_reward
     if BENCH_REWARD not in REWARDS:
         register_reward(BENCH_REWARD)(digit_share)
     return {

@@ -40,7 +40,7 @@ from bench_harness import compare as compare_steps, over_bare  # noqa: E402
 from bench_report import emit  # noqa: E402
 from bench_vlm import split_of, visual_tokens  # noqa: E402
 
-from mmrl.rollout import Rollout  # noqa: E402
+from mmrl.core.rollout import Rollout  # noqa: E402
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
 from tasks.tiny_models import seeded_model  # noqa: E402
 from tasks.prefix_sharing import completion_lengths, prompt_groups, token_counts  # noqa: E402

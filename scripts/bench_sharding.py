@@ -58,7 +58,7 @@ RECIPES = {
 
 
 def tensor_bytes(tensors) -> int:
-    from mmrl.distributed import local_tensor
+    from mmrl.distributed.fsdp import local_tensor
     seen, total = set(), 0
     for t in tensors:
         if t is None or id(t) in seen:
@@ -73,8 +73,8 @@ def run_worker(args) -> None:
     """One configuration in this process (or this torchrun process group); rank 0 writes the JSON."""
     import torch
 
-    from mmrl.config import parse_config
-    from mmrl.trainer import Trainer
+    from mmrl.config.parse import parse_config
+    from mmrl.train.trainer import Trainer
     recipe = {**RECIPES[args.worker], "logging": {"report_to": ["none"], "progress": False},
               "max_steps": args.steps, "output_dir": tempfile.mkdtemp(prefix="bench_sharding_")}
     overrides = [f"distributed.strategy={args.strategy}", f"distributed.rollout_params={args.rollout_params}"]

@@ -108,8 +108,8 @@ def _data_file(args) -> str:
 
 def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     """Steps alternate between the shared prefill and the plain one (same samples either way)."""
-    from mmrl.config import parse_config
-    from mmrl.trainer import Trainer
+    from mmrl.config.parse import parse_config
+    from mmrl.train.trainer import Trainer
     recipe = mmrl_recipe(args, "vlm", {"model": "tiny:qwen2.5-vl-char", "tiny_args": MODEL,
                                        "max_new_tokens": args.tokens, "min_new_tokens": args.tokens,
                                        "temperature": 1.0},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from mmrl.evaluate import Evaluator
+from mmrl.train.evaluation import Evaluator
 from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
 
 from . import audio_lm, causal_lm, diffusion, dlm, synthetic, tiny_models, vlm  # noqa: F401  (registration)

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
-from mmrl.policy import Policy
+from mmrl.core.policy import Policy
 from mmrl.registry import ADAPTERS
-from mmrl.rollout import Rollout, take_rows
+from mmrl.core.rollout import Rollout, take_rows
 
 from .chat_prompts import prompt_text, tokenize_prompts
 from .model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left

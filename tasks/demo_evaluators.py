@@ -1,5 +1,5 @@
 """The embedded demos' held-out evaluators: a second judge beside each demo's training reward,
-never used as a reward (`mmrl.evaluate.Evaluator`, registered in `DEMO_EVALUATORS` by
+never used as a reward (`mmrl.train.evaluation.Evaluator`, registered in `DEMO_EVALUATORS` by
 `tasks/__init__.py`). Each scores one sample in [0, 1]:
 
 - `exact_match`: the last ``<tag>...</tag>`` block equals the `answer` column (whitespace
@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from mmrl.evaluate import Evaluator
+from mmrl.train.evaluation import Evaluator
 from rewards.iou import box_iou, parse_boxes
 from rewards.latex_render import extract_latex
 from rewards.latex_sandbox import compile_latex, tex_available

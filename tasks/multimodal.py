@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.data.chat import split_placeholders
-from mmrl.rollout import Rollout
+from mmrl.core.rollout import Rollout
 
 from .causal_lm import CausalLMConfig, CausalLMPolicy
 from .chat_prompts import with_system_prompt

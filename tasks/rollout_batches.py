@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from mmrl.rollout import Rollout
+from mmrl.core.rollout import Rollout
 
 
 def eos_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:

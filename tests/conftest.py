@@ -9,9 +9,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if a model or data set is loaded (validation must come first)."""
-    import mmrl.trainer as trainer_module
+    import mmrl.train.parts as parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model or data set was loaded")
-    monkeypatch.setattr(trainer_module, "build_policy", refuse)
-    monkeypatch.setattr(trainer_module, "load_data", refuse)
+    monkeypatch.setattr(parts, "build_policy", refuse)
+    monkeypatch.setattr(parts, "load_data", refuse)

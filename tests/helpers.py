@@ -33,7 +33,7 @@ def streamed_grads(trainer, batch, sizes):
     for size in sizes:
         trainer.cfg.optim.micro_batch_size = size
         trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.accumulate_gradients(batch, trainer._micro_batches(batch), None, None, with_entropy=False)
+        trainer.updater.accumulate_gradients(batch, trainer.updater.micro_batches(batch), None, None, with_entropy=False)
         out.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
     return out
 

@@ -8,8 +8,8 @@ import pytest
 import soundfile
 import torch
 
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 from tasks.audio_lm import AudioLMConfig, AudioLMPolicy, load_audio
 
 RNG = np.random.default_rng(0)

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from mmrl.config import load_recipe
+from mmrl.config.parse import load_recipe
 from tasks.diffusion.samplers import (
     SAMPLERS,
     cps_authors_logprob,
@@ -161,7 +161,7 @@ def test_d1_preset_sets_d1s_published_run():
 
 
 def test_d1_advantages_are_reward_minus_group_mean():
-    from mmrl.advantages import compute_advantages
+    from mmrl.core.advantages import compute_advantages
     from mmrl.registry import RECIPES
     cfg = load_recipe(RECIPES.get("dlm_d1"))
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.2, 0.4, 0.0, 0.0, 0.0, 0.6])

@@ -76,7 +76,7 @@ def test_a_process_of_a_multi_process_run_exits_without_the_interpreter_teardown
     import os
     import subprocess
     import sys
-    source = ("import atexit, sys, mmrl.cli as cli\n"
+    source = ("import atexit, sys, mmrl.cli.main as cli\n"
               "atexit.register(lambda: print('+teardown', end=''))\n"
               "cli.end_process_group = lambda: print('+group ended', end='')\n"
               "cli.main = lambda: print('finished', end='') or int(sys.argv[1])\n"

@@ -12,9 +12,11 @@ import pytest
 import yaml
 from helpers import TINY_RECIPE, tiny_overrides
 
-from mmrl import cli
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.cli import commands
+from mmrl.cli import main as cli
+from mmrl.config.recipes import resolve_recipe
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 
 
 def run(capsys, *argv):
@@ -43,7 +45,7 @@ def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys
 def test_a_bug_keeps_its_traceback(monkeypatch):
     def broken(args):
         raise ValueError("an engine bug, not the user's")
-    monkeypatch.setattr(cli, "run_train", broken)
+    monkeypatch.setattr(commands, "run_train", broken)
     with pytest.raises(ValueError, match="an engine bug"):
         cli.main(["train", "text_demo"])
 
@@ -51,15 +53,15 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 def test_a_folder_named_like_a_recipe_does_not_hide_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text_demo").mkdir()
-    assert cli.resolve_recipe("text_demo").name == "text_demo.yaml"
-    assert cli.resolve_recipe("text_demo").is_file()
+    assert resolve_recipe("text_demo").name == "text_demo.yaml"
+    assert resolve_recipe("text_demo").is_file()
     (tmp_path / "mine.yaml").write_text("{}")
-    assert cli.resolve_recipe("mine.yaml").resolve() == tmp_path / "mine.yaml"
+    assert resolve_recipe("mine.yaml").resolve() == tmp_path / "mine.yaml"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["demo", "--help"], ["eval", "--help"]])
 def test_help_lists_recipes_and_demos_without_torch(argv):
-    code = ("import sys, time; t = time.perf_counter(); from mmrl.cli import main\n"
+    code = ("import sys, time; t = time.perf_counter(); from mmrl.cli.main import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', time.perf_counter() - t)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mmrl.config import ConfigError, TrainConfig, load_recipe, parse_config
+from mmrl.config.parse import ConfigError, load_recipe, parse_config
+from mmrl.config.sections import TrainConfig
 
 
 def test_overrides_reach_nested_fields_with_types():
@@ -51,11 +52,12 @@ def test_overrides_do_not_mutate_the_loaded_mapping():
 def test_shipped_recipes_parse():
     """Every shipped recipe parses, and every name in it resolves: the adapter (whose Config takes
     the policy section), the rewards, the estimator, objective, aggregation and KL estimator."""
-    from mmrl.advantages import ADVANTAGE_ESTIMATORS
-    from mmrl.config import from_dict
-    from mmrl.loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
+    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
+    from mmrl.config.parse import from_dict
+    from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
+    from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     from mmrl.registry import ADAPTERS, RECIPES
-    from mmrl.reward_registry import REWARDS
+    from mmrl.core.scoring import REWARDS
     names = RECIPES.names()
     assert {"text_demo", "grounding", "t2i_demo", "dlm_demo"} <= set(names)
     for name in names:

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.config import DataConfig, parse_config
+from mmrl.config.sections import DataConfig
+from mmrl.config.parse import parse_config
 from mmrl.data import DataError, load_data, reward_columns_needed
 from mmrl.data.chat import split_conversation, split_placeholders
 from mmrl.data.sources import open_source
-from mmrl.reward_registry import ColumnBoundReward, bind_reward
+from mmrl.core.scoring import ColumnBoundReward, bind_reward
 from tasks.audio_lm import check_audio, load_audio
 from tasks.multimodal import place_media
 from tasks.video_clips import check_video

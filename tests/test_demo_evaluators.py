@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mmrl.demo import run_scored
+from mmrl.train.demo import run_scored
 from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
 from rewards.latex_sandbox import tex_available
 from tasks.demo_evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match

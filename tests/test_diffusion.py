@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import on_policy_step_changes
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 from tasks.diffusion.policy import DiffusionConfig, DiffusionPolicy
 from tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
 from tasks.diffusion.schedule import StepSchedule
@@ -229,7 +229,7 @@ def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeyp
         if whole:  # one backward over all trained steps at once
             monkeypatch.setattr(t.policy, "unit_slices", lambda mb: [slice(None)])
         t.optimizer.zero_grad(set_to_none=True)
-        t.accumulate_gradients(batch, t._micro_batches(batch), None, None, with_entropy=False)
+        t.updater.accumulate_gradients(batch, t.updater.micro_batches(batch), None, None, with_entropy=False)
         grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
     assert grads[0]
     for other in grads[1:]:
@@ -291,7 +291,7 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
 
 
 def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
-    from mmrl.loss import grouped_log_ratio
+    from mmrl.core.objectives import grouped_log_ratio
     from tasks.diffusion.chunks import calibrate_chunks, chunk_sizes, relative_l1_change
     # a hand-made trajectory: x_k = 1, 2, 4, 5, 6 (one latent dim): changes 1, 1, 0.25, 0.2
     traj = torch.tensor([[1.0, 2.0, 4.0, 5.0, 6.0]])[..., None]
@@ -312,13 +312,13 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     # the trainer backpropagates chunk by chunk; a second pass sees ratios != 1
     t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_level=chunk",
                                       "algorithm.chunks=[2,2]", "algorithm.mu=2"]))
-    assert [s for s, _ in t._unit_slices(t.prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
+    assert [s for s, _ in t.updater.unit_slices(t.prepare_batch(1).rollout)] == [slice(0, 2), slice(2, 4)]
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 
 @pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point"])
 def test_recipes_run_a_step(recipe, tmp_path):
-    from mmrl.config import load_recipe
+    from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
     cfg = load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", "algorithm.group_size=2",
                                            "optim.prompts_per_step=1", "max_steps=1", "logging.progress=false",

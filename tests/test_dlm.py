@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 from tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
 from tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
 from tasks.dlm.policy import DLMConfig, DLMPolicy
@@ -335,17 +335,17 @@ def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
     recipe = dict(RECIPE, reward_modules=[str(Path(__file__).parent / "digit_reward.py")])
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}", "algorithm.mu=3", "optim.lr=0.0"]))
     batch = t.prepare_batch(1)
-    chunks = t._micro_batches(batch)
+    chunks = t.updater.micro_batches(batch)
     seen = []
-    original = t.accumulate_gradients
+    original = t.updater.accumulate_gradients
 
     def spy(b, c, old, ref, with_entropy):
-        fresh = t._no_grad_logprobs(b, c, reference=False)
+        fresh = t.updater.no_grad_logprobs(b, c, reference=False)
         seen.append((b.rollout.extras["mask_pass"], torch.equal(old, fresh)))
         return original(b, c, old, ref, with_entropy)
 
-    t.accumulate_gradients = spy
-    t._update(batch)
+    t.updater.accumulate_gradients = spy
+    t.updater.update(batch)
     assert chunks and seen == [(0, True), (1, True), (2, True)]  # lr 0: the model never moves
 
 

@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
-from mmrl.cli import main
-from mmrl.config import ConfigError, TrainConfig
-from mmrl.explain import allowed_values, config_classes, explain
+from mmrl.cli.main import main
+from mmrl.config.parse import ConfigError
+from mmrl.config.sections import TrainConfig
+from mmrl.config.help import allowed_values, config_classes, explain
 from mmrl.registry import ADAPTERS
 
 

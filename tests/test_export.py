@@ -13,10 +13,10 @@ from test_diffusion import SIZE
 from test_diffusion import make as make_diffusion
 from test_vlm import RECIPE as VLM_RECIPE
 
-from mmrl.checkpoint import latest_checkpoint
-from mmrl.cli import main
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.train.checkpoint import latest_checkpoint
+from mmrl.cli.main import main
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 from tasks.tiny_models import TINY_MODELS
 
 PROMPT, SEED, STEPS = "red circle", 7, 4

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from mmrl.config import AlgorithmConfig
-from mmrl.loss import (AGGREGATIONS, KL_ESTIMATORS, REGULARISERS, Regulariser, closed_form_kl, grouped_log_ratio,
-                       policy_loss, ratio_segments, reference_pass, regulariser_needs, weighted_likelihood_loss)
+from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.core.objectives import (AGGREGATIONS, grouped_log_ratio, policy_loss, ratio_segments, weighted_likelihood_loss)
+from mmrl.core.regularisers import (KL_ESTIMATORS, REGULARISERS, Regulariser, closed_form_kl, reference_pass, regulariser_needs)
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]]
 OLD = [[-1.1, -1.5, -0.5], [-0.9, -1.2, -2.0]]
@@ -210,7 +210,7 @@ def test_grouped_log_ratio_masks_padding():
 
 def test_wd1_weighted_likelihood_matches_reference():
     """wd1: -sum_i softmax_g(A)_i log L_i + sum_i softmax_g(-A)_i log L_i, softmax per group."""
-    from mmrl.loss import OBJECTIVES, wd1_coefficients
+    from mmrl.core.objectives import OBJECTIVES, wd1_coefficients
     adv = torch.tensor([1.0, -0.5, -0.5, 2.0, 0.0, -2.0])
     group = torch.tensor([0, 0, 0, 1, 1, 1])
     row_mask = torch.tensor([True, True, True, True, True, False])

@@ -17,8 +17,8 @@ from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from PIL import Image
 from test_video import write_clip
 
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
 from tasks.prefix_sharing import unsupported_reason
 from tasks.vlm import VLMConfig, VLMPolicy

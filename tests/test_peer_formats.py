@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.config import load_recipe
+from mmrl.config.parse import load_recipe
 from mmrl.registry import RECIPES, load_plugins
-from mmrl.reward_registry import score_completions
-from mmrl.trainer import Trainer
+from mmrl.core.scoring import score_completions
+from mmrl.train.trainer import Trainer
 
 SMALL = ["algorithm.group_size=2", "optim.prompts_per_step=2", "optim.micro_batch_size=4", "max_steps=2",
          "logging.report_to=[none]", "logging.progress=false", "algorithm.beta=0.0"]
@@ -32,10 +32,10 @@ def train_two_steps(recipe: str, data_path, tmp_path, *extra, perfect=None, expe
     metrics = [trainer.train_step() for _ in range(2)]
     for name in cfg.rewards:
         assert all(math.isfinite(m[f"reward/{name}"]) for m in metrics), (name, metrics)
-    row = trainer.train_rows[0]
+    row = trainer.inputs.train_rows[0]
     rollout = trainer.policy.rollout([row], 1, [0])
     rollout.add_data_columns([row])
-    scores = score_completions(trainer.reward_fns, rollout, [0], [perfect(row, rollout.columns)])
+    scores = score_completions(trainer.inputs.reward_fns, rollout, [0], [perfect(row, rollout.columns)])
     for name, low in (expect or {}).items():
         assert float(scores[name][0]) >= low, (name, float(scores[name][0]))
     return trainer

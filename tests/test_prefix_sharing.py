@@ -12,8 +12,9 @@ from PIL import Image
 from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overrides
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer, build_policy
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
+from mmrl.train.parts import build_policy
 from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
 from tasks.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing

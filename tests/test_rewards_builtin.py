@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from mmrl.reward_registry import RewardError, compute_rewards, register_reward
+from mmrl.core.scoring import RewardError, compute_rewards, register_reward
 from rewards import REWARDS, get_reward
 from rewards.accuracy import accuracy_reward, choice_letter, parse_number
 from rewards.format import format_reward

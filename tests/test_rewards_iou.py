@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.reward_registry import compute_rewards, metric_logger
+from mmrl.core.scoring import compute_rewards, metric_logger
 from rewards import get_reward
 from rewards.iou import STYLES, box_iou, format_boxes, iou_reward, match_boxes, parse_boxes
 

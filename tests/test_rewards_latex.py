@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rewards import get_reward
-from mmrl.reward_registry import metric_logger
+from mmrl.core.scoring import metric_logger
 from rewards.latex_render import cw_ssim, ssim, teds, token_similarity
 from rewards.latex_sandbox import compile_latex, tex_available
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import rewards  # noqa: F401  (registration)
-from mmrl.reward_registry import get_reward
+from mmrl.core.scoring import get_reward
 from rewards import latex_sandbox as S
 from rewards import table2latex_rl as T
-from mmrl.reward_registry import metric_logger
+from mmrl.core.scoring import metric_logger
 
 ROW = r"\begin{tabular}{cccc} a & b & c & d \\ \end{tabular}"
 TWO_ROWS = r"\begin{tabular}{cc}\hline a & b \\ c & d \\ \hline \end{tabular}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rewards  # noqa: F401  (registration)
-from mmrl.reward_registry import get_reward
+from mmrl.core.scoring import get_reward
 from rewards import wer as W
 from rewards.wer import (char_error_rate, normalize_transcript, number_to_words, resample,
                          word_error_rate)

@@ -3,7 +3,7 @@ joining rollouts of different widths, scoring only the used columns."""
 
 import torch
 
-from mmrl.rollout import Rollout
+from mmrl.core.rollout import Rollout
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
 from tasks.rollout_batches import concat_padded, first_eos_ends, full_width, units_before, used_width
 

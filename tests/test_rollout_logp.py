@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from helpers import TINY_RECIPE
-from mmrl.config import AlgorithmConfig, parse_config
+from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.loss import policy_loss
-from mmrl.rollout_correction import importance_weights, mismatch_metrics, mismatch_sums
-from mmrl.trainer import Trainer
+from mmrl.core.objectives import policy_loss
+from mmrl.core.rollout_correction import importance_weights, mismatch_metrics, mismatch_sums
+from mmrl.train.trainer import Trainer
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
 
 TINY = {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 6}
@@ -122,7 +123,7 @@ def test_a_known_gap_is_measured_and_capped(tmp_path, kind):
     r.rollout_logp = r.rollout_logp - shift
     trained = r.unit_mask.bool() & batch.row_mask[:, None] & (batch.advantages != 0)[:, None]
     assert trained.any()
-    metrics = t._update(batch)
+    metrics = t.updater.update(batch)
     assert metrics["rollout/logp_diff_max"] == pytest.approx(1.0, abs=1e-4)
     expected_mean = float(shift[trained].abs().mean())
     assert metrics["rollout/logp_diff_mean"] == pytest.approx(expected_mean, abs=1e-4)
@@ -139,9 +140,9 @@ def test_the_corrected_gradient_is_the_gradient_with_reweighted_units(tmp_path, 
     shift[:, ::3] = 1.0      # capped: dropped
     shift[:, 1::3] = -0.5    # rho = e^-0.5: weighted
     r.rollout_logp = r.rollout_logp - shift
-    chunks = t._micro_batches(batch)
+    chunks = t.updater.micro_batches(batch)
     t.optimizer.zero_grad(set_to_none=True)
-    t.accumulate_gradients(batch, chunks, None, None, with_entropy=False)
+    t.updater.accumulate_gradients(batch, chunks, None, None, with_entropy=False)
     corrected = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
     # reference: no correction, with the aggregation weights multiplied by each unit's MIS weight
     t.cfg.algorithm.rollout_correction = "none"
@@ -149,7 +150,7 @@ def test_the_corrected_gradient_is_the_gradient_with_reweighted_units(tmp_path, 
     unit_weight = rho.clamp(max=2.0) if kind == "tis" else torch.where(rho > 2.0, 0.0, rho)
     reference = type(batch)(r, batch.advantages, batch.row_mask, batch.weights * unit_weight, batch.metrics)
     t.optimizer.zero_grad(set_to_none=True)
-    t.accumulate_gradients(reference, chunks, None, None, with_entropy=False)
+    t.updater.accumulate_gradients(reference, chunks, None, None, with_entropy=False)
     for n, p in t.model.named_parameters():
         if p.grad is not None:
             assert torch.allclose(corrected[n], p.grad, atol=1e-6, rtol=1e-4), n
@@ -160,7 +161,7 @@ def test_correction_without_rollout_logp_is_a_clear_error(tmp_path):
     batch = t.prepare_batch(1)
     batch.rollout.rollout_logp = None
     with pytest.raises(UserError, match="algorithm.rollout_correction='tis' needs the rollout sampler's log-probs"):
-        t._update(batch)
+        t.updater.update(batch)
 
 
 def test_the_cap_must_be_positive(tmp_path):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from helpers import TINY_RECIPE, tiny_overrides
 
-from mmrl import checkpoint as ckpt
-from mmrl.config import parse_config
+from mmrl.train import checkpoint as ckpt
+from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.tracking import read_metrics
-from mmrl.trainer import NonFiniteError, Trainer
+from mmrl.train.tracking import read_metrics
+from mmrl.train.trainer import NonFiniteError, Trainer
 
 
 def make(out, *extra):
@@ -105,21 +105,21 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
 def test_nonfinite_loss_skips_the_step_then_stops_naming_it(tmp_path):
     out = tmp_path / "run"
     trainer = make(out, "max_steps=5", "max_bad_steps=2")
-    objective = trainer.objective
+    objective = trainer.updater.objective
 
     def poisoned(*args, **kwargs):
         terms = objective.loss(*args, **kwargs)
         if trainer.step + 1 >= 2:  # from step 2 on
             terms.loss = terms.loss * math.nan
         return terms
-    trainer.objective = replace(objective, loss=poisoned)
+    trainer.updater.objective = replace(objective, loss=poisoned)
     weights = {}
-    original_update = trainer._update
+    original_update = trainer.updater.update
 
     def update(batch):
         weights[trainer.step + 1] = [p.detach().clone() for p in trainer.model.parameters()]
         return original_update(batch)
-    trainer._update = update
+    trainer.updater.update = update
     with pytest.raises(NonFiniteError, match=r"step 3: the loss was not finite for 2 steps in a row.*step-000003"):
         trainer.train()
     after = [p.detach() for p in trainer.model.parameters()]

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from mmrl.config import SamplingConfig
-from mmrl.sampling import PromptSampler, curriculum_order, derive_seed
+from mmrl.config.sections import SamplingConfig
+from mmrl.data.sampler import PromptSampler, curriculum_order
+from mmrl.core.seeding import derive_seed
 
 ROWS = [{"prompt": str(i), "difficulty": (i * 7) % 5} for i in range(10)]  # 0,2,4,1,3,0,2,4,1,3
 VARIANCE = SamplingConfig(strategy="variance")
@@ -185,16 +186,16 @@ def test_state_dict_round_trip_gives_the_same_draws(cfg):
 
 def test_trainer_feeds_the_named_reward_to_the_variance_sampler(tmp_path):
     from helpers import TINY_RECIPE, tiny_overrides
-    from mmrl.config import parse_config
-    from mmrl.trainer import Trainer
+    from mmrl.config.parse import parse_config
+    from mmrl.train.trainer import Trainer
     recipe = dict(TINY_RECIPE, sampling={"strategy": "variance", "variance_reward": "digits"})
     with pytest.raises(ValueError, match=r"sampling.variance_reward='digits' is not one of the rewards"):
         Trainer(parse_config(recipe, tiny_overrides(tmp_path)))
     recipe["sampling"]["variance_reward"] = "accuracy"
     t = Trainer(parse_config(recipe, tiny_overrides(tmp_path)))
     seen = []
-    update = t.sampler.update
-    t.sampler.update = lambda indices, outcome, gid: (seen.append(outcome.clone()), update(indices, outcome, gid))[1]
+    update = t.inputs.sampler.update
+    t.inputs.sampler.update = lambda indices, outcome, gid: (seen.append(outcome.clone()), update(indices, outcome, gid))[1]
     metrics = t.train_step()
     assert len(seen) == 1 and seen[0].shape == (16,)
     assert float(seen[0].mean()) == pytest.approx(metrics["reward/accuracy"], abs=1e-6)

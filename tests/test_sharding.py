@@ -155,13 +155,13 @@ def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
 SHARDED_BF16_CHECK = r"""
 import json, sys, torch
 from torch.distributed.tensor import DTensor
-from mmrl.config import load_recipe
-from mmrl.trainer import Trainer
+from mmrl.config.parse import load_recipe
+from mmrl.train.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 batch = t.prepare_batch(1)
-chunks = t._micro_batches(batch)
-old = t._no_grad_logprobs(batch, chunks, reference=False)
-metrics = t._update(batch)
+chunks = t.updater.micro_batches(batch)
+old = t.updater.no_grad_logprobs(batch, chunks, reference=False)
+metrics = t.updater.update(batch)
 logp, _ = t.policy.logprobs(t.model, batch.rollout.select([0]), slice(None))
 params = [p for p in t.model.parameters()]
 state = [v for s in t.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
@@ -173,7 +173,7 @@ report = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "old_dtype
           "state_dtypes": sorted({str(v.dtype) for v in state}), "compute_dtype": str(out.logits.dtype)}
 if t.accelerator.is_main_process:
     print(json.dumps(report))
-from mmrl.cli import exit_without_teardown
+from mmrl.cli.main import exit_without_teardown
 exit_without_teardown(0)
 """
 
@@ -230,7 +230,7 @@ def test_every_family_trains_sharded_as_on_one_process(tmp_path, family):
 
 
 def test_an_accelerate_fsdp_launcher_config_becomes_the_recipe_settings():
-    from mmrl.distributed import launcher_settings
+    from mmrl.distributed.launcher import launcher_settings
     assert launcher_settings({"ACCELERATE_USE_FSDP": "false"}) is None and launcher_settings({}) is None
     env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false",
            "FSDP_OFFLOAD_PARAMS": "true", "FSDP_TRANSFORMER_CLS_TO_WRAP": "Qwen2DecoderLayer, Qwen2VLVisionBlock",
@@ -248,8 +248,8 @@ EXPORT_CHECK = r"""
 import copy, json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from mmrl.config import DistributedConfig
-from mmrl.distributed import Sharding
+from mmrl.config.sections import DistributedConfig
+from mmrl.distributed.fsdp import Sharding
 from tasks.model_loading import load_tiny
 from tasks.vllm_engine import export_weights
 dist.init_process_group("gloo")
@@ -283,7 +283,7 @@ report = {"units": len(units), "most_gathered": most, "after": after, "still_gat
           "any_dtensor": any(isinstance(t, DTensor) for t in [*got.values(), *inside.values()])}
 if dist.get_rank() == 0:
     print(json.dumps(report))
-from mmrl.cli import exit_without_teardown
+from mmrl.cli.main import exit_without_teardown
 exit_without_teardown(0)
 """
 

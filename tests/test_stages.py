@@ -1,4 +1,4 @@
-"""Training in stages (mmrl/stages.py): validation at load time, settings switched at the right
+"""Training in stages (mmrl/train/stages.py): validation at load time, settings switched at the right
 steps (read back from metrics.jsonl), exact resume across a stage boundary after SIGKILL, and
 the same run on 1 and 2 processes."""
 
@@ -15,9 +15,9 @@ import yaml
 from helpers import TINY_RECIPE
 from safetensors.torch import load_file
 
-from mmrl.config import ConfigError, parse_config
-from mmrl.stages import StagePlan
-from mmrl.tracking import stage_starts
+from mmrl.config.parse import ConfigError, parse_config
+from mmrl.train.stages import StagePlan
+from mmrl.train.tracking import stage_starts
 
 HERE = Path(__file__).parent
 TIMING = ("time_rollout_s", "time_update_s")
@@ -69,7 +69,7 @@ def test_data_path_replaces_the_recipe_data_source(tmp_path):
     assert (data.name, data.path, data.args) == (None, str(rows), {})
     r["stages"][1]["data.path"] = str(tmp_path / "missing.jsonl")
     with pytest.raises(ConfigError, match=r"stages\[1\].data.path: .*missing.jsonl"):
-        parse_config(r)
+        StagePlan(parse_config(r))
 
 
 @pytest.mark.parametrize("stage,message", [
@@ -91,12 +91,12 @@ def test_data_path_replaces_the_recipe_data_source(tmp_path):
 ])
 def test_what_a_stage_may_not_do_is_an_error_at_load_time(stage, message):
     with pytest.raises(ConfigError, match=message):
-        parse_config(staged_recipe(max_steps=1, stages=[stage]))
+        StagePlan(parse_config(staged_recipe(max_steps=1, stages=[stage])))
 
 
 def test_max_steps_may_not_outrun_the_stages():
     with pytest.raises(ConfigError, match=r"max_steps=5 is more than the 4 steps the stages plan \(2 \+ 2\)"):
-        parse_config(staged_recipe(max_steps=5))
+        StagePlan(parse_config(staged_recipe(max_steps=5)))
     # a list entry can be overridden from the command line
     cfg = parse_config(staged_recipe(), ["stages.1.steps=3", "max_steps=5"])
     assert StagePlan(cfg).planned_steps == 5
@@ -112,7 +112,7 @@ def read(path):
 
 
 def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
     cfg = parse_config(staged_recipe(output_dir=str(tmp_path)))
     trainer = Trainer(cfg)
     trainer.train()
@@ -133,11 +133,11 @@ def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert len(saved["stages"]) == 2 and saved["policy"]["max_new_tokens"] == 8  # the recipe, as written
     # `mmrl eval` loads the last checkpoint into a fresh trainer: it takes that step's stage
-    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.train.checkpoint import latest_checkpoint
     fresh = Trainer(cfg, for_training=False)  # scores a checkpoint of the run in the same directory
     assert fresh.stage.index == 0 and fresh.policy.cfg.max_new_tokens == 2
     fresh.load_checkpoint(latest_checkpoint(tmp_path))
-    assert fresh.stage.index == 1 and fresh.policy.cfg.max_new_tokens == 6 and len(fresh.train_rows) == 32
+    assert fresh.stage.index == 1 and fresh.policy.cfg.max_new_tokens == 6 and len(fresh.inputs.train_rows) == 32
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
 
 
@@ -215,9 +215,9 @@ def test_staged_run_is_the_same_on_one_and_two_processes(tmp_path):
                           "stages.1.data.args.n_train=8", "algorithm.group_size=2"], [20, 20]),
 ])
 def test_stage_recipes_run_on_cpu(tmp_path, name, overrides, lengths):
-    from mmrl.cli import resolve_recipe
-    from mmrl.config import load_recipe
-    from mmrl.trainer import Trainer
+    from mmrl.config.recipes import resolve_recipe
+    from mmrl.config.parse import load_recipe
+    from mmrl.train.trainer import Trainer
     small = ["max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2", "logging.report_to=[none]",
              "logging.progress=false", f"output_dir={tmp_path}"]
     cfg = load_recipe(resolve_recipe(name), [*overrides, *small])

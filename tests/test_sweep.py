@@ -14,24 +14,14 @@ from pathlib import Path
 import pytest
 
 from mmrl.errors import UserError
-from mmrl.config import load_recipe
+from mmrl.config.parse import load_recipe
 from mmrl.registry import DEMOS, RECIPES
-from mmrl.sweep import (
-    Run,
-    cells,
-    parse_cells,
-    parse_grid,
-    parse_shard,
-    plan,
-    split_values,
-    sweep,
-    warm_key,
-    write_reports,
-)
+from mmrl.train.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
+from mmrl.train.sweep_report import write_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 # the text demo shrunk to seconds per run
-TINY = ["max_steps=2", "warm_start.steps=2", "warm_start.batch_size=4", "eval.max_prompts=2",
+TINY = ["max_steps=2", "warm_start.steps=2", "warm_start.batch_size=4", "eval.max_prompts=4",
         "eval.group_size=2", "optim.prompts_per_step=2", "optim.micro_batch_size=4", "algorithm.group_size=2",
         "policy.max_new_tokens=8", "policy.tiny_args.hidden=32", "logging.report_to=[none]",
         "logging.progress=false", "save_every=0", "data.args.n_train=64", "data.args.n_eval=4"]
@@ -155,7 +145,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
 
 
 def test_bad_grid_key_fails_before_any_run(tmp_path):
-    from mmrl.config import ConfigError
+    from mmrl.config.parse import ConfigError
     with pytest.raises(ConfigError, match="algorithm.nope"):
         sweep("text", ["algorithm.nope=1,2"], 1, tmp_path, TINY, say=lambda *_: None)
     assert not (tmp_path / "runs").exists()
@@ -163,7 +153,7 @@ def test_bad_grid_key_fails_before_any_run(tmp_path):
 
 
 def test_parallel_runs_share_the_cores_unless_the_user_set_threads():
-    from mmrl.sweep import run_environment
+    from mmrl.train.sweep import run_environment
     cores = os.cpu_count() or 1
     assert run_environment(1, {})["OMP_NUM_THREADS"] == str(cores)
     assert run_environment(2 * cores, {})["OMP_NUM_THREADS"] == "1"

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from mmrl.tracking import Progress, Tracker, plot_rewards, plot_sample_grid
+from mmrl.train.tracking import Progress, Tracker, plot_rewards, plot_sample_grid
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers import TINY_RECIPE, tiny_overrides
-from mmrl.config import ConfigError, parse_config
-from mmrl.reward_registry import RewardError, register_reward
-from mmrl.trainer import Trainer
+from mmrl.config.parse import ConfigError, parse_config
+from mmrl.core.scoring import RewardError, register_reward
+from mmrl.train.trainer import Trainer
 
 
 def make_trainer(tmp_path, *extra):
@@ -19,8 +19,8 @@ def make_trainer(tmp_path, *extra):
 def grads_for(trainer, batch, micro_batch_size):
     trainer.cfg.optim.micro_batch_size = micro_batch_size
     trainer.optimizer.zero_grad(set_to_none=True)
-    chunks = trainer._micro_batches(batch)
-    sums = trainer.accumulate_gradients(batch, chunks, None, None, with_entropy=True)
+    chunks = trainer.updater.micro_batches(batch)
+    sums = trainer.updater.accumulate_gradients(batch, chunks, None, None, with_entropy=True)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return grads, sums
 
@@ -99,7 +99,7 @@ def test_wrong_length_reward_is_an_error_naming_it(tmp_path):
 
 
 def test_unknown_reward_and_estimator_are_named(tmp_path):
-    # both are found with the whole recipe, before the model loads (mmrl.validate)
+    # both are found with the whole recipe, before the model loads (mmrl.train.plan)
     with pytest.raises(ConfigError, match="no_such_reward"):
         make_trainer(tmp_path, "rewards={no_such_reward: {weight: 1.0}}")
     with pytest.raises(ConfigError, match="algorithm.estimator: 'no_such_estimator'"):
@@ -116,7 +116,7 @@ def test_dynamic_sampling_draws_until_groups_vary(tmp_path):
 
 
 def test_batch_positions_follow_groups_not_process_order():
-    from mmrl.trainer import batch_positions
+    from mmrl.train.batching import batch_positions
     # whole batch in draw order: draw 0 (groups 0, 1), draw 1 (groups 4, 5); this process kept 1 and 5
     batch = torch.tensor([0, 0, 1, 1, 4, 4, 5, 5])
     assert batch_positions(batch, torch.tensor([1, 1, 5, 5])).tolist() == [2, 3, 6, 7]

@@ -4,8 +4,8 @@ names its dotted key, and all of them are reported together."""
 import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
-from mmrl.config import ConfigError, parse_config
-from mmrl.trainer import Trainer
+from mmrl.config.parse import ConfigError, parse_config
+from mmrl.train.trainer import Trainer
 
 
 def problems(tmp_path, *overrides):
@@ -71,7 +71,7 @@ def test_unknown_keys_are_reported_together_when_parsed():
 
 
 def test_a_good_recipe_passes(tmp_path):
-    from mmrl.validate import validate
+    from mmrl.train.plan import validate
     validate(parse_config(TINY_RECIPE, tiny_overrides(tmp_path)))
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.config import parse_config
-from mmrl.trainer import Trainer
-from mmrl.reward_registry import metric_logger
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
+from mmrl.core.scoring import metric_logger
 from rewards.t_grpo import t_grpo_reward
 from tasks.video_clips import load_video, sample_indices
 from tasks.vlm import VLMConfig, VLMPolicy

@@ -17,9 +17,9 @@ from test_sharding import LM, assert_same, exported, launch, write
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from mmrl.config import parse_config  # noqa: E402
-from mmrl.tracking import read_metrics  # noqa: E402
-from mmrl.trainer import Trainer  # noqa: E402
+from mmrl.config.parse import parse_config  # noqa: E402
+from mmrl.train.tracking import read_metrics  # noqa: E402
+from mmrl.train.trainer import Trainer  # noqa: E402
 from tasks.causal_lm import CausalLMConfig, CausalLMPolicy, eos_token_ids  # noqa: E402
 from tasks.vllm_engine import export_weights  # noqa: E402
 

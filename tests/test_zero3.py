@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl import zero
-from mmrl.config import ConfigError, load_recipe
-from mmrl.validate import validate
+from mmrl.distributed import zero3 as zero
+from mmrl.config.parse import ConfigError, load_recipe
+from mmrl.train.plan import validate
 from test_distributed import free_port
 from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, check_resumes_exactly_after_kill_9, exported, launch, write
 
@@ -79,15 +79,15 @@ def test_zero3_resumes_exactly_after_kill_9(tmp_path):
 
 NONFINITE_CHECK = r"""
 import json, math, sys
-from mmrl.config import load_recipe
-from mmrl.trainer import Trainer
+from mmrl.config.parse import load_recipe
+from mmrl.train.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 param = next(p for p in t.unwrapped.parameters() if p.requires_grad)
 param.register_hook(lambda g: g * math.inf if t.step == 1 else g)  # step 2's gradients are not finite
 t.train()
 if t.accelerator.is_main_process:
     print(json.dumps({"skipped": [json.loads(x)["nonfinite_skipped"] for x in open(sys.argv[3].split("=", 1)[1] + "/metrics.jsonl")]}))
-from mmrl.cli import exit_without_teardown
+from mmrl.cli.main import exit_without_teardown
 exit_without_teardown(0)
 """
 
@@ -105,14 +105,14 @@ def test_zero3_skips_a_step_with_a_nonfinite_gradient(tmp_path):
 
 ZERO3_BF16_CHECK = r"""
 import json, sys, torch
-from mmrl.config import load_recipe
-from mmrl.trainer import Trainer
+from mmrl.config.parse import load_recipe
+from mmrl.train.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 batch = t.prepare_batch(1)
-chunks = t._micro_batches(batch)
-old = t._no_grad_logprobs(batch, chunks, reference=False)
-ref = t._no_grad_logprobs(batch, chunks, reference=True)
-metrics = t._update(batch)
+chunks = t.updater.micro_batches(batch)
+old = t.updater.no_grad_logprobs(batch, chunks, reference=False)
+ref = t.updater.no_grad_logprobs(batch, chunks, reference=True)
+metrics = t.updater.update(batch)
 inner = t.model.optimizer
 master = inner.fp32_partitioned_groups_flat
 state = [v for s in inner.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
@@ -124,7 +124,7 @@ report = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "old_dtype
           "reference_local": sum(p.ds_tensor.numel() for p in t.reference.parameters()), "whole": whole}
 if t.accelerator.is_main_process:
     print(json.dumps(report))
-from mmrl.cli import exit_without_teardown
+from mmrl.cli.main import exit_without_teardown
 exit_without_teardown(0)
 """
 
@@ -188,7 +188,7 @@ def test_accelerate_zero3_launcher_config_trains_the_same(tmp_path):
 
 
 def test_an_accelerate_deepspeed_launcher_config_becomes_the_recipe_settings():
-    from mmrl.distributed import launcher_settings
+    from mmrl.distributed.launcher import launcher_settings
     from mmrl.errors import UserError
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none"}

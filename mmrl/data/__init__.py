@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from ..config import DataConfig
-from ..registry import DATASETS
-from .rows import RowError, Rows, RowTransform
-from .sources import open_source, read_rows
-from .validate import DataError, MediaCheck, reward_columns_needed, validate
+from mmrl.config.sections import DataConfig
+from mmrl.data.rows import RowError, Rows, RowTransform
+from mmrl.data.sources import open_source, read_rows
+from mmrl.data.validate import DataError, MediaCheck, reward_columns_needed, validate
+from mmrl.registry import DATASETS
 
 __all__ = ["DataError", "RowError", "Rows", "load_data", "read_rows", "reward_columns_needed"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .chat import is_conversation, split_conversation
+from mmrl.data.chat import is_conversation, split_conversation
 
 
 class RowError(ValueError):

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .rows import RowError, Rows
+from mmrl.data.rows import RowError, Rows
 
 logger = logging.getLogger("mmrl")
 

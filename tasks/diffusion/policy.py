@@ -24,11 +24,11 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
-from mmrl.distributed import unsharded_class
-from mmrl.policy import Policy
+from mmrl.distributed.fsdp import unsharded_class
+from mmrl.core.policy import Policy
 from mmrl.registry import ADAPTERS
-from mmrl.rollout import Rollout
-from mmrl.sampling import derive_seed
+from mmrl.core.rollout import Rollout
+from mmrl.core.seeding import derive_seed
 
 from ..model_loading import DTYPES
 from ..tiny_models import TINY_MODELS

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mmrl.evaluate import Evaluator
+from mmrl.train.evaluation import Evaluator
 
 from .synthetic import BACKGROUND, COLOURS, SHAPES, draw_shape
 

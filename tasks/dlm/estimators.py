@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from mmrl.registry import Registry
-from mmrl.sampling import derive_seed
+from mmrl.core.seeding import derive_seed
 
 COUPLED_T_RANGE = (0.2, 0.8)
 

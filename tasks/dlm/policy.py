@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 import transformers
 
-from mmrl.policy import Policy
+from mmrl.core.policy import Policy
 from mmrl.registry import ADAPTERS
-from mmrl.rollout import Rollout
-from mmrl.sampling import derive_seed
+from mmrl.core.rollout import Rollout
+from mmrl.core.seeding import derive_seed
 
 from ..chat_prompts import prompt_text, tokenize_prompts
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left

@@ -25,7 +25,6 @@ unless it asks for more prompts than the data set has.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import deque
 from typing import Sequence
@@ -33,17 +32,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .config import SamplingConfig
+from mmrl.config.sections import SamplingConfig
+from mmrl.core.seeding import derive_seed
 
 UNSEEN_VPS = 0.25  # the largest variance of a 0/1 outcome: p(1-p) at p = 1/2
+
+
 MIN_MAX_EPS = 1e-8  # MMR1: (w - min) / (max - min + 1e-8)
-
-
-def derive_seed(*values: int) -> int:
-    """A stable 63-bit seed mixed from integers with blake2b (same on every process and run)."""
-    text = ",".join(str(int(v)) for v in values).encode()
-    digest = hashlib.blake2b(text, digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def _is_number(value) -> bool:

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 
-from .errors import UserError
+from mmrl.errors import UserError
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 

@@ -17,7 +17,8 @@ import types
 import typing
 from typing import Any, Iterator, Literal
 
-from .config import ConfigError, TrainConfig
+from mmrl.config.parse import ConfigError
+from mmrl.config.sections import TrainConfig
 
 DEFAULT_TASK = TrainConfig.task
 
@@ -61,7 +62,7 @@ def type_name(tp: Any) -> str:
 
 def policy_config(task: str) -> type:
     """The `Config` dataclass of the registered adapter `task`."""
-    from .registry import ADAPTERS
+    from mmrl.registry import ADAPTERS
     return ADAPTERS.get(task).Config
 
 
@@ -179,9 +180,3 @@ def config_classes(roots: typing.Iterable[type]) -> Iterator[type]:
                     for x in _options(inner):
                         if dataclasses.is_dataclass(x) and isinstance(x, type):
                             stack.append(x)
-
-
-def run_explain(args) -> int:
-    """`mmrl explain KEY [--task T]` (mmrl/cli.py parses its arguments)."""
-    print(explain(args.key, args.task))
-    return 0

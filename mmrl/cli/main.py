@@ -13,26 +13,26 @@ its recipe, data and model paths) print one line; anything else prints its full 
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import sys
 import traceback
-from pathlib import Path
 
-from .errors import UserError, is_user_error, message
-from .registry import shipped_demos, shipped_recipes
+from mmrl.errors import is_user_error, message
+from mmrl.registry import shipped_demos, shipped_recipes
+
 
 # command -> (module, function(args) -> exit code); the module is imported only to run the command
 DISPATCH = {
-    "train": ("mmrl.cli", "run_train"),
-    "eval": ("mmrl.evaluate", "run_eval"),
-    "demo": ("mmrl.demo", "run_demo_command"),
-    "list": ("mmrl.cli", "run_list"),
-    "sweep": ("mmrl.sweep", "run_sweep"),
-    "export": ("mmrl.export", "run_export"),
-    "explain": ("mmrl.explain", "run_explain"),
+    "train": ("mmrl.cli.commands", "run_train"),
+    "eval": ("mmrl.cli.commands", "run_eval"),
+    "demo": ("mmrl.cli.commands", "run_demo_command"),
+    "list": ("mmrl.cli.commands", "run_list"),
+    "sweep": ("mmrl.cli.commands", "run_sweep"),
+    "export": ("mmrl.cli.commands", "run_export"),
+    "explain": ("mmrl.cli.commands", "run_explain"),
 }
+
 
 EXAMPLES = """examples:
   mmrl demo text                                   a CPU demo end to end (no download)
@@ -47,26 +47,6 @@ EXAMPLES = """examples:
 
 def _columns(names) -> str:
     return ", ".join(sorted(names)) or "none"
-
-
-def resolve_recipe(name_or_path: str) -> Path:
-    """A path to a ``.yaml``/``.yml`` file, else the name of a shipped (or plugin-registered) recipe;
-    a file or folder that happens to carry a recipe's name does not hide it."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise UserError(f"recipe file {name_or_path!r} does not exist")
-        return path
-    shipped = shipped_recipes()
-    if name_or_path in shipped:
-        return shipped[name_or_path]
-    from .registry import RECIPES  # a third-party plugin may register recipes in code
-    if name_or_path in RECIPES:
-        return Path(RECIPES.get(name_or_path))
-    close = difflib.get_close_matches(name_or_path, list(shipped), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UserError(f"unknown recipe {name_or_path!r}{hint}; shipped recipes: {_columns(shipped)} "
-                    "(or give a path to a .yaml file)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,37 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a config key the warm start does not read (e.g. policy.sampler): cells "
                               "differing only there share a warm start")
     return parser
-
-
-def run_train(args: argparse.Namespace) -> int:
-    from .config import load_recipe
-    cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
-    from .trainer import Trainer
-    Trainer(cfg).train()
-    return 0
-
-
-def run_list(args: argparse.Namespace) -> int:
-    from .advantages import ADVANTAGE_ESTIMATORS
-    from .loss import (
-        AGGREGATIONS,
-        CLOSED_FORM_KL,
-        KL_ESTIMATORS,
-        OBJECTIVES,
-        RATIO_LEVELS,
-    )
-    from .registry import ADAPTERS, DEMOS, RECIPES, load_plugins
-    from .reward_registry import REWARDS
-    load_plugins()
-    rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
-            ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
-            ("objectives (algorithm.objective)", OBJECTIVES.names()),
-            ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
-            ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
-            ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),
-            ("rewards", REWARDS.names())]
-    print("\n".join(f"{title}: {', '.join(names)}" for title, names in rows))
-    return 0
 
 
 def end_process_group() -> None:

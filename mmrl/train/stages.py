@@ -10,7 +10,7 @@ N_0 + ... + N_last; a smaller ``max_steps`` ends the run inside the plan. The st
 function of the step count alone, so every process switches at the same step and a resumed run
 lands in the stage an uninterrupted one is in. The model and the optimizer state carry over.
 
-What a stage may change is listed in `STAGE_FIELDS` (engine fields), ``rewards.NAME.weight`` /
+What a stage may change is marked ``"stage": True`` in the fields' metadata (mmrl/config/), ``rewards.NAME.weight`` /
 ``.args`` of the recipe's rewards, and the adapter's own `Policy.stage_fields` under ``policy``;
 anything else (task, model, LoRA, schedule, seed, ...) is an error naming the field. A stage
 that changes ``data.*`` or ``sampling.*`` starts a fresh prompt sampler over its data (seeded
@@ -22,23 +22,30 @@ from the run seed and the stage index); otherwise the data position carries on. 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig, from_dict, to_dict
+from mmrl.config.parse import ConfigError, from_dict, to_dict
+from mmrl.config.sections import TrainConfig
+from mmrl.core.advantages import check_reward_combine
+from mmrl.core.seeding import derive_seed
+from mmrl.registry import ADAPTERS, DATASETS, load_plugins
 
-# engine fields a stage may change; everything else in these sections is fixed for the run
-STAGE_FIELDS = {
-    "algorithm": ("group_size", "beta", "eps_low", "eps_high", "dual_clip", "clip_advantage",
-                  "drop_zero_variance", "entropy_coef", "mu", "max_units", "prune_threshold", "std",
-                  "eps", "max_reward", "reward_combine", "gates"),
-    "optim": ("lr", "prompts_per_step", "micro_batch_size", "max_grad_norm"),
-    "sampling": ("strategy", "variance_mix", "variance_window", "diversity_weight", "curriculum_column",
-                 "curriculum_descending", "dynamic", "dynamic_max_tries"),
-    "data": ("name", "path", "args", "prompt_column"),
-    "eval": ("every", "max_prompts", "group_size"),
-}
+def _stage_fields() -> dict[str, tuple[str, ...]]:
+    """Section -> the engine fields a stage may change (marked ``"stage": True`` in their metadata)."""
+    recipe, out = TrainConfig(), {}
+    for section in dataclasses.fields(recipe):
+        value = getattr(recipe, section.name)
+        marked = tuple(f.name for f in dataclasses.fields(value) if f.metadata.get("stage")) \
+            if dataclasses.is_dataclass(value) else ()
+        if marked:
+            out[section.name] = marked
+    return out
+
+
+STAGE_FIELDS = _stage_fields()
 REWARD_FIELDS = ("weight", "args")
 # mappings merged key by key when a stage overrides part of them (other mappings are replaced)
 SECTIONS = ("policy", "data", "algorithm", "optim", "sampling", "eval", "rewards")
@@ -100,6 +107,7 @@ class Stage:
     first_step: int  # 1-based, inclusive
     last_step: int   # inclusive
     config: TrainConfig
+    policy: Any      # the ``policy:`` section typed by the adapter's own Config, once for the run
 
 
 class StagePlan:
@@ -108,7 +116,7 @@ class StagePlan:
     def __init__(self, cfg: TrainConfig):
         self.recipe = cfg
         if not cfg.stages:
-            self.stages = [Stage(0, 1, max(cfg.max_steps, 1), cfg)]
+            self.stages = [Stage(0, 1, max(cfg.max_steps, 1), cfg, from_dict(_adapter_config(cfg.task), cfg.policy, "policy"))]
             return
         base = to_dict(cfg)
         base.pop("stages")
@@ -127,11 +135,11 @@ class StagePlan:
                 _check_changeable(name, cfg, stage_fields, where)
             try:
                 config = from_dict(TrainConfig, _merge(base, overrides))
-                from_dict(_adapter_config(cfg.task), config.policy, "policy")
+                policy = from_dict(_adapter_config(cfg.task), config.policy, "policy")
             except ConfigError as e:
                 raise ConfigError(f"{where}: {e}") from e
             _check_stage(config, cfg, where)
-            self.stages.append(Stage(k, first, first + steps - 1, config))
+            self.stages.append(Stage(k, first, first + steps - 1, config, policy))
             first += steps
         total = self.stages[-1].last_step
         if cfg.max_steps > total:
@@ -161,7 +169,6 @@ class StagePlan:
     def sampler_seed(self, stage: Stage) -> int:
         """The seed of the prompt sampler in use in `stage`: the run seed while the data is the
         recipe's first stage's, else derived from the stage that started the current data."""
-        from .sampling import derive_seed
         origin = stage.index
         while origin > 0 and self.same_data(self.stages[origin - 1], stage):
             origin -= 1
@@ -170,7 +177,6 @@ class StagePlan:
 
 
 def _adapter(task: str):
-    from .registry import ADAPTERS, load_plugins
     load_plugins()
     return ADAPTERS.get(task)
 
@@ -207,7 +213,6 @@ def _check_changeable(name: str, cfg: TrainConfig, policy_fields: frozenset[str]
 
 
 def _check_stage(config: TrainConfig, recipe: TrainConfig, where: str) -> None:
-    from .advantages import check_reward_combine
     algo = config.algorithm
     try:
         check_reward_combine(algo.reward_combine, algo.gates, {k: s.weight for k, s in config.rewards.items()})
@@ -229,7 +234,6 @@ def _check_stage(config: TrainConfig, recipe: TrainConfig, where: str) -> None:
     if data.path is not None and not Path(data.path).is_file():
         raise ConfigError(f"{where}.data.path: {data.path!r} does not exist")
     if data.name is not None:
-        from .registry import DATASETS
         if data.name not in DATASETS:
             raise ConfigError(f"{where}.data.name: {data.name!r} is not a registered data set "
                               f"({', '.join(DATASETS.names())})")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from pathlib import Path
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .rollout import Rollout
+from mmrl.core.parallel import ParallelView
+from mmrl.core.rollout import Rollout
 
 
 class Policy(ABC):
@@ -24,11 +25,20 @@ class Policy(ABC):
     stage_fields: ClassVar[frozenset[str]] = frozenset()
     model: nn.Module
     prompt_column: str = "prompt"  # set by the engine from `data.prompt_column`
-    # set by the engine: every process must run as many forward passes as the others in a rollout
-    # (FSDP with `distributed.rollout_params: sharded` gathers each layer from all processes in
-    # every forward); an adapter whose number of forwards depends on its samples (generation that
-    # stops at eos) keeps running forwards until every process is done (transformers' `synced_gpus`)
-    synced_rollouts: bool = False
+    # what the adapter may know of the distribution, set by the engine (`use_parallel`): with
+    # `parallel.lockstep` every process must run as many forward passes as the others in a rollout
+    # (sharded parameters are gathered layer by layer from all processes in every forward), so an
+    # adapter whose number of forwards depends on its samples (generation that stops at eos) keeps
+    # running forwards until every process is done (transformers' `synced_gpus`)
+    parallel: ParallelView = ParallelView()
+
+    def use_parallel(self, view: ParallelView) -> None:
+        """Called once by the engine before the first rollout."""
+        self.parallel = view
+
+    @property
+    def synced_rollouts(self) -> bool:
+        return self.parallel.lockstep
 
     @property
     def rollout_runs_model(self) -> bool:

@@ -18,13 +18,19 @@ through `Accelerator.save_state`); `model/` gets the gathered weights (`Accelera
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from .errors import UserError
+from mmrl.config.sections import TrainConfig
+from mmrl.core.parallel import ParallelView
+from mmrl.core.policy import Policy
+from mmrl.distributed.strategy import STRATEGIES, Strategy
+from mmrl.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # policy.dtype -> compute dtype
 
@@ -56,8 +62,7 @@ def accelerator(cfg: TrainConfig, compute_dtype: torch.dtype):
     if not available():
         raise UserError("distributed.strategy=zero3 needs DeepSpeed: pip install 'mmrl[deepspeed]' (or deepspeed)")
     from accelerate import Accelerator, InitProcessGroupKwargs
-    from accelerate.utils import DeepSpeedPlugin
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
     handlers = [] if torch.cuda.is_available() else [InitProcessGroupKwargs(backend="gloo")]
     # accelerate drops a DeepSpeed plugin under ACCELERATE_USE_CPU (set for CPU runs of the other
     # strategies); DeepSpeed finds the CPU itself where there is no GPU
@@ -115,3 +120,79 @@ def step(engine) -> float:
 def drop_gradients(engine) -> None:
     """Forget the accumulated gradients without stepping (a non-finite step is skipped)."""
     engine.optimizer.zero_grad()
+
+
+class ZeroThreeView(ParallelView):
+    """What an adapter sees of a ZeRO-3 run: every forward gathers its layers, so rollouts run in lockstep."""
+
+    lockstep = True
+
+
+@STRATEGIES.register("zero3")
+class ZeroThree(Strategy):
+    """DeepSpeed ZeRO stage 3, driven by the trainer (see the module's docstring)."""
+
+    @classmethod
+    def config_problems(cls, cfg: TrainConfig) -> list[str]:
+        problems: list[str] = []
+        if cfg.warm_start.steps > 0:
+            problems.append(f"warm_start.steps={cfg.warm_start.steps} with distributed.strategy=zero3: the supervised "
+                            "warm start runs its own optimizer on the whole model; warm-start with ddp or fsdp, then "
+                            "train from that checkpoint's model/ (or set warm_start.steps=0)")
+        if cfg.policy.get("dtype", "float32") not in ("float32", "bfloat16"):
+            problems.append(f"policy.dtype={cfg.policy['dtype']!r} with distributed.strategy=zero3: float32 or bfloat16")
+        if cfg.policy.get("turning_points"):
+            problems.append("policy.turning_points with distributed.strategy=zero3: TP-GRPO's turning-point passes "
+                            "run as many forwards as each process's samples need, and ZeRO-3 needs every process "
+                            "in every forward; use distributed.strategy=fsdp")
+        if cfg.policy.get("rollout_engine", "hf") != "hf":
+            problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=zero3: "
+                            "a vLLM engine needs the whole weights, which ZeRO-3 never holds in one place; use "
+                            "policy.rollout_engine=hf")
+        return problems
+
+    def accelerator(self, given=None):
+        if given is not None:
+            raise ValueError("distributed.strategy=zero3: the trainer builds its own DeepSpeed accelerator")
+        self.compute_dtype = DTYPES.get(self.cfg.policy.get("dtype", "float32"), torch.float32)
+        self.acc = accelerator(self.cfg, self.compute_dtype)
+        return self.acc
+
+    def place(self, model: nn.Module) -> None:
+        model.float()  # fp32 master weights; the dtype is DeepSpeed's compute dtype (`engine_config`)
+
+    def view(self) -> ParallelView:
+        return ZeroThreeView()
+
+    def frozen(self, model: nn.Module) -> nn.Module:
+        return frozen_sharded(model, self.cfg, self.compute_dtype)
+
+    @property
+    def lockstep(self) -> bool:
+        return True
+
+    @property
+    def forwards_in_step(self) -> bool:
+        return True
+
+    def no_sync(self, model: nn.Module, last: bool) -> AbstractContextManager:
+        return nullcontext()  # the engine accumulates until the boundary `backward` marks
+
+    def backward(self, model: nn.Module, loss: torch.Tensor, last: bool) -> None:
+        backward(model, loss, last)
+
+    def gradients_finite(self, model: nn.Module, params: list[torch.Tensor]) -> bool:
+        return gradients_finite(model)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> float:
+        return step(model)  # DeepSpeed clips (optim.max_grad_norm) and steps
+
+    def drop_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> float:
+        drop_gradients(model)
+        return math.nan
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy, directory: Path) -> None:
+        self.acc.save_state(str(directory), safe_serialization=True)  # each process writes its partitions
+        full = self.acc.get_state_dict(model)  # every process takes part in gathering the weights
+        if self.acc.is_main_process:
+            policy.save_pretrained(self.unwrap(model), directory / "model", state_dict=full)

@@ -10,11 +10,10 @@ adapter's own `save_pretrained` writes the merged model in its family's format.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from .errors import MissingFileError, UserError
+from mmrl.errors import MissingFileError, UserError
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -41,9 +40,9 @@ def merge_lora(checkpoint: str | Path, out: str | Path) -> Path:
         raise UserError(f"--merge {out}: the directory exists and is not empty")
     from peft import PeftModel
 
-    from .config import parse_config
-    from .registry import load_plugins
-    from .trainer import build_policy
+    from mmrl.config.parse import parse_config
+    from mmrl.registry import load_plugins
+    from mmrl.train.parts import build_policy
     load_plugins()
     cfg = parse_config(json.loads(run_config_of(checkpoint).read_text()))
     policy = build_policy(cfg)
@@ -51,9 +50,3 @@ def merge_lora(checkpoint: str | Path, out: str | Path) -> Path:
     policy.model = merged
     policy.save_pretrained(merged, out)
     return out
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """`mmrl export CHECKPOINT --merge OUT` (mmrl/cli.py parses its arguments)."""
-    print(merge_lora(args.checkpoint, args.merge))
-    return 0

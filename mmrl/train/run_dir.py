@@ -13,8 +13,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from . import checkpoint as ckpt
-from .errors import UserError
+from mmrl.errors import UserError
+from mmrl.train import checkpoint as ckpt
 
 # Files and folders a run writes into its output directory; the first three mark a run.
 RUN_MARKERS = ("metrics.jsonl", "config.json", "checkpoints")

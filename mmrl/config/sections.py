@@ -1,125 +1,13 @@
-"""Typed recipes: YAML -> dataclasses, with ``key=value`` overrides (dotted for nested fields).
-
-Unknown keys and values of the wrong type are errors naming the dotted key. The ``policy``
-section is typed by the chosen adapter's own ``Config`` dataclass (see `mmrl.policy.Policy`).
+"""The recipe as typed data: every section of a recipe except ``algorithm:`` (mmrl/config/algorithm.py), and
+the whole recipe, `TrainConfig`. The ``policy`` section is typed by the chosen adapter's own ``Config``.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from .errors import MissingFileError, UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A recipe or override that does not fit the config schema."""
-
-
-@dataclass
-class AlgorithmConfig:
-    """Advantage estimation and the clipped surrogate (docs/methods.md, 'Advantage estimators' and
-    'Objectives')."""
-
-    group_size: int = field(default=8, metadata={"help": (
-        "Rollouts per prompt (G), the group whose rewards give the baseline. The median estimator (MC-GRPO) needs "
-        "an odd G+1; pairwise (2-GRPO) is meant for G = 2.")})
-    estimator: str = field(default="grpo", metadata={"help": (
-        "Advantage estimator: grpo (DeepSeekMath), dr_grpo (Dr. GRPO: no std), rloo (leave-one-out), median "
-        "(MC-GRPO, odd groups), pairwise (2-GRPO), ngrpo (virtual max-reward sample), step (per-unit rewards, "
-        "TP-GRPO). Formulas in docs/methods.md."), "choices": "mmrl.advantages:ADVANTAGE_ESTIMATORS"})
-    std: Literal["group", "batch", "none"] = field(default="group", metadata={"help": (
-        "Divide advantages by the std of the group, of the whole batch (Flow-GRPO's global std), or not at all. "
-        "Ignored by dr_grpo and pairwise.")})
-    eps: float = field(default=1e-4, metadata={"help": (
-        "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
-    clip_advantage: float | None = field(default=None, metadata={"help": (
-        "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
-    drop_zero_variance: bool = field(default=False, metadata={"help": (
-        "Groups whose rewards are all equal take no part in the loss (DAPO's zero-variance filter); see "
-        "sampling.dynamic to draw replacements.")})
-    reward_combine: Literal["sum", "advantage", "gate", "product"] = field(default="sum", metadata={
-        "help": "how the recipe's rewards make one: sum (weighted sum, then the estimator), advantage (the "
-                "estimator on each reward, then the weighted sum of advantages: DanceGRPO, MixGRPO), gate "
-                "(the non-gate rewards' weighted sum counts only where every reward in `gates` reaches its "
-                "threshold, plus the gates' own weighted values: Vision-R1's hard formatting result reward) "
-                "or product (prod_k w_k r_k); None rewards are left out of each"})
-    gates: dict[str, float] = field(default_factory=dict, metadata={
-        "help": "with reward_combine: gate, reward name -> threshold; e.g. {format: 1.0} pays the other "
-                "rewards only where format >= 1 (Vision-R1). Give a gate weight 0 for a pure gate"})
-    max_reward: float = field(default=1.0, metadata={"help": (
-        "The reward of NGRPO's virtual sample that joins every group (estimator: ngrpo): the best reward a "
-        "rollout can get.")})
-    median_scale: Literal["mad", "std"] = field(default="mad", metadata={"help": (
-        "normaliser of the median (MC-GRPO) estimator: mad = median absolute deviation of the group + 1e-3 "
-        "(MC-GRPO's paper and code, lotusroot-kim/MC-GRPO); std = algorithm.std + algorithm.eps as the "
-        "other estimators (mmrl's earlier rule)")})
-    median_rescale: bool = field(default=False, metadata={"help": (
-        "median (MC-GRPO) estimator: multiply a group's non-zero advantages by (G + 1) / (their number), "
-        "as the authors' GSM8K trainer does (their MATH trainer and the paper do not)")})
-    ratio_level: Literal["unit", "chunk", "sequence"] = field(default="unit", metadata={"help": (
-        "Where the importance ratio is taken: unit (per token / denoising step: GRPO), chunk (one ratio per span "
-        "of `chunks` units: Chunk-GRPO), sequence (one per rollout, exp of the mean log-ratio: GSPO).")})
-    chunks: list[int] | None = field(default=None, metadata={"help": (
-        "Sizes of consecutive unit spans sharing one ratio with ratio_level: chunk; they must sum to the number "
-        "of units (Chunk-GRPO's best for 16 steps: [2, 3, 4, 7]).")})
-    eps_low: float = field(default=0.2, metadata={"help": (
-        "Lower clip range of the ratio, clip(rho, 1 - eps_low, 1 + eps_high) (GRPO 0.2; GSPO ~3e-4; diffusion "
-        "~1e-4).")})
-    eps_high: float = field(default=0.2, metadata={"help": (
-        "Upper clip range of the ratio; above eps_low is DAPO's clip-higher (0.28).")})
-    dual_clip: float | None = field(default=None, metadata={"help": (
-        "Dual clip c > 1: the loss of a negative-advantage unit is bounded by -c A (Ye et al. 2020); null: off.")})
-    beta: float = field(default=0.0, metadata={"help": (
-        "Weight of the KL to the reference policy (DeepSeekMath 0.04; Flow-GRPO 0.01-0.04; many recipes 0). 0 "
-        "runs no reference pass at all.")})
-    kl_estimator: str = field(default="k3", metadata={"help": (
-        "Per-unit KL estimate with x = log pi_ref - log pi_theta: k1 = -x, k2 = x^2/2, k3 = exp(x) - x - 1 "
-        "(Schulman; GRPO's), or closed_form (the adapter's exact KL, e.g. Flow-GRPO's on a diffusion step's "
-        "mean)."), "choices": "mmrl.loss:KL_ESTIMATORS,mmrl.loss:CLOSED_FORM_KL"})
-    aggregation: str = field(default="token_mean", metadata={"help": (
-        "How unit losses are averaged over the batch: token_mean (1 / units in the batch: DAPO), "
-        "seq_mean_token_mean (mean over a row's units, then rows: original GRPO), seq_mean_token_sum_norm (1 / "
-        "(rows x max_units): Dr. GRPO)."), "choices": "mmrl.loss:AGGREGATIONS"})
-    max_units: int | None = field(default=None, metadata={"help": (
-        "The constant of seq_mean_token_sum_norm (Dr. GRPO's max completion length); null: the adapter's bound "
-        "(e.g. max_new_tokens), else the batch's longest rollout.")})
-    entropy_coef: float = field(default=0.0, metadata={"help": (
-        "Entropy bonus: -coef x H_u is added to each unit's loss (token families). 0: off.")})
-    llds_coef: float = field(default=0.0, metadata={"help": (
-        "Weight lambda of LLDS, the likelihood-preserving regulariser ('On GRPO Collapse in Search-R1'): "
-        "penalises max(0, log pi_old - log pi_theta) on the units whose log-prob fell, in rollouts whose "
-        "likelihood fell (which rows: llds_rows). 0: off.")})
-    llds_rows: Literal["non_negative", "all"] = field(default="non_negative", metadata={"help": (
-        "which rows LLDS preserves (algorithm.llds_coef > 0): non_negative = only rows (units) with "
-        "advantage >= 0, as the LLDS authors' code and model card (Deng et al. 2025); all = every row "
-        "whose likelihood fell, so a negative-advantage row is pushed back up (mmrl's earlier rule)")})
-    prune_threshold: float = field(default=0.0, metadata={"help": (
-        "Rows whose largest |advantage| is below this skip the update (CPPO-style pruning of low-advantage "
-        "completions). 0: off.")})
-    mu: int = field(default=1, metadata={"help": (
-        "Update passes (optimizer steps) over each batch of rollouts (GRPO's mu; d1 uses 12). With mu > 1 the old "
-        "log-probs are kept from before the first pass and the ratio departs from 1.")})
-    objective: str = field(default="clip", metadata={"help": (
-        "The surrogate loss: clip (PPO/GRPO clipped ratio) or wd1 (ratio-free weighted likelihood, Tang et al. "
-        "2025, softmax of advantages per group)."), "choices": "mmrl.loss:OBJECTIVES"})
-    rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
-        "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
-        "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "
-        "unit's policy-gradient loss times min(rho, cap); mis = masked IS, times rho where rho <= cap and 0 above "
-        "(TRL's token_truncate / token_mask, verl's token-level rollout_is). none: measured only "
-        "(rollout/logp_diff_*). Needs an adapter that records rollout log-probs.")})
-    rollout_correction_cap: float = field(default=2.0, metadata={"help": (
-        "The cap C of rollout_correction: tis truncates rho at C, mis drops the units with rho > C (verl's "
-        "rollout_is_threshold default 2; TRL's vllm_importance_sampling_clip_max default 3).")})
+from mmrl.config.algorithm import AlgorithmConfig
 
 
 @dataclass
@@ -136,7 +24,7 @@ class LoraConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = field(default=1e-5, metadata={"help": (
+    lr: float = field(default=1e-5, metadata={"stage": True, "help": (
         "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO).")})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
@@ -145,12 +33,12 @@ class OptimConfig:
         "Learning-rate schedule, a name transformers' get_scheduler knows (constant, constant_with_warmup, "
         "linear, cosine, ...).")})
     warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the learning-rate schedule."})
-    max_grad_norm: float | None = field(default=1.0, metadata={"help": (
+    max_grad_norm: float | None = field(default=1.0, metadata={"stage": True, "help": (
         "Clip the gradient norm to this before each optimizer step; null: no clipping.")})
-    prompts_per_step: int = field(default=4, metadata={"help": (
+    prompts_per_step: int = field(default=4, metadata={"stage": True, "help": (
         "Prompts (groups) per training step; a step trains on prompts_per_step x group_size rollouts. Must be a "
         "multiple of the number of processes.")})
-    micro_batch_size: int = field(default=8, metadata={"help": (
+    micro_batch_size: int = field(default=8, metadata={"stage": True, "help": (
         "Rollouts per forward/backward pass; gradients accumulate over micro-batches and the result equals one "
         "big batch (the aggregation is taken over the whole batch).")})
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": (
@@ -161,13 +49,13 @@ class OptimConfig:
 class SamplingConfig:
     """How the prompts of a step are drawn (docs/methods.md, 'Prompt sampling')."""
 
-    strategy: Literal["uniform", "variance"] = field(default="uniform", metadata={"help": (
+    strategy: Literal["uniform", "variance"] = field(default="uniform", metadata={"stage": True, "help": (
         "How a step's prompts are drawn: uniform (epochs of a seeded shuffle) or variance (MMR1 Variance-Aware "
         "Sampling: prompts whose recent rewards vary are favoured).")})
-    variance_mix: float = field(default=0.5, metadata={"help": (
+    variance_mix: float = field(default=0.5, metadata={"stage": True, "help": (
         "With strategy variance: the fraction of prompts drawn by Variance Promotion Score; the rest are drawn "
         "uniformly.")})
-    variance_window: int = field(default=4, metadata={"help": (
+    variance_window: int = field(default=4, metadata={"stage": True, "help": (
         "With strategy variance: how many recent rewards per prompt its outcome variance is taken over.")})
     variance_score: Literal["pass_rate", "variance"] = field(default="pass_rate", metadata={"help": (
         "strategy variance: a prompt's Variance Promotion Score from its recent outcomes: pass_rate = "
@@ -179,30 +67,30 @@ class SamplingConfig:
     variance_reward: str | None = field(default=None, metadata={"help": (
         "strategy variance: the reward (a name under `rewards`) whose values are the outcomes, e.g. a 0/1 "
         "accuracy reward as MMR1; null = the weighted reward total")})
-    curriculum_column: str | None = field(default=None, metadata={"help": (
+    curriculum_column: str | None = field(default=None, metadata={"stage": True, "help": (
         "A numeric data-set column (difficulty): rows are walked easy -> hard by it, wrapping round (curriculum, "
         "SARI); null: off. Applies to strategy uniform.")})
-    curriculum_descending: bool = field(default=False, metadata={"help": (
+    curriculum_descending: bool = field(default=False, metadata={"stage": True, "help": (
         "Walk the curriculum column from high to low values instead.")})
-    dynamic: bool = field(default=False, metadata={"help": (
+    dynamic: bool = field(default=False, metadata={"stage": True, "help": (
         "DAPO dynamic sampling: draw more prompts until the batch has prompts_per_step groups with non-zero "
         "reward variance (or dynamic_max_tries draws are used).")})
-    dynamic_max_tries: int = field(default=4, metadata={"help": "With dynamic: the most draws per step."})
+    dynamic_max_tries: int = field(default=4, metadata={"stage": True, "help": "With dynamic: the most draws per step."})
 
 
 @dataclass
 class DataConfig:
-    name: str | None = field(default=None, metadata={"help": (
+    name: str | None = field(default=None, metadata={"stage": True, "help": (
         "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
         "choices": "mmrl.registry:DATASETS"})
-    path: str | None = field(default=None, metadata={"help": (
+    path: str | None = field(default=None, metadata={"stage": True, "help": (
         "Training rows: a JSON / JSONL / CSV / parquet / arrow file, a datasets.save_to_disk directory, a "
         "directory of data files, or a hub data set id (docs/data.md); give this or name.")})
     eval_path: str | None = field(default=None, metadata={"help": (
         "Held-out rows for evaluation (mmrl eval, eval.every), in any form data.path takes.")})
-    args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+    args: dict[str, Any] = field(default_factory=dict, metadata={"stage": True, "help": (
         "Keyword arguments of the registered data set builder named by `name` (e.g. n_train, seed).")})
-    prompt_column: str = field(default="prompt", metadata={"help": (
+    prompt_column: str = field(default="prompt", metadata={"stage": True, "help": (
         "The column that holds each row's prompt (a string or a list of chat messages).")})
     split: str | None = field(default=None, metadata={
         "help": "split of data.path (a hub data set or a save_to_disk directory with splits); default: its "
@@ -263,10 +151,10 @@ class LoggingConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = field(default=0, metadata={"help": (
+    every: int = field(default=0, metadata={"stage": True, "help": (
         "Score the held-out rows every this many training steps (0: never during training).")})
-    max_prompts: int = field(default=64, metadata={"help": "The most held-out prompts an evaluation scores."})
-    group_size: int = field(default=8, metadata={"help": "Samples per held-out prompt in an evaluation."})
+    max_prompts: int = field(default=64, metadata={"stage": True, "help": "The most held-out prompts an evaluation scores."})
+    group_size: int = field(default=8, metadata={"stage": True, "help": "Samples per held-out prompt in an evaluation."})
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})
@@ -335,7 +223,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Where the prompts come from."})
     rewards: dict[str, RewardSpec] = field(default_factory=dict, metadata={"help": (
         "The rewards by registered name, each with its weight and args, e.g. {accuracy: {weight: 1.0}}."),
-        "choices": "mmrl.reward_registry:REWARDS"})
+        "choices": "mmrl.core.scoring:REWARDS"})
     reward_modules: list[str] = field(default_factory=list, metadata={"help": (
         "Files (my_rewards.py) or modules (pkg.rewards) to import before training, so their @register_reward "
         "functions can be named in rewards.")})
@@ -375,144 +263,5 @@ class TrainConfig:
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "
-                "stage may change (mmrl/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
+                "stage may change (mmrl/train/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
                 "optim.lr, data.path, sampling.*, rewards.NAME.weight); max_steps <= the sum of steps"})
-
-
-def _check_value(tp: Any, value: Any, key: str) -> Any:
-    """Return `value` converted to type `tp`, or raise ConfigError naming `key`."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_value(arg, value, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        # one alternative (an Optional field): its own message says what was expected
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} fits none of {tp}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_check_value(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return {k: _check_value(args[1], v, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported field type {tp}")
-
-
-def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'recipe'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs, problems = {}, []  # every key is checked; the problems are reported together
-    for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"unknown config key {dotted!r}{hint}; valid keys: {', '.join(sorted(names))}")
-            continue
-        try:
-            kwargs[key] = _check_value(hints[key], value, dotted)
-        except ConfigError as e:
-            problems.append(str(e))
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return cls(**kwargs)
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set ``a.b.c=value`` pairs in a nested mapping; values are parsed as YAML scalars."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            where = f" ({e.problem})" if getattr(e, "problem", None) else ""
-            raise ConfigError(f"override {item!r}: the value {raw!r} is not valid YAML{where}; quote it "
-                              f"(key='\"text\"') to pass it as a string") from None
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if isinstance(node, list):  # a list entry by index, e.g. stages.1.steps=50
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ConfigError(f"override {key!r}: {part!r} is not an index of a list of {len(node)}")
-                child = node[int(part)]
-            else:
-                child = node.setdefault(part, {})
-            if not isinstance(child, (dict, list)):
-                raise ConfigError(f"override {key!r}: {part!r} is not a section")
-            node = child
-        if isinstance(node, list):
-            raise ConfigError(f"override {key!r}: name a field of a list entry (e.g. stages.0.steps=10)")
-        node[parts[-1]] = value
-    return data
-
-
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"recipe {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: YAML syntax error: {getattr(e, 'problem', None) or e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe is a mapping of keys to values, got {type(data).__name__}")
-    return parse_config(data, overrides)
-
-
-def parse_config(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
-    data = apply_overrides(copy.deepcopy(data), list(overrides))
-    cfg = from_dict(TrainConfig, data)
-    if cfg.stages:  # each stage's overrides are checked now, before any model loads
-        from .stages import StagePlan
-        StagePlan(cfg)
-    return cfg
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

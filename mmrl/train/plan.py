@@ -17,15 +17,16 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig, from_dict
-from .errors import UserError
-from .stages import StagePlan
-from .registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+from mmrl.config.parse import ConfigError, from_dict
+from mmrl.config.sections import TrainConfig
+from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+from mmrl.distributed import STRATEGIES
+from mmrl.train.stages import StagePlan
+
 
 # dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {}
@@ -37,19 +38,36 @@ def _rule(keys: str, test: Callable[[Any], bool], text: str) -> None:
 
 
 _rule("algorithm.group_size", lambda v: v >= 2, "must be >= 2 (advantages compare the rollouts of a group)")
+
+
 _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_bad_steps eval.max_prompts "
       "eval.group_size warm_start.batch_size sampling.variance_window sampling.dynamic_max_tries "
       "logging.plot_every save_total_limit algorithm.max_units", lambda v: v >= 1, "must be >= 1")
+
+
 _rule("optim.lr save_every eval.every warm_start.steps warm_start.warmup_steps optim.warmup_steps optim.lora.r seed algorithm.eps algorithm.eps_low "
       "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
       lambda v: v >= 0, "must be >= 0")
+
+
 _rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip_advantage "
       "algorithm.max_reward optim.lora.alpha algorithm.rollout_correction_cap", lambda v: v > 0, "must be > 0")
+
+
 _rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
+
+
 _rule("optim.lora.dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
+
+
 _rule("sampling.variance_mix", lambda v: 0 <= v <= 1, "must be in [0, 1]")
+
+
 _rule("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
+
+
 _rule("algorithm.chunks", lambda v: len(v) > 0 and all(c >= 1 for c in v), "must be positive unit counts")
+
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
 
@@ -110,7 +128,7 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
 
 
 def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
-    from .reward_registry import REWARDS
+    from mmrl.core.scoring import REWARDS
     if not cfg.rewards:
         problems.append("rewards: name at least one reward (`mmrl list` shows the registered ones)")
     for name, spec in cfg.rewards.items():
@@ -130,8 +148,9 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
 
 
 def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
-    from .advantages import ADVANTAGE_ESTIMATORS
-    from .loss import AGGREGATIONS, CLOSED_FORM_KL, KL_ESTIMATORS, OBJECTIVES
+    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
+    from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
+    from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     algo = cfg.algorithm
     _check_name(problems, ADVANTAGE_ESTIMATORS, "algorithm.estimator", algo.estimator)
     _check_name(problems, OBJECTIVES, "algorithm.objective", algo.objective)
@@ -139,7 +158,7 @@ def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
     _check_name(problems, KL_ESTIMATORS, "algorithm.kl_estimator", algo.kl_estimator, [CLOSED_FORM_KL])
     if algo.ratio_level == "chunk" and not algo.chunks:
         problems.append("algorithm.chunks: ratio_level='chunk' needs the chunk sizes (a list of unit counts)")
-    if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/advantages.py's median_advantages
+    if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/core/advantages.py's median_advantages
         problems.append(f"algorithm.group_size={algo.group_size}: the median estimator (MC-GRPO) draws G+1 "
                         f"rollouts, an odd number, so that the median is one of them; use {algo.group_size + 1}")
 
@@ -154,19 +173,25 @@ def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> N
         problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
 
 
-def _check_stages(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
-    """Each stage's settings as the recipe's: ranges, and prompts per step against the processes."""
-    for stage in StagePlan(cfg).stages if cfg.stages else ():
+def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int) -> StagePlan | None:
+    """The run's stage plan, each stage's settings checked as the recipe's (ranges, prompts per step
+    against the processes); None where the recipe's own problems, already reported, keep it from
+    being built."""
+    if not cfg.stages and problems:
+        return None
+    plan = StagePlan(cfg)
+    for stage in plan.stages if cfg.stages else ():
         found: list[str] = []
         _check_ranges(stage.config, found)
         pps = stage.config.optim.prompts_per_step
         if pps >= 1 and pps % num_processes:
             found.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
         problems.extend(f"stages[{stage.index}].{p}" for p in found if p not in problems)
+    return plan
 
 
 def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
-    from .tracking import REPORTERS
+    from mmrl.train.tracking import REPORTERS
     data = cfg.data
     if (data.name is None) == (data.path is None):
         problems.append(f"data: give exactly one of data.name (a registered data set) or data.path "
@@ -187,21 +212,7 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
     dist = cfg.distributed
     if dist.shard_modules is not None and not dist.shard_modules:
         problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
-    if dist.strategy == "zero3":
-        if cfg.warm_start.steps > 0:
-            problems.append(f"warm_start.steps={cfg.warm_start.steps} with distributed.strategy=zero3: the supervised "
-                            "warm start runs its own optimizer on the whole model; warm-start with ddp or fsdp, then "
-                            "train from that checkpoint's model/ (or set warm_start.steps=0)")
-        if cfg.policy.get("dtype", "float32") not in ("float32", "bfloat16"):
-            problems.append(f"policy.dtype={cfg.policy['dtype']!r} with distributed.strategy=zero3: float32 or bfloat16")
-        if cfg.policy.get("turning_points"):
-            problems.append("policy.turning_points with distributed.strategy=zero3: TP-GRPO's turning-point passes "
-                            "run as many forwards as each process's samples need, and ZeRO-3 needs every process "
-                            "in every forward; use distributed.strategy=fsdp")
-        if cfg.policy.get("rollout_engine", "hf") != "hf":
-            problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=zero3: "
-                            "a vLLM engine needs the whole weights, which ZeRO-3 never holds in one place; use "
-                            "policy.rollout_engine=hf")
+    problems += STRATEGIES.get(dist.strategy).config_problems(cfg)
     vllm = cfg.policy.get("vllm") or {}
     tensor_parallel = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else 1
     if (cfg.policy.get("rollout_engine") == "vllm" and num_processes > 1 and isinstance(tensor_parallel, int)
@@ -211,9 +222,11 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
-def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
-    """Raise one `ConfigError` listing every problem of `cfg`, or return. Imports the plugins and
-    the recipe's `reward_modules` (to know their names), loads no model, data set or reward model."""
+def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
+    """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
+    each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
+    plugins and the recipe's `reward_modules` (to know their names), loads no model, data set or
+    reward model."""
     load_plugins()
     problems: list[str] = []
     for module in cfg.reward_modules:
@@ -228,23 +241,9 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> None:
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
     _check_ranges(cfg, problems)
-    _check_stages(cfg, problems, num_processes)
+    plan = _stage_plan(cfg, problems, num_processes)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f"{len(problems)} problems in the recipe:\n  " + "\n  ".join(problems))
-
-
-def check_world_size(num_processes: int) -> None:
-    """The number of processes the launcher was asked for must be the number that joined:
-    ``WORLD_SIZE`` (torchrun, accelerate's multi-process launchers), or accelerate's single-process
-    launcher, which sets ``MASTER_ADDR`` only when it was given ``--num_processes`` > 1 and ignores it."""
-    env = os.environ
-    how = ("launch with `ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m mmrl train ...` on CPU, "
-           "or `accelerate launch --multi_gpu --num_processes N -m mmrl train ...` on GPUs")
-    if "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) != num_processes:
-        raise UserError(f"the launcher expected {env['WORLD_SIZE']} processes (WORLD_SIZE) but {num_processes} "
-                        f"joined; {how}")
-    if ("WORLD_SIZE" not in env and num_processes == 1 and "MASTER_ADDR" in env
-            and env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")):
-        raise UserError(f"`accelerate launch --cpu --num_processes N` starts ONE process whatever N is; {how}")
+    return plan

@@ -19,12 +19,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 
-from .config import load_recipe
-from .errors import reading_user_input
-from .registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
-from .trainer import Trainer
+from mmrl.config.parse import load_recipe
+from mmrl.errors import reading_user_input
+from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
+from mmrl.train.trainer import Trainer
 
 FIGURE_ROWS = 8
 
@@ -34,22 +33,13 @@ def _json(value) -> str:
     return json.dumps(value, indent=1, default=lambda o: f"<{type(o).__name__}>")
 
 
-def _greedy_completions(trainer: Trainer) -> list:
-    """One greedy completion per figure row (auxiliary rows, e.g. T-GRPO's shuffled frames, left out)."""
-    rows = trainer.eval_rows[:FIGURE_ROWS]
-    out = trainer.policy.rollout(rows, 1, [0] * len(rows), greedy=True)
-    if out.auxiliary is not None:
-        out = out.select(torch.nonzero(~out.auxiliary).flatten())
-    return out.completions
-
-
 def _scored(trainer: Trainer, name: str, folder: Path) -> dict:
     """Held-out scores with the demo's evaluator, the scored samples written to `folder`, and
     the greedy completions of the figure's rows (``greedy_samples``)."""
     evaluator = DEMO_EVALUATORS.get(name) if name in DEMO_EVALUATORS else None
     scores = trainer.evaluate(evaluator=evaluator, keep_samples=True)
     samples = scores.pop("samples")
-    scores["greedy_samples"] = _greedy_completions(trainer)
+    scores["greedy_samples"] = [s["greedy"] for s in samples[:FIGURE_ROWS]]  # the evaluation's own greedy pass
     if trainer.accelerator.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
         if name in DEMO_SAMPLE_WRITERS:
@@ -72,12 +62,6 @@ def _evaluator_summary(name: str, before: dict, after: dict) -> dict:
             head, _, tail = metric.partition("/")
             out[f"{head}_before/{tail}"], out[f"{head}_after/{tail}"] = before[key], after[key]
     return out
-
-
-def run_demo_command(args) -> int:
-    """`mmrl demo NAME [key=value ...]`."""
-    run_demo(args.name, args.overrides)
-    return 0
 
 
 def run_demo(name: str, overrides: list[str]) -> dict:
@@ -110,7 +94,7 @@ def run_scored(recipe: str | Path, overrides: list[str], name: str,
     after = _scored(trainer, name, out / "samples" / "after")
     if name in DEMO_FIGURES and trainer.accelerator.is_main_process:
         figure = out / "plots" / "samples.png"
-        DEMO_FIGURES.get(name)(trainer.eval_rows[:FIGURE_ROWS], before["greedy_samples"],
+        DEMO_FIGURES.get(name)(trainer.inputs.eval_rows[:len(after["greedy_samples"])], before["greedy_samples"],
                                after["greedy_samples"], figure)
         say(f"[mmrl demo {name}] wrote {figure}")
     say(f"[mmrl demo {name}] after RL:  sampled reward {after['reward_mean']:.3f}, "
@@ -121,7 +105,7 @@ def run_scored(recipe: str | Path, overrides: list[str], name: str,
             f"{judged['eval_after']:.3f}, greedy {judged['greedy_eval_before']:.3f} -> {judged['greedy_eval_after']:.3f}")
     summary = {
         "metric": f"mean reward of {cfg.eval.group_size} samples per held-out prompt "
-                  f"(n={min(len(trainer.eval_rows), cfg.eval.max_prompts)}) at the rollout temperature",
+                  f"(n={min(len(trainer.inputs.eval_rows), cfg.eval.max_prompts)}) at the rollout temperature",
         "before": before["reward_mean"], "after": after["reward_mean"],
         "before_se": before["reward_mean_se"], "after_se": after["reward_mean_se"],
         "greedy_before": before["greedy_reward_mean"], "greedy_after": after["greedy_reward_mean"],

@@ -21,84 +21,21 @@ Checkpoints: each process writes its own shards with `torch.distributed.checkpoi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import DistributedConfig, TrainConfig
-from .errors import UserError
+from mmrl.config.sections import DistributedConfig
+from mmrl.core.parallel import ParallelView
+from mmrl.core.policy import Policy
+from mmrl.distributed.strategy import STRATEGIES, Strategy
+from mmrl.errors import UserError
 
 SHARDS_DIR = "sharded"  # a checkpoint's subdirectory with every process's shards (torch.distributed.checkpoint)
-
-# accelerate's FSDP launcher settings (`accelerate launch --config_file scripts/accelerate/fsdp.yaml`,
-# exported as environment variables) -> recipe keys
-_TRUE = ("true", "1")
-_ACCELERATE_FSDP_ENV = {
-    "FSDP_RESHARD_AFTER_FORWARD": ("distributed.reshard_after_forward", lambda v: v.lower() in (*_TRUE, "full_shard")),
-    "FSDP_OFFLOAD_PARAMS": ("distributed.offload", lambda v: v.lower() in _TRUE),
-    "FSDP_TRANSFORMER_CLS_TO_WRAP": ("distributed.shard_modules",
-                                     lambda v: [c.strip() for c in v.split(",") if c.strip()]),
-    "FSDP_ACTIVATION_CHECKPOINTING": ("policy.gradient_checkpointing", lambda v: v.lower() in _TRUE),
-}
-
-
-def deepspeed_launcher_settings(env: dict[str, str]) -> dict[str, object]:
-    """The recipe settings of an `accelerate launch` DeepSpeed config (scripts/accelerate/zero3.yaml)."""
-    stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    if env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none").lower() != "none" or stage != "3":
-        raise UserError(f"accelerate launch: a DeepSpeed config with zero_stage {stage}"
-                        f"{' and a deepspeed_config_file' if env.get('ACCELERATE_DEEPSPEED_CONFIG_FILE', 'none') != 'none' else ''}"
-                        "; mmrl runs ZeRO stage 3 from the recipe (distributed.strategy: zero3; set zero_stage: 3 "
-                        "and no deepspeed_config_file, as scripts/accelerate/zero3.yaml does), or FSDP2 (fsdp.yaml)")
-    settings: dict[str, object] = {"distributed.strategy": "zero3"}
-    offload = {env.get(f"ACCELERATE_DEEPSPEED_OFFLOAD_{what}_DEVICE", "none").lower() for what in ("PARAM", "OPTIMIZER")}
-    if offload != {"none"}:
-        settings["distributed.offload"] = True
-    return settings
-
-
-def launcher_settings(environ: dict[str, str] | None = None) -> dict[str, object] | None:
-    """The recipe settings (dotted key -> value) an `accelerate launch` with an FSDP or DeepSpeed
-    config asks for, or None when the launcher asked for neither. mmrl takes the launcher's
-    sharding over and shards the policy itself, so `accelerate` is then started without its own
-    FSDP plugin (for DeepSpeed, with mmrl's plugin: mmrl/zero.py)."""
-    env = os.environ if environ is None else environ
-    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE:
-        return deepspeed_launcher_settings(env)
-    if env.get("ACCELERATE_USE_FSDP", "").lower() not in _TRUE:
-        return None
-    if env.get("FSDP_VERSION", "2") != "2":
-        raise UserError(f"accelerate launch: fsdp_version {env['FSDP_VERSION']} in the launcher config; mmrl shards "
-                        "with FSDP2 (set fsdp_version: 2, as scripts/accelerate/fsdp.yaml does)")
-    settings: dict[str, object] = {"distributed.strategy": "fsdp"}
-    for name, (key, parse) in _ACCELERATE_FSDP_ENV.items():
-        if env.get(name):
-            value = parse(env[name])
-            if key != "policy.gradient_checkpointing" or value:  # only switched on from the launcher
-                settings[key] = value
-    return settings
-
-
-def with_launcher_settings(cfg: TrainConfig) -> TrainConfig:
-    """`cfg` with the settings of an `accelerate launch` FSDP or DeepSpeed config
-    (`launcher_settings`) in place of the recipe's; `accelerate.Accelerator` is then kept from
-    building its own plugin from the launcher's environment (mmrl shards the policy, the
-    reference and the rollouts itself). `cfg` itself when the launcher asked for neither."""
-    settings = launcher_settings()
-    if settings is None:
-        return cfg
-    os.environ.pop("ACCELERATE_USE_FSDP", None)
-    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
-    os.environ.pop("ACCELERATE_CONFIG_DS_FIELDS", None)  # the launcher's DeepSpeed fields, which mmrl's plugin replaces
-    section = lambda name: {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith(name + ".")}  # noqa: E731
-    return replace(cfg, policy={**cfg.policy, **section("policy")},
-                   distributed=replace(cfg.distributed, **section("distributed")))
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -265,3 +202,94 @@ class Sharding:
         state = {"model": weights, "optimizer": optim}
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+class FullyShardedView(ParallelView):
+    """What an adapter sees of an FSDP2 run: rollouts in lockstep when they run on sharded
+    parameters (`distributed.rollout_params: sharded`), weights readable one shard unit at a time."""
+
+    def __init__(self, lockstep: bool):
+        self.lockstep = lockstep
+
+    def is_sharded(self, model: nn.Module) -> bool:
+        return is_sharded(model)
+
+    def weights_in_turn(self, model: nn.Module) -> Iterator[tuple[list[str], bool]]:
+        return gathered_in_turn(model)
+
+    def is_whole(self, tensor: torch.Tensor) -> bool:
+        from torch.distributed.tensor import DTensor
+        return not isinstance(tensor, DTensor)
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        return local_tensor(tensor)
+
+    def plain_class(self, module: nn.Module) -> type:
+        return unsharded_class(module)
+
+    def any_process(self, flag: bool) -> bool:
+        if dist.get_world_size() == 1:
+            return flag
+        votes: list = [None] * dist.get_world_size()
+        dist.all_gather_object(votes, flag)
+        return any(votes)
+
+
+@STRATEGIES.register("fsdp")
+class FullySharded(Strategy):
+    """FSDP2: parameters, gradients and AdamW state sharded over the processes (`Sharding`)."""
+
+    sharding: Sharding
+    frees_gradients = True  # the gradient shards, until the next backward (rollouts need none)
+
+    def place(self, model: nn.Module) -> None:
+        # the adapter's dtype becomes the compute dtype; weights and AdamW state stay fp32
+        compute = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        self.sharding = Sharding(self.cfg.distributed, self.acc.device, compute)
+        model.float()
+
+    def view(self) -> ParallelView:
+        return FullyShardedView(lockstep=self.forwards_in_step)
+
+    def frozen(self, model: nn.Module) -> nn.Module:
+        return self.sharding.shard(model, "the reference model")  # a frozen sharded copy, never a whole replica
+
+    def shard(self, model: nn.Module) -> None:
+        self.sharding.shard(model)
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return model, optimizer  # sharded in place: the module is the model; checkpoints hold its shards (`save`)
+
+    @property
+    def lockstep(self) -> bool:
+        return True
+
+    @property
+    def forwards_in_step(self) -> bool:
+        return self.cfg.distributed.rollout_params == "sharded"
+
+    def gathered(self, model: nn.Module, always: bool = False) -> AbstractContextManager:
+        if not (always or self.cfg.distributed.rollout_params == "gathered"):
+            return nullcontext()
+        return self.sharding.gathered(model)
+
+    def no_sync(self, model: nn.Module, last: bool) -> AbstractContextManager:
+        return nullcontext()  # each backward reduce-scatters its gradients into the shards
+
+    def gradients_finite(self, model: nn.Module, params: list[torch.Tensor]) -> bool:
+        return all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in params if p.grad is not None)
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy, directory: Path) -> None:
+        self.acc.save_state(str(directory), safe_serialization=True)  # the scheduler and RNG states only
+        self.sharding.save(model, optimizer, directory / SHARDS_DIR)
+        full = self.sharding.full_state_dict(model, self.sharding.compute_dtype)
+        if self.acc.is_main_process:
+            with self.sharding.plain_classes(model):
+                policy.save_pretrained(model, directory / "model", state_dict=full)
+
+    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        self.acc.load_state(str(directory))
+        self.sharding.load(model, optimizer, directory / SHARDS_DIR)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model

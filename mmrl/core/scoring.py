@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .registry import Registry
-from .rollout import Rollout
+from mmrl.core.rollout import Rollout
+from mmrl.registry import Registry
 
 RewardFn = Callable[..., Sequence[float | None]]
 

@@ -2,7 +2,7 @@
 
 Every cell of the grid (the product of the `--grid` axes and, as one more axis, the `--cell`
 list, each cell a set of settings) runs for seeds 0 .. N-1, each run a
-separate process (``python -m mmrl.sweep --run ...``: warm start, held-out score, RL, held-out
+separate process (``python -m mmrl.cli.sweep_worker --run ...``: warm start, held-out score, RL, held-out
 score, ``summary.json``, as `mmrl demo` does), so a crash or a kill loses one run. Up to
 `--parallel` runs at a time; `--shard i/n` runs only every n-th run from the i-th (0 <= i < n),
 for spreading one sweep over machines that share the output directory. A run whose
@@ -23,12 +23,9 @@ each cell's training reward curve, mean over seeds, overlaid). See docs/sweep.md
 
 from __future__ import annotations
 
-import argparse
-import csv
 import hashlib
 import itertools
 import json
-import math
 import os
 import re
 import shlex
@@ -39,15 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from mmrl.errors import UserError
+from mmrl.train.sweep_report import read_summary, write_reports
 
-SUMMARY = "summary.json"
+
 WARM_DIR = "warm_starts"
+
+
 # the parts of a config the supervised warm start reads
 WARM_START_KEYS = ("task", "policy", "data", "warm_start", "reward_modules", "seed", "optim.lora")
-CSV_FIELDS = ("cell", "overrides", "seed", "before", "after", "greedy_before", "greedy_after", "eval_before",
-              "eval_after", "greedy_eval_before", "greedy_eval_after", "wall_s", "run_dir")
-EVAL_FIELDS = ("eval_before", "eval_after", "greedy_eval_before", "greedy_eval_after")  # NaN without an evaluator
 
 
 @dataclass(frozen=True)
@@ -124,8 +121,8 @@ def plan(grid_cells: list[tuple[str, ...]], seeds: int) -> list[Run]:
 
 
 def recipe_of(target: str):
-    from .cli import resolve_recipe
-    from .registry import DEMOS, RECIPES, load_plugins
+    from mmrl.config.recipes import resolve_recipe
+    from mmrl.registry import DEMOS, RECIPES, load_plugins
     load_plugins()
     if target in DEMOS.names():
         return RECIPES.get(DEMOS.get(target))
@@ -137,17 +134,9 @@ def run_overrides(common: list[str], run: Run, run_dir: Path) -> list[str]:
     return [*common, *run.overrides, f"seed={run.seed}", f"output_dir={run_dir}", "overwrite=true"]
 
 
-def read_summary(run_dir: Path) -> dict | None:
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if "after" in summary else None
-
-
 # ----- the cached warm start (inside a run's process) -------------------------------------------
 def warm_key(cfg, ignores: list[str]) -> str:
-    from .config import to_dict
+    from mmrl.config.parse import to_dict
     full = to_dict(cfg)
     picked: dict = {}
     for key in WARM_START_KEYS:
@@ -205,7 +194,7 @@ def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
 
 
 def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) -> None:
-    from .demo import run_scored
+    from mmrl.train.demo import run_scored
     run_scored(recipe_of(target), overrides, target, cached_warm_start(cache, ignores))
 
 
@@ -214,7 +203,7 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
           parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
           say: Callable[[str], None] = print, cell_items: list[str] = ()) -> int:
     """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed."""
-    from .config import load_recipe
+    from mmrl.config.parse import load_recipe
     if seeds < 1 or parallel < 1:
         raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
     if not grid_items and not cell_items:
@@ -258,7 +247,7 @@ def _execute(target: str, todo: list[Run], out: Path, common: list[str], paralle
             run = pending.pop(0)
             run_dir = out / "runs" / run.dirname
             run_dir.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "mmrl.sweep", "--run", target, "--warm-cache", str(out / WARM_DIR),
+            cmd = [sys.executable, "-m", "mmrl.cli.sweep_worker", "--run", target, "--warm-cache", str(out / WARM_DIR),
                    *[f"--warm-start-ignores={k}" for k in ignores], "--", *run_overrides(common, run, run_dir)]
             log = open(run_dir / "log.txt", "w")  # noqa: SIM115 (open while the run lives, closed below)
             active.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
@@ -277,143 +266,3 @@ def _execute(target: str, todo: list[Run], out: Path, common: list[str], paralle
     for run in failed:
         say(f"[mmrl sweep] failed: {run.dirname} (see {out / 'runs' / run.dirname / 'log.txt'})")
     return failed
-
-
-# ----- reports ----------------------------------------------------------------------------------
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(xs) / n
-    if n < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
-
-
-def _fmt(mean: float, se: float) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.3f}" if math.isnan(se) else f"{mean:.3f} ± {se:.3f}"
-
-
-def _curve(run_dir: Path) -> list[tuple[int, float]]:
-    points = []
-    try:
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            if "reward_mean" in row and "step" in row:
-                points.append((int(row["step"]), float(row["reward_mean"])))
-    except (OSError, ValueError):
-        pass
-    return points
-
-
-def write_reports(out: Path, runs: list[Run]) -> list[dict]:
-    rows = []
-    for run in runs:
-        summary = read_summary(out / "runs" / run.dirname)
-        if summary is None:
-            continue
-        rows.append({"cell": run.cell, "overrides": " ".join(run.overrides), "seed": run.seed,
-                     "before": summary["before"], "after": summary["after"],
-                     "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
-                     **{k: summary.get(k, math.nan) for k in EVAL_FIELDS},
-                     "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
-    tmp = out / "sweep.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, out / "sweep.csv")
-    cell_overrides = {run.cell: run.overrides for run in runs}
-    (out / "sweep.md").write_text(_markdown(rows, cell_overrides))
-    _figure(out, rows, cell_overrides, runs)
-    return rows
-
-
-def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> str:
-    by_cell = {c: [r for r in rows if r["cell"] == c] for c in cell_overrides}
-    first = by_cell[0] if by_cell else []
-    lines = ["| cell | runs | held-out before | held-out after | after - before | greedy after | after - cell 0 (paired by seed) "
-             "| evaluator before | evaluator after |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for c, overrides in cell_overrides.items():
-        rs = by_cell[c]
-        gain = _mean_se([r["after"] - r["before"] for r in rs])
-        base = {r["seed"]: r["after"] for r in first}
-        diff = _mean_se([r["after"] - base[r["seed"]] for r in rs if r["seed"] in base])
-        lines.append(f"| {c}: {' '.join(overrides) or '(base)'} | {len(rs)} | {_fmt(*_mean_se([r['before'] for r in rs]))} | "
-                     f"{_fmt(*_mean_se([r['after'] for r in rs]))} | {_fmt(*gain)} | "
-                     f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} | "
-                     f"{_fmt(*_mean_se([r['eval_before'] for r in rs]))} | {_fmt(*_mean_se([r['eval_after'] for r in rs]))} |")
-    lines += ["", ("Mean ± standard error over seeds (sample std / sqrt(n)); held-out: the demo's metric "
-                   "(mean reward of the eval samples per held-out prompt); after - cell 0 is the mean over the "
-                   "seeds both cells finished of (after - cell 0's after), with its standard error; evaluator: the demo's "
-                   "held-out evaluator (a second judge, never a reward) on the same samples, n/a without one.")]
-    return "\n".join(lines) + "\n"
-
-
-def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(12, 4.5 + 0.2 * len(cell_overrides)))
-    FigureCanvasAgg(fig)
-    bars, curves = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    labels = [f"{c}: " + (" ".join(ov) or "(base)") for c, ov in cell_overrides.items()]
-    for c, label in zip(cell_overrides, labels):
-        rs = [r for r in rows if r["cell"] == c]
-        for offset, key, alpha in ((-0.2, "before", 0.4), (0.2, "after", 1.0)):
-            mean, se = _mean_se([r[key] for r in rs])
-            bars.bar(c + offset, 0 if math.isnan(mean) else mean, width=0.4, alpha=alpha, color=f"C{c % 10}",
-                     yerr=None if math.isnan(se) else se, capsize=3, label=key if c == 0 else None)
-        steps: dict[int, list[float]] = {}
-        for run in runs:
-            if run.cell == c and any(r["cell"] == c and r["seed"] == run.seed for r in rs):
-                for step, value in _curve(out / "runs" / run.dirname):
-                    steps.setdefault(step, []).append(value)
-        if steps:
-            xs = sorted(steps)
-            stats = [_mean_se(steps[x]) for x in xs]
-            ys = [m for m, _ in stats]
-            ses = [0.0 if math.isnan(s) else s for _, s in stats]
-            curves.plot(xs, ys, color=f"C{c % 10}", label=label)
-            curves.fill_between(xs, [y - s for y, s in zip(ys, ses)], [y + s for y, s in zip(ys, ses)],
-                                color=f"C{c % 10}", alpha=0.2)
-    bars.set_xticks(list(cell_overrides), [str(c) for c in cell_overrides])
-    bars.set_xlabel("cell")
-    bars.set_ylabel("held-out reward (mean ± SE over seeds)")
-    bars.legend(fontsize=7)
-    curves.set_xlabel("RL step")
-    curves.set_ylabel("training reward_mean (mean ± SE over seeds)")
-    # the cells' full settings under the plots, one line each (numbered as the bars and sweep.md)
-    handles = curves.get_lines()
-    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=1, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.045 * len(cell_overrides) / (1 + 0.045 * len(cell_overrides)) + 0.02, 1, 1))
-    fig.savefig(out / "sweep.png", dpi=110)
-
-
-# ----- command lines ----------------------------------------------------------------------------
-def run_sweep(args: argparse.Namespace) -> int:
-    """`mmrl sweep` (mmrl/cli.py parses its arguments)."""
-    overrides = args.overrides
-    for item in overrides:
-        if "=" not in item or item.startswith("-"):
-            raise UserError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
-    out = Path(args.out) if args.out else Path("outputs") / f"sweep-{Path(args.target).stem}"
-    return sweep(args.target, args.grid, args.seeds, out, overrides, args.parallel, args.shard,
-                 args.warm_start_ignores, cell_items=args.cell)
-
-
-def _worker(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m mmrl.sweep", description="one run of an `mmrl sweep`")
-    p.add_argument("--run", required=True, metavar="RECIPE_OR_DEMO")
-    p.add_argument("--warm-cache", required=True)
-    p.add_argument("--warm-start-ignores", action="append", default=[])
-    p.add_argument("overrides", nargs="*")
-    args = p.parse_args(argv)
-    run_one(args.run, args.overrides, Path(args.warm_cache), args.warm_start_ignores)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1:]))

@@ -3,7 +3,7 @@
 `reward_mean` is the mean combined reward (`combine`: weighted sum, gate or product) of `group_size` samples per held-out prompt at the
 rollout temperature (`reward_mean_se` its standard error over prompts); `greedy_reward_mean` decodes once per prompt without sampling. Each reward
 is reported on its own as well (``reward/<name>``, ``greedy/<name>``), and so are the counts a
-reward logs (``reward/<name>/<key>``, see `mmrl.reward_registry`).
+reward logs (``reward/<name>/<key>``, see `mmrl.core.scoring`).
 
 An `Evaluator` (a demo's second judge, registered in `mmrl.registry.DEMO_EVALUATORS`; never a
 training reward) scores the very same samples: ``eval_mean`` (sampled, with ``eval_mean_se``)
@@ -14,19 +14,15 @@ the transformed rows: ``eval_mean/<variant>``, ``greedy_eval_mean/<variant>``.
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .advantages import combined_total
-from .errors import UserError
-from .policy import Policy
-from .reward_registry import compute_rewards, reward_columns, score_rollout
-from .sampling import derive_seed
+from mmrl.core.advantages import combined_total
+from mmrl.core.policy import Policy
+from mmrl.core.scoring import compute_rewards, reward_columns, score_rollout
+from mmrl.core.seeding import derive_seed
 
 EVAL_SEED_SALT = 0xE7A1
 
@@ -132,54 +128,3 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
                            "greedy_eval": g["eval"][0] if g["eval"] is not None else None}
                           for s, g in zip(sampled_records, greedy_records)]
     return out
-
-
-def _eval_config(args, checkpoint: Path | None):
-    """The run's own ``config.json`` (with the overrides) when the checkpoint belongs to a run, else the recipe."""
-    from .cli import resolve_recipe
-    from .config import load_recipe, parse_config
-    recipe = [a for a in args.args if "=" not in a]
-    overrides = [a for a in args.args if "=" in a]
-    if len(recipe) > 1:
-        raise UserError(f"mmrl eval takes one recipe, got {recipe}")
-    if checkpoint is not None and (checkpoint.parent.parent / "config.json").is_file():
-        return parse_config(json.loads((checkpoint.parent.parent / "config.json").read_text()), overrides)
-    if not recipe:
-        raise UserError("mmrl eval needs a recipe, or --checkpoint DIR of a run (its config.json is used)")
-    cfg = load_recipe(resolve_recipe(recipe[0]), overrides)
-    run_config = Path(cfg.output_dir) / "config.json"
-    if checkpoint is None and run_config.is_file():  # the run as it was trained (LoRA rank, model, ...)
-        return parse_config(json.loads(run_config.read_text()), overrides)
-    return cfg
-
-
-def run_eval(args) -> int:
-    """`mmrl eval [RECIPE] [--checkpoint DIR] [--base] [key=value ...]`: print the scores as JSON and
-    write them to ``CHECKPOINT.eval.json`` (``OUTPUT_DIR/base.eval.json`` with --base)."""
-    from . import checkpoint as ckpt
-    from .trainer import Trainer
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    if checkpoint is not None and not (checkpoint / ckpt.STATE).is_file():
-        raise UserError(f"--checkpoint {args.checkpoint!r} is not a checkpoint directory (no {ckpt.STATE})")
-    cfg = _eval_config(args, checkpoint)
-    if checkpoint is None:
-        checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
-    if checkpoint is None and not args.base:
-        raise UserError(f"output_dir {cfg.output_dir!r} has no checkpoint to score; pass --checkpoint DIR, "
-                        "or --base to score the untrained model")
-    if checkpoint is not None:
-        problem = ckpt.verify(checkpoint)
-        if problem is not None:
-            raise UserError(f"checkpoint {checkpoint} is damaged: {problem}")
-    trainer = Trainer(cfg, for_training=False)
-    if checkpoint is not None:
-        trainer.load_checkpoint(checkpoint)
-    result = trainer.evaluate()
-    result["checkpoint"] = str(checkpoint) if checkpoint else None
-    if trainer.accelerator.is_main_process:
-        out = (checkpoint.parent / f"{checkpoint.name}.eval.json" if checkpoint
-               else Path(cfg.output_dir) / "base.eval.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        print(json.dumps(result, indent=1))
-    return 0

@@ -1,0 +1,2 @@
+"""The commands (train, eval, demo, sweep, export, explain, list); no library module defines one.
+"""

@@ -1,0 +1,123 @@
+"""The commands' functions: each takes the arguments `mmrl.cli.main` parsed and returns an exit code;
+`mmrl.cli.main.DISPATCH` names them. Each imports the layers it needs when it runs, so that `mmrl --help`
+stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmrl.config.parse import load_recipe, parse_config
+from mmrl.config.recipes import resolve_recipe
+from mmrl.errors import UserError
+
+
+def _eval_config(args, checkpoint: Path | None):
+    """The run's own ``config.json`` (with the overrides) when the checkpoint belongs to a run, else the recipe."""
+    recipe = [a for a in args.args if "=" not in a]
+    overrides = [a for a in args.args if "=" in a]
+    if len(recipe) > 1:
+        raise UserError(f"mmrl eval takes one recipe, got {recipe}")
+    if checkpoint is not None and (checkpoint.parent.parent / "config.json").is_file():
+        return parse_config(json.loads((checkpoint.parent.parent / "config.json").read_text()), overrides)
+    if not recipe:
+        raise UserError("mmrl eval needs a recipe, or --checkpoint DIR of a run (its config.json is used)")
+    cfg = load_recipe(resolve_recipe(recipe[0]), overrides)
+    run_config = Path(cfg.output_dir) / "config.json"
+    if checkpoint is None and run_config.is_file():  # the run as it was trained (LoRA rank, model, ...)
+        return parse_config(json.loads(run_config.read_text()), overrides)
+    return cfg
+
+
+def run_eval(args) -> int:
+    """`mmrl eval [RECIPE] [--checkpoint DIR] [--base] [key=value ...]`: print the scores as JSON and
+    write them to ``CHECKPOINT.eval.json`` (``OUTPUT_DIR/base.eval.json`` with --base)."""
+    from mmrl.train import checkpoint as ckpt
+    from mmrl.train.trainer import Trainer
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is not None and not (checkpoint / ckpt.STATE).is_file():
+        raise UserError(f"--checkpoint {args.checkpoint!r} is not a checkpoint directory (no {ckpt.STATE})")
+    cfg = _eval_config(args, checkpoint)
+    if checkpoint is None:
+        checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
+    if checkpoint is None and not args.base:
+        raise UserError(f"output_dir {cfg.output_dir!r} has no checkpoint to score; pass --checkpoint DIR, "
+                        "or --base to score the untrained model")
+    if checkpoint is not None:
+        problem = ckpt.verify(checkpoint)
+        if problem is not None:
+            raise UserError(f"checkpoint {checkpoint} is damaged: {problem}")
+    trainer = Trainer(cfg, for_training=False)
+    if checkpoint is not None:
+        trainer.load_checkpoint(checkpoint)
+    result = trainer.evaluate()
+    result["checkpoint"] = str(checkpoint) if checkpoint else None
+    if trainer.accelerator.is_main_process:
+        out = (checkpoint.parent / f"{checkpoint.name}.eval.json" if checkpoint
+               else Path(cfg.output_dir) / "base.eval.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+def run_explain(args) -> int:
+    from mmrl.config.help import explain
+    """`mmrl explain KEY [--task T]` (mmrl/cli/main.py parses its arguments)."""
+    print(explain(args.key, args.task))
+    return 0
+
+
+def run_demo_command(args) -> int:
+    from mmrl.train.demo import run_demo
+    """`mmrl demo NAME [key=value ...]`."""
+    run_demo(args.name, args.overrides)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from mmrl.train.export import merge_lora
+    """`mmrl export CHECKPOINT --merge OUT` (mmrl/cli/main.py parses its arguments)."""
+    print(merge_lora(args.checkpoint, args.merge))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    from mmrl.train.trainer import Trainer
+    Trainer(cfg).train()
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
+    from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES, RATIO_LEVELS
+    from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
+    from mmrl.core.scoring import REWARDS
+    from mmrl.registry import ADAPTERS, DEMOS, RECIPES, load_plugins
+    load_plugins()
+    rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
+            ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
+            ("objectives (algorithm.objective)", OBJECTIVES.names()),
+            ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
+            ("ratio levels (algorithm.ratio_level)", list(RATIO_LEVELS)),
+            ("KL estimators (algorithm.kl_estimator)", [*KL_ESTIMATORS.names(), CLOSED_FORM_KL]),
+            ("rewards", REWARDS.names())]
+    print("\n".join(f"{title}: {', '.join(names)}" for title, names in rows))
+    return 0
+
+
+# ----- command lines ----------------------------------------------------------------------------
+def run_sweep(args: argparse.Namespace) -> int:
+    """`mmrl sweep` (mmrl/cli/main.py parses its arguments)."""
+    from mmrl.train.sweep import sweep
+    overrides = args.overrides
+    for item in overrides:
+        if "=" not in item or item.startswith("-"):
+            raise UserError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
+    out = Path(args.out) if args.out else Path("outputs") / f"sweep-{Path(args.target).stem}"
+    return sweep(args.target, args.grid, args.seeds, out, overrides, args.parallel, args.shard,
+                 args.warm_start_ignores, cell_items=args.cell)

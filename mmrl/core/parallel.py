@@ -1,0 +1,48 @@
+"""What an adapter may know of the run's distribution, handed to it once by the engine
+(`Policy.use_parallel`); adapters never import `mmrl.distributed`.
+
+The default view is one process with whole weights. A sharding strategy gives a view of its own
+(mmrl/distributed/fsdp.py, zero3.py), so that an adapter can generate in lockstep with the other
+processes and read the whole weights one shard unit at a time (a vLLM engine's weight sync) without
+knowing which strategy runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import Tensor, nn
+
+
+class ParallelView:
+    """Whole weights, no collective in a forward."""
+
+    lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
+
+    def is_sharded(self, model: nn.Module) -> bool:
+        """Whether `model`'s parameters are split over the processes."""
+        return False
+
+    def weights_in_turn(self, model: nn.Module) -> Iterator[tuple[list[str], bool]]:
+        """`model`'s parameters gathered group by group for a reader of the whole weights: for each
+        group, the names of its parameters (as ``named_parameters(remove_duplicate=False)`` names them)
+        while they are whole tensors, and whether they were gathered for this (copy what you keep: a
+        gathered group is freed when the next is asked for). Every process must consume the iterator
+        to the end, in step. Whole weights: one group of every name, not gathered."""
+        yield [name for name, _ in model.named_parameters(remove_duplicate=False)], False
+
+    def is_whole(self, tensor: Tensor) -> bool:
+        """Whether `tensor` is the whole parameter (not this process's shard of it)."""
+        return True
+
+    def local(self, tensor: Tensor) -> Tensor:
+        """This process's part of a parameter (the tensor itself when whole)."""
+        return tensor
+
+    def plain_class(self, module: nn.Module) -> type:
+        """The class `module` was built with (sharding may give it a subclass)."""
+        return type(module)
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether `flag` holds on any process (every process must call it where models are sharded)."""
+        return flag

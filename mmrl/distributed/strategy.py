@@ -1,0 +1,141 @@
+"""The `Strategy` interface: how a run places, shards, steps and saves the policy over its processes
+(`distributed.strategy`, docs/distributed.md). The trainer calls only these methods; a new strategy
+is one module with a subclass registered in `STRATEGIES` (`@STRATEGIES.register("name")`), checked by
+the shared contract tests (tests/strategy_contract.py) under one and two processes.
+
+A strategy is built from the recipe (`Strategy(cfg)`), then, in this order: `accelerator()`, `place`
+(the policy built, before LoRA), `frozen` (the reference copy, if any), `shard` (the policy model,
+before its optimizer is built), `prepare` (the model and its optimizer). During a step: `gathered`
+around no-grad passes, `no_sync` and `backward` for each micro-batch, `gradients_finite`, then
+`step` or `drop_gradients`. Checkpoints: `save` and `load`.
+
+Defaults describe data parallelism (every process holds the whole model, gradients averaged), so a
+strategy overrides only what it does differently.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from mmrl.config.sections import TrainConfig
+from mmrl.core.parallel import ParallelView
+from mmrl.core.policy import Policy
+from mmrl.registry import Registry
+
+
+class Strategy:
+    """Data parallelism through `accelerate` (the base of every strategy)."""
+
+    frees_gradients = False  # an optimizer step frees the gradients (set to None) until the next backward
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.acc = None  # the run's Accelerator, set by `accelerator()`
+
+    # ----- building ---------------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, cfg: TrainConfig) -> list[str]:
+        """What in the recipe this strategy cannot run, one message per problem, before anything loads."""
+        return []
+
+    def accelerator(self, given=None):
+        """The run's `Accelerator`: `given`, or a new one."""
+        from accelerate import Accelerator
+        self.acc = given or Accelerator()
+        return self.acc
+
+    def place(self, model: nn.Module) -> None:
+        """Prepare the freshly built policy model (on its device, before LoRA) for this strategy."""
+
+    def view(self) -> ParallelView:
+        """What the adapter may know of the distribution (`Policy.use_parallel`)."""
+        return ParallelView()
+
+    def frozen(self, model: nn.Module) -> nn.Module:
+        """The frozen reference copy as it is kept: whole on every process here."""
+        return model
+
+    def shard(self, model: nn.Module) -> None:
+        """Split the policy model over the processes in place (before its optimizer is built)."""
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The trained module and its optimizer, wrapped for the backend."""
+        return self.acc.prepare(model, optimizer)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The adapter's model inside the backend's wrapper."""
+        return self.acc.unwrap_model(model)
+
+    # ----- a step -----------------------------------------------------------------------------
+    @property
+    def lockstep(self) -> bool:
+        """Every process runs as many forward and backward passes (sharded parameters are gathered
+        by collectives inside them): a process without rows runs passes at zero."""
+        return False
+
+    @property
+    def forwards_in_step(self) -> bool:
+        """No-grad passes (log-probs, rollouts) need every process: they run on sharded parameters."""
+        return False
+
+    def gathered(self, model: nn.Module, always: bool = False) -> AbstractContextManager:
+        """`model`'s whole parameters for no-grad passes whose count may differ between processes;
+        `always`: even where the recipe asks for sharded passes. Nothing to do for whole models."""
+        return nullcontext()
+
+    def no_sync(self, model: nn.Module, last: bool) -> AbstractContextManager:
+        """Around a micro-batch's forward and backward: data parallelism averages the gradients on
+        the step's last backward only."""
+        if last or self.acc.num_processes == 1:
+            return nullcontext()
+        return self.acc.no_sync(model)
+
+    def backward(self, model: nn.Module, loss: Tensor, last: bool) -> None:
+        """Backward of one micro-batch (`last`: the step's last one)."""
+        self.acc.backward(loss)
+
+    def gradients_finite(self, model: nn.Module, params: list[Tensor]) -> bool:
+        """Whether this process's gradients are all finite (after the step's last backward)."""
+        return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> float:
+        """Clip (`optim.max_grad_norm`), step the optimizer, clear the gradients; returns the gradient
+        norm before clipping (0 when the recipe does not clip)."""
+        for p in params:  # a parameter with no gradient still takes an optimizer step at zero
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = 0.0
+        if self.cfg.optim.max_grad_norm is not None:
+            norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=self.frees_gradients)
+        return norm
+
+    def drop_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> float:
+        """Forget the step's gradients without stepping (a non-finite step is skipped); returns NaN,
+        the gradient norm logged for a skipped step."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        optimizer.zero_grad(set_to_none=False)
+        return math.nan
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy, directory: Path) -> None:
+        """Write the optimizer, scheduler and RNG states (`Accelerator.save_state`) and the whole
+        weights as the adapter saves them (``model/``, the main process) into `directory`."""
+        self.acc.save_state(str(directory), safe_serialization=True)
+        if self.acc.is_main_process:
+            policy.save_pretrained(self.unwrap(model), directory / "model")
+
+    def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """Read back what `save` wrote."""
+        self.acc.load_state(str(directory))
+
+
+STRATEGIES: Registry[type[Strategy]] = Registry("distribution strategy")

@@ -1,0 +1,140 @@
+"""A step's rollouts and rewards: prompt groups drawn, rolled out on this process's share, scored,
+the whole draw's rewards gathered; with DAPO dynamic sampling, drawn again until enough groups have
+reward variance.
+
+Distribution: the step's prompt groups are split into contiguous blocks, one per process; each
+group is sampled from its own seed (run seed, step, attempt, group index), so rollouts do not
+depend on the number of processes. Rewards are gathered so every process computes the same
+advantages over the whole batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmrl.config.sections import TrainConfig
+from mmrl.core.advantages import combined_total, group_variance_mask
+from mmrl.core.policy import Policy
+from mmrl.core.scoring import RewardFn, score_completions, score_rollout
+from mmrl.core.seeding import derive_seed
+from mmrl.data.sampler import PromptSampler
+from mmrl.distributed.strategy import Strategy
+from mmrl.train.records import Collected, Draw, add_counts, gather_objects
+
+
+@dataclass
+class StageInputs:
+    """What the current stage draws from and scores with (replaced when a stage changes them)."""
+
+    cfg: TrainConfig
+    reward_fns: dict[str, RewardFn]
+    reward_weights: dict[str, float]
+    train_rows: Any                # mmrl.data.Rows
+    eval_rows: Any                 # mmrl.data.Rows
+    sampler: PromptSampler
+
+
+class RolloutCollector:
+    """Rolls out and scores this process's share of each step's prompt groups."""
+
+    def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module):
+        self.strategy, self.policy, self.model = strategy, policy, model
+        self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
+
+    def rollout_params(self):
+        """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
+        policy samples with an engine of its own (vLLM), whose weight sync reads one unit at a time."""
+        return self.strategy.gathered(self.model) if self.policy.rollout_runs_model else nullcontext()
+
+    def _local_groups(self, num_groups: int) -> range:
+        acc = self.strategy.acc
+        per = num_groups // acc.num_processes
+        return range(acc.process_index * per, (acc.process_index + 1) * per)
+
+    def draw(self, inputs: StageInputs, step: int, attempt: int) -> Draw:
+        """Roll out this process's groups of one draw and score them; the rewards of the whole draw
+        are gathered (global row order), its auxiliary rows' rewards too (dropped from the rollout)."""
+        cfg = inputs.cfg
+        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
+        local = self._local_groups(len(indices))
+        rows = [inputs.train_rows[indices[g]] for g in local]
+        seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
+        with self.rollout_params():
+            rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+        self.idle_row = rollout.select([0])
+        rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
+        rollout.add_data_columns(rows)
+        counts: dict[str, float] = {}  # what the rewards log about this draw's calls
+        rollout, rewards, auxiliary = score_rollout(inputs.reward_fns, rollout, counts)
+        # turning-point passes: as many as each process's samples need (an adapter without step rewards runs none)
+        step_level = type(self.policy).step_rewards is not Policy.step_rewards
+        with self.strategy.gathered(self.model, always=True) if step_level else nullcontext():
+            per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
+                inputs.reward_fns, rollout, picked, completions, counts))
+        if per_unit is not None:  # step-level credit: these replace the rollout rewards
+            rewards = per_unit
+        counts.update({f"policy/{k}": v for k, v in self.policy.pop_metrics().items()})
+        gathered = gather_objects(self.strategy.acc, ({k: v.tolist() for k, v in rewards.items()}, counts,
+                                                      {k: v.tolist() for k, v in auxiliary.items()}))
+        metrics: dict[str, float] = {}
+        for _, part, _ in gathered:
+            add_counts(metrics, part)
+        return Draw(rollout, indices,
+                    {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}, metrics,
+                    {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary})
+
+    def collect(self, inputs: StageInputs, step: int) -> Collected:
+        """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
+        DAPO dynamic sampling, keep drawing until `prompts_per_step` groups have non-zero reward
+        variance (or tries run out). Group ids are unique across draws."""
+        cfg, samp = inputs.cfg, inputs.cfg.sampling
+        need, group_size = cfg.optim.prompts_per_step, cfg.algorithm.group_size
+        local_parts, reward_parts, gid_parts, draws = [], [], [], []
+        kept = 0
+        for attempt in range(samp.dynamic_max_tries if samp.dynamic else 1):
+            draw = self.draw(inputs, step, attempt)
+            draws.append(draw)
+            offset = attempt * len(draw.indices)
+            draw_gid = torch.arange(len(draw.indices)).repeat_interleave(group_size)
+            keep = self._kept_groups(inputs, draw, draw_gid, need - kept)
+            local_part = draw.rollout.select(keep[draw.rollout.group_id - offset].nonzero().flatten())
+            if len(local_part):
+                local_parts.append(local_part)
+            reward_parts.append({k: v[keep[draw_gid]] for k, v in draw.rewards.items()})
+            gid_parts.append((draw_gid + offset)[keep[draw_gid]])
+            kept += int(keep.sum())
+            if kept >= need:
+                break
+        if not local_parts:  # this process kept no group: an empty rollout of the right kind
+            local_parts.append(draws[-1].rollout.select([]))
+        local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
+        rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
+        return Collected(local, rewards, torch.cat(gid_parts), self._stats(inputs, draws, kept))
+
+    def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
+        """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with
+        reward variance, no more than `room`); the sampler learns the draw's outcomes."""
+        cfg = inputs.cfg
+        algo, samp = cfg.algorithm, cfg.sampling
+        total = combined_total(draw.rewards, inputs.reward_weights, algo.reward_combine, algo.gates)
+        outcome = total if samp.variance_reward is None else draw.rewards[samp.variance_reward]
+        inputs.sampler.update(draw.indices, outcome if outcome.dim() == 1 else outcome.nanmean(1), draw_gid)  # [N, U]: row means
+        keep = group_variance_mask(total, draw_gid) if samp.dynamic else torch.ones(len(draw.indices), dtype=torch.bool)
+        return keep & (torch.cumsum(keep, 0) <= room)  # no more groups than the batch needs
+
+    @staticmethod
+    def _stats(inputs: StageInputs, draws: list[Draw], kept: int) -> dict[str, float]:
+        stats = {"sampling/tries": float(len(draws)), "sampling/groups": float(kept)}
+        for draw in draws:
+            add_counts(stats, draw.metrics)
+        for k in draws[0].auxiliary:  # e.g. T-GRPO's shuffled-frame accuracy beside reward/<name>
+            values = torch.cat([d.auxiliary[k] for d in draws])
+            if not values.isnan().all():
+                stats[f"auxiliary/reward/{k}"] = float(values.nanmean())
+        stats.update(inputs.sampler.stats())
+        return stats

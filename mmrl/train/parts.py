@@ -1,0 +1,118 @@
+"""Building a run's parts from its plan: the rewards and data of a stage (validated before any model
+loads), the policy placed by the strategy, LoRA, the frozen reference, the optimizer and its
+learning-rate schedule."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mmrl.config.sections import TrainConfig
+from mmrl.core.advantages import check_reward_combine
+from mmrl.core.policy import Policy
+from mmrl.core.regularisers import regulariser_needs
+from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward
+from mmrl.data import Rows, load_data, reward_columns_needed
+from mmrl.data.sampler import PromptSampler
+from mmrl.distributed.strategy import Strategy
+from mmrl.registry import ADAPTERS
+from mmrl.train.collect import StageInputs
+from mmrl.train.stages import Stage, StagePlan
+
+
+def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, float]]:
+    """The recipe's rewards bound to their arguments and columns, and their weights (checked)."""
+    fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in cfg.rewards.items()}
+    weights = {name: spec.weight for name, spec in cfg.rewards.items()}
+    if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in weights:
+        raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "
+                         f"rewards {sorted(weights)}")
+    check_reward_combine(cfg.algorithm.reward_combine, cfg.algorithm.gates, weights)
+    return fns, weights
+
+
+def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
+    """The data set, validated before any model loads: prompt column, every column a reward needs
+    (through its column bindings), the adapter's media columns; reward bindings that clash with
+    a data column are errors."""
+    media = ADAPTERS.get(cfg.task).media_columns(policy_cfg)
+    bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
+    required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
+    train, held_out = load_data(cfg.data, media, required)
+    columns = list(train[0]) if len(train) else []
+    for fn in reward_fns.values():
+        bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)
+        if isinstance(bound, ColumnBoundReward):
+            bound.check(columns)
+    return train, held_out
+
+
+def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=None) -> StageInputs:
+    """A stage's rewards (bound here unless given), data and a fresh prompt sampler over it."""
+    if reward_fns is None:
+        reward_fns, reward_weights = bound_rewards(stage.config)
+    train, held_out = load_validated_data(stage.config, stage.policy, reward_fns)
+    return StageInputs(stage.config, reward_fns, reward_weights, train, held_out,
+                       PromptSampler(train, stage.config.sampling, plan.sampler_seed(stage)))
+
+
+def build_policy(cfg: TrainConfig, policy_cfg: Any = None) -> Policy:
+    """The adapter of `cfg.task` built from its typed ``policy:`` section (typed here if not given)."""
+    adapter = ADAPTERS.get(cfg.task)
+    if policy_cfg is None:
+        from mmrl.config.parse import from_dict
+        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    return adapter(policy_cfg)
+
+
+@dataclass
+class Parts:
+    """The policy and what trains it, as the strategy prepared them."""
+
+    policy: Policy
+    model: nn.Module               # the trained module (the strategy's wrapper around policy.model)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any                 # transformers' LR scheduler over `optimizer`
+    reference: nn.Module | None    # a frozen copy for the KL, None without one (or with LoRA: adapter off)
+
+
+def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
+    """The policy (seeded by the recipe, so identical on every process), placed by the strategy, with
+    LoRA, the reference a regulariser asks for, AdamW and the schedule, prepared by the strategy."""
+    cfg = stage.config
+    torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
+    policy = build_policy(cfg, stage.policy)
+    policy.prompt_column = cfg.data.prompt_column
+    if cfg.policy.get("device") is None:
+        policy.model.to(strategy.acc.device)
+    strategy.place(policy.model)
+    policy.use_parallel(strategy.view())
+    if cfg.optim.lora.r > 0:
+        from peft import LoraConfig, get_peft_model
+        lora = cfg.optim.lora
+        policy.model = get_peft_model(policy.model, LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+    reference = None
+    if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
+        reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))
+    strategy.shard(policy.model)
+    policy.model.train()
+    optimizer = _optimizer(policy.model, cfg)
+    from transformers import get_scheduler
+    scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
+                              num_training_steps=max(cfg.max_steps, 1))
+    model, optimizer = strategy.prepare(policy.model, optimizer)
+    strategy.acc.register_for_checkpointing(scheduler)
+    return Parts(policy, model, optimizer, scheduler, reference)
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # the fused kernel (CPU and CUDA) is several times faster than the per-tensor loop
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                             betas=tuple(cfg.optim.betas), fused=fused or None)

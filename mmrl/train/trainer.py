@@ -1,0 +1,240 @@
+"""The loop, the same for every family, under `accelerate` and the run's distribution `Strategy`.
+
+A step (`train_step`):
+  1. enter the stage of the step (its settings, rewards, data; the model and optimizer carry on);
+  2. collect: draw prompt groups, roll out this process's share, score, gather the rewards
+     (mmrl/train/collect.py; DAPO dynamic sampling draws again);
+  3. batch: advantages over the whole batch, this process's rows and the aggregation weights
+     (mmrl/train/batching.py);
+  4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/update.py).
+The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
+every `save_every`, a checkpoint and a clear stop on signals and on too many non-finite steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from mmrl.config.sections import TrainConfig
+from mmrl.config.parse import to_dict
+from mmrl.core.objectives import OBJECTIVES
+from mmrl.distributed import build_strategy
+from mmrl.distributed.launcher import check_world_size, with_launcher_settings
+from mmrl.errors import UserError, reading_user_input
+from mmrl.registry import import_user_module, load_plugins
+from mmrl.train import checkpoint as ckpt
+from mmrl.train import run_dir
+from mmrl.train.batching import step_batch
+from mmrl.train.collect import RolloutCollector
+from mmrl.train.evaluation import evaluate
+from mmrl.train.parts import bound_rewards, build_parts, stage_inputs
+from mmrl.train.plan import validate
+from mmrl.train.records import StepBatch, gather_objects
+from mmrl.train.signals import RunInterrupted, StopSignals
+from mmrl.train.stages import Stage
+from mmrl.train.tracking import Progress, Tracker
+from mmrl.train.update import PolicyUpdate
+from mmrl.train.warm_start import warm_start
+
+
+class NonFiniteError(UserError):
+    """`max_bad_steps` optimizer steps in a row had a NaN/inf loss or gradient norm."""
+
+
+logger = logging.getLogger(__name__)
+_UNSET = object()  # a policy field a stage's recipe does not give
+
+
+class Trainer:
+    @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
+    def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True):
+        """Validate the recipe once, claim the output directory, build the run's parts, resume.
+        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes."""
+        load_plugins()
+        for module in cfg.reward_modules:
+            import_user_module(module)
+        if not cfg.rewards:
+            raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
+        cfg = with_launcher_settings(cfg)  # `accelerate launch` with an FSDP or DeepSpeed config
+        self.strategy = build_strategy(cfg)
+        acc = self.accelerator = self.strategy.accelerator(accelerator)
+        check_world_size(acc.num_processes)
+        self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
+        self.output_dir = Path(cfg.output_dir)
+        resume_from = self._claim(cfg) if for_training else None
+        self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
+        if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
+            logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
+                           self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
+        self.cfg = self.stage.config
+        self.inputs = stage_inputs(self.stage, self.plan)
+        parts = build_parts(self.stage, self.plan, self.strategy)
+        self.policy, self.model, self.optimizer, self.reference = parts.policy, parts.model, parts.optimizer, parts.reference
+        self.scheduler = parts.scheduler
+        self.collector = RolloutCollector(self.strategy, self.policy, self.model)
+        self.updater = PolicyUpdate(self.cfg, self.strategy, self.policy, self.model, self.optimizer, self.scheduler,
+                                    self.reference, OBJECTIVES.get(self.cfg.algorithm.objective))
+        self.step = 0
+        self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
+        self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+        self.resumed = resume_from is not None
+
+    def _claim(self, cfg: TrainConfig) -> Path | None:
+        """The output directory claimed for this run; the checkpoint to resume from, if any."""
+        acc = self.accelerator
+        say = print if acc.is_main_process else (lambda *a, **k: None)
+        resume_from = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, acc.is_main_process, say)
+        acc.wait_for_everyone()
+        return resume_from
+
+    @property
+    def unwrapped(self):
+        """The adapter's model inside the strategy's wrapper."""
+        return self.strategy.unwrap(self.model)
+
+    # ----- one step ---------------------------------------------------------------------------
+    def prepare_batch(self, step: int) -> StepBatch:
+        """Step `step`'s rollouts, rewards, advantages and aggregation weights: this process's share
+        of the batch, ready for `updater.update` (phases 2 and 3 of a step)."""
+        collected = self.collector.collect(self.inputs, step)
+        return step_batch(collected, self.inputs.reward_weights, self.cfg, self.updater.objective, self.policy,
+                          self.accelerator, self.collector.idle_row)
+
+    def _enter_stage(self, stage: Stage) -> None:
+        """Take `stage`'s settings before its first step (mmrl/train/stages.py); the model, the optimizer
+        state and, when the stage keeps the data and sampling settings, the data position carry on."""
+        if stage.index == self.stage.index:
+            return
+        old, new = self.cfg, stage.config
+        if new.policy != old.policy:
+            changed = {k for k in {*old.policy, *new.policy} if old.policy.get(k, _UNSET) != new.policy.get(k, _UNSET)}
+            self.policy.apply_stage_settings({k: getattr(stage.policy, k) for k in changed})
+        fns, weights = (self.inputs.reward_fns, self.inputs.reward_weights) if new.rewards == old.rewards \
+            else bound_rewards(new)
+        if not self.plan.same_data(self.stage, stage):
+            self.inputs = stage_inputs(stage, self.plan, fns, weights)
+            self.policy.prompt_column = new.data.prompt_column
+        else:
+            self.inputs.cfg, self.inputs.reward_fns, self.inputs.reward_weights = new, fns, weights
+        if new.optim.lr != old.optim.lr:  # keeps the schedule's factor, on the new base rate
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = group["lr"] * new.optim.lr / base if base else new.optim.lr
+                group["initial_lr"] = new.optim.lr
+            self.scheduler.base_lrs = [new.optim.lr] * len(self.scheduler.base_lrs)
+        self.cfg = self.updater.cfg = new
+        self.stage = stage
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
+        step = self.step + 1
+        self._enter_stage(self.plan.stage_at(step))
+        t0 = time.perf_counter()
+        self.policy.set_training_step(step)
+        batch = self.prepare_batch(step)
+        t1 = time.perf_counter()
+        update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
+        metrics = {**batch.metrics, **update}
+        if self.plan.staged:
+            metrics["stage"] = self.stage.index
+        metrics["time_rollout_s"] = t1 - t0
+        metrics["time_update_s"] = time.perf_counter() - t1
+        self.step = step
+        return metrics
+
+    # ----- the run ----------------------------------------------------------------------------
+    def train(self) -> None:
+        """Steps until `max_steps`, evaluating, logging and saving as the recipe says."""
+        cfg, acc = self.cfg, self.accelerator
+        metrics_file = self.output_dir / "metrics.jsonl"
+        if not self.resumed and acc.is_main_process and metrics_file.exists():
+            metrics_file.unlink()  # a fresh run in a used directory starts a fresh record
+        self.tracker = Tracker(self.output_dir, cfg.logging.report_to, cfg.logging.plot_every,
+                               config=to_dict(self.plan.recipe), resume_step=self.step if self.resumed else None,
+                               enabled=acc.is_main_process)
+        progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process)
+        try:
+            with StopSignals() as stop:
+                while self.step < cfg.max_steps:
+                    metrics = self.train_step()
+                    self._evaluate_every(metrics)
+                    self.bad_steps = self.bad_steps + 1 if self.updater.nonfinite_term else 0
+                    self.tracker.log(self.step, metrics)
+                    progress.update(self.step, metrics)
+                    self._save_or_stop(stop)
+            if not cfg.save_every or self.step % cfg.save_every:
+                self.save_checkpoint()
+        finally:
+            progress.close()
+            self.tracker.close()
+
+    def _evaluate_every(self, metrics: dict[str, float]) -> None:
+        every = self.cfg.eval.every  # the stage's
+        if every and self.step % every == 0 and self.inputs.eval_rows:
+            scores = self.evaluate()
+            self.last_eval = (self.step, scores["reward_mean"])
+            metrics.update({f"eval/{k}": v for k, v in scores.items()})
+
+    def _save_or_stop(self, stop: StopSignals) -> None:
+        """A checkpoint every `save_every`; a checkpoint and a stop after too many non-finite steps or
+        a signal received by any process."""
+        cfg = self.cfg
+        saved = cfg.save_every and self.step % cfg.save_every == 0
+        if saved:
+            self.save_checkpoint()
+        if self.bad_steps >= cfg.max_bad_steps:
+            path = self.save_checkpoint()
+            raise NonFiniteError(
+                f"step {self.step}: the {self.updater.nonfinite_term} was not finite for {self.bad_steps} "
+                f"steps in a row (max_bad_steps={cfg.max_bad_steps}), so the run stopped; checkpoint "
+                f"{path}. Lower optim.lr or set optim.max_grad_norm, then resume=true")
+        if any(gather_objects(self.accelerator, stop.received is not None)):
+            path = ckpt.checkpoint_dir(self.output_dir, self.step) if saved else self.save_checkpoint()
+            raise RunInterrupted(f"stopped by {stop.name} after step {self.step}; checkpoint {path}; "
+                                 "continue with the same command and resume=true", stop.received or 15)
+
+    def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False) -> dict:
+        """Held-out scores (`mmrl.train.evaluation.evaluate`), with `evaluator`'s beside the reward's."""
+        cfg = self.cfg
+        rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]
+        with self.collector.rollout_params():
+            return evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
+                            cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
+                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
+
+    def warm_start(self) -> float:
+        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
+        return warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
+                          self.accelerator.is_main_process)
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified)."""
+        acc = self.accelerator
+        final = ckpt.checkpoint_dir(self.output_dir, self.step)
+        tmp = ckpt.temporary_dir(self.output_dir, self.step)
+        if acc.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        acc.wait_for_everyone()
+        self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+        if acc.is_main_process:
+            state = {"step": self.step, "sampler": self.inputs.sampler.state_dict(), "bad_steps": self.bad_steps}
+            if self.last_eval is not None and self.last_eval[0] == self.step:
+                state["eval_reward_mean"] = self.last_eval[1]
+            ckpt.publish(tmp, final, state)
+            if self.cfg.save_total_limit is not None:
+                ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
+        acc.wait_for_everyone()
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.strategy.load(self.model, self.optimizer, path)
+        state = ckpt.read_trainer_state(path)
+        self.step = int(state["step"])
+        self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
+        self.bad_steps = int(state.get("bad_steps", 0))
+        self.inputs.sampler.load_state_dict(state["sampler"])

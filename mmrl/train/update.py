@@ -1,0 +1,236 @@
+"""The update passes of a step: `mu` optimizer steps over streamed micro-batches, old and reference
+log-probs kept from before the first, the rollout/training mismatch measured and corrected, non-finite
+steps skipped. Everything that depends on the distribution goes through the run's `Strategy`."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+
+from mmrl.config.sections import TrainConfig
+from mmrl.core.objectives import ratio_segments
+from mmrl.core.policy import Policy
+from mmrl.core.regularisers import closed_form_kl, metric_names, reference_pass, regulariser_needs
+from mmrl.core.rollout import Rollout
+from mmrl.core.rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
+from mmrl.distributed.strategy import Strategy
+from mmrl.errors import UserError
+from mmrl.train.records import MicroBatchCounts, StepBatch, gather_objects
+
+MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}
+
+
+class PolicyUpdate:
+    """Updates `model` (the policy's trained module, as the strategy prepared it) from step batches.
+    `cfg` is the current stage's recipe (the trainer replaces it when a stage starts)."""
+
+    def __init__(self, cfg: TrainConfig, strategy: Strategy, policy: Policy, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective):
+        self.cfg, self.strategy, self.policy, self.model = cfg, strategy, policy, model
+        self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
+        self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
+
+    @contextmanager
+    def reference_model(self):
+        """The reference module: the frozen copy, or the model with its LoRA adapter disabled."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.strategy.unwrap(self.model).disable_adapter():
+                yield self.model
+
+    def micro_batches(self, batch: StepBatch) -> list[Tensor]:
+        """Row indices of each micro-batch. Rows without gradient (zero advantage, and no active
+        regulariser that needs every row) are skipped; every process runs the same number of micro-batches (padded
+        with empty ones) so gradient synchronisation lines up."""
+        from mmrl.core.advantages import row_magnitude
+        active = batch.row_mask.clone()
+        if not regulariser_needs(self.cfg.algorithm, "all_rows"):
+            active &= row_magnitude(batch.advantages) > 0
+        rows = active.nonzero().flatten()
+        size = self.cfg.optim.micro_batch_size
+        chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+        counts: list[MicroBatchCounts] = gather_objects(self.strategy.acc, MicroBatchCounts(
+            len(chunks), int(active.sum()), int(batch.row_mask.sum())))
+        chunks += [rows[:0]] * (max(c.chunks for c in counts) - len(chunks))
+        batch.metrics["skipped_frac"] = 1.0 - sum(c.active for c in counts) / max(sum(c.rows for c in counts), 1)
+        return chunks
+
+    def unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
+        """The units each backward covers, with the ratio segments inside them (chunk level)."""
+        algo = self.cfg.algorithm
+        if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
+            return [(slice(None), None)]
+        if algo.ratio_level == "chunk":
+            segs = ratio_segments("chunk", mb.num_units, algo.chunks)
+            return [(s, [slice(0, s.stop - s.start)]) for s in segs]
+        return [(s, None) for s in self.policy.unit_slices(mb)]
+
+    @torch.no_grad()
+    def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
+        """Old (or reference) log-probs of every row, in the same micro-batch layout as training,
+        so that the on-policy ratio of the first pass is exactly 1."""
+        local = batch.rollout
+        out = torch.zeros_like(local.unit_mask)
+        source = local if len(local) else batch.idle_row
+        model = self.reference if reference and self.reference is not None else self.model
+        with self.strategy.gathered(model):
+            for rows in chunks:
+                padding = len(rows) == 0 or len(local) == 0  # a pass at zero, only to keep the processes in step
+                if padding and not self.strategy.forwards_in_step:
+                    continue
+                mb = source.select(rows if not padding else [0])
+                for units, _ in self.unit_slices(mb):
+                    if reference:
+                        with self.reference_model() as ref:
+                            logp, _ = self.policy.logprobs(ref, mb, units)
+                    else:
+                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                    if not padding:
+                        out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
+        return out
+
+    def _micro_batch_terms(self, batch: StepBatch, idx: Tensor, units: slice, segs, old_logp: Tensor | None,
+                           ref_logp: Tensor | None, with_entropy: bool, sums: dict[str, float], empty: bool):
+        """Forward and loss of rows `idx` over `units` (the mismatch sums added to `sums`)."""
+        algo = self.cfg.algorithm
+        mb = batch.rollout.select(idx)
+        want_entropy = with_entropy or regulariser_needs(algo, "entropy")
+        kl = None
+        if closed_form_kl(algo):
+            logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self.reference_model, mb, units,
+                                                            with_entropy=want_entropy)
+        else:
+            logp, entropy = self.policy.logprobs(self.model, mb, units, with_entropy=want_entropy)
+        device = logp.device
+        adv = batch.advantages[idx]
+        old = old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach()
+        mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
+        is_weight = capped = None
+        if mb.rollout_logp is not None:
+            rollout_logp = mb.rollout_logp[:, units].to(device)
+            if algo.rollout_correction != "none":
+                is_weight, capped = importance_weights(old, rollout_logp, algo.rollout_correction,
+                                                       algo.rollout_correction_cap)
+            if not empty:
+                add_sums(sums, mismatch_sums(old, rollout_logp, mask, capped))
+        return self.objective.loss(
+            logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
+            batch.weights[idx][:, units].to(device), algo, segments=segs,
+            ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
+            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
+
+    def _check_rollout_logp(self, local: Rollout) -> dict[str, float]:
+        """The mismatch sums to report (none without sampler log-probs), or a clear error where the
+        recipe corrects a mismatch the adapter cannot measure."""
+        algo = self.cfg.algorithm
+        if local.rollout_logp is not None:  # the rollout-vs-training gap is measured (mmrl/core/rollout_correction.py)
+            return dict(MISMATCH_SUMS)
+        if algo.rollout_correction != "none" and len(local):
+            raise UserError(f"algorithm.rollout_correction={algo.rollout_correction!r} needs the rollout sampler's "
+                            f"log-probs, and the {self.cfg.task!r} adapter's rollouts under this policy section "
+                            "record none (Rollout.rollout_logp); set algorithm.rollout_correction: none")
+        return {}
+
+    def accumulate_gradients(self, batch: StepBatch, chunks: list[Tensor], old_logp: Tensor | None,
+                             ref_logp: Tensor | None, with_entropy: bool) -> dict[str, float]:
+        """One pass over the micro-batches: forward, loss, backward, free; gradients accumulate
+        into `.grad` and are synchronised across processes on the last backward."""
+        strategy, local = self.strategy, batch.rollout
+        world = strategy.acc.num_processes
+        sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "ratio_max_dev": 0.0, **{k: 0.0 for k in metric_names()},
+                **self._check_rollout_logp(local)}
+        if len(local) == 0 and not strategy.lockstep:  # this process kept no rows: synchronise at zero
+            strategy.backward(self.model, sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0, True)
+            return sums
+        idle = len(local) == 0  # lockstep: as many forward and backward passes as the others, at zero
+        source = batch.idle_row if idle else local
+        work = [(rows, units, segs) for rows in chunks
+                for units, segs in self.unit_slices(source.select(rows if len(rows) else [0]))]
+        for k, (rows, units, segs) in enumerate(work):
+            empty = len(rows) == 0  # padding so every process runs as many backward passes
+            idx = rows if not empty else torch.tensor([0])
+            last = k == len(work) - 1
+            if idle:
+                logp, _ = self.policy.logprobs(self.model, source.select(idx), units)
+                strategy.backward(self.model, logp.sum() * 0.0, last)
+                continue
+            with strategy.no_sync(self.model, last):
+                terms = self._micro_batch_terms(batch, idx, units, segs, old_logp, ref_logp, with_entropy, sums, empty)
+                strategy.backward(self.model, terms.loss * (0.0 if empty else float(world)), last)
+            if not empty:
+                add_terms(sums, terms)
+        return sums
+
+    def _old_and_reference(self, batch: StepBatch, chunks: list[Tensor], passes: list[StepBatch], redrawn: bool):
+        """Per pass: the old log-probs (kept when the ratio moves over several passes) and the reference's."""
+        algo = self.cfg.algorithm
+
+        def per_pass(reference: bool) -> list[Tensor]:
+            if not redrawn:
+                return [self.no_grad_logprobs(batch, chunks, reference)] * algo.mu
+            return [self.no_grad_logprobs(p, chunks, reference) for p in passes]
+
+        keep_old = algo.mu > 1 and self.objective.uses_ratio
+        old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
+        ref_logp = per_pass(reference=True) if reference_pass(algo) else [None] * algo.mu
+        return old_logp, ref_logp
+
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        """`mu` optimizer steps on the batch, old log-probs kept from before the first. A policy
+        whose log-probs are redrawn each pass (`Policy.pass_view`) gets the old and reference
+        log-probs of every pass from that pass's own view, all before the first step."""
+        algo, strategy = self.cfg.algorithm, self.strategy
+        chunks = self.micro_batches(batch)
+        views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
+        passes = [batch if view is None else replace(batch, rollout=view) for view in views]
+        old_logp, ref_logp = self._old_and_reference(batch, chunks, passes, any(v is not None for v in views))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm, first = 0.0, None
+        self.nonfinite_term = None
+        for pass_index in range(algo.mu):
+            sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
+                                             with_entropy=pass_index == 0)
+            first = first or sums
+            self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
+            if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
+                grad_norm = strategy.drop_gradients(self.model, self.optimizer, params)
+                break
+            grad_norm = strategy.step(self.model, self.optimizer, params)
+        self.scheduler.step()
+        return self._metrics(first, grad_norm)
+
+    def _metrics(self, first: dict[str, float], grad_norm: float) -> dict[str, float]:
+        """The first pass's sums over every process, as logged."""
+        gathered = gather_objects(self.strategy.acc, first)
+        total = {k: sum(g.get(k, 0.0) for g in gathered) for k in first}
+        units = total["units"] or math.nan  # nan: every row was skipped, nothing was measured
+        regularisers = {logged: total[key] / units if per_unit else total[key]
+                        for key, (logged, per_unit) in metric_names().items()}
+        return {"loss": total["loss"], "clip_frac": total["clipped"] / units, **regularisers,
+                "ratio_max_dev": max(g["ratio_max_dev"] for g in gathered), "grad_norm": grad_norm,
+                "lr": self.scheduler.get_last_lr()[0], "nonfinite_skipped": float(self.nonfinite_term is not None),
+                **mismatch_metrics(gathered, self.cfg.algorithm.rollout_correction)}
+
+    def _nonfinite_term(self, loss: float, params: list[Tensor]) -> str | None:
+        """'loss' or 'gradient norm' if either is NaN/inf on any process, else None (all agree)."""
+        term = None
+        if not math.isfinite(loss):
+            term = "loss"
+        elif not self.strategy.gradients_finite(self.model, params):
+            term = "gradient norm"
+        return next((t for t in gather_objects(self.strategy.acc, term) if t is not None), None)
+
+
+def add_terms(sums: dict[str, float], terms) -> None:
+    """A micro-batch's `LossTerms` added to the pass's sums."""
+    for key in ("units", "clipped"):
+        sums[key] += getattr(terms, key)
+    for key, value in terms.metrics.items():
+        sums[key] += value
+    sums["loss"] += terms.loss.item()
+    sums["ratio_max_dev"] = max(sums["ratio_max_dev"], terms.ratio_max_dev)

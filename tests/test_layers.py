@@ -1,0 +1,84 @@
+"""The engine's layers (docs/architecture.md): each module of `mmrl/` imports only its own layer and
+the layers below it, function-level imports included, and the engine imports no adapter or reward."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "mmrl"
+# lowest first; a module may import its own layer and any layer before it
+LAYERS = [("mmrl.errors", "mmrl.registry"), ("mmrl.config",), ("mmrl.core",), ("mmrl.data",),
+          ("mmrl.distributed",), ("mmrl.train",), ("mmrl.cli",)]
+ENTRY = ("mmrl", "mmrl.__main__")  # the package's lazy public names and `python -m mmrl` may import any layer
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int | None:
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    return None
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file, wherever it stands."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            # `from mmrl.train import checkpoint` imports the module mmrl.train.checkpoint
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+            found.append((node.lineno, module))
+    return found
+
+
+def engine_files() -> list[Path]:
+    return sorted(ENGINE.rglob("*.py"))
+
+
+def test_every_engine_module_has_a_layer():
+    homeless = [module_name(p) for p in engine_files() if module_name(p) not in ENTRY and layer_of(module_name(p)) is None]
+    assert not homeless, f"modules outside the layers {LAYERS}: {homeless}"
+
+
+@pytest.mark.parametrize("path", engine_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path: Path):
+    here = module_name(path)
+    if here in ENTRY:
+        return
+    level = layer_of(here)
+    upward = []
+    for line, module in imported_modules(path):
+        if module.split(".")[0] in ("tasks", "rewards") or module.startswith(("mmrl.tasks", "mmrl.rewards")):
+            upward.append(f"line {line}: {module} (the engine finds adapters and rewards through registries)")
+            continue
+        target = layer_of(module)
+        if target is not None and target > level:
+            upward.append(f"line {line}: {module} (layer {LAYERS[target][0]} is above {LAYERS[level][0]})")
+    assert not upward, f"{here} imports upward:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The check itself: a core module importing the trainer inside a function is caught."""
+    bad = ENGINE / "core" / "_layer_probe.py"
+    bad.write_text("def f():\n    from mmrl.train.trainer import Trainer\n    return Trainer\n")
+    try:
+        with pytest.raises(AssertionError, match="mmrl.train.trainer"):
+            test_imports_point_down(bad)
+    finally:
+        bad.unlink()
