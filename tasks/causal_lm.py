@@ -93,7 +93,7 @@ class CausalLMConfig:
         "prefills).")})
     rollout_engine: Literal["hf", "vllm"] = field(default="hf", metadata={"help": (
         "What samples rollouts: hf (transformers generate) or vllm (a colocated vLLM engine, sent the weights "
-        "after every optimizer step; see policy.vllm and the README's vLLM section).")})
+        "after every optimizer step; see policy.vllm and docs/vllm.md).")})
     vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={"help": (
         "The vLLM engine's settings when rollout_engine is vllm.")})
 

@@ -1,4 +1,4 @@
-"""Every model family the README names, as a tiny random model built in memory (tasks/tiny_models.py):
+"""Every model family docs/models.md names, as a tiny random model built in memory (tasks/tiny_models.py):
 images (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, LLaVA), video (Qwen2.5-VL, Qwen3-VL), audio
 (Qwen2-Audio, the Qwen2.5-Omni thinker). Each passes the adapters' correctness checks: each row's
 samples and log-probs equal the row alone; the shared prefill samples what the plain prefill does;
