@@ -38,7 +38,7 @@ from .loss import (AGGREGATIONS, OBJECTIVES, closed_form_kl, metric_names, ratio
                    regulariser_needs)
 from .policy import Policy
 from .registry import ADAPTERS, import_user_module, load_plugins
-from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, score_completions,
+from .reward_registry import (ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, column_checks, score_completions,
                               score_rollout)
 from .rollout import Rollout
 from .rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
@@ -103,13 +103,14 @@ def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:
 
 def load_validated_data(cfg: TrainConfig, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
     """The data set, validated before any model loads: prompt column, every column a reward needs
-    (through its column bindings), the adapter's media columns; reward bindings that clash with
+    (through its column bindings) and the values rewards check, the adapter's media columns; reward bindings that clash with
     a data column are errors."""
     adapter = ADAPTERS.get(cfg.task)
     media = adapter.media_columns(from_dict(adapter.Config, cfg.policy, "policy"))
     bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
     required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
-    train, held_out = load_data(cfg.data, media, required)
+    values = column_checks({name: (spec.args, spec.columns) for name, spec in cfg.rewards.items()})
+    train, held_out = load_data(cfg.data, media, required, values)
     columns = list(train[0]) if len(train) else []
     for fn in reward_fns.values():
         bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)
