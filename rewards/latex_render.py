@@ -190,6 +190,66 @@ def _remember(cache: OrderedDict, fresh: dict, used: list, size: int) -> None:
         cache.popitem(last=False)
 
 
+def _renders(codes: list[str], kinds: list[str | None], reference, renderer: str, timeout: float,
+             workers: int) -> tuple[list[Render | None], list[Render | None]]:
+    """(completion renders, reference renders), None where the reference is None; rendered in a
+    thread pool, each distinct snippet once, through the module's caches."""
+    def render(key: tuple) -> Render:
+        code, code_kind, _ = key
+        bad = FORBIDDEN.search(code)
+        if bad:
+            return Render(None, "latex", f"forbidden command {bad.group(0)}")
+        return compile_latex(code, code_kind, timeout=timeout, renderer=renderer)
+
+    def render_reference(key: tuple) -> Render:
+        ref, ref_kind, _ = key
+        return compile_latex(ref, ref_kind, timeout=timeout, renderer=renderer)
+
+    keys = [None if reference[i] is None else (codes[i], kinds[i], renderer)
+            for i in range(len(codes))]
+    # a mathtext render never stands in for TeX: the renderer is part of the key
+    ref_keys = [None if reference[i] is None else (reference[i], kinds[i], renderer) for i in range(len(codes))]
+    missing = list(dict.fromkeys(k for k in keys if k is not None and k not in _completion_cache))
+    missing_refs = list(dict.fromkeys(k for k in ref_keys if k is not None and k not in _reference_cache))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        fresh = dict(zip(missing, pool.map(render, missing)))
+        fresh_refs = dict(zip(missing_refs, pool.map(render_reference, missing_refs)))
+    candidates = [None if k is None else fresh.get(k) or _completion_cache[k] for k in keys]
+    references = [None if k is None else fresh_refs.get(k) or _reference_cache[k] for k in ref_keys]
+    _remember(_completion_cache, {k: r for k, r in fresh.items() if r.error != "timeout"},  # a timeout may be
+              keys, COMPLETION_CACHE_SIZE)                                                  # the load, not the snippet
+    _remember(_reference_cache, fresh_refs, ref_keys, REFERENCE_CACHE_SIZE)
+    return candidates, references
+
+
+def _blend(codes: list[str], kinds: list[str | None], reference, candidates: list[Render | None],
+           references: list[Render | None], visual_weight: float, structure_weight: float,
+           log_metric) -> list[float | None]:
+    """Each row's weighted mean of the visual and the structure similarity (None: no reference)."""
+    total = visual_weight + structure_weight
+    out: list[float | None] = []
+    for i, (cand, ref) in enumerate(zip(candidates, references)):
+        if cand is None:
+            out.append(None)
+            continue
+        if ref.image is None:
+            raise ValueError(f"latex_render: reference {i} does not render ({ref.error}): {reference[i][:80]!r}")
+        if log_metric is not None:
+            log_metric(f"renderer/{cand.renderer}")
+        if cand.image is None:
+            if log_metric is not None:
+                log_metric(f"fail/{_reason(cand.error)}")
+            out.append(0.0)
+            continue
+        if kinds[i] == "table":
+            structure = max(0.0, teds(codes[i], reference[i]))
+        else:
+            structure = token_similarity(codes[i], reference[i])
+        visual = 0.5 * (ssim(cand.image, ref.image) + cw_ssim(cand.image, ref.image))
+        out.append((visual_weight * visual + structure_weight * structure) / total)
+    return out
+
+
 @register_reward("latex_render")
 def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
                         structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
@@ -217,52 +277,5 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
     codes = [extract_latex(completion_text(c)) for c in completions]
     kinds = [None if r is None else _kind(r, kind) for r in reference]
     renderer = latex_sandbox.resolve_renderer(renderer)
-
-    def render(key: tuple) -> Render:
-        code, code_kind, _ = key
-        bad = FORBIDDEN.search(code)
-        if bad:
-            return Render(None, "latex", f"forbidden command {bad.group(0)}")
-        return compile_latex(code, code_kind, timeout=timeout, renderer=renderer)
-
-    def render_reference(key: tuple) -> Render:
-        ref, ref_kind, _ = key
-        return compile_latex(ref, ref_kind, timeout=timeout, renderer=renderer)
-
-    keys = [None if reference[i] is None else (codes[i], kinds[i], renderer)
-            for i in range(len(codes))]
-    # a mathtext render never stands in for TeX: the renderer is part of the key
-    ref_keys = [None if reference[i] is None else (reference[i], kinds[i], renderer) for i in range(len(codes))]
-    missing = list(dict.fromkeys(k for k in keys if k is not None and k not in _completion_cache))
-    missing_refs = list(dict.fromkeys(k for k in ref_keys if k is not None and k not in _reference_cache))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        fresh = dict(zip(missing, pool.map(render, missing)))
-        fresh_refs = dict(zip(missing_refs, pool.map(render_reference, missing_refs)))
-    candidates = [None if k is None else fresh.get(k) or _completion_cache[k] for k in keys]
-    references = [None if k is None else fresh_refs.get(k) or _reference_cache[k] for k in ref_keys]
-    _remember(_completion_cache, {k: r for k, r in fresh.items() if r.error != "timeout"},  # a timeout may be
-              keys, COMPLETION_CACHE_SIZE)                                                  # the load, not the snippet
-    _remember(_reference_cache, fresh_refs, ref_keys, REFERENCE_CACHE_SIZE)
-    total = visual_weight + structure_weight
-    out: list[float | None] = []
-    for i, (cand, ref) in enumerate(zip(candidates, references)):
-        if cand is None:
-            out.append(None)
-            continue
-        if ref.image is None:
-            raise ValueError(f"latex_render: reference {i} does not render ({ref.error}): {reference[i][:80]!r}")
-        if log_metric is not None:
-            log_metric(f"renderer/{cand.renderer}")
-        if cand.image is None:
-            if log_metric is not None:
-                log_metric(f"fail/{_reason(cand.error)}")
-            out.append(0.0)
-            continue
-        if kinds[i] == "table":
-            structure = max(0.0, teds(codes[i], reference[i]))
-        else:
-            structure = token_similarity(codes[i], reference[i])
-        visual = 0.5 * (ssim(cand.image, ref.image) + cw_ssim(cand.image, ref.image))
-        out.append((visual_weight * visual + structure_weight * structure) / total)
-    return out
-
+    candidates, references = _renders(codes, kinds, reference, renderer, timeout, workers)
+    return _blend(codes, kinds, reference, candidates, references, visual_weight, structure_weight, log_metric)

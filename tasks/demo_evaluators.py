@@ -22,7 +22,8 @@ import re
 import numpy as np
 
 from mmrl.train.evaluation import Evaluator
-from rewards.iou import box_iou, parse_boxes
+from rewards.box_parsing import parse_boxes
+from rewards.iou import box_iou
 from rewards.latex_render import extract_latex
 from rewards.latex_sandbox import compile_latex, tex_available
 from rewards.text import completion_text, extract_answer

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from mmrl.core.scoring import compute_rewards, metric_logger
 from rewards import get_reward
-from rewards.iou import STYLES, box_iou, format_boxes, iou_reward, match_boxes, parse_boxes
+from rewards.box_parsing import STYLES, format_boxes, parse_boxes
+from rewards.iou import box_iou, iou_reward, match_boxes
 
 
 # --- IoU and matching ----------------------------------------------------------------------------

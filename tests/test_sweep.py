@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mmrl.cli import main as cli
 from mmrl.errors import UserError
 from mmrl.config.parse import load_recipe
 from mmrl.registry import DEMOS, RECIPES
@@ -150,6 +151,18 @@ def test_bad_grid_key_fails_before_any_run(tmp_path):
         sweep("text", ["algorithm.nope=1,2"], 1, tmp_path, TINY, say=lambda *_: None)
     assert not (tmp_path / "runs").exists()
     assert Run(0, ("a=1",), 0).dirname.endswith("/seed-0")
+
+
+def test_output_dir_is_refused_naming_out(tmp_path, capsys):
+    for common, grid, cell in (([*TINY, "output_dir=elsewhere"], ["optim.lr=1e-4,1e-3"], []),
+                               (TINY, ["output_dir=a,b"], []), (TINY, [], ["optim.lr=1e-4 output_dir=b"])):
+        with pytest.raises(UserError, match=r"'output_dir=.*' would be ignored: each run writes under --out DIR"):
+            sweep("text", grid, 1, tmp_path / "sweep", common, say=lambda *_: None, cell_items=cell)
+    assert not (tmp_path / "sweep").exists() and not Path("elsewhere").exists()
+    code = cli.main(["sweep", "text", "--grid", "optim.lr=1e-4,1e-3", "--seeds", "1", "--out", str(tmp_path / "sweep"),
+                     *TINY, f"output_dir={tmp_path / 'x'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "give --out instead of output_dir" in err, err
 
 
 def test_parallel_runs_share_the_cores_unless_the_user_set_threads():

@@ -10,6 +10,12 @@ reward may compare the rows of a group (T-GRPO).
 A reward that declares a ``log_metric`` parameter gets a per-call logger, ``log_metric(key,
 value=1.0)``, that adds to a count the caller logs as ``reward/<name>/<key>`` (e.g. failed parses
 by reason); the counts belong to the call, never to the module.
+
+A reward may declare checks of its columns' values, ``@register_reward(name, check_columns=
+{argument: check})``: data validation calls ``check(value, **recipe_args)`` on each row's value
+of the column that feeds `argument` (through ``rewards.NAME.columns``) before any model loads;
+the check returns None for a value the reward can read, else what is wrong and how to fix it,
+reported with the file, row, column and value (`column_checks`).
 """
 
 from __future__ import annotations
@@ -28,15 +34,44 @@ from mmrl.registry import Registry
 RewardFn = Callable[..., Sequence[float | None]]
 
 REWARDS: Registry[RewardFn] = Registry("reward")
+ColumnCheck = Callable[..., str | None]  # check(value, **recipe_args) -> None, or what is wrong and the fix
+COLUMN_CHECKS: dict[str, dict[str, ColumnCheck]] = {}  # reward name -> argument -> check of its column's values
 
 
 class RewardError(RuntimeError):
     """A reward that raised, returned the wrong number of values, or returned NaN/inf."""
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Register `fn(prompts, completions, **columns) -> list[float | None]` under `name`."""
-    return REWARDS.register(name)
+def register_reward(name: str, check_columns: Mapping[str, ColumnCheck] | None = None
+                    ) -> Callable[[RewardFn], RewardFn]:
+    """Register `fn(prompts, completions, **columns) -> list[float | None]` under `name`;
+    `check_columns` (argument -> check) as the module docstring describes."""
+    def decorator(fn: RewardFn) -> RewardFn:
+        REWARDS.register(name)(fn)
+        if check_columns:
+            COLUMN_CHECKS[name] = dict(check_columns)
+        return fn
+
+    return decorator
+
+
+def column_checks(rewards: Mapping[str, tuple[Mapping[str, Any], Mapping[str, str]]]
+                  ) -> list[tuple[str, Callable[[Any], str | None]]]:
+    """(data column, check of one value) for each column check of the rewards in `rewards`
+    (name -> (recipe args, column bindings)); a check returns None, or the problem naming the
+    reward and its argument."""
+    out = []
+    for name, (args, columns) in rewards.items():
+        for argument, check in COLUMN_CHECKS.get(name, {}).items():
+            column = (columns or {}).get(argument, argument)
+            who = f"reward {name!r}" + (f" as {argument!r}" if column != argument else "")
+            out.append((column, functools.partial(_column_problem, who, check, dict(args or {}))))
+    return out
+
+
+def _column_problem(who: str, check: ColumnCheck, args: dict[str, Any], value: Any) -> str | None:
+    problem = check(value, **args)
+    return None if problem is None else f"{problem} (needed by {who})"
 
 
 def get_reward(name: str) -> RewardFn:

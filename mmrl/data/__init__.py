@@ -10,12 +10,12 @@ bindings (``rewards.NAME.columns``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from mmrl.config.sections import DataConfig
 from mmrl.data.rows import RowError, Rows, RowTransform
 from mmrl.data.sources import open_source, read_rows
-from mmrl.data.validate import DataError, MediaCheck, reward_columns_needed, validate
+from mmrl.data.validate import DataError, MediaCheck, ValueCheck, reward_columns_needed, validate
 from mmrl.registry import DATASETS
 
 __all__ = ["DataError", "RowError", "Rows", "load_data", "read_rows", "reward_columns_needed"]
@@ -29,9 +29,11 @@ def _transform(cfg: DataConfig, media_columns: Mapping[str, MediaCheck], base_di
 
 
 def load_data(cfg: DataConfig, media: Mapping[str, MediaCheck] | None = None,
-              required: Mapping[str, str] | None = None) -> tuple[Rows, Rows]:
+              required: Mapping[str, str] | None = None,
+              values: Sequence[tuple[str, ValueCheck]] = ()) -> tuple[Rows, Rows]:
     """(train rows, held-out rows), validated (`data.validate`): `media` maps each media column to
-    its check (from the adapter), `required` each column a reward needs to who needs it."""
+    its check (from the adapter), `required` each column a reward needs to who needs it, `values`
+    pairs a column with a check of its values (the rewards' `column_checks`)."""
     media = dict(media or {})
     if (cfg.name is None) == (cfg.path is None):
         raise ValueError("data: give exactly one of data.name (a registered data set) or data.path")
@@ -54,7 +56,7 @@ def load_data(cfg: DataConfig, media: Mapping[str, MediaCheck] | None = None,
     if len(train) == 0:
         raise ValueError(f"data: the training set {train.name} is empty")
     train, held_out = validate([train, held_out], cfg.prompt_column, required or {}, media, cfg.validate,
-                               cfg.validate_rows, cfg.skip_invalid)
+                               cfg.validate_rows, cfg.skip_invalid, values)
     if len(train) == 0:
         raise ValueError(f"data: no row of {train.name} is valid (data.skip_invalid dropped them all)")
     return train, held_out

@@ -1,6 +1,7 @@
 """Row validation before any model loads: every row (``data.validate: all``) or an even sample
 (``sample``) of the training and held-out sets is read through the row transforms and checked
-for the prompt column, every column a reward needs, and readable media (each adapter names
+for the prompt column, every column a reward needs, the values rewards declare checks for
+(``check_columns`` of `register_reward`), and readable media (each adapter names
 its media columns and a check that reads only what it must: image and video headers, audio
 file info). Problems are collected, grouped by (file, column, what is wrong) with the number of
 rows that share them, and reported together; ``data.skip_invalid`` drops those rows instead.
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mmrl.data.rows import RowError, Rows
 
 logger = logging.getLogger("mmrl")
 
 MediaCheck = Callable[[Any], None]  # raises RowError(column, what, detail) when a column's value cannot be read
+ValueCheck = Callable[[Any], str | None]  # a value's problem (what is wrong and the fix) or None
 SHOWN_ROWS = 3  # rows named per problem in the report
 
 
@@ -48,10 +50,12 @@ def _sample(n: int, mode: str, size: int) -> Iterable[int]:
 
 
 def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
-               media: Mapping[str, MediaCheck], mode: str = "all", sample_size: int = 1000) -> list[Problem]:
+               media: Mapping[str, MediaCheck], mode: str = "all", sample_size: int = 1000,
+               values: Sequence[tuple[str, ValueCheck]] = ()) -> list[Problem]:
     """Problems of `rows`: a missing prompt column, a missing (or None) column in `required`
-    (column -> who needs it, e.g. "reward 'iou'"), a media value its check refuses, a row the
-    transforms refuse. Media checks are cached by value, so a file shared by many rows is read once."""
+    (column -> who needs it, e.g. "reward 'iou'"), a value a check in `values` ((column, check)
+    pairs) refuses, a media value its check refuses, a row the transforms refuse. Media checks
+    are cached by value, so a file shared by many rows is read once."""
     problems: dict[tuple, Problem] = {}
     seen: dict[Any, RowError | None] = {}
 
@@ -72,6 +76,11 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
         for column, who in required.items():
             if row.get(column) is None:
                 add(index, column, f"missing (needed by {who})")
+        for column, check in values:
+            value = row.get(column)
+            problem = None if value is None else check(value)
+            if problem is not None:
+                add(index, column, problem, f"{value!r:.120}")
         for column, check in media.items():
             value = row.get(column)
             if value is None:
@@ -93,7 +102,8 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
 
 
 def validate(sets: Iterable[Rows], prompt_column: str, required: Mapping[str, str],
-             media: Mapping[str, MediaCheck], mode: str, sample_size: int, skip_invalid: bool) -> list[Rows]:
+             media: Mapping[str, MediaCheck], mode: str, sample_size: int, skip_invalid: bool,
+             values: Sequence[tuple[str, ValueCheck]] = ()) -> list[Rows]:
     """Check every set; raise DataError listing every problem, or (`skip_invalid`) return the sets
     without the rows that have one, logging how many were dropped."""
     out, report = [], []
@@ -101,7 +111,7 @@ def validate(sets: Iterable[Rows], prompt_column: str, required: Mapping[str, st
         if mode == "off" or len(rows) == 0:
             out.append(rows)
             continue
-        problems = check_rows(rows, prompt_column, required, media, mode, sample_size)
+        problems = check_rows(rows, prompt_column, required, media, mode, sample_size, values)
         bad = {r for p in problems for r in p.rows}
         if problems and skip_invalid:
             logger.warning("data: dropped %d of %d rows of %s (data.skip_invalid):\n  %s", len(bad), len(rows),

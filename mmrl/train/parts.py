@@ -15,7 +15,7 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import check_reward_combine
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import regulariser_needs
-from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward
+from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, column_checks
 from mmrl.data import Rows, load_data, reward_columns_needed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
@@ -37,12 +37,13 @@ def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, floa
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
     """The data set, validated before any model loads: prompt column, every column a reward needs
-    (through its column bindings), the adapter's media columns; reward bindings that clash with
-    a data column are errors."""
+    (through its column bindings) and the values rewards check, the adapter's media columns; reward
+    bindings that clash with a data column are errors."""
     media = ADAPTERS.get(cfg.task).media_columns(policy_cfg)
     bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
     required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
-    train, held_out = load_data(cfg.data, media, required)
+    values = column_checks({name: (spec.args, spec.columns) for name, spec in cfg.rewards.items()})
+    train, held_out = load_data(cfg.data, media, required, values)
     columns = list(train[0]) if len(train) else []
     for fn in reward_fns.values():
         bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)

@@ -212,6 +212,10 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
     shard_i, shard_n = parse_shard(shard)
     recipe, common = recipe_of(target), list(common)
     runs = plan(cells(grid, bundles), seeds)
+    for item in (*common, *(o for run in runs for o in run.overrides)):
+        if item.partition("=")[0].strip() == "output_dir":  # run_overrides sets each run's own
+            raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
+                            f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
     for run in (r for r in runs if r.seed == 0):  # every cell's config is valid before anything runs
         load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
     out.mkdir(parents=True, exist_ok=True)
