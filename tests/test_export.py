@@ -17,7 +17,7 @@ from mmrl.checkpoint import latest_checkpoint
 from mmrl.cli import main
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
-from tasks.tiny_models import TINY_MODELS
+from tasks.model_loading import TINY_MODELS
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
 

@@ -31,8 +31,8 @@ from mmrl.rollout import Rollout
 from mmrl.sampling import derive_seed
 
 from ..model_loading import DTYPES
-from ..tiny_models import TINY_MODELS
 from .families import Family, family_of, sd15_with_ddim
+from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .schedule import StepSchedule
 from .turning_point import step_rewards
@@ -110,18 +110,6 @@ class DiffusionConfig:
         "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
         "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
         "and the clip range acts on that rescaled ratio")})
-
-
-def load_pipeline(cfg: DiffusionConfig):
-    if cfg.model.startswith("tiny:"):
-        pipe = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-    else:
-        from diffusers import DiffusionPipeline
-
-        from .pixel import saved_pixel_pipeline
-        pipeline_class = saved_pixel_pipeline(cfg.model) or DiffusionPipeline
-        pipe = pipeline_class.from_pretrained(cfg.model, torch_dtype=DTYPES[cfg.dtype])
-    return sd15_with_ddim(pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype]))
 
 
 @ADAPTERS.register("diffusion")

@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from mmrl.data.chat import split_placeholders
 from mmrl.rollout import Rollout
 
+from ..model_loading import DTYPES, load_tiny
 from .causal_lm import CausalLMConfig, CausalLMPolicy
 from .chat_prompts import with_system_prompt
-from .model_loading import DTYPES, load_tiny
 from .prefix_sharing import SharedLayout
 from .vllm_engine import VLLMEngine
 

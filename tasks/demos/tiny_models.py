@@ -1,21 +1,18 @@
 """Tiny random models with in-memory tokenizers, for tests and CPU demos (no download).
 
-A recipe names one as ``policy.model: tiny:NAME``; everything else loads with
-``from_pretrained(name_or_local_path)``.
+A recipe names one as ``policy.model: tiny:NAME`` (`tasks.model_loading.TINY_MODELS`, filled
+here); everything else loads with ``from_pretrained(name_or_local_path)``.
 """
 
 from __future__ import annotations
 
 import string
-from typing import Callable
-
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from mmrl.registry import Registry
-
-TINY_MODELS: Registry[Callable[..., tuple]] = Registry("tiny model")
+from ..dlm.policy import make_bidirectional
+from ..model_loading import TINY_MODELS
 
 CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHAR_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
@@ -61,6 +58,14 @@ def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0
     tokenizer = char_tokenizer()
     return tiny_qwen2(tokenizer, hidden, layers, heads, seed), tokenizer
 
+
+
+@TINY_MODELS.register("dlm-char")
+def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
+    """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token (the dlm demo's policy)."""
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    return make_bidirectional(tiny_qwen2(tokenizer, hidden, layers, heads, seed)), tokenizer
 
 QWEN_VL_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                     "<|video_pad|>"]

@@ -30,8 +30,8 @@ from mmrl.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.rollout import Rollout, take_rows
 
+from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .chat_prompts import prompt_text, tokenize_prompts
-from .model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
 from .rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
 from .token_logprobs import selective_log_softmax
@@ -83,7 +83,7 @@ class CausalLMConfig:
     logprob_chunk_rows: int = field(default=1024, metadata={"help": (
         "Logit rows per chunk of the fp32 log-softmax over the vocabulary, so the full fp32 logits of a "
         "micro-batch are never held at once (memory bound, not a numeric setting).")})
-    # log-prob passes run each group's prompt once (tasks/prefix_sharing.py); YAML's on/off are
+    # log-prob passes run each group's prompt once (prefix_sharing.py); YAML's on/off are
     # booleans, so true / false mean on / off
     prefix_sharing: Literal["auto", "on", "off"] | bool = field(default="auto", metadata={"help": (
         "Log-prob passes run each group's prompt once, as [prompt; completion_1; ...] under a 4D mask (Prefix "
@@ -312,7 +312,7 @@ class CausalLMPolicy(Policy):
 
     def _vllm_generate(self, parts: list, encoded: dict[str, Any], group_size: int,
                        seeds: Sequence[int], greedy: bool) -> tuple[Tensor, Tensor | None]:
-        """Completion ids and sampler log-probs from the colocated vLLM engine (tasks/vllm_engine.py)
+        """Completion ids and sampler log-probs from the colocated vLLM engine (vllm_engine.py)
         for prompts given by their `_prompt_parts` and their encoding."""
         cfg = self.cfg
         if self._vllm is None:
@@ -459,7 +459,7 @@ class CausalLMPolicy(Policy):
             logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), torch.finfo(logits.dtype).min)
         return logits
 
-    # ----- shared-prefix log-probs (tasks/prefix_sharing.py) -----------------------------------
+    # ----- shared-prefix log-probs (prefix_sharing.py) -----------------------------------
     def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
         """The micro-batch's rows grouped by prompt when its log-probs run with the prompt shared
         (`policy.prefix_sharing`), else None. The choice depends on the micro-batch alone, so the
