@@ -12,7 +12,8 @@ import torch
 from helpers import on_policy_step_changes
 from mmrl.config import parse_config
 from mmrl.trainer import Trainer
-from tasks.diffusion.policy import DiffusionConfig, DiffusionPolicy
+from tasks.diffusion.config import DiffusionConfig
+from tasks.diffusion.policy import DiffusionPolicy
 from tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
 from tasks.diffusion.schedule import StepSchedule
 

@@ -180,7 +180,7 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
     policy = text_policy(prefix_sharing="on")
     batch = policy.rollout(["1+1=" * 40], 2, seeds=[0])
     policy.model.config._attn_implementation = "flex_attention"
-    with caplog.at_level(logging.WARNING, logger="tasks.lm.causal_lm"):
+    with caplog.at_level(logging.WARNING, logger="tasks.lm.scoring"):
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
     assert len([r for r in caplog.records if "plain forward" in r.getMessage()]) == 1

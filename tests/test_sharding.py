@@ -251,7 +251,7 @@ from torch.distributed.tensor import DTensor
 from mmrl.config import DistributedConfig
 from mmrl.distributed import Sharding
 from tasks.model_loading import load_tiny
-from tasks.lm.vllm_engine import export_weights
+from tasks.lm.vllm_weights import export_weights
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model, _ = load_tiny("tiny:qwen2-char", {"hidden": 32, "layers": 3, "heads": 2}, "float32")
@@ -290,7 +290,7 @@ exit_without_teardown(0)
 
 @pytest.mark.parametrize("variant", ["full", "lora"])
 def test_vllm_weight_export_gathers_one_shard_unit_at_a_time(tmp_path, variant):
-    """What a vLLM engine is sent under fsdp (`tasks.lm.vllm_engine.export_weights`): the same names and
+    """What a vLLM engine is sent under fsdp (`tasks.lm.vllm_weights.export_weights`): the same names and
     bit-equal tensors as the unsharded model sends (LoRA merged), with at most one shard unit
     gathered at any time and every unit freed afterwards; inside `Sharding.gathered` the gathered
     tensors are read and left gathered. (fp32 all-gathers move bits: compared exactly.)"""

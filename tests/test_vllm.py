@@ -22,7 +22,7 @@ from mmrl.tracking import read_metrics  # noqa: E402
 from mmrl.trainer import Trainer  # noqa: E402
 from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
 from tasks.lm.rollout_batches import eos_token_ids  # noqa: E402
-from tasks.lm.vllm_engine import export_weights  # noqa: E402
+from tasks.lm.vllm_weights import export_weights  # noqa: E402
 
 TOL = 1e-3
 # vLLM's CPU attention takes head_dim 64 (not 16): hidden 256 over 4 heads
