@@ -1,18 +1,22 @@
-"""Loading a transformers model and its tokenizer, shared by the token adapters (causal_lm,
-the multimodal ones, dlm): the weights' dtypes, the registered tiny models, the tokenizer and
-its left padding."""
+"""Loading a model, shared by the adapters: the weights' dtypes, the registry of tiny models
+(`tiny:NAME`, filled by `tasks.demos`), and for the token adapters (causal_lm, the multimodal
+ones, dlm) the tokenizer and its left padding."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from transformers import AutoTokenizer
 
-from .tiny_models import TINY_MODELS
+from mmrl.registry import Registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# `policy.model: tiny:NAME` -> fn(**policy.tiny_args) building a tiny random model in memory (no
+# download): (model, tokenizer or processor) for the token adapters, a pipeline for diffusion
+TINY_MODELS: Registry[Callable[..., Any]] = Registry("tiny model")
 
 
 def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str) -> tuple[nn.Module, Any]:

@@ -173,7 +173,8 @@ def test_d1_advantages_are_reward_minus_group_mean():
 
 
 def _tiny_sd3(**kw):
-    from tasks.diffusion.policy import DiffusionConfig, DiffusionPolicy
+    from tasks.diffusion.config import DiffusionConfig
+    from tasks.diffusion.policy import DiffusionPolicy
     args = {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4, "noise_level": 0.7}
     args.update(kw)
     return DiffusionPolicy(DiffusionConfig(**args))

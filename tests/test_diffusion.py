@@ -12,7 +12,8 @@ import torch
 from helpers import on_policy_step_changes
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.diffusion.policy import DiffusionConfig, DiffusionPolicy
+from tasks.diffusion.config import DiffusionConfig
+from tasks.diffusion.policy import DiffusionPolicy
 from tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
 from tasks.diffusion.schedule import StepSchedule
 
@@ -329,7 +330,7 @@ def test_recipes_run_a_step(recipe, tmp_path):
 
 def test_warm_start_loss_is_the_flow_matching_loss():
     import numpy as np
-    from tasks.diffusion.synthetic import colour_shapes
+    from tasks.demos.synthetic.colour_shapes import colour_shapes
     policy = DiffusionPolicy(DiffusionConfig(model="tiny:pixel-flow", height=16, width=16, num_steps=4, classifier_free_guidance=False,
                                              cfg_dropout=0.0, sampler="dance", noise_level=0.3))
     rows = colour_shapes(n_train=3, n_eval=0, size=16)["train"]
@@ -362,8 +363,8 @@ def test_pixel_pipelines_roll_out_on_policy_and_load_back_from_their_directory(m
     """The demo's pixel-space pipelines (an MMDiT or a UNet denoiser): the sampler's log-probs are
     the training forward's, a group's images depend on its seed only, the warm start's flow
     loss trains the denoiser, and a saved pipeline loads back as `policy.model: path`."""
-    from tasks.diffusion.policy import load_pipeline
-    from tasks.diffusion.synthetic import colour_shapes
+    from tasks.diffusion.loading import load_pipeline
+    from tasks.demos.synthetic.colour_shapes import colour_shapes
     cfg = dict(height=16, width=16, num_steps=4, eval_num_steps=4, classifier_free_guidance=False, cfg_dropout=0.0,
                sampler="dance", noise_level=0.3)
     policy = DiffusionPolicy(DiffusionConfig(model=model, **cfg))

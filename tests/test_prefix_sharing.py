@@ -15,11 +15,11 @@ from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overri
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
 from mmrl.train.parts import build_policy
-from tasks.audio_lm import AudioLMConfig, AudioLMPolicy
-from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
-from tasks.tiny_models import seeded_model
-from tasks.vlm import VLMConfig, VLMPolicy
+from tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from tasks.lm.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
+from tasks.demos.tiny_models import seeded_model
+from tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 TOL = 1e-5
@@ -139,7 +139,7 @@ def test_image_logprobs_and_gradients_equal_the_plain_forward():
 
 
 def test_video_logprobs_and_gradients_equal_the_plain_forward():
-    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/video_clips.py
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", max_new_tokens=8))  # videos: tasks/lm/video_clips.py
     rows = [{"prompt": "what moves?", "video": RNG.integers(0, 255, (4, 28, 56, 3), dtype=np.uint8)},
             {"prompt": "count", "video": RNG.integers(0, 255, (4, 56, 28, 3), dtype=np.uint8)},
             {"prompt": "where?", "video": RNG.integers(0, 255, (2, 28, 28, 3), dtype=np.uint8)}]
@@ -181,7 +181,7 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
     policy = text_policy(prefix_sharing="on")
     batch = policy.rollout(["1+1=" * 40], 2, seeds=[0])
     policy.model.config._attn_implementation = "flex_attention"
-    with caplog.at_level(logging.WARNING, logger="tasks.causal_lm"):
+    with caplog.at_level(logging.WARNING, logger="tasks.lm.scoring"):
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
         assert policy._shared_prefix_groups(batch, batch.unit_mask) is None
     assert len([r for r in caplog.records if "plain forward" in r.getMessage()]) == 1

@@ -1,4 +1,4 @@
-"""Qwen2-VL / Qwen2.5-VL rotary positions in the released models' convention (tasks/qwen_vl_positions.py):
+"""Qwen2-VL / Qwen2.5-VL rotary positions in the released models' convention (tasks/lm/qwen_vl_positions.py):
 a hand-written reference, where it departs from transformers 5's, and that the policy uses it."""
 
 import copy
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tasks.model_loading import load_tiny
-from tasks.qwen_vl_positions import released_rope_index, use_released_positions
-from tasks.vlm import VLMConfig, VLMPolicy
+from tasks.lm.qwen_vl_positions import released_rope_index, use_released_positions
+from tasks.lm.vlm import VLMConfig, VLMPolicy
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def test_aesthetic_linear_and_mlp_heads(tiny, tmp_path):
 def test_pickscore_from_a_local_clip_model(tmp_path):
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     from rewards.clip import pickscore
-    from tasks.tiny_models import char_tokenizer
+    from tasks.demos.tiny_models import char_tokenizer
     tok = char_tokenizer()
     tok.padding_side = "right"  # as CLIP tokenizers pad
     config = CLIPConfig(text_config={"vocab_size": len(tok), "hidden_size": 16, "intermediate_size": 32,

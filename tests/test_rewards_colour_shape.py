@@ -7,7 +7,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from rewards.colour_shape import colour_shape, colour_shape_score, inscribed_ellipse
-from tasks.diffusion.synthetic import BACKGROUND, COLOURS, draw_shape
+from tasks.demos.synthetic.colour_shapes import BACKGROUND, COLOURS, draw_shape
 
 
 def test_targets_score_high_and_hacks_score_low():

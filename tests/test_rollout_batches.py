@@ -1,11 +1,11 @@
-"""The token adapters' shared rollout plumbing (tasks/rollout_batches.py): completion ends,
+"""The token adapters' shared rollout plumbing (tasks/lm/rollout_batches.py): completion ends,
 joining rollouts of different widths, scoring only the used columns."""
 
 import torch
 
 from mmrl.core.rollout import Rollout
-from tasks.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.rollout_batches import concat_padded, first_eos_ends, full_width, units_before, used_width
+from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from tasks.lm.rollout_batches import concat_padded, first_eos_ends, full_width, units_before, used_width
 
 EOS, PAD = 2, 0
 

@@ -249,9 +249,10 @@ import copy, json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from mmrl.config.sections import DistributedConfig
-from mmrl.distributed.fsdp import Sharding
+from mmrl.core.parallel import ParallelView
+from mmrl.distributed.fsdp import FullyShardedView, Sharding
 from tasks.model_loading import load_tiny
-from tasks.vllm_engine import export_weights
+from tasks.lm.vllm_weights import export_weights
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model, _ = load_tiny("tiny:qwen2-char", {"hidden": 32, "layers": 3, "heads": 2}, "float32")
@@ -259,7 +260,7 @@ if sys.argv[1] == "lora":
     from peft import LoraConfig, get_peft_model
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                              init_lora_weights=False))  # B != 0: a real delta
-whole = {k: v.clone() for k, v in export_weights(copy.deepcopy(model))}  # unsharded: what one process sends
+whole = {k: v.clone() for k, v in export_weights(copy.deepcopy(model), ParallelView())}  # unsharded: what one process sends
 sharding = Sharding(DistributedConfig(strategy="fsdp"), torch.device("cpu"), torch.float32)
 sharding.shard(model)
 units = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -269,12 +270,13 @@ def own(unit):  # the parameters a unit holds: its subtree's, less those of the 
 def gathered_units():
     return sum(any(not isinstance(p, DTensor) for p in own(u)) for u in units)
 most, got = 0, {}
-for name, tensor in export_weights(model):
+view = FullyShardedView(lockstep=False)
+for name, tensor in export_weights(model, view):
     most = max(most, gathered_units())
     got[name] = tensor
 after = gathered_units()
 with sharding.gathered(model):
-    inside = {k: v.clone() for k, v in export_weights(model)}
+    inside = {k: v.clone() for k, v in export_weights(model, view)}
     still = gathered_units()
 report = {"units": len(units), "most_gathered": most, "after": after, "still_gathered": still,
           "names_equal": sorted(got) == sorted(whole) and sorted(inside) == sorted(whole),
@@ -290,7 +292,7 @@ exit_without_teardown(0)
 
 @pytest.mark.parametrize("variant", ["full", "lora"])
 def test_vllm_weight_export_gathers_one_shard_unit_at_a_time(tmp_path, variant):
-    """What a vLLM engine is sent under fsdp (`tasks.vllm_engine.export_weights`): the same names and
+    """What a vLLM engine is sent under fsdp (`tasks.lm.vllm_weights.export_weights`): the same names and
     bit-equal tensors as the unsharded model sends (LoRA merged), with at most one shard unit
     gathered at any time and every unit freed afterwards; inside `Sharding.gathered` the gathered
     tensors are read and left gathered. (fp32 all-gathers move bits: compared exactly.)"""

@@ -16,8 +16,8 @@ from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
 from mmrl.core.scoring import metric_logger
 from rewards.t_grpo import t_grpo_reward
-from tasks.video_clips import load_video, sample_indices
-from tasks.vlm import VLMConfig, VLMPolicy
+from tasks.lm.video_clips import load_video, sample_indices
+from tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}

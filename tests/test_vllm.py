@@ -1,4 +1,4 @@
-"""The vLLM rollout engine (tasks/vllm_engine.py) against the training forward. Needs vLLM: run
+"""The vLLM rollout engine (tasks/lm/vllm_engine.py) against the training forward. Needs vLLM: run
 in the venv of scripts/make_vllm_env.sh as ``DIR/bin/python -m pytest -q -m vllm``; skipped
 where vLLM is not importable and left out of the default run.
 
@@ -20,8 +20,9 @@ pytestmark = pytest.mark.vllm
 from mmrl.config.parse import parse_config  # noqa: E402
 from mmrl.train.tracking import read_metrics  # noqa: E402
 from mmrl.train.trainer import Trainer  # noqa: E402
-from tasks.causal_lm import CausalLMConfig, CausalLMPolicy, eos_token_ids  # noqa: E402
-from tasks.vllm_engine import export_weights  # noqa: E402
+from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from tasks.lm.rollout_batches import eos_token_ids  # noqa: E402
+from tasks.lm.vllm_weights import export_weights  # noqa: E402
 
 TOL = 1e-3
 # vLLM's CPU attention takes head_dim 64 (not 16): hidden 256 over 4 heads
@@ -88,7 +89,7 @@ def test_lora_sync_is_exact():
     policy.model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                            init_lora_weights=False))  # B != 0: a real delta
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    merged = dict(export_weights(policy.model))
+    merged = dict(export_weights(policy.model, policy.parallel))
     reference = copy.deepcopy(policy.model).merge_and_unload().state_dict()
     assert set(merged) == set(reference)
     for name, tensor in reference.items():

@@ -37,10 +37,6 @@ class Policy(ABC):
         self.parallel = view
 
     @property
-    def synced_rollouts(self) -> bool:
-        return self.parallel.lockstep
-
-    @property
     def rollout_runs_model(self) -> bool:
         """Whether `rollout` runs `model` itself (True), or an engine of its own that is sent the
         weights (a vLLM engine). The engine gathers the rollouts' parameters under FSDP only for the

@@ -3,7 +3,7 @@
 DeepSpeed partitions the parameters, gradients and AdamW state over the processes (fp32 master
 weights; `policy.dtype: bfloat16` is the compute dtype) and gathers each module's parameters with
 hooks as its forward and backward run. Every forward is therefore a collective: rollouts,
-evaluation and the no-grad passes run in step over the processes (`Policy.synced_rollouts`), as
+evaluation and the no-grad passes run in step over the processes (`ParallelView.lockstep`), as
 FSDP does with `distributed.rollout_params: sharded`.
 
 mmrl drives the engine itself rather than through `Accelerator.backward`, which would step the

@@ -1,5 +1,6 @@
 """Diffusion and flow-matching text-to-image policies (SD3, FLUX.1, SD 1.5): samplers, the
-trained-step schedule, the adapter, Chunk-GRPO chunks, TP-GRPO step rewards, tiny pipelines
-(and the t2i demo's pixel-space flow pipeline and synthetic coloured shapes)."""
+trained-step schedule, pipeline loading, the adapter, Chunk-GRPO chunks, TP-GRPO step rewards.
+(The tiny pipelines, the t2i demo's pixel-space flow pipelines and its synthetic coloured shapes
+are the demos': `tasks.demos`.)"""
 
-from . import policy, synthetic, tiny  # noqa: F401  (registration)
+from . import policy  # noqa: F401  (registration)

@@ -17,115 +17,28 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from mmrl.distributed.fsdp import unsharded_class
-from mmrl.core.policy import Policy
 from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 
 from ..model_loading import DTYPES
-from ..tiny_models import TINY_MODELS
+from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
+from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
-from .schedule import StepSchedule
-from .turning_point import step_rewards
+from .turning_point import TurningPointRewards
 
 NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
 
 
-@dataclass
-class DiffusionConfig:
-    """model: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15.
-    sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
-    (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
-    eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. classifier_free_guidance: on or off
-    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
-    turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
-    `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
-
-    # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
-    model: str = field(default="", metadata={"help": (
-        "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
-        "tiny:pixel-flow-unet (tiny random pipelines; the last two draw pixels directly, an MMDiT or a UNet).")})
-    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
-        "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
-    dtype: str = field(default="float32", metadata={"help": (
-        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "tasks.model_loading:DTYPES"})
-    device: str | None = field(default=None, metadata={"help": (
-        "Move the pipeline to this device; null: leave placement to accelerate.")})
-    height: int = field(default=512, metadata={"help": "Image height in pixels."})
-    width: int = field(default=512, metadata={"help": "Image width in pixels."})
-    num_steps: int = field(default=10, metadata={"help": (
-        "Denoising steps of training rollouts (Flow-GRPO 10 for SD3.5, 6 for FLUX).")})
-    eval_num_steps: int = field(default=40, metadata={"help": (
-        "Denoising steps of greedy evaluation (ODE / deterministic DDIM; Flow-GRPO 40 / 28).")})
-    guidance_scale: float = field(default=4.5, metadata={"help": (
-        "Classifier-free guidance scale (FLUX: the guidance embedding's value).")})
-    classifier_free_guidance: bool = field(default=True, metadata={"help": (
-        "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
-        "as an embedding instead.")})
-    sampler: str = field(default="flow_sde", metadata={"help": (
-        "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
-        "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),
-        "choices": "tasks.diffusion.samplers:SAMPLERS"})
-    noise_level: float = field(default=0.7, metadata={"help": (
-        "The sampler's strength: a for flow_sde and cps (Flow-GRPO 0.7 SD3.5, 0.9 FLUX), eta for dance (0.3) and "
-        "ddim; 0 gives the deterministic step.")})
-    schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
-        "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
-    decode_batch: int = field(default=8, metadata={"help": "Images decoded by the VAE per batch."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": (
-        "Recompute the denoiser's activations in backward to save memory.")})
-    cfg_dropout: float = field(default=0.1, metadata={"help": (
-        "In the supervised warm start, prompts are dropped to '' with this probability so that CFG has an "
-        "unconditional model.")})
-    turning_points: bool = field(default=False, metadata={"help": (
-        "TP-GRPO step rewards: each state of the trained window is completed by the ODE and scored; turning "
-        "points get the long-term reward (use algorithm.estimator: step).")})
-    tp_eta: float = field(default=1.0, metadata={"help": (
-        "TP-GRPO's bonus weight of the aggregated long-term reward at a turning point (1 in the paper).")})
-    tp_max_extra_passes: int = field(default=64, metadata={"help": (
-        "The most extra denoiser calls per rollout for TP-GRPO's ODE completions (a cost bound; an error when "
-        "exceeded).")})
-    tp_consistent_steps: Literal["all", "first"] = field(default="all", metadata={"help": (
-        "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
-        "to be turning points: 'all' (the authors' published run, "
-        "select_inter_step_only_from_consistent_trajectory=true) or 'first' (step 0 only)")})
-    tp_balanced_bonus: bool = field(default=False, metadata={"help": (
-        "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
-        "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
-    kl_form: Literal["exact", "flow_grpo"] = field(default="exact", metadata={"help": (
-        "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
-        "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
-        "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
-    cps_logprob: Literal["gaussian", "authors"] = field(default="gaussian", metadata={"help": (
-        "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
-        "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
-        "and the clip range acts on that rescaled ratio")})
-
-
-def load_pipeline(cfg: DiffusionConfig):
-    if cfg.model.startswith("tiny:"):
-        pipe = TINY_MODELS.get(cfg.model[5:])(**cfg.tiny_args)
-    else:
-        from diffusers import DiffusionPipeline
-
-        from .pixel import saved_pixel_pipeline
-        pipeline_class = saved_pixel_pipeline(cfg.model) or DiffusionPipeline
-        pipe = pipeline_class.from_pretrained(cfg.model, torch_dtype=DTYPES[cfg.dtype])
-    return sd15_with_ddim(pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype]))
-
-
 @ADAPTERS.register("diffusion")
-class DiffusionPolicy(Policy):
+class DiffusionPolicy(TurningPointRewards):
     Config = DiffusionConfig
 
     def __init__(self, cfg: DiffusionConfig, pipe=None):
@@ -338,55 +251,6 @@ class DiffusionPolicy(Policy):
         pred = self.family.predict(model, x, t, cond, cfg.guidance_scale, False)
         return torch.nn.functional.mse_loss(pred.float(), target.float())
 
-    # ----- TP-GRPO ------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _ode_complete(self, batch: Rollout, k: int) -> Tensor:
-        """The trajectory's state k completed by the ODE (deterministic DDIM) to the last level."""
-        ex, device = batch.extras, self.device
-        levels = ex["levels"][0].tolist()
-        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
-        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
-        x = ex["latents"][:, k].to(device)
-        for j in range(k, batch.num_units):
-            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
-            x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
-        return x
-
-    def step_rewards(self, batch: Rollout, score) -> dict[str, Tensor] | None:
-        """TP-GRPO: the states x_a .. x_b around the trained window [a, b) completed by the ODE and
-        scored; step rewards from `turning_point.step_rewards` on [a, b), NaN elsewhere."""
-        if not self.cfg.turning_points:
-            return None
-        trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
-        if not trained or trained != list(range(trained[0], trained[-1] + 1)):
-            raise ValueError("policy.turning_points needs one contiguous window of trained steps "
-                             "(policy.schedule.kind: window or sliding_window)")
-        a, b, n = trained[0], trained[-1] + 1, len(batch)
-        stochastic = batch.extras["stochastic"][0].tolist()
-        states, passes = [], 0
-        for k in range(a, b + 1):
-            if not any(stochastic[k:]):  # the rest is the ODE: the completion is the final image
-                states.append(list(batch.completions))
-                continue
-            passes += batch.num_units - k
-            states.append(self._decode(self._ode_complete(batch, k)))
-        calls = passes * (2 if self.cfg.classifier_free_guidance else 1)
-        if calls > self.cfg.tp_max_extra_passes:
-            raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
-                             f"extra denoiser calls per rollout for the window [{a}, {b}) of {batch.num_units} steps")
-        rows = [i for _ in states for i in range(n)]
-        scores = score(rows, [img for state in states for img in state])
-        out = {}
-        for name, values in scores.items():
-            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta,
-                                    self.cfg.tp_consistent_steps, self.cfg.tp_balanced_bonus)
-            full = torch.full((n, batch.num_units), float("nan"), dtype=torch.float64)
-            full[:, a:b] = step
-            out[name] = full.float()
-            self._count("tp_turning_points", float(tp.sum()))
-        self._count("tp_extra_denoiser_calls", float(calls * n))
-        return out
-
     def _count(self, key: str, value: float) -> None:
         self._counts[key] = self._counts.get(key, 0.0) + value
 
@@ -411,6 +275,6 @@ class DiffusionPolicy(Policy):
                                                          model.peft_config[model.active_adapter].to_dict()})
             return
         if state_dict is not None:  # sharded: a plain denoiser of the same class holding the whole weights
-            model = unsharded_class(model).from_config(model.config)
+            model = self.parallel.plain_class(model).from_config(model.config)
             model.load_state_dict(state_dict)
         type(self.pipe)(**{**self.pipe.components, name: model}).save_pretrained(path, safe_serialization=True)

@@ -32,6 +32,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mmrl.core.policy import Policy
+from mmrl.core.rollout import Rollout
+
+from .samplers import SAMPLERS
+
 CONSISTENT_STEPS = ("all", "first")
 
 
@@ -78,3 +83,57 @@ def step_rewards(scores: Tensor, eta: float = 1.0, consistent_steps: str = "all"
         tp = balance(tp, scores[:, -1] - scores[:, 0])
     bonus = eta * tp * (scores[:, -1:] - scores[:, :-1])
     return torch.where(bonus != 0, bonus, d), tp
+
+
+class TurningPointRewards(Policy):
+    """The diffusion policy's TP-GRPO step rewards (`policy.turning_points`; `DiffusionPolicy`
+    builds on it). It reads the subclass's `cfg` (a `DiffusionConfig`), `family`, `model`,
+    `_decode` and `_count`."""
+
+    @torch.no_grad()
+    def _ode_complete(self, batch: Rollout, k: int) -> Tensor:
+        """The trajectory's state k completed by the ODE (deterministic DDIM) to the last level."""
+        ex, device = batch.extras, self.device
+        levels = ex["levels"][0].tolist()
+        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
+        x = ex["latents"][:, k].to(device)
+        for j in range(k, batch.num_units):
+            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
+            x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
+        return x
+
+    def step_rewards(self, batch: Rollout, score) -> dict[str, Tensor] | None:
+        """TP-GRPO: the states x_a .. x_b around the trained window [a, b) completed by the ODE and
+        scored; step rewards from `turning_point.step_rewards` on [a, b), NaN elsewhere."""
+        if not self.cfg.turning_points:
+            return None
+        trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
+        if not trained or trained != list(range(trained[0], trained[-1] + 1)):
+            raise ValueError("policy.turning_points needs one contiguous window of trained steps "
+                             "(policy.schedule.kind: window or sliding_window)")
+        a, b, n = trained[0], trained[-1] + 1, len(batch)
+        stochastic = batch.extras["stochastic"][0].tolist()
+        states, passes = [], 0
+        for k in range(a, b + 1):
+            if not any(stochastic[k:]):  # the rest is the ODE: the completion is the final image
+                states.append(list(batch.completions))
+                continue
+            passes += batch.num_units - k
+            states.append(self._decode(self._ode_complete(batch, k)))
+        calls = passes * (2 if self.cfg.classifier_free_guidance else 1)
+        if calls > self.cfg.tp_max_extra_passes:
+            raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
+                             f"extra denoiser calls per rollout for the window [{a}, {b}) of {batch.num_units} steps")
+        rows = [i for _ in states for i in range(n)]
+        scores = score(rows, [img for state in states for img in state])
+        out = {}
+        for name, values in scores.items():
+            step, tp = step_rewards(values.view(len(states), n).T.double(), self.cfg.tp_eta,
+                                    self.cfg.tp_consistent_steps, self.cfg.tp_balanced_bonus)
+            full = torch.full((n, batch.num_units), float("nan"), dtype=torch.float64)
+            full[:, a:b] = step
+            out[name] = full.float()
+            self._count("tp_turning_points", float(tp.sum()))
+        self._count("tp_extra_denoiser_calls", float(calls * n))
+        return out

@@ -3,7 +3,7 @@
 Any model that predicts masked tokens with bidirectional attention: LLaDA-8B-Instruct and Dream-7B
 through `trust_remote_code` (``AutoModel``, as their model cards load them), or a `transformers`
 decoder class made bidirectional (``config.is_causal = False`` and every attention module's
-``is_causal = False``), like the built-in tiny model ``tiny:dlm-char``. Rollouts decode with
+``is_causal = False``), like the demos' tiny model ``tiny:dlm-char``. Rollouts decode with
 LLaDA's semi-autoregressive blocks (`generation.py`); log-probs come from a registered estimator
 (`estimators.py`) whose masks are drawn from seeds kept in the rollout, a fresh draw for each
 update pass (`pass_view`).
@@ -25,11 +25,10 @@ from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 
-from ..chat_prompts import prompt_text, tokenize_prompts
+from ..lm.chat_prompts import prompt_text, tokenize_prompts
+from ..lm.rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
+from ..lm.token_logprobs import selective_log_softmax
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
-from ..rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
-from ..tiny_models import TINY_MODELS, char_tokenizer, tiny_qwen2
-from ..token_logprobs import selective_log_softmax
 from .estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
 from .generation import DecodeConfig, block_decode
 
@@ -98,14 +97,6 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
         if hasattr(module, "is_causal"):
             module.is_causal = False
     return model
-
-
-@TINY_MODELS.register("dlm-char")
-def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token."""
-    tokenizer = char_tokenizer()
-    tokenizer.add_special_tokens({"mask_token": "<mask>"})
-    return make_bidirectional(tiny_qwen2(tokenizer, hidden, layers, heads, seed)), tokenizer
 
 
 @ADAPTERS.register("dlm")

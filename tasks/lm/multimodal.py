@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from mmrl.data.chat import split_placeholders
 from mmrl.core.rollout import Rollout
 
+from ..model_loading import DTYPES, load_tiny
 from .causal_lm import CausalLMConfig, CausalLMPolicy
 from .chat_prompts import with_system_prompt
-from .model_loading import DTYPES, load_tiny
 from .prefix_sharing import SharedLayout
 from .vllm_engine import VLLMEngine
 
@@ -108,7 +108,8 @@ class MultimodalPolicy(CausalLMPolicy):
 
     def _vllm_engine(self) -> VLLMEngine:
         cfg = self.cfg
-        return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device, processor=self.processor)
+        return VLLMEngine(cfg.vllm, self.model, DTYPES[cfg.dtype], self.device, processor=self.processor,
+                          parallel=self.parallel)
 
     def _vllm_prompts(self, parts: list[tuple[str, dict[str, Any]]], prompt_ids: list[list[int]]) -> list:
         """vLLM prompts: each row's chat text with its images and videos, which vLLM's copy of the

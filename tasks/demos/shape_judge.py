@@ -25,7 +25,7 @@ from torch import nn
 
 from mmrl.train.evaluation import Evaluator
 
-from .synthetic import BACKGROUND, COLOURS, SHAPES, draw_shape
+from .synthetic.colour_shapes import BACKGROUND, COLOURS, SHAPES, draw_shape
 
 SHAPE_CLASSES = (*SHAPES, "none")
 COLOUR_NAMES = tuple(COLOURS)

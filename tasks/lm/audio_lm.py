@@ -15,8 +15,8 @@ import numpy as np
 from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 
+from ..model_loading import DTYPES
 from .causal_lm import CausalLMConfig
-from .model_loading import DTYPES
 from .multimodal import MultimodalPolicy, column_values
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from ..tiny_models import TINY_MODELS, char_tokenizer
+from ..model_loading import TINY_MODELS
+from .tiny_models import char_tokenizer
 
 MAX_PROMPT = 16
 

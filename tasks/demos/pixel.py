@@ -4,17 +4,15 @@ VAE), FlowMatchEulerDiscreteScheduler, a CLIP text encoder, and as the denoiser 
 token states (`PixelFlowUNetPipeline`, the t2i demo's). Each is a `DiffusionPipeline`, so it saves, loads
 and moves like any diffusers pipeline; diffusers does not know the class, so a saved one loads with
 `PixelFlowPipeline.from_pretrained(path)` (or `PixelFlowUNetPipeline`), and `policy.model: path`
-finds the class itself. (Imported on first use: diffusers is slow to import.)"""
+finds the class through the loaders `tasks.demos` registers in
+`tasks.diffusion.loading.PIPELINE_LOADERS`. (Imported on first use: diffusers is slow to import.)"""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
 
-from .families import FAMILIES, SD3, SD15
+from ..diffusion.families import FAMILIES, SD3, SD15
 
 
 class PixelFlowPipeline(DiffusionPipeline):
@@ -74,13 +72,3 @@ class PixelFlowUNet(PixelFlow):
     pipeline = "PixelFlowUNetPipeline"
     denoiser = SD15.denoiser
     predict = SD15.predict
-
-
-def saved_pixel_pipeline(path: str) -> type | None:
-    """The pixel pipeline class a saved pipeline directory names in its model_index.json (None
-    for anything else: a diffusers pipeline, a hub id)."""
-    index = Path(path) / "model_index.json"
-    if not index.is_file():
-        return None
-    name = json.loads(index.read_text()).get("_class_name")
-    return {cls.__name__: cls for cls in (PixelFlowPipeline, PixelFlowUNetPipeline)}.get(name)

@@ -1,66 +1,13 @@
-"""Tiny random models with in-memory tokenizers, for tests and CPU demos (no download).
-
-A recipe names one as ``policy.model: tiny:NAME``; everything else loads with
-``from_pretrained(name_or_local_path)``.
-"""
+"""Tiny random multimodal models over the character tokenizer, each with its processor, for tests
+and CPU demos (no download): Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, LLaVA, Qwen2-Audio and the
+thinker of Qwen2.5-Omni, registered as ``tiny:NAME`` in `tasks.model_loading.TINY_MODELS`."""
 
 from __future__ import annotations
 
-import string
-from typing import Callable
-
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from mmrl.registry import Registry
-
-TINY_MODELS: Registry[Callable[..., tuple]] = Registry("tiny model")
-
-CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
-CHAR_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
-
-
-def char_tokenizer(**named: str) -> PreTrainedTokenizerFast:
-    """One token per character of digits, letters, punctuation, space and newline; `named`
-    special tokens (`image_token="<image>"`) are added and become attributes that processors read
-    (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps."""
-    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS + list(CHAR_ALPHABET))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="left", **named)
-
-
-def seeded_model(model_class, config, tokenizer, seed: int):
-    """`model_class(config)` initialised from `seed` (the global RNG is left as it was), with the
-    tokenizer's pad / eos ids in its generation config."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.eos_token_id
-    return model
-
-
-def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0,
-               max_positions: int = 512) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_positions,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-    return seeded_model(Qwen2ForCausalLM, config, tokenizer, seed)
-
-
-@TINY_MODELS.register("qwen2-char")
-def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A Qwen2 decoder over the character tokenizer (the text demo's policy)."""
-    tokenizer = char_tokenizer()
-    return tiny_qwen2(tokenizer, hidden, layers, heads, seed), tokenizer
-
+from ..model_loading import TINY_MODELS
+from .tiny_models import char_tokenizer, char_tokenizer_with, chat_template, mrope_section, seeded_model, text_config
 
 QWEN_VL_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                     "<|video_pad|>"]
@@ -136,41 +83,6 @@ def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hi
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id),
         audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"))
     return seeded_model(Qwen2AudioForConditionalGeneration, config, tokenizer, seed), processor
-
-
-def chat_template(image: str = "", video: str = "", audio: str = "", turn: tuple[str, str] = ("<|im_start|>", "<|im_end|>"),
-                  assistant: str = "assistant") -> str:
-    """A chat template over {"type": "image" | "video" | "audio" | "text"} content items that writes
-    each media item as the family's placeholder (`image` / `video` / `audio`) inside `turn` markers."""
-    start, end = turn
-    media = "".join(f"{{% elif c['type'] == '{kind}' %}}{text}" for kind, text in
-                    (("image", image), ("video", video), ("audio", audio)) if text)
-    return ("{% for m in messages %}" + start + "{{ m['role'] }}\n"
-            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-            "{% if c['type'] == 'text' %}{{ c['text'] }}" + media + "{% endif %}{% endfor %}{% endif %}"
-            + end + "\n{% endfor %}{% if add_generation_prompt %}" + start + assistant + "\n{% endif %}")
-
-
-def char_tokenizer_with(specials: list[str], template: str, **named: str) -> PreTrainedTokenizerFast:
-    """The character tokenizer with the `named` special tokens, plus `specials`, and a chat template."""
-    tokenizer = char_tokenizer(**named)
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
-    tokenizer.chat_template = template
-    return tokenizer
-
-
-def text_config(tokenizer, hidden: int, layers: int, heads: int, **extra) -> dict:
-    """A small decoder's config fields over `tokenizer`'s vocabulary."""
-    return dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=2048,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.eos_token_id, **extra)
-
-
-def mrope_section(head_dim: int) -> list[int]:
-    """Rotary frequencies per head split over (time, height, width), as Qwen's multimodal rope."""
-    half = head_dim // 2
-    return [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
 
 
 @TINY_MODELS.register("qwen2-vl-char")

@@ -26,8 +26,8 @@ from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 
+from ..model_loading import DTYPES
 from .causal_lm import CausalLMConfig
-from .model_loading import DTYPES
 from .multimodal import MultimodalPolicy, column_values
 from .qwen_vl_positions import use_released_positions
 from .video_clips import Clip, check_video, is_single_video, load_video, shuffled_order

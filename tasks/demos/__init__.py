@@ -1,0 +1,57 @@
+"""Everything only the embedded demos (`mmrl demo NAME`) and the tests use: tiny random models and
+pipelines, the t2i demo's pixel-space pipelines and shape judge, the synthetic data sets, the
+demos' held-out evaluators, sample writers and figures. Importing it registers them; no adapter
+imports this package (they find what it registers in `TINY_MODELS` and `PIPELINE_LOADERS`).
+"""
+
+from pathlib import Path
+
+import yaml
+
+from mmrl.train.evaluation import Evaluator
+from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS
+
+from ..diffusion.loading import PIPELINE_LOADERS
+from . import tiny_models, tiny_multimodal, tiny_pipelines  # noqa: F401  (registration)
+from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
+from .samples import write_samples
+from .shape_judge import shape_colour_match
+from .synthetic import colour_shapes, formulas, moving_dot, shapes, spoken_words, tones
+
+# demo name -> recipe name; the file sits at the plugin's root, where `mmrl --help` reads it
+# without importing the plugin (mmrl.registry.shipped_demos)
+DEMOS_FILE = Path(__file__).parent.parent / "demos.yaml"
+for _demo, _recipe_name in yaml.safe_load(DEMOS_FILE.read_text()).items():
+    DEMOS.register(_demo)(_recipe_name)
+    DEMO_SAMPLE_WRITERS.register(_demo)(write_samples)  # held-out inputs and outputs as files
+DEMO_FIGURES.register("grounding")(shapes.draw_predictions)
+DEMO_FIGURES.register("asr")(spoken_words.draw_predictions)
+DEMO_FIGURES.register("latex")(formulas.draw_predictions)
+DEMO_FIGURES.register("t2i")(colour_shapes.draw_samples)
+DEMO_FIGURES.register("video")(moving_dot.draw_predictions)
+DEMO_FIGURES.register("audio")(tones.draw_predictions)
+
+# each demo's held-out evaluator: a second judge, never a training reward
+DEMO_EVALUATORS.register("text")(exact_match("answer"))
+DEMO_EVALUATORS.register("dlm")(exact_match("a"))
+DEMO_EVALUATORS.register("latex")(tex_match())
+DEMO_EVALUATORS.register("asr")(exact_transcript())
+DEMO_EVALUATORS.register("grounding")(boxes_at_iou(0.5))
+DEMO_EVALUATORS.register("t2i")(shape_colour_match())
+# accuracy of the answer letter; the video's also on its frames shuffled (does the model read their order?)
+DEMO_EVALUATORS.register("video")(Evaluator("accuracy of the <answer> letter", exact_match("answer").score,
+                                            variants={"shuffled_frames": moving_dot.shuffled_frames}))
+DEMO_EVALUATORS.register("audio")(Evaluator("accuracy of the <answer> letter", exact_match("answer").score))
+
+
+def pixel_pipeline_loader(class_name: str):
+    """The loader of a saved pixel pipeline of class `class_name` (`pixel.py`, imported on first
+    use: diffusers is slow to import)."""
+    def load(path: str, dtype):
+        from . import pixel
+        return getattr(pixel, class_name).from_pretrained(path, torch_dtype=dtype)
+    return load
+
+
+for _class_name in ("PixelFlowPipeline", "PixelFlowUNetPipeline"):
+    PIPELINE_LOADERS.register(_class_name)(pixel_pipeline_loader(_class_name))

@@ -1,0 +1,4 @@
+"""The demos' synthetic data sets, made in code (no downloads): text tasks, shapes for grounding,
+spoken digit words, tone pairs, moving-dot clips, rendered formulas and coloured shapes to draw."""
+
+from . import colour_shapes, formulas, moving_dot, shapes, spoken_words, text_tasks, tones  # noqa: F401  (registration)

@@ -1,0 +1,80 @@
+"""The diffusion adapter's settings (`policy:` with `task: diffusion`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .schedule import StepSchedule
+
+
+@dataclass
+class DiffusionConfig:
+    """model: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15.
+    sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
+    (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
+    eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. classifier_free_guidance: on or off
+    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
+    turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
+    `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
+
+    # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
+    model: str = field(default="", metadata={"help": (
+        "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
+        "tiny:pixel-flow-unet (tiny random pipelines; the last two draw pixels directly, an MMDiT or a UNet).")})
+    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
+    dtype: str = field(default="float32", metadata={"help": (
+        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
+        "choices": "tasks.model_loading:DTYPES"})
+    device: str | None = field(default=None, metadata={"help": (
+        "Move the pipeline to this device; null: leave placement to accelerate.")})
+    height: int = field(default=512, metadata={"help": "Image height in pixels."})
+    width: int = field(default=512, metadata={"help": "Image width in pixels."})
+    num_steps: int = field(default=10, metadata={"help": (
+        "Denoising steps of training rollouts (Flow-GRPO 10 for SD3.5, 6 for FLUX).")})
+    eval_num_steps: int = field(default=40, metadata={"help": (
+        "Denoising steps of greedy evaluation (ODE / deterministic DDIM; Flow-GRPO 40 / 28).")})
+    guidance_scale: float = field(default=4.5, metadata={"help": (
+        "Classifier-free guidance scale (FLUX: the guidance embedding's value).")})
+    classifier_free_guidance: bool = field(default=True, metadata={"help": (
+        "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
+        "as an embedding instead.")})
+    sampler: str = field(default="flow_sde", metadata={"help": (
+        "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
+        "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),
+        "choices": "tasks.diffusion.samplers:SAMPLERS"})
+    noise_level: float = field(default=0.7, metadata={"help": (
+        "The sampler's strength: a for flow_sde and cps (Flow-GRPO 0.7 SD3.5, 0.9 FLUX), eta for dance (0.3) and "
+        "ddim; 0 gives the deterministic step.")})
+    schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
+        "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
+    decode_batch: int = field(default=8, metadata={"help": "Images decoded by the VAE per batch."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": (
+        "Recompute the denoiser's activations in backward to save memory.")})
+    cfg_dropout: float = field(default=0.1, metadata={"help": (
+        "In the supervised warm start, prompts are dropped to '' with this probability so that CFG has an "
+        "unconditional model.")})
+    turning_points: bool = field(default=False, metadata={"help": (
+        "TP-GRPO step rewards: each state of the trained window is completed by the ODE and scored; turning "
+        "points get the long-term reward (use algorithm.estimator: step).")})
+    tp_eta: float = field(default=1.0, metadata={"help": (
+        "TP-GRPO's bonus weight of the aggregated long-term reward at a turning point (1 in the paper).")})
+    tp_max_extra_passes: int = field(default=64, metadata={"help": (
+        "The most extra denoiser calls per rollout for TP-GRPO's ODE completions (a cost bound; an error when "
+        "exceeded).")})
+    tp_consistent_steps: Literal["all", "first"] = field(default="all", metadata={"help": (
+        "TP-GRPO: which steps need the trajectory-consistency condition sign(d_t) sign(R_W - R_{t+1}) > 0 "
+        "to be turning points: 'all' (the authors' published run, "
+        "select_inter_step_only_from_consistent_trajectory=true) or 'first' (step 0 only)")})
+    tp_balanced_bonus: bool = field(default=False, metadata={"help": (
+        "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
+        "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
+    kl_form: Literal["exact", "flow_grpo"] = field(default="exact", metadata={"help": (
+        "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
+        "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
+        "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
+    cps_logprob: Literal["gaussian", "authors"] = field(default="gaussian", metadata={"help": (
+        "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
+        "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "
+        "and the clip range acts on that rescaled ratio")})

@@ -1,4 +1,0 @@
-"""The demos' synthetic data sets, made in code (no downloads): text tasks, shapes for grounding,
-spoken digit words, tone pairs, moving-dot clips and rendered formulas."""
-
-from . import formulas, moving_dot, shapes, spoken_words, text_tasks, tones  # noqa: F401  (registration)
