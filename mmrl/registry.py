@@ -75,11 +75,12 @@ def load_plugins() -> None:
 
 
 def _plugin_dirs() -> list[Path]:
-    """The folders of the plugin packages, found WITHOUT importing them (for fast `mmrl --help`)."""
+    """The folders of the plugin packages, found WITHOUT importing them (for fast `mmrl --help`; a
+    plugin inside a package, ``mmrl.tasks``, imports only its parent package, here the light ``mmrl``)."""
     dirs = []
     for ep in entry_points(group="mmrl.plugins"):
         try:
-            spec = importlib.util.find_spec(ep.module) if "." not in ep.module else None
+            spec = importlib.util.find_spec(ep.module)
         except (ImportError, ValueError):
             spec = None
         if spec is not None and spec.submodule_search_locations:

@@ -128,8 +128,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import tempfile
     import os
-    from tasks.diffusion.config import DiffusionConfig
-    from tasks.diffusion.policy import DiffusionPolicy
+    from mmrl.tasks.diffusion.config import DiffusionConfig
+    from mmrl.tasks.diffusion.policy import DiffusionPolicy
     policy = DiffusionPolicy(DiffusionConfig(
         model=args.model, tiny_args={"layers": args.layers} if args.model.startswith("tiny:") else {},
         height=args.size, width=args.size, num_steps=args.steps, noise_level=0.7))

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import emit  # noqa: E402
 
-from tasks.dlm.generation import DecodeConfig, block_decode  # noqa: E402
-from tasks.dlm.policy import DLMConfig, DLMPolicy  # noqa: E402
+from mmrl.tasks.dlm.generation import DecodeConfig, block_decode  # noqa: E402
+from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy  # noqa: E402
 
 PROMPTS = ["12+34=", "56+78=", "90+12=", "33+44="]  # one length: d1 passes no attention mask
 MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
@@ -133,7 +133,7 @@ def main() -> None:
     estimators = {"diffu_grpo": {}, "coupled": {}, "elbo": {"elbo_points": 4}, "elbo_k8": {"elbo_points": 8}}
     est_times = {name: [] for name in estimators}
     est_forwards = {}
-    from tasks.dlm.estimators import LOGP_ESTIMATORS
+    from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS
     for rep in range(args.reps + 1):
         for name, extra in estimators.items():
             policy.cfg.estimator = name.split("_k")[0]

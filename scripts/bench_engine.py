@@ -52,7 +52,7 @@ class BareStep:
 
     def __init__(self, args):
         import torch
-        from tasks.demos.tiny_models import qwen2_char
+        from mmrl.tasks.demos.tiny_models import qwen2_char
         self.args = args
         self.model, self.tok = qwen2_char(**model_args(args))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
@@ -101,7 +101,7 @@ def _prompt_file(args) -> str:
 def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float], list]:
     from datasets import Dataset
     from trl import GRPOTrainer
-    from tasks.demos.tiny_models import qwen2_char
+    from mmrl.tasks.demos.tiny_models import qwen2_char
     model, tok = qwen2_char(**model_args(args))
     times: list[float] = []
     floor: list[float] = []

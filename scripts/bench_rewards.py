@@ -33,8 +33,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from rewards.latex_sandbox import compile_latex, tex_available
-    from rewards.wer import error_rates, word_error_rate
+    from mmrl.rewards.latex_sandbox import compile_latex, tex_available
+    from mmrl.rewards.wer import error_rates, word_error_rate
 
     rng = random.Random(0)
     refs = [" ".join(rng.choices(WORDS, k=rng.randint(5, 25))) for _ in range(args.batch)]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import torch  # noqa: E402
 
-from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
 
 PROMPTS = ["12+7=", "3+45=", "8+8=", "20+19=", "5+61=", "33+3=", "9+90=", "41+14="]
 

@@ -41,7 +41,7 @@ PHASES = ("rollout", "logprob", "update")
 
 
 def shape_data(n: int) -> list[dict]:
-    from tasks.demos.synthetic.shapes import shape_rows
+    from mmrl.tasks.demos.synthetic.shapes import shape_rows
     return shape_rows(n, SIZE, 2, random.Random(0))
 
 
@@ -54,7 +54,7 @@ class BareVLMStep:
 
     def __init__(self, args):
         import torch
-        from tasks.demos.tiny_multimodal import qwen25_vl_char
+        from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
         self.args = args
         self.model, self.processor = qwen25_vl_char(**MODEL)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
@@ -133,7 +133,7 @@ def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], 
 def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     from datasets import Dataset
     from trl import GRPOTrainer
-    from tasks.demos.tiny_multimodal import qwen25_vl_char
+    from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
     model, processor = qwen25_vl_char(**MODEL)
     rows = shape_data(args.prompts * 4)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "image": r["image"]}
@@ -152,7 +152,7 @@ def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], l
 
 
 def visual_tokens() -> int:
-    from tasks.demos.tiny_multimodal import qwen25_vl_char
+    from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
     _, processor = qwen25_vl_char(**MODEL)
     grid = processor.image_processor(images=[shape_data(1)[0]["image"]], return_tensors="pt")["image_grid_thw"]
     return int(grid.prod()) // processor.image_processor.merge_size ** 2

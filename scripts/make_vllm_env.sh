@@ -80,7 +80,7 @@ import torch
 import vllm
 
 import mmrl  # noqa: F401
-import tasks  # noqa: F401
+import mmrl.tasks  # noqa: F401
 
 if importlib.util.find_spec("torchvision"):
     import torchvision  # fails here, not in a run, if it is not the build of this torch

@@ -1,7 +1,7 @@
 """A user reward module (loaded through `reward_modules`): the share of digits in the
 completion, which already varies between a random model's samples."""
 
-from rewards import register_reward
+from mmrl.rewards import register_reward
 
 
 @register_reward("digit_share")

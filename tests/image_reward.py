@@ -3,7 +3,7 @@ continuously between a random model's samples."""
 
 import numpy as np
 
-from rewards import register_reward
+from mmrl.rewards import register_reward
 
 
 @register_reward("mean_red")

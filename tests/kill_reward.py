@@ -4,7 +4,7 @@ number $MMRL_TEST_KILL_AT (one call per step), to test that a killed or preempte
 import os
 import signal
 
-from rewards import register_reward
+from mmrl.rewards import register_reward
 
 _calls = 0
 

@@ -1,7 +1,7 @@
 """A user reward module (loaded through `reward_modules`): the share of letters in the
 completion; over a random character model's samples it nearly always varies within a group."""
 
-from rewards import register_reward
+from mmrl.rewards import register_reward
 
 
 @register_reward("letter_share")

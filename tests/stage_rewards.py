@@ -1,7 +1,7 @@
 """Rewards that report what a staged run is doing (weight 0 in the tests): the number of
 completions scored per call, and the data rows' `difficulty` column."""
 
-from rewards import register_reward
+from mmrl.rewards import register_reward
 
 
 @register_reward("batch_rows")

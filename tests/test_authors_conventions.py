@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from mmrl.config.parse import load_recipe
-from tasks.diffusion.samplers import (
+from mmrl.tasks.diffusion.samplers import (
     SAMPLERS,
     cps_authors_logprob,
     flow_grpo_kl_factor,
     gaussian_logprob,
     gaussian_mean_kl,
 )
-from tasks.diffusion.turning_point import step_rewards
+from mmrl.tasks.diffusion.turning_point import step_rewards
 
 
 def _sign(x: float) -> float:
@@ -173,8 +173,8 @@ def test_d1_advantages_are_reward_minus_group_mean():
 
 
 def _tiny_sd3(**kw):
-    from tasks.diffusion.config import DiffusionConfig
-    from tasks.diffusion.policy import DiffusionPolicy
+    from mmrl.tasks.diffusion.config import DiffusionConfig
+    from mmrl.tasks.diffusion.policy import DiffusionPolicy
     args = {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4, "noise_level": 0.7}
     args.update(kw)
     return DiffusionPolicy(DiffusionConfig(**args))

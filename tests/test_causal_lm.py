@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.lm.token_logprobs import selective_log_softmax
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from mmrl.tasks.lm.token_logprobs import selective_log_softmax
 
 
 @pytest.fixture(scope="module")

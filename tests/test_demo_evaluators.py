@@ -9,8 +9,8 @@ import pytest
 
 from mmrl.train.demo import run_scored
 from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
-from rewards.latex_sandbox import tex_available
-from tasks.demos.evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
+from mmrl.rewards.latex_sandbox import tex_available
+from mmrl.tasks.demos.evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
 
 TINY = ["max_steps=2", "warm_start.steps=20", "warm_start.batch_size=8", "eval.max_prompts=6",
         "eval.group_size=3", "optim.prompts_per_step=2", "optim.micro_batch_size=8", "algorithm.group_size=2",
@@ -77,7 +77,7 @@ def test_sample_files_keep_audio_and_video_clips_exactly(tmp_path):
     import soundfile
     from PIL import Image
 
-    from tasks.demos.samples import write_samples
+    from mmrl.tasks.demos.samples import write_samples
     rng = np.random.default_rng(0)
     audio = rng.uniform(-1, 1, 800).astype(np.float32)
     frames = rng.integers(0, 256, (3, 8, 10, 3), dtype=np.uint8)

@@ -12,10 +12,10 @@ import torch
 from helpers import on_policy_step_changes
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.diffusion.config import DiffusionConfig
-from tasks.diffusion.policy import DiffusionPolicy
-from tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
-from tasks.diffusion.schedule import StepSchedule
+from mmrl.tasks.diffusion.config import DiffusionConfig
+from mmrl.tasks.diffusion.policy import DiffusionPolicy
+from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
+from mmrl.tasks.diffusion.schedule import StepSchedule
 
 SIZE = 32
 FAMILIES = {"sd3": ("tiny:sd3", "flow_sde", True), "flux": ("tiny:flux", "flow_sde", False),
@@ -252,7 +252,7 @@ def test_lora_training_with_the_closed_form_kl(tmp_path):
 
 
 def test_turning_points_on_hand_made_trajectories():
-    from tasks.diffusion.turning_point import step_rewards
+    from mmrl.tasks.diffusion.turning_point import step_rewards
     # R_0..R_4; trend D = +0.4. d = [-0.1, +0.3, -0.2, +0.4]
     scores = torch.tensor([[0.5, 0.4, 0.7, 0.5, 0.9]], dtype=torch.float64)
     rewards, tp = step_rewards(scores, consistent_steps="first")
@@ -293,7 +293,7 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
 
 def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     from mmrl.core.objectives import grouped_log_ratio
-    from tasks.diffusion.chunks import calibrate_chunks, chunk_sizes, relative_l1_change
+    from mmrl.tasks.diffusion.chunks import calibrate_chunks, chunk_sizes, relative_l1_change
     # a hand-made trajectory: x_k = 1, 2, 4, 5, 6 (one latent dim): changes 1, 1, 0.25, 0.2
     traj = torch.tensor([[1.0, 2.0, 4.0, 5.0, 6.0]])[..., None]
     change = relative_l1_change(traj)
@@ -330,7 +330,7 @@ def test_recipes_run_a_step(recipe, tmp_path):
 
 def test_warm_start_loss_is_the_flow_matching_loss():
     import numpy as np
-    from tasks.demos.synthetic.colour_shapes import colour_shapes
+    from mmrl.tasks.demos.synthetic.colour_shapes import colour_shapes
     policy = DiffusionPolicy(DiffusionConfig(model="tiny:pixel-flow", height=16, width=16, num_steps=4, classifier_free_guidance=False,
                                              cfg_dropout=0.0, sampler="dance", noise_level=0.3))
     rows = colour_shapes(n_train=3, n_eval=0, size=16)["train"]
@@ -363,8 +363,8 @@ def test_pixel_pipelines_roll_out_on_policy_and_load_back_from_their_directory(m
     """The demo's pixel-space pipelines (an MMDiT or a UNet denoiser): the sampler's log-probs are
     the training forward's, a group's images depend on its seed only, the warm start's flow
     loss trains the denoiser, and a saved pipeline loads back as `policy.model: path`."""
-    from tasks.diffusion.loading import load_pipeline
-    from tasks.demos.synthetic.colour_shapes import colour_shapes
+    from mmrl.tasks.diffusion.loading import load_pipeline
+    from mmrl.tasks.demos.synthetic.colour_shapes import colour_shapes
     cfg = dict(height=16, width=16, num_steps=4, eval_num_steps=4, classifier_free_guidance=False, cfg_dropout=0.0,
                sampler="dance", noise_level=0.3)
     policy = DiffusionPolicy(DiffusionConfig(model=model, **cfg))

@@ -10,9 +10,9 @@ import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
-from tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
-from tasks.dlm.policy import DLMConfig, DLMPolicy
+from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
+from mmrl.tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
+from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
 
 PROMPTS = ["12+34=", "5+6="]
 

@@ -17,7 +17,7 @@ from mmrl.train.checkpoint import latest_checkpoint
 from mmrl.cli.main import main
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.model_loading import TINY_MODELS
+from mmrl.tasks.model_loading import TINY_MODELS
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
 

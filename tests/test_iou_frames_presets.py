@@ -3,7 +3,7 @@ presets against hand references of those repositories' rules."""
 
 import pytest
 
-from rewards.iou import iou_reward
+from mmrl.rewards.iou import iou_reward
 
 
 def reward(completions, boxes, **kw):

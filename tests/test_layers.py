@@ -82,3 +82,39 @@ def test_the_check_sees_an_upward_import(tmp_path):
             test_imports_point_down(bad)
     finally:
         bad.unlink()
+
+
+STRATEGY_NAMES = {"ddp", "fsdp", "zero3"}
+CHOICES = ENGINE / "config" / "sections.py"  # the recipe's `distributed.strategy` choices and their help
+OUTSIDE_DISTRIBUTED = [p for root in ("mmrl", "tasks", "rewards") for p in sorted((ROOT / root).rglob("*.py"))
+                       if ENGINE / "distributed" not in p.parents and p != CHOICES]
+
+
+def strategy_mentions(path: Path) -> list[str]:
+    """Code that names a strategy: an identifier, an attribute or a string that is exactly a strategy's
+    name (comments and prose do not count), or an import of mmrl.distributed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+        if name in STRATEGY_NAMES:
+            found.append(f"line {node.lineno}: {name!r}")
+    if ENGINE not in path.parents:  # adapters and rewards get the distribution through Policy.parallel
+        found += [f"line {line}: imports {m}" for line, m in imported_modules(path) if m.startswith("mmrl.distributed")]
+    return found
+
+
+@pytest.mark.parametrize("path", OUTSIDE_DISTRIBUTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_strategy_is_named_only_in_mmrl_distributed(path: Path):
+    found = strategy_mentions(path)
+    assert not found, f"{path.relative_to(ROOT)} names a distribution strategy:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_strategy_branch_and_an_adapter_import():
+    probe = ROOT / "tasks" / "_strategy_probe.py"
+    probe.write_text("def f(cfg):\n    from mmrl.distributed.fsdp import Sharding\n    return cfg.strategy == 'zero3'\n")
+    try:
+        assert set(strategy_mentions(probe)) == {"line 3: 'zero3'", "line 2: imports mmrl.distributed.fsdp",
+                                                 "line 2: imports mmrl.distributed.fsdp.Sharding"}
+    finally:
+        probe.unlink()

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-import tasks
+import mmrl.tasks
 
-TASKS = Path(tasks.__file__).parent
-DEMOS = "tasks.demos"
+TASKS = Path(mmrl.tasks.__file__).parent
+DEMOS = "mmrl.tasks.demos"
 PLUGIN_ENTRY = TASKS / "__init__.py"
 
 
 def module_name(path: Path) -> str:
     """The dotted name of a module file under tasks/ (a package's __init__ is the package)."""
-    parts = path.relative_to(TASKS.parent).with_suffix("").parts
+    parts = ("mmrl", *path.relative_to(TASKS.parent).with_suffix("").parts)  # installed as mmrl.tasks
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -68,29 +68,29 @@ def test_the_adapters_never_import_the_demos():
 
 
 @pytest.mark.parametrize("source", [
-    "from tasks.demos.tiny_models import char_tokenizer",
-    "import tasks.demos",
+    "from mmrl.tasks.demos.tiny_models import char_tokenizer",
+    "import mmrl.tasks.demos",
     "def f():\n    from ..demos import tiny_models",
     "def f():\n    from .. import demos",
-    "x = {'choices': 'tasks.demos.synthetic:SHAPES'}",
+    "x = {'choices': 'mmrl.tasks.demos.synthetic:SHAPES'}",
 ])
 def test_the_check_sees_every_kind_of_import(source):
-    names = imported_names(source, "tasks.lm.causal_lm", is_package=False)
+    names = imported_names(source, "mmrl.tasks.lm.causal_lm", is_package=False)
     assert any(n == DEMOS or n.startswith(DEMOS + ".") for _, n in names)
 
 
 def test_relative_imports_resolve_from_the_module_or_the_package():
-    assert (1, "tasks.model_loading") in imported_names("from ..model_loading import DTYPES", "tasks.lm.causal_lm", False)
-    assert (1, "tasks.diffusion.policy") in imported_names("from . import policy", "tasks.diffusion", True)
-    assert imported_names("from tasks.lm import vlm", "tasks.dlm.policy", False) == [
-        (1, "tasks.lm"), (1, "tasks.lm.vlm")]
+    assert (1, "mmrl.tasks.model_loading") in imported_names("from ..model_loading import DTYPES", "mmrl.tasks.lm.causal_lm", False)
+    assert (1, "mmrl.tasks.diffusion.policy") in imported_names("from . import policy", "mmrl.tasks.diffusion", True)
+    assert imported_names("from mmrl.tasks.lm import vlm", "mmrl.tasks.dlm.policy", False) == [
+        (1, "mmrl.tasks.lm"), (1, "mmrl.tasks.lm.vlm")]
 
 
 def test_importing_the_plugin_registers_what_the_demos_provide():
     """The adapters find the demos' tiny models and pixel pipeline loaders in registries; loading
     the plugin (`import tasks`) fills them."""
-    from tasks.diffusion.loading import PIPELINE_LOADERS
-    from tasks.model_loading import TINY_MODELS
+    from mmrl.tasks.diffusion.loading import PIPELINE_LOADERS
+    from mmrl.tasks.model_loading import TINY_MODELS
 
     assert {"qwen2-char", "dlm-char", "qwen2.5-vl-char", "sd3", "pixel-flow-unet"} <= set(TINY_MODELS.names())
     assert {"PixelFlowPipeline", "PixelFlowUNetPipeline"} <= set(PIPELINE_LOADERS.names())
@@ -101,7 +101,7 @@ def test_the_diffusion_adapter_loads_a_saved_pipeline_through_the_loader_its_cla
     path (a class diffusers knows, a hub id) to diffusers' `DiffusionPipeline.from_pretrained`."""
     import json
 
-    from tasks.diffusion.loading import PIPELINE_LOADERS, diffusers_pipeline, pipeline_loader
+    from mmrl.tasks.diffusion.loading import PIPELINE_LOADERS, diffusers_pipeline, pipeline_loader
 
     def own_loader(path, dtype):
         return ("own", path, dtype)
@@ -114,3 +114,33 @@ def test_the_diffusion_adapter_loads_a_saved_pipeline_through_the_loader_its_cla
     assert pipeline_loader(str(tmp_path / "own")) is own_loader
     assert pipeline_loader(str(tmp_path / "stock")) is diffusers_pipeline
     assert pipeline_loader("stabilityai/stable-diffusion-3.5-medium") is diffusers_pipeline
+
+
+def test_every_package_folder_is_installed_under_the_mmrl_namespace():
+    """pyproject.toml lists every package (tasks/ and rewards/ as mmrl.tasks and mmrl.rewards)."""
+    import tomllib
+    project = tomllib.loads((TASKS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    where = {name: Path(folder) for name, folder in project["package-dir"].items()}
+    folders = set()
+    for init in sorted(TASKS.parent.glob("*/**/__init__.py")):
+        parts = init.parent.relative_to(TASKS.parent).parts
+        if parts[0] in ("mmrl", "tasks", "rewards"):
+            root = next((name for name, folder in where.items() if folder.parts == parts[:1]), parts[0])
+            folders.add(".".join((root, *parts[1:])))
+    assert folders == set(project["packages"])
+
+
+def test_a_users_own_rewards_and_tasks_modules_do_not_collide(tmp_path):
+    """`python -m mmrl list` beside a user's `rewards.py` and `tasks.py` (the obvious names for their
+    own files) still finds the project's adapters and rewards."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "rewards.py").write_text("raise RuntimeError('the user module was imported')\n")
+    (tmp_path / "tasks.py").write_text("raise RuntimeError('the user module was imported')\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([sys.executable, "-m", "mmrl", "list"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "causal_lm" in done.stdout and "iou" in done.stdout

@@ -19,9 +19,9 @@ from test_video import write_clip
 
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
-from tasks.lm.prefix_sharing import unsupported_reason
-from tasks.lm.vlm import VLMConfig, VLMPolicy
+from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+from mmrl.tasks.lm.prefix_sharing import unsupported_reason
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}
@@ -155,7 +155,7 @@ def test_the_thinker_of_a_whole_omni_checkpoint_loads(tmp_path):
     from safetensors.torch import save_file
     from transformers import Qwen2_5OmniConfig
 
-    from tasks.model_loading import TINY_MODELS
+    from mmrl.tasks.model_loading import TINY_MODELS
     thinker, processor = TINY_MODELS.get("qwen2.5-omni-thinker-char")(**SHORT_AUDIO)
     config = Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict())
     config.architectures = ["Qwen2_5OmniForConditionalGeneration"]

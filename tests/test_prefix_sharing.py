@@ -15,11 +15,11 @@ from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overri
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
 from mmrl.train.parts import build_policy
-from tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
-from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.lm.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
-from tasks.demos.tiny_models import seeded_model
-from tasks.lm.vlm import VLMConfig, VLMPolicy
+from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from mmrl.tasks.lm.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
+from mmrl.tasks.demos.tiny_models import seeded_model
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 TOL = 1e-5

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from rewards.colour_shape import colour_shape, colour_shape_score, inscribed_ellipse
-from tasks.demos.synthetic.colour_shapes import BACKGROUND, COLOURS, draw_shape
+from mmrl.rewards.colour_shape import colour_shape, colour_shape_score, inscribed_ellipse
+from mmrl.tasks.demos.synthetic.colour_shapes import BACKGROUND, COLOURS, draw_shape
 
 
 def test_targets_score_high_and_hacks_score_low():

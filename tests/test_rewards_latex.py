@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from rewards import get_reward
+from mmrl.rewards import get_reward
 from mmrl.core.scoring import metric_logger
-from rewards.latex_render import cw_ssim, ssim, teds, token_similarity
-from rewards.latex_sandbox import compile_latex, tex_available
+from mmrl.rewards.latex_render import cw_ssim, ssim, teds, token_similarity
+from mmrl.rewards.latex_sandbox import compile_latex, tex_available
 
 needs_tex = pytest.mark.skipif(not tex_available(), reason="latex and dvipng are not installed")
 FORMULA = r"\frac{a+b}{\sqrt{c}} = x^{2}"
@@ -110,7 +110,7 @@ def test_cw_ssim_tolerates_small_shifts_and_separates_formulas():
 
 
 def test_mathtext_fallback_without_tex(monkeypatch):
-    import rewards.latex_sandbox as sandbox
+    import mmrl.rewards.latex_sandbox as sandbox
     monkeypatch.setattr(sandbox, "tex_available", lambda: False)
     r = sandbox.compile_latex(r"\frac{a}{b}")
     assert r.renderer == "mathtext" and r.image is not None and r.image.min() < 0.5
@@ -133,8 +133,8 @@ def test_mathtext_fallback_without_tex(monkeypatch):
 
 
 def test_repeated_completions_compile_once(monkeypatch):
-    import rewards.latex_render as latex_render
-    from rewards.latex_sandbox import Render
+    import mmrl.rewards.latex_render as latex_render
+    from mmrl.rewards.latex_sandbox import Render
     compiled = []
 
     def fake_compile(snippet, kind="formula", timeout=10.0, renderer="auto"):
@@ -164,7 +164,7 @@ def test_repeated_completions_compile_once(monkeypatch):
 
 def test_auto_renderer_warns_once_when_tex_is_missing(monkeypatch):
     """Without TeX, `auto` falls back to mathtext and says so (once per process), not silently."""
-    from rewards import latex_sandbox
+    from mmrl.rewards import latex_sandbox
     monkeypatch.setattr(latex_sandbox, "tex_available", lambda: False)
     latex_sandbox._warn_no_tex.cache_clear()
     with pytest.warns(UserWarning, match="no TeX installation found") as record:

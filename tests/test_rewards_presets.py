@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import rewards  # noqa: F401  (registration)
+import mmrl.rewards  # noqa: F401  (registration)
 from mmrl.core.scoring import get_reward
-from rewards.reasoner_presets import extract_choice, levenshtein_ratio, word_error_rate
+from mmrl.rewards.reasoner_presets import extract_choice, levenshtein_ratio, word_error_rate
 
 accuracy, fmt = get_reward("accuracy"), get_reward("format")
 

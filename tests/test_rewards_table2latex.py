@@ -7,10 +7,10 @@ import subprocess
 import numpy as np
 import pytest
 
-import rewards  # noqa: F401  (registration)
+import mmrl.rewards  # noqa: F401  (registration)
 from mmrl.core.scoring import get_reward
-from rewards import latex_sandbox as S
-from rewards import table2latex_rl as T
+from mmrl.rewards import latex_sandbox as S
+from mmrl.rewards import table2latex_rl as T
 from mmrl.core.scoring import metric_logger
 
 ROW = r"\begin{tabular}{cccc} a & b & c & d \\ \end{tabular}"

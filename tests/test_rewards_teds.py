@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rewards.teds import Node, latex_table_tree, rename_cost, teds, tree_edit_distance
+from mmrl.rewards.teds import Node, latex_table_tree, rename_cost, teds, tree_edit_distance
 
 
 def as_forest(node: Node) -> tuple:

@@ -5,8 +5,8 @@ from fractions import Fraction
 
 import pytest
 
-from rewards.length_bonus import length_bonus_reward
-from rewards.t_grpo import t_grpo_reward
+from mmrl.rewards.length_bonus import length_bonus_reward
+from mmrl.rewards.t_grpo import t_grpo_reward
 
 
 def rows(ordered, shuffled):

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from tasks.demos.shape_judge import COLOUR_NAMES, labelled_images, shape_colour_match, train_judge
-from tasks.demos.synthetic.colour_shapes import SHAPES, draw_shape
+from mmrl.tasks.demos.shape_judge import COLOUR_NAMES, labelled_images, shape_colour_match, train_judge
+from mmrl.tasks.demos.synthetic.colour_shapes import SHAPES, draw_shape
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_scattered_pixels_are_not_a_shape(judge):
 
 
 def test_the_evaluator_scores_both_right(monkeypatch, judge):
-    import tasks.demos.shape_judge as module
+    import mmrl.tasks.demos.shape_judge as module
     monkeypatch.setattr(module, "shape_judge", lambda size, seed: judge)
     rng = random.Random(3)
     red_circle = draw_shape("red", "circle", 16, rng)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
-from tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
-from tasks.lm.vlm import VLMConfig, VLMPolicy
+from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 

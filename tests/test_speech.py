@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from tasks.demos.synthetic.spoken_words import RATE, WORDS, spoken_words, utterance
+from mmrl.tasks.demos.synthetic.spoken_words import RATE, WORDS, spoken_words, utterance
 
 
 def test_rows_carry_audio_and_transcript():
@@ -45,7 +45,7 @@ def test_bad_arguments_are_named():
 
 
 def test_a_tiny_audio_lm_with_a_two_second_window_reads_the_clips():
-    from tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+    from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
     rows = spoken_words(n_train=2, n_eval=0, min_words=3, max_words=3, seed=2)["train"]
     assert max(len(r["audio"]["array"]) for r in rows) < 2 * RATE  # three words fit the window
     policy = AudioLMPolicy(AudioLMConfig(model="tiny:qwen2-audio-char", tiny_args={"max_seconds": 2}, max_new_tokens=4))
@@ -57,7 +57,7 @@ def test_a_tiny_audio_lm_with_a_two_second_window_reads_the_clips():
 
 
 def test_the_demo_figure_shows_each_clip_with_its_transcripts(tmp_path):
-    from tasks.demos.synthetic.spoken_words import draw_predictions
+    from mmrl.tasks.demos.synthetic.spoken_words import draw_predictions
     rows = spoken_words(n_train=3, n_eval=0, seed=3)["train"]
     draw_predictions(rows, ["one", "", "x"], [r["reference"] for r in rows], tmp_path / "samples.png")
     assert (tmp_path / "samples.png").stat().st_size > 1000

@@ -5,7 +5,7 @@ is tested in tests/test_vllm.py, in the venv of scripts/make_vllm_env.sh.)"""
 import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
-import tasks.lm.vllm_engine as vllm_engine
+import mmrl.tasks.lm.vllm_engine as vllm_engine
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.trainer import Trainer
 
@@ -76,7 +76,7 @@ def test_a_prompt_with_more_media_than_vllm_plans_for_is_refused_naming_the_sett
     """Checked on the prompts sent to vLLM, before the engine sees them (no vLLM needed)."""
     import numpy as np
 
-    from tasks.lm.vlm import VLMConfig, VLMPolicy
+    from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
     policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", vllm=vllm_engine.VLLMConfig(max_videos_per_prompt=0)))
     row = {"prompt": "which way?", "video": np.zeros((4, 28, 28, 3), np.uint8)}
     with pytest.raises(ValueError, match=r"1 videos, more than policy.vllm.max_videos_per_prompt=0"):

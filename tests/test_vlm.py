@@ -9,7 +9,7 @@ from PIL import Image
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from tasks.lm.vlm import VLMConfig, VLMPolicy
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 

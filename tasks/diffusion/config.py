@@ -26,7 +26,7 @@ class DiffusionConfig:
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "tasks.model_loading:DTYPES"})
+        "choices": "mmrl.tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the pipeline to this device; null: leave placement to accelerate.")})
     height: int = field(default=512, metadata={"help": "Image height in pixels."})
@@ -43,7 +43,7 @@ class DiffusionConfig:
     sampler: str = field(default="flow_sde", metadata={"help": (
         "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
         "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),
-        "choices": "tasks.diffusion.samplers:SAMPLERS"})
+        "choices": "mmrl.tasks.diffusion.samplers:SAMPLERS"})
     noise_level: float = field(default=0.7, metadata={"help": (
         "The sampler's strength: a for flow_sde and cps (Flow-GRPO 0.7 SD3.5, 0.9 FLUX), eta for dance (0.3) and "
         "ddim; 0 gives the deterministic step.")})

@@ -40,7 +40,7 @@ WINDOW_ENDS = ("shrink", "wrap")
 class StepSchedule:
     kind: str = field(default="all_but_last", metadata={"help": (
         "all_but_last (Flow-GRPO), random_fraction (DanceGRPO), window (Flow-GRPO-Fast), sliding_window "
-        "(MixGRPO), chunks (Chunk-GRPO); see docs/methods.md."), "choices": "tasks.diffusion.schedule:KINDS"})
+        "(MixGRPO), chunks (Chunk-GRPO); see docs/methods.md."), "choices": "mmrl.tasks.diffusion.schedule:KINDS"})
     fraction: float = field(default=0.6, metadata={"help": (
         "random_fraction: the share of steps trained per rollout (DanceGRPO 0.6), in (0, 1].")})
     start: int = field(default=0, metadata={"help": "window / sliding_window: the first step of the SDE window."})

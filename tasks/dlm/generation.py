@@ -66,11 +66,11 @@ class DecodeConfig:
         "Sampling temperature through Gumbel noise (0: greedy).")})
     remasking: str = field(default="low_confidence", metadata={"help": (
         "Which predictions a step commits: low_confidence (the most probable, LLaDA) or random."),
-        "choices": "tasks.dlm.generation:REMASKING"})
+        "choices": "mmrl.tasks.dlm.generation:REMASKING"})
     schedule: str = field(default="uniform", metadata={"help": (
         "Tokens committed per step: uniform (LLaDA), ascending (CJ-GRPO's code: floor(log2 B) steps of 2^s tokens, "
         "the last the remainder) or ascending_paper (the paper's 1, 2, 4, ...)."),
-        "choices": "tasks.dlm.generation:SCHEDULES"})
+        "choices": "mmrl.tasks.dlm.generation:SCHEDULES"})
     cfg_scale: float = field(default=0.0, metadata={"help": (
         "Classifier-free guidance w (LLaDA): z = z_u + (w + 1)(z_c - z_u), the unconditional pass with the prompt "
         "masked; 0: off.")})

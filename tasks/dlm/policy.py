@@ -49,12 +49,12 @@ class DLMConfig(DecodeConfig):
         "Keyword arguments of the tiny model builder when model is tiny:NAME.")})
     auto_class: str = field(default="AutoModelForCausalLM", metadata={"help": (
         "The transformers class that loads the model: AutoModelForCausalLM, AutoModel (LLaDA, Dream with "
-        "trust_remote_code) or AutoModelForMaskedLM."), "choices": "tasks.dlm.policy:AUTO_CLASSES"})
+        "trust_remote_code) or AutoModelForMaskedLM."), "choices": "mmrl.tasks.dlm.policy:AUTO_CLASSES"})
     trust_remote_code: bool = field(default=False, metadata={"help": (
         "Allow the model's own code from the hub (LLaDA, Dream).")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "tasks.model_loading:DTYPES"})
+        "choices": "mmrl.tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the model to this device; null: leave placement to accelerate.")})
     mask_token_id: int | None = field(default=None, metadata={"help": (
@@ -71,7 +71,7 @@ class DLMConfig(DecodeConfig):
     estimator: str = field(default="diffu_grpo", metadata={"help": (
         "Log-prob estimator of completion tokens: diffu_grpo (d1: one view, completion masked, prompt masked with "
         "p_mask), coupled (DiffuCoder: two complementary masks), elbo (GDPO: Gauss-Legendre ELBO quadrature)."),
-        "choices": "tasks.dlm.estimators:LOGP_ESTIMATORS"})
+        "choices": "mmrl.tasks.dlm.estimators:LOGP_ESTIMATORS"})
     p_mask: float = field(default=0.15, metadata={"help": (
         "diffu_grpo: the probability that each prompt token is masked in the scoring view (d1: 0.15), redrawn "
         "each update pass.")})

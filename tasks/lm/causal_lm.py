@@ -37,7 +37,7 @@ class CausalLMConfig:
         "Keyword arguments of the tiny model builder when model is tiny:NAME (hidden, layers, seed, ...).")})
     dtype: str = field(default="float32", metadata={"help": (
         "Weights' dtype: float32, bfloat16 or float16 (log-probs are always computed in fp32)."),
-        "choices": "tasks.model_loading:DTYPES"})
+        "choices": "mmrl.tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the model to this device (e.g. cuda:0); null: leave placement to accelerate.")})
     attn_implementation: str | None = field(default=None, metadata={"help": (
