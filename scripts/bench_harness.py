@@ -48,7 +48,9 @@ def policy_gradient_update(opt, logits, completion, advantages) -> None:
 
 def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """One mmrl GRPO step per rollout batch of `args.prompts` x `args.group` completions, rewarded
-    by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm."""
+    by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm. The
+    benchmarks call `Trainer.train_step` alone, which neither logs nor plots (only `Trainer.train`
+    does), so the logging settings are the defaults less TensorBoard and the progress bar."""
     from mmrl.reward_registry import REWARDS, register_reward
     if BENCH_REWARD not in REWARDS:
         register_reward(BENCH_REWARD)(digit_share)
@@ -58,7 +60,7 @@ def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -
         "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
         "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
                   "max_grad_norm": None},
-        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
+        "logging": {"report_to": ["none"], "progress": False},
         "output_dir": tempfile.mkdtemp(prefix="mmrl-bench-"), "max_steps": args.warmup + args.steps,
         "save_every": 0,
     }
