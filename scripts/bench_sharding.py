@@ -141,6 +141,23 @@ def measure(case: str, processes: int, strategy: str, rollout_params: str, args)
         return json.loads(out.read_text())
 
 
+def case_report(case: str, args) -> dict:
+    """One model's figures: 1 process against FSDP over 2 with gathered rollouts, and with sharded
+    ones unless --no-sharded-rollouts."""
+    one = measure(case, 1, "ddp", "gathered", args)
+    fsdp = measure(case, 2, "fsdp", "gathered", args)
+    steps = {"one_process": one["step_s"], "fsdp_gathered": fsdp["step_s"]}
+    report = {f"memory_ratio_{case}": fsdp["total_mb"] / one["total_mb"],
+              f"time_ratio_{case}": fsdp["step_s"] / one["step_s"]}
+    if args.sharded_rollouts:
+        steps["fsdp_sharded"] = measure(case, 2, "fsdp", "sharded", args)["step_s"]
+        report[f"time_ratio_{case}_sharded_rollouts"] = steps["fsdp_sharded"] / one["step_s"]
+    return {**report, f"{case}_parameters_m": one["policy_parameters"] / 1e6,
+            f"{case}_one_process_mb": {k: v / 2**20 for k, v in one["bytes"].items()},
+            f"{case}_fsdp_per_process_mb": {k: v / 2**20 for k, v in fsdp["bytes"].items()},
+            f"{case}_gathered_rollout_copy_mb": one["whole_copy_mb"], f"{case}_step_s": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the report here")
@@ -151,6 +168,8 @@ def main() -> None:
                         help="the models measured")
     parser.add_argument("--lm-hidden", type=int, default=512, help="the causal LM's width")
     parser.add_argument("--lm-layers", type=int, default=12, help="the causal LM's depth")
+    parser.add_argument("--sharded-rollouts", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time FSDP with distributed.rollout_params=sharded (a third run per model)")
     parser.add_argument("--worker", choices=sorted(RECIPES), help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--rollout-params", default="gathered", help=argparse.SUPPRESS)
@@ -163,18 +182,7 @@ def main() -> None:
         return
     report: dict = {"processes": 2, "threads_per_process": 1, "device": "cpu (gloo)"}
     for case in args.cases:
-        one = measure(case, 1, "ddp", "gathered", args)
-        fsdp = measure(case, 2, "fsdp", "gathered", args)
-        fsdp_sharded = measure(case, 2, "fsdp", "sharded", args)
-        report[f"memory_ratio_{case}"] = fsdp["total_mb"] / one["total_mb"]
-        report[f"time_ratio_{case}"] = fsdp["step_s"] / one["step_s"]
-        report[f"time_ratio_{case}_sharded_rollouts"] = fsdp_sharded["step_s"] / one["step_s"]
-        report[f"{case}_parameters_m"] = one["policy_parameters"] / 1e6
-        report[f"{case}_one_process_mb"] = {k: v / 2**20 for k, v in one["bytes"].items()}
-        report[f"{case}_fsdp_per_process_mb"] = {k: v / 2**20 for k, v in fsdp["bytes"].items()}
-        report[f"{case}_gathered_rollout_copy_mb"] = one["whole_copy_mb"]
-        report[f"{case}_step_s"] = {"one_process": one["step_s"], "fsdp_gathered": fsdp["step_s"],
-                                    "fsdp_sharded": fsdp_sharded["step_s"]}
+        report.update(case_report(case, args))
     emit(report, args.json)
 
 

@@ -84,11 +84,16 @@ def test_bench_engine_against_trl(tmp_path):
 
 
 def test_bench_engine_without_trl(tmp_path):
-    """Also the peak-RSS pass: the bare work and mmrl each alone in a process of its own."""
-    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--no-trl", "--rss")
-    assert_finite(report, "overhead_ratio", "median_step_s.mmrl", "median_bare_step_s.beside_mmrl",
-                  "peak_rss_mb.bare", "peak_rss_mb.mmrl")
-    assert not {"trl_time_ratio", "trl_peak_rss_ratio"} & report.keys() and "trl" not in report["peak_rss_mb"]
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--no-trl", "--no-rss")
+    assert_finite(report, "overhead_ratio", "median_step_s.mmrl", "median_bare_step_s.beside_mmrl")
+    assert not {"trl_time_ratio", "trl_overhead_ratio", "peak_rss_mb"} & report.keys()
+
+
+@pytest.mark.slow
+def test_bench_engine_peak_rss(tmp_path):
+    """The peak-RSS pass: each contender once more alone in a process of its own (2-3 processes more)."""
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, TRL_OPTION, "--rss")
+    assert_finite(report, "peak_rss_mb.bare", "peak_rss_mb.mmrl", *(("trl_peak_rss_ratio",) if HAS_TRL else ()))
 
 
 def test_bench_vlm(tmp_path):
@@ -176,16 +181,18 @@ def test_bench_rollout_vllm(tmp_path):
 
 
 def test_bench_sharding(tmp_path):
-    report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "--lm-hidden", "32", "--lm-layers", "1")
-    assert_finite(report, "memory_ratio_lm", "time_ratio_lm", "time_ratio_lm_sharded_rollouts")
-    assert "memory_ratio_diffusion" not in report
+    report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "--lm-hidden", "32", "--lm-layers", "1",
+                   "--no-sharded-rollouts")
+    assert_finite(report, "memory_ratio_lm", "time_ratio_lm", "lm_step_s.fsdp_gathered")
+    assert "memory_ratio_diffusion" not in report and "time_ratio_lm_sharded_rollouts" not in report
 
 
 @pytest.mark.slow
-def test_bench_sharding_diffusion(tmp_path):
-    """The tiny SD3 case at its fixed size: three more runs of about 20 s, so slow."""
-    report = bench("bench_sharding.py", tmp_path, "--cases", "diffusion")
-    assert_finite(report, "memory_ratio_diffusion", "time_ratio_diffusion", "time_ratio_diffusion_sharded_rollouts")
+def test_bench_sharding_diffusion_and_sharded_rollouts(tmp_path):
+    """The tiny SD3 case at its fixed size and FSDP with sharded rollouts: four more runs of 10-20 s."""
+    report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "diffusion", "--lm-hidden", "32", "--lm-layers", "1")
+    assert_finite(report, "memory_ratio_diffusion", "time_ratio_diffusion", "time_ratio_diffusion_sharded_rollouts",
+                  "time_ratio_lm_sharded_rollouts")
 
 
 def test_bench_sharding_needs_two_steps():
