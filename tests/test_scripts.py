@@ -26,7 +26,9 @@ TRL_OPTION = "--trl" if HAS_TRL else "--no-trl"
 
 
 def script_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    """This checkout first on the path, before an installed copy."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def run_script(name: str, *options: str) -> subprocess.CompletedProcess:
@@ -73,7 +75,7 @@ def scripts_importable(monkeypatch):
 
 
 ENGINE_SMOKE = ("--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4", "--prompts", "1", "--tokens", "8",
-                "--hidden", "32", "--layers", "1")
+                "--hidden", "32", "--layers", "1", "--threads", "1")
 
 
 @needs_trl
@@ -98,7 +100,7 @@ def test_bench_engine_peak_rss(tmp_path):
 
 def test_bench_vlm(tmp_path):
     report = bench("bench_vlm.py", tmp_path, "--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4",
-                   "--prompts", "1", "--tokens", "8", "--image-size", "56", "--no-rss", TRL_OPTION)
+                   "--prompts", "1", "--tokens", "8", "--image-size", "56", "--threads", "1", "--no-rss", TRL_OPTION)
     assert report["setup"]["visual_tokens_per_image"] == 4
     assert_finite(report, "rollout_speedup", "overhead_ratio",
                   *(f"split_s.{run}.{phase}" for run in ("mmrl", "mmrl_no_share") for phase in ("rollout", "update")))
@@ -142,7 +144,7 @@ def test_bench_diffusion(tmp_path):
 
 def test_bench_dlm(tmp_path):
     report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
-                   "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1")
+                   "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1")
     assert_finite(report, "generation.vocab_100.speedup_vs_d1", "generation.vocab_128.speedup_vs_d1",
                   *(f"estimators.{name}.time_ratio_to_diffu_grpo" for name in ("coupled", "elbo", "elbo_k8")))
     assert report["setup"]["model"]["hidden"] == 32
