@@ -80,17 +80,20 @@ def count_forwards(model):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--block-length", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--large-vocab", type=int, default=32768)
+    ap.add_argument("--json", help="write the report here too")
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions (medians are reported)")
+    ap.add_argument("--group", type=int, default=8, help=f"completions per prompt ({len(PROMPTS)} prompts)")
+    ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per completion")
+    ap.add_argument("--block-length", type=int, default=16, help="tokens per semi-autoregressive block")
+    ap.add_argument("--steps", type=int, default=32, help="denoising steps over the whole completion")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads")
+    ap.add_argument("--large-vocab", type=int, default=32768, help="vocabulary of the second generation race")
+    ap.add_argument("--hidden", type=int, default=MODEL["hidden"], help="model width")
+    ap.add_argument("--layers", type=int, default=MODEL["layers"], help="model depth")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    policy = DLMPolicy(DLMConfig(model="tiny:dlm-char", tiny_args=MODEL, gen_length=args.gen_length,
+    model_args = {**MODEL, "hidden": args.hidden, "layers": args.layers}
+    policy = DLMPolicy(DLMConfig(model="tiny:dlm-char", tiny_args=model_args, gen_length=args.gen_length,
                                  block_length=args.block_length, steps=args.steps))
     model = policy.model.eval()
     calls = count_forwards(model)
@@ -160,7 +163,7 @@ def main() -> None:
         "generation": gen,
         "estimators": est,
         "setup": {"rows": rows, "gen_length": args.gen_length, "block_length": args.block_length,
-                  "steps": args.steps, "threads": args.threads, "reps": args.reps, "model": MODEL,
+                  "steps": args.steps, "threads": args.threads, "reps": args.reps, "model": model_args,
                   "completion_tokens_scored": units,
                   "loadavg_at_start": os.getloadavg()[0]},
     }, args.json)

@@ -26,8 +26,9 @@ import string
 import tempfile
 import time
 
-from bench_harness import (CONTENDERS, add_worker_options, compare, digit_share, group_advantages, mmrl_recipe,
-                           over_bare, policy_gradient_update, timed_steps, trl_grpo_config, trl_step_timer, worker)
+from bench_harness import (add_contender_options, add_worker_options, compare, contenders, digit_share,
+                           group_advantages, mmrl_recipe, over_bare, policy_gradient_update, require_trl, timed_steps,
+                           trl_grpo_config, trl_step_timer, worker)
 from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
@@ -112,20 +113,42 @@ def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float], list
     return times, floor, []
 
 
+def summary(args, rss: dict[str, float], per_step: dict[str, list], floor: dict[str, list]) -> dict:
+    """The report: each trainer's step time over the bare steps beside it, mmrl's over TRL's where
+    TRL ran, peak RSS where measured."""
+    ratio = {name: over_bare(per_step[name], floor[name]) for name in per_step}
+    trl = {}
+    if args.trl:
+        trl["trl_time_ratio"] = ratio["mmrl"] / ratio["trl"]
+        if rss:
+            trl["trl_peak_rss_ratio"] = rss["mmrl"] / rss["trl"]
+        trl["trl_overhead_ratio"] = ratio["trl"]
+    return {
+        "overhead_ratio": ratio["mmrl"], **trl,
+        "median_step_s": {name: statistics.median(v) for name, v in per_step.items()},
+        "median_bare_step_s": {f"beside_{name}": statistics.median(v) for name, v in floor.items()},
+        **({"peak_rss_mb": rss} if rss else {}),
+        "setup": {"group": args.group, "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
+                  "completion_tokens": args.tokens,
+                  "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": model_args(args)},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the result here too")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per process")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step (at most 4)")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per completion (T)")
     parser.add_argument("--prompt-tokens", type=int, default=0,
                         help="lengthen each prompt to this many tokens (bench_prefix: 512)")
     parser.add_argument("--hidden", type=int, default=0, help="model width (default: MODEL's)")
     parser.add_argument("--layers", type=int, default=0, help="model depth (default: MODEL's)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of each process")
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
+    add_contender_options(parser)
     add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
@@ -135,22 +158,11 @@ def main() -> None:
     # memory: each contender alone in a fresh process; time: each trainer's steps alternate with
     # bare steps in the same process, so machine drift and per-process variation cancel in the
     # ratio; rounds alternate the two trainers
+    require_trl(args.trl)
     options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "prompt_tokens",
                                              "hidden", "layers", "threads")}
-    rss, per_step, floor, _ = compare(__file__, options, args.threads, args.rounds, ("mmrl", "trl"), CONTENDERS)
-    ratio = {name: over_bare(per_step[name], floor[name]) for name in per_step}
-    report = {
-        "overhead_ratio": ratio["mmrl"],
-        "trl_time_ratio": ratio["mmrl"] / ratio["trl"],
-        "trl_peak_rss_ratio": rss["mmrl"] / rss["trl"],
-        "trl_overhead_ratio": ratio["trl"],
-        "median_step_s": {name: statistics.median(v) for name, v in per_step.items()},
-        "median_bare_step_s": {f"beside_{name}": statistics.median(v) for name, v in floor.items()},
-        "peak_rss_mb": rss,
-        "setup": {"group": args.group, "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
-                  "completion_tokens": args.tokens,
-                  "threads": args.threads, "timed_steps": args.steps * args.rounds, "model": model_args(args)},
-    }
+    rss, per_step, floor, _ = compare(__file__, options, args.threads, args.rounds, *contenders(args))
+    report = summary(args, rss, per_step, floor)
     emit(report, args.json)
 
 

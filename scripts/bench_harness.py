@@ -8,6 +8,7 @@ recipe and TRL config of one GRPO step with the same settings."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -48,7 +49,9 @@ def policy_gradient_update(opt, logits, completion, advantages) -> None:
 
 def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """One mmrl GRPO step per rollout batch of `args.prompts` x `args.group` completions, rewarded
-    by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm."""
+    by digit_share (registered as BENCH_REWARD), beta 0, no clipping of the gradient norm. The
+    benchmarks call `Trainer.train_step` alone, which neither logs nor plots (only `Trainer.train`
+    does), so the logging settings are the defaults less TensorBoard and the progress bar."""
     from mmrl.core.scoring import REWARDS, register_reward
     if BENCH_REWARD not in REWARDS:
         register_reward(BENCH_REWARD)(digit_share)
@@ -58,7 +61,7 @@ def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -
         "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
         "optim": {"lr": 1e-5, "prompts_per_step": args.prompts, "micro_batch_size": args.prompts * args.group,
                   "max_grad_norm": None},
-        "logging": {"report_to": ["none"], "progress": False, "plot_every": 0},
+        "logging": {"report_to": ["none"], "progress": False},
         "output_dir": tempfile.mkdtemp(prefix="mmrl-bench-"), "max_steps": args.warmup + args.steps,
         "save_every": 0,
     }
@@ -164,6 +167,27 @@ def worker(args, make_bare: Callable[[Any], Callable[[], float]],
     bare = make_bare(args) if args.interleave else None
     times, floor, extra = runners[args.worker](args, bare)
     return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
+
+
+def add_contender_options(parser: argparse.ArgumentParser) -> None:
+    """Which contenders run: TRL's trainer or not, and the peak-RSS pass or not."""
+    parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
+                        help="time TRL's GRPOTrainer too (needs trl: pip install -e '.[bench]'); "
+                             "--no-trl: mmrl and the bare work only, without the mmrl / TRL ratios")
+    parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure each contender's peak RSS alone in a fresh process")
+
+
+def require_trl(wanted: bool) -> None:
+    """Stop with a user error where TRL's contender is asked for and trl is not installed."""
+    if wanted and importlib.util.find_spec("trl") is None:
+        sys.exit("trl is not installed: pip install -e '.[bench]', or pass --no-trl to leave TRL's contender out")
+
+
+def contenders(args) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the trainers timed against the bare work, the contenders whose peak RSS is measured alone)."""
+    timed = ("mmrl", "trl") if args.trl else ("mmrl",)
+    return timed, (("bare",) + timed if args.rss else ())
 
 
 def add_worker_options(parser: argparse.ArgumentParser) -> None:

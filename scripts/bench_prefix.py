@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_harness import compare as compare_steps, over_bare  # noqa: E402
+from bench_harness import compare as compare_steps, over_bare, require_trl  # noqa: E402
 from bench_report import emit  # noqa: E402
-from bench_vlm import split_of, visual_tokens  # noqa: E402
+from bench_vlm import SIZE, split_of, visual_tokens  # noqa: E402
 
 from mmrl.core.rollout import Rollout  # noqa: E402
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
@@ -145,20 +145,25 @@ def trl_step(script: str, options: dict, rounds: int, shared_only: bool) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the report here")
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prefix", type=int, default=1024)
-    parser.add_argument("--completion", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--large-vocab", type=int, default=32000)
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument("--prefix", type=int, default=1024, help="prompt tokens (P)")
+    parser.add_argument("--completion", type=int, default=64, help="tokens per completion (C)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per variant (the median is reported)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of the log-prob passes")
+    parser.add_argument("--large-vocab", type=int, default=32000, help="vocabulary of the large_vocab comparison")
     parser.add_argument("--sweep", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256],
                         help="shorter prompt lengths timed too (where the auto threshold comes from)")
     parser.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
                         help="also time whole GRPO steps against TRL (needs trl: pip install -e '.[bench]')")
-    parser.add_argument("--trl-steps", type=int, default=6, help="timed steps per trainer process")
+    parser.add_argument("--trl-steps", type=int, default=6,
+                        help="timed steps per trainer process (at least 2: bench_vlm's mmrl steps alternate "
+                             "shared and plain prefill)")
     parser.add_argument("--trl-rounds", type=int, default=2, help="trainer processes per contender")
     parser.add_argument("--trl-threads", type=int, default=2, help="CPU threads of the trainer processes")
     args = parser.parse_args()
+    if args.trl and args.trl_steps < 2:
+        parser.error(f"--trl-steps {args.trl_steps}: at least 2 (bench_vlm's mmrl steps alternate shared and plain)")
+    require_trl(args.trl)
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     device = "cuda" if torch.cuda.is_available() else None
@@ -177,7 +182,7 @@ def main() -> None:
         trl["long_prefix"] = trl_step(str(here / "bench_engine.py"),
                                       {**steps, "prompt_tokens": 512, "hidden": 128, "layers": 2},
                                       args.trl_rounds, shared_only=False)
-        trl["vlm"] = {"visual_tokens_per_image": visual_tokens(),
+        trl["vlm"] = {"visual_tokens_per_image": visual_tokens(SIZE),
                       **trl_step(str(here / "bench_vlm.py"), steps,
                                  args.trl_rounds, shared_only=True)}
     emit({"time_ratio": main_run["time_ratio"], "memory_ratio": main_run["memory_ratio"],

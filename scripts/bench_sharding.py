@@ -1,6 +1,6 @@
 """Memory and step time of one GRPO step: 1 process against FSDP2 over 2 processes, in one run.
 
-Two models: a causal LM of about 50M parameters (the tiny Qwen2 at hidden 512, 12 layers) and the
+Two models: a causal LM of about 50M parameters (the tiny Qwen2 at hidden 512, 12 layers, by default) and the
 tiny SD3 transformer, each trained in full (no LoRA) with a KL term, so the reference model is
 counted too (a whole replica per process on 1 process, a frozen sharded copy under FSDP).
 
@@ -38,7 +38,7 @@ ROOT = HERE.parent
 RECIPES = {
     "lm": {
         "task": "causal_lm",
-        "policy": {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 512, "layers": 12, "heads": 8},
+        "policy": {"model": "tiny:qwen2-char", "tiny_args": {"heads": 8},  # + --lm-hidden / --lm-layers
                    "max_new_tokens": 16},
         "data": {"name": "arithmetic", "args": {"n_train": 64, "n_eval": 4, "digits": 2}},
         "rewards": {"accuracy": {"weight": 1.0}},
@@ -57,6 +57,14 @@ RECIPES = {
 }
 
 
+def sized(recipe: dict, args) -> dict:
+    """`recipe` with the causal LM's width and depth from `--lm-hidden` / `--lm-layers`."""
+    if recipe["task"] != "causal_lm":
+        return recipe
+    tiny = {**recipe["policy"]["tiny_args"], "hidden": args.lm_hidden, "layers": args.lm_layers}
+    return {**recipe, "policy": {**recipe["policy"], "tiny_args": tiny}}
+
+
 def tensor_bytes(tensors) -> int:
     from mmrl.distributed.fsdp import local_tensor
     seen, total = set(), 0
@@ -73,9 +81,10 @@ def run_worker(args) -> None:
     """One configuration in this process (or this torchrun process group); rank 0 writes the JSON."""
     import torch
 
+    from mmrl.cli.main import end_process_group
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
-    recipe = {**RECIPES[args.worker], "logging": {"report_to": ["none"], "progress": False},
+    recipe = {**sized(RECIPES[args.worker], args), "logging": {"report_to": ["none"], "progress": False},
               "max_steps": args.steps, "output_dir": tempfile.mkdtemp(prefix="bench_sharding_")}
     overrides = [f"distributed.strategy={args.strategy}", f"distributed.rollout_params={args.rollout_params}"]
     trainer = Trainer(parse_config(recipe, overrides))
@@ -105,6 +114,7 @@ def run_worker(args) -> None:
         Path(args.out).write_text(json.dumps({
             "step_s": times[-1], "bytes": measured, "total_mb": sum(measured.values()) / 2**20,
             "policy_parameters": policy_params, "whole_copy_mb": whole_copy / 2**20}))
+    end_process_group()  # a gloo group left to the interpreter's exit can abort the process
 
 
 def free_port() -> int:
@@ -113,7 +123,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(case: str, processes: int, strategy: str, rollout_params: str, steps: int) -> dict:
+def measure(case: str, processes: int, strategy: str, rollout_params: str, args) -> dict:
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,39 +133,56 @@ def measure(case: str, processes: int, strategy: str, rollout_params: str, steps
             launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
                          "127.0.0.1", "--master_port", str(free_port())]
         cmd = launcher + [str(Path(__file__).resolve()), "--worker", case, "--strategy", strategy,
-                          "--rollout-params", rollout_params, "--steps", str(steps), "--out", str(out)]
+                          "--rollout-params", rollout_params, "--steps", str(args.steps), "--out", str(out),
+                          "--lm-hidden", str(args.lm_hidden), "--lm-layers", str(args.lm_layers)]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{case} {strategy} x{processes} failed:\n{done.stderr[-4000:]}")
         return json.loads(out.read_text())
 
 
+def case_report(case: str, args) -> dict:
+    """One model's figures: 1 process against FSDP over 2 with gathered rollouts, and with sharded
+    ones unless --no-sharded-rollouts."""
+    one = measure(case, 1, "ddp", "gathered", args)
+    fsdp = measure(case, 2, "fsdp", "gathered", args)
+    steps = {"one_process": one["step_s"], "fsdp_gathered": fsdp["step_s"]}
+    report = {f"memory_ratio_{case}": fsdp["total_mb"] / one["total_mb"],
+              f"time_ratio_{case}": fsdp["step_s"] / one["step_s"]}
+    if args.sharded_rollouts:
+        steps["fsdp_sharded"] = measure(case, 2, "fsdp", "sharded", args)["step_s"]
+        report[f"time_ratio_{case}_sharded_rollouts"] = steps["fsdp_sharded"] / one["step_s"]
+    return {**report, f"{case}_parameters_m": one["policy_parameters"] / 1e6,
+            f"{case}_one_process_mb": {k: v / 2**20 for k, v in one["bytes"].items()},
+            f"{case}_fsdp_per_process_mb": {k: v / 2**20 for k, v in fsdp["bytes"].items()},
+            f"{case}_gathered_rollout_copy_mb": one["whole_copy_mb"], f"{case}_step_s": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the report here")
-    parser.add_argument("--steps", type=int, default=2, help="training steps per run (the last is timed)")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="training steps per run, at least 2 (the last is timed; memory is counted from the "
+                             "second on, when AdamW's state exists)")
+    parser.add_argument("--cases", nargs="+", choices=sorted(RECIPES), default=list(RECIPES),
+                        help="the models measured")
+    parser.add_argument("--lm-hidden", type=int, default=512, help="the causal LM's width")
+    parser.add_argument("--lm-layers", type=int, default=12, help="the causal LM's depth")
+    parser.add_argument("--sharded-rollouts", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time FSDP with distributed.rollout_params=sharded (a third run per model)")
     parser.add_argument("--worker", choices=sorted(RECIPES), help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--rollout-params", default="gathered", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error(f"--steps {args.steps}: at least 2 (memory is counted from the second step on)")
     if args.worker:
         run_worker(args)
         return
     report: dict = {"processes": 2, "threads_per_process": 1, "device": "cpu (gloo)"}
-    for case in RECIPES:
-        one = measure(case, 1, "ddp", "gathered", args.steps)
-        fsdp = measure(case, 2, "fsdp", "gathered", args.steps)
-        fsdp_sharded = measure(case, 2, "fsdp", "sharded", args.steps)
-        report[f"memory_ratio_{case}"] = fsdp["total_mb"] / one["total_mb"]
-        report[f"time_ratio_{case}"] = fsdp["step_s"] / one["step_s"]
-        report[f"time_ratio_{case}_sharded_rollouts"] = fsdp_sharded["step_s"] / one["step_s"]
-        report[f"{case}_parameters_m"] = one["policy_parameters"] / 1e6
-        report[f"{case}_one_process_mb"] = {k: v / 2**20 for k, v in one["bytes"].items()}
-        report[f"{case}_fsdp_per_process_mb"] = {k: v / 2**20 for k, v in fsdp["bytes"].items()}
-        report[f"{case}_gathered_rollout_copy_mb"] = one["whole_copy_mb"]
-        report[f"{case}_step_s"] = {"one_process": one["step_s"], "fsdp_gathered": fsdp["step_s"],
-                                    "fsdp_sharded": fsdp_sharded["step_s"]}
+    for case in args.cases:
+        report.update(case_report(case, args))
     emit(report, args.json)
 
 

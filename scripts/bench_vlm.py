@@ -1,7 +1,7 @@
 """One GRPO step of mmrl on a vision-language model, split into rollout, log-prob and update,
 against TRL's GRPOTrainer and the bare work, in one run.
 
-Same tiny Qwen2.5-VL (the grounding recipe's, with 448 x 448 images: 256 visual tokens each),
+Same tiny Qwen2.5-VL (the grounding recipe's, with 448 x 448 images by default: 256 visual tokens each),
 same synthetic shapes images and questions, G completions of exactly T tokens (eos suppressed),
 beta 0, one optimizer step per rollout batch, 2 CPU threads. The bare work is plain `generate`
 (every group member prefilled with its image) + a forward/backward of the same tokens with a
@@ -29,20 +29,25 @@ import statistics
 import tempfile
 import time
 
-from bench_harness import (CONTENDERS, PhaseTimer, add_worker_options, compare, digit_share, group_advantages,
-                           mmrl_recipe, over_bare, policy_gradient_update, timed_steps, trl_grpo_config,
-                           trl_step_timer, worker)
+from bench_harness import (PhaseTimer, add_contender_options, add_worker_options, compare, contenders, digit_share,
+                           group_advantages, mmrl_recipe, over_bare, policy_gradient_update, require_trl, timed_steps,
+                           trl_grpo_config, trl_step_timer, worker)
 from bench_report import emit
 
-SIZE = 448  # pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
-MODEL = {"hidden": 128, "layers": 2, "heads": 4, "vision_hidden": 64, "rope_theta": 10.0,
-         "max_pixels": SIZE * SIZE, "seed": 0}
+SIZE = 448  # default image side in pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
+MERGED_PATCH = 28  # pixels per visual token side: 14-pixel patches merged 2 x 2
+MODEL = {"hidden": 128, "layers": 2, "heads": 4, "vision_hidden": 64, "rope_theta": 10.0, "seed": 0}
 PHASES = ("rollout", "logprob", "update")
 
 
-def shape_data(n: int) -> list[dict]:
+def model_args(size: int) -> dict:
+    """MODEL with its processor taking `size` x `size` images whole."""
+    return {**MODEL, "max_pixels": size * size}
+
+
+def shape_data(n: int, size: int) -> list[dict]:
     from mmrl.tasks.demos.synthetic.shapes import shape_rows
-    return shape_rows(n, SIZE, 2, random.Random(0))
+    return shape_rows(n, size, 2, random.Random(0))
 
 
 def messages(prompt: str) -> list[dict]:
@@ -56,9 +61,9 @@ class BareVLMStep:
         import torch
         from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
         self.args = args
-        self.model, self.processor = qwen25_vl_char(**MODEL)
+        self.model, self.processor = qwen25_vl_char(**model_args(args.image_size))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5, fused=True)
-        rows = shape_data(args.prompts)
+        rows = shape_data(args.prompts, args.image_size)
         texts = [self.processor.apply_chat_template(messages(r["prompt"]), tokenize=False, add_generation_prompt=True)
                  for r in rows]
         enc = self.processor(text=texts, images=[r["image"] for r in rows], padding=True, return_tensors="pt")
@@ -99,7 +104,7 @@ def _data_file(args) -> str:
     folder = tempfile.mkdtemp(prefix="mmrl-bench-vlm-")
     path = os.path.join(folder, "rows.jsonl")
     with open(path, "w") as f:
-        for i, row in enumerate(shape_data(args.prompts * 4)):
+        for i, row in enumerate(shape_data(args.prompts * 4, args.image_size)):
             image = os.path.join(folder, f"{i}.png")
             row["image"].save(image)
             f.write(json.dumps({"prompt": row["prompt"], "image": image}) + "\n")
@@ -110,7 +115,7 @@ def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], 
     """Steps alternate between the shared prefill and the plain one (same samples either way)."""
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
-    recipe = mmrl_recipe(args, "vlm", {"model": "tiny:qwen2.5-vl-char", "tiny_args": MODEL,
+    recipe = mmrl_recipe(args, "vlm", {"model": "tiny:qwen2.5-vl-char", "tiny_args": model_args(args.image_size),
                                        "max_new_tokens": args.tokens, "min_new_tokens": args.tokens,
                                        "temperature": 1.0},
                          {"path": _data_file(args)})
@@ -134,8 +139,8 @@ def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], l
     from datasets import Dataset
     from trl import GRPOTrainer
     from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
-    model, processor = qwen25_vl_char(**MODEL)
-    rows = shape_data(args.prompts * 4)
+    model, processor = qwen25_vl_char(**model_args(args.image_size))
+    rows = shape_data(args.prompts * 4, args.image_size)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "image": r["image"]}
                               for r in rows] * (args.warmup + args.steps + 1))
     times: list[float] = []
@@ -151,10 +156,11 @@ def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], l
     return times, floor, split
 
 
-def visual_tokens() -> int:
+def visual_tokens(size: int) -> int:
+    """Visual tokens the processor makes of one `size` x `size` image."""
     from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
-    _, processor = qwen25_vl_char(**MODEL)
-    grid = processor.image_processor(images=[shape_data(1)[0]["image"]], return_tensors="pt")["image_grid_thw"]
+    _, processor = qwen25_vl_char(**model_args(size))
+    grid = processor.image_processor(images=[shape_data(1, size)[0]["image"]], return_tensors="pt")["image_grid_thw"]
     return int(grid.prod()) // processor.image_processor.merge_size ** 2
 
 
@@ -167,52 +173,66 @@ def split_of(times: list[float], extra: list[dict], keep) -> tuple[list[float], 
     return [t for t, _ in rows], phase
 
 
+def summary(args, tokens: int, rss: dict[str, float], per_step: dict[str, list], floor: dict[str, list],
+            extra: dict[str, list]) -> dict:
+    """The report: mmrl's step time (shared prefill and plain) and its phases over the bare steps
+    beside it, against TRL's where TRL ran, peak RSS where measured."""
+    shared_times, shared_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
+    plain_times, plain_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: not e["shared_prefill"])
+    bare = {name: statistics.median(v) for name, v in floor.items()}
+    split = {"mmrl": shared_split, "mmrl_no_share": plain_split}
+    median_step = {"mmrl": statistics.median(shared_times), "mmrl_no_share": statistics.median(plain_times)}
+    report: dict = {"rollout_speedup": plain_split["rollout"] / shared_split["rollout"],
+                    "overhead_ratio": over_bare(shared_times, floor["mmrl"])}
+    if args.trl:
+        trl_times, split["trl"] = split_of(per_step["trl"], extra["trl"], lambda e: True)
+        median_step["trl"] = statistics.median(trl_times)
+        trl_ratio = over_bare(trl_times, floor["trl"])
+        report.update({
+            "trl_time_ratio": report["overhead_ratio"] / trl_ratio,
+            "trl_time_ratio_no_share": over_bare(plain_times, floor["mmrl"]) / trl_ratio,
+            "trl_phase_ratio": {p: (shared_split[p] / bare["mmrl"]) / (split["trl"][p] / bare["trl"]) for p in PHASES},
+            "trl_overhead_ratio": trl_ratio,
+            **({"trl_peak_rss_ratio": rss["mmrl"] / rss["trl"]} if rss else {})})
+    return {
+        **report, **({"peak_rss_mb": rss} if rss else {}),
+        "split_s": split, "median_step_s": median_step,
+        "median_bare_step_s": {f"beside_{name}": v for name, v in bare.items()},
+        "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
+                  "visual_tokens_per_image": tokens, "threads": args.threads,
+                  "timed_steps": args.steps * args.rounds, "model": model_args(args.image_size)},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the result here too")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per process (mmrl: half of them shared)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8,
+                        help="timed steps per process (mmrl: half of them shared; at least 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
+    parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    parser.add_argument("--prompts", type=int, default=2, help="images and questions per step")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per completion (T)")
+    parser.add_argument("--image-size", type=int, default=SIZE,
+                        help=f"image side in pixels, a multiple of {MERGED_PATCH} (the default: 256 visual tokens)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of each process")
     parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
-    parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure each contender's peak RSS alone in a fresh process")
+    add_contender_options(parser)
     add_worker_options(parser)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args, BareVLMStep, {"mmrl": run_mmrl, "trl": run_trl})))
         return
-
-    tokens = visual_tokens()
-    if tokens < 256:
-        raise SystemExit(f"{tokens} visual tokens per image; the benchmark needs >= 256")
-    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "threads")}
-    rss, per_step, floor, extra = compare(__file__, options, args.threads, args.rounds, ("mmrl", "trl"),
-                                          CONTENDERS if args.rss else ())
-    shared_times, shared_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
-    plain_times, plain_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: not e["shared_prefill"])
-    trl_times, trl_split = split_of(per_step["trl"], extra["trl"], lambda e: True)
-    bare = {name: statistics.median(v) for name, v in floor.items()}
-    trl_ratio = over_bare(trl_times, floor["trl"])
-    report = {
-        "trl_time_ratio": over_bare(shared_times, floor["mmrl"]) / trl_ratio,
-        "trl_time_ratio_no_share": over_bare(plain_times, floor["mmrl"]) / trl_ratio,
-        "rollout_speedup": plain_split["rollout"] / shared_split["rollout"],
-        "trl_phase_ratio": {p: (shared_split[p] / bare["mmrl"]) / (trl_split[p] / bare["trl"]) for p in PHASES},
-        "overhead_ratio": over_bare(shared_times, floor["mmrl"]),
-        "trl_overhead_ratio": trl_ratio,
-        **({"trl_peak_rss_ratio": rss["mmrl"] / rss["trl"], "peak_rss_mb": rss} if rss else {}),
-        "split_s": {"mmrl": shared_split, "mmrl_no_share": plain_split, "trl": trl_split},
-        "median_step_s": {"mmrl": statistics.median(shared_times), "mmrl_no_share": statistics.median(plain_times),
-                          "trl": statistics.median(trl_times)},
-        "median_bare_step_s": {f"beside_{name}": v for name, v in bare.items()},
-        "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
-                  "visual_tokens_per_image": tokens, "threads": args.threads,
-                  "timed_steps": args.steps * args.rounds, "model": MODEL},
-    }
-    emit(report, args.json)
+    if args.steps < 2:
+        parser.error(f"--steps {args.steps}: mmrl's steps alternate shared and plain prefill, so at least 2")
+    require_trl(args.trl)
+    tokens, expected = visual_tokens(args.image_size), (args.image_size // MERGED_PATCH) ** 2
+    if tokens != expected:
+        raise SystemExit(f"{tokens} visual tokens per {args.image_size}-pixel image, expected {expected}: "
+                         f"the processor resized the image (--image-size must be a multiple of {MERGED_PATCH})")
+    options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "image_size", "threads")}
+    rss, per_step, floor, extra = compare(__file__, options, args.threads, args.rounds, *contenders(args))
+    emit(summary(args, tokens, rss, per_step, floor, extra), args.json)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 # Build a virtual environment with the CPU build of vLLM and this project installed in it.
 #
 #   scripts/make_vllm_env.sh DIR        # e.g. scripts/make_vllm_env.sh ~/vllm-venv
+#   scripts/make_vllm_env.sh --help     # this text
 #   DIR/bin/python -m pytest -q -m vllm # the vLLM tests
 #   DIR/bin/python scripts/bench_rollout.py --json bench.json
 #
@@ -32,8 +33,12 @@
 # Environment: PYTHON (default python3), TORCH_SOURCE and TORCH_INDEX (above).
 set -euo pipefail
 
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    exit 0
+fi
 if [ $# -ne 1 ]; then
-    echo "usage: $0 DIR  (the virtual environment to create)" >&2
+    echo "usage: $0 DIR  (the virtual environment to create; --help: what it does)" >&2
     exit 2
 fi
 DIR=$1

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from helpers import TINY_RECIPE, tiny_overrides
 
-from mmrl.cli.main import commands
-from mmrl.cli.main import main as cli
+from mmrl.cli import commands
+from mmrl.cli import main as cli
 from mmrl.config.recipes import resolve_recipe
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer

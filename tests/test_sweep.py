@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.cli.main import main as cli
+from mmrl.cli import main as cli
 from mmrl.errors import UserError
 from mmrl.config.parse import load_recipe
 from mmrl.registry import DEMOS, RECIPES

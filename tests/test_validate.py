@@ -5,6 +5,7 @@ import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
+from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
 
@@ -71,7 +72,6 @@ def test_unknown_keys_are_reported_together_when_parsed():
 
 
 def test_a_good_recipe_passes(tmp_path):
-    from mmrl.train.plan import validate
     validate(parse_config(TINY_RECIPE, tiny_overrides(tmp_path)))
 
 
@@ -80,3 +80,14 @@ def test_a_stage_is_checked_like_the_recipe(tmp_path, no_model):
     message = problems(tmp_path, "stages=[{steps: 2}, {steps: 2, algorithm: {group_size: 1}}]", "max_steps=4")
     assert "stages[1].algorithm.group_size=1 must be >= 2" in message
     assert "stages[0]" not in message
+
+
+def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
+    """`logging.plot_every: 0` is accepted (the benchmarks' harness sets it) and draws no plot mid-run."""
+    from mmrl.train.tracking import Tracker
+    validate(parse_config({**TINY_RECIPE, "logging": {"plot_every": 0}}))
+    tracker = Tracker(tmp_path, ["none"], plot_every=0, config={})
+    tracker.log(1, {"reward_mean": 0.5})
+    assert not (tmp_path / "plots" / "rewards.png").exists()
+    tracker.close()
+    assert (tmp_path / "plots" / "rewards.png").is_file()

@@ -145,7 +145,7 @@ class LoggingConfig:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={"help": (
         "Where metrics go besides OUTPUT_DIR/metrics.jsonl: tensorboard, wandb, or none.")})
     plot_every: int = field(default=10, metadata={"help": (
-        "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: never).")})
+        "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: only once, when the run ends).")})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar on the main process."})
 
 

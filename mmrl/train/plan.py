@@ -42,10 +42,11 @@ _rule("algorithm.group_size", lambda v: v >= 2, "must be >= 2 (advantages compar
 
 _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_bad_steps eval.max_prompts "
       "eval.group_size warm_start.batch_size sampling.variance_window sampling.dynamic_max_tries "
-      "logging.plot_every save_total_limit algorithm.max_units", lambda v: v >= 1, "must be >= 1")
+      "save_total_limit algorithm.max_units", lambda v: v >= 1, "must be >= 1")
 
 
-_rule("optim.lr save_every eval.every warm_start.steps warm_start.warmup_steps optim.warmup_steps optim.lora.r seed algorithm.eps algorithm.eps_low "
+_rule("optim.lr save_every eval.every logging.plot_every warm_start.steps warm_start.warmup_steps optim.warmup_steps "
+      "optim.lora.r seed algorithm.eps algorithm.eps_low "
       "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
       lambda v: v >= 0, "must be >= 0")
 

@@ -1,0 +1,228 @@
+"""Smoke runs of the scripts in scripts/: each benchmark at tiny sizes and one or two steps, as a
+subprocess the way a user runs it, its report written to a temporary file (never to
+scripts/results/); the printed JSON must parse, match the file and hold the ratios the script
+promises, finite. TRL's contender runs where trl is installed (CI does not install it: there the
+scripts run with --no-trl); the vLLM engine of bench_rollout only in the vLLM venv (-m vllm)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+RESULTS = SCRIPTS / "results"
+HAS_TRL = importlib.util.find_spec("trl") is not None
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_trl = pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e '.[bench]')")
+TRL_OPTION = "--trl" if HAS_TRL else "--no-trl"
+
+
+def script_env() -> dict[str, str]:
+    """This checkout first on the path, before an installed copy."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_script(name: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / name), *options], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def bench(name: str, tmp_path: Path, *options: str) -> dict:
+    """Run scripts/NAME with `options` and `--json` into tmp_path; the report it printed (the JSON
+    from its first line that is `{`), checked against the one it wrote."""
+    path = tmp_path / f"{name}.json"
+    done = run_script(name, *options, "--json", str(path))
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    lines = done.stdout.splitlines()
+    assert "{" in lines, f"{name} printed no JSON report:\n{done.stdout[-2000:]}"
+    printed = json.loads("\n".join(lines[lines.index("{"):]))
+    assert json.loads(path.read_text()) == printed
+    return printed
+
+
+def assert_finite(report: dict, *keys: str) -> None:
+    """Each dotted key is in `report` and is a finite number."""
+    for key in keys:
+        value = report
+        for part in key.split("."):
+            assert part in value, f"{key}: {part!r} missing from {sorted(value)}"
+            value = value[part]
+        assert isinstance(value, (int, float)) and math.isfinite(value), f"{key} = {value!r}"
+
+
+@pytest.fixture(autouse=True)
+def committed_results_untouched():
+    """No smoke run writes to scripts/results/."""
+    def snapshot():
+        return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in RESULTS.iterdir()}
+    before = snapshot()
+    yield
+    assert snapshot() == before
+
+
+@pytest.fixture
+def scripts_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+
+ENGINE_SMOKE = ("--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4", "--prompts", "1", "--tokens", "8",
+                "--hidden", "32", "--layers", "1", "--threads", "1")
+
+
+@needs_trl
+def test_bench_engine_against_trl(tmp_path):
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--trl", "--no-rss")
+    assert_finite(report, "overhead_ratio", "trl_time_ratio", "trl_overhead_ratio", "median_step_s.trl")
+    assert "peak_rss_mb" not in report
+
+
+def test_bench_engine_without_trl(tmp_path):
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--no-trl", "--no-rss")
+    assert_finite(report, "overhead_ratio", "median_step_s.mmrl", "median_bare_step_s.beside_mmrl")
+    assert not {"trl_time_ratio", "trl_overhead_ratio", "peak_rss_mb"} & report.keys()
+
+
+@pytest.mark.slow
+def test_bench_engine_peak_rss(tmp_path):
+    """The peak-RSS pass: each contender once more alone in a process of its own (2-3 processes more)."""
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, TRL_OPTION, "--rss")
+    assert_finite(report, "peak_rss_mb.bare", "peak_rss_mb.mmrl", *(("trl_peak_rss_ratio",) if HAS_TRL else ()))
+
+
+def test_bench_vlm(tmp_path):
+    report = bench("bench_vlm.py", tmp_path, "--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4",
+                   "--prompts", "1", "--tokens", "8", "--image-size", "56", "--threads", "1", "--no-rss", TRL_OPTION)
+    assert report["setup"]["visual_tokens_per_image"] == 4
+    assert_finite(report, "rollout_speedup", "overhead_ratio",
+                  *(f"split_s.{run}.{phase}" for run in ("mmrl", "mmrl_no_share") for phase in ("rollout", "update")))
+    if HAS_TRL:
+        assert_finite(report, "trl_time_ratio", "trl_time_ratio_no_share", "trl_overhead_ratio",
+                      *(f"trl_phase_ratio.{phase}" for phase in ("rollout", "logprob", "update")))
+
+
+def test_bench_vlm_needs_two_steps():
+    done = run_script("bench_vlm.py", "--steps", "1")
+    assert done.returncode == 2 and "--steps 1" in done.stderr
+
+
+def test_bench_prefix(tmp_path):
+    report = bench("bench_prefix.py", tmp_path, "--group", "2", "--prefix", "16", "--completion", "4",
+                   "--repeats", "1", "--large-vocab", "128", "--sweep", "8", "--no-trl")
+    assert_finite(report, "time_ratio", "memory_ratio", "token_ratio", "large_vocab.time_ratio",
+                  "large_vocab.memory_ratio")
+    assert [row["prefix"] for row in report["sweep"]] == [8]
+    assert_finite(report["sweep"][0], "time_ratio")
+    assert "trl_step" not in report
+
+
+@pytest.mark.slow
+@needs_trl
+def test_bench_prefix_against_trl(tmp_path):
+    """The whole-step comparison starts four trainer processes at bench_engine's and bench_vlm's
+    fixed sizes (512-token prompts, 448-pixel images): about a minute, so slow."""
+    report = bench("bench_prefix.py", tmp_path, "--group", "2", "--prefix", "16", "--completion", "4",
+                   "--repeats", "1", "--large-vocab", "128", "--sweep", "--trl-steps", "2", "--trl-rounds", "1")
+    assert_finite(report, "trl_time_ratio_long_prefix", "trl_time_ratio_vlm")
+
+
+def test_bench_diffusion(tmp_path):
+    report = bench("bench_diffusion.py", tmp_path, "--layers", "1", "--steps", "2", "--group-size", "2",
+                   "--prompts", "1", "--repeats", "1", "--trained-steps", "1,2")
+    assert_finite(report, "rollout_overhead_ratio", "peak_activation_growth_per_step",
+                  "peak_activation_growth_one_backward")
+    assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
+
+
+def test_bench_dlm(tmp_path):
+    report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
+                   "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1")
+    assert_finite(report, "generation.vocab_100.speedup_vs_d1", "generation.vocab_128.speedup_vs_d1",
+                  *(f"estimators.{name}.time_ratio_to_diffu_grpo" for name in ("coupled", "elbo", "elbo_k8")))
+    assert report["setup"]["model"]["hidden"] == 32
+
+
+def test_bench_rewards(tmp_path):
+    from mmrl.rewards.latex_sandbox import tex_available
+    report = bench("bench_rewards.py", tmp_path, "--batch", "2", "--repeats", "1", "--workers", "2")
+    assert_finite(report, "wer_speedup")
+    assert ("latex_speedup" in report) == tex_available()
+    if tex_available():
+        assert_finite(report, "latex_speedup")
+
+
+ROLLOUT_SMOKE = ("--hidden", "64", "--heads", "1", "--layers", "1", "--prompts", "2", "--group", "2",
+                 "--max-new-tokens", "4", "--repeats", "1")
+
+
+def test_bench_rollout_hf(tmp_path):
+    report = bench("bench_rollout.py", tmp_path, "--engines", "hf", *ROLLOUT_SMOKE)
+    assert_finite(report, "hf.tokens_per_s", "hf.tokens_per_rollout")
+    assert "vllm" not in report and "vllm_vs_hf_tokens_per_s" not in report
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed")
+def test_bench_rollout_without_vllm_names_the_way_out():
+    done = run_script("bench_rollout.py", *ROLLOUT_SMOKE)
+    assert done.returncode == 2 and "--engines hf" in done.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed (scripts/make_vllm_env.sh)")
+def test_bench_rollout_vllm(tmp_path):
+    report = bench("bench_rollout.py", tmp_path, *ROLLOUT_SMOKE)
+    assert_finite(report, "vllm_vs_hf_tokens_per_s", "logp_diff_max", "logp_diff_mean", "vllm.tokens_per_s")
+
+
+def test_bench_sharding(tmp_path):
+    report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "--lm-hidden", "32", "--lm-layers", "1",
+                   "--no-sharded-rollouts")
+    assert_finite(report, "memory_ratio_lm", "time_ratio_lm", "lm_step_s.fsdp_gathered")
+    assert "memory_ratio_diffusion" not in report and "time_ratio_lm_sharded_rollouts" not in report
+
+
+@pytest.mark.slow
+def test_bench_sharding_diffusion_and_sharded_rollouts(tmp_path):
+    """The tiny SD3 case at its fixed size and FSDP with sharded rollouts: four more runs of 10-20 s."""
+    report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "diffusion", "--lm-hidden", "32", "--lm-layers", "1")
+    assert_finite(report, "memory_ratio_diffusion", "time_ratio_diffusion", "time_ratio_diffusion_sharded_rollouts",
+                  "time_ratio_lm_sharded_rollouts")
+
+
+def test_bench_sharding_needs_two_steps():
+    done = run_script("bench_sharding.py", "--steps", "1")
+    assert done.returncode == 2 and "--steps 1" in done.stderr
+
+
+def test_bench_report_prints_and_writes(tmp_path, capsys, scripts_importable):
+    from bench_report import emit
+    emit({"ratio": 1.5}, str(tmp_path / "report.json"))
+    assert json.loads(capsys.readouterr().out) == {"ratio": 1.5} == json.loads((tmp_path / "report.json").read_text())
+
+
+def test_require_trl_names_the_way_out(monkeypatch, scripts_importable):
+    from bench_harness import require_trl
+    monkeypatch.setitem(sys.modules, "trl", None)  # find_spec then finds no trl
+    require_trl(False)
+    with pytest.raises(SystemExit, match="--no-trl"):
+        require_trl(True)
+
+
+def test_make_vllm_env_checks_without_building(tmp_path):
+    script = str(SCRIPTS / "make_vllm_env.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and "TORCH_SOURCE" in shown.stdout
+    assert subprocess.run(["bash", script], capture_output=True, text=True).returncode == 2
+    refused = subprocess.run(["bash", script, str(tmp_path / "venv")], capture_output=True, text=True,
+                             env={**os.environ, "TORCH_SOURCE": "nightly"})
+    assert refused.returncode == 2 and "TORCH_SOURCE=nightly" in refused.stderr
+    assert not (tmp_path / "venv").exists()
