@@ -184,7 +184,7 @@ class DistributedConfig:
     """How the policy is spread over processes (docs/distributed.md). The same recipe runs under
     `torchrun` or `accelerate launch`, on GPUs or on CPU processes (gloo)."""
 
-    strategy: Literal["ddp", "fsdp", "zero3"] = field(default="ddp", metadata={"help": (
+    strategy: str = field(default="ddp", metadata={"choices": "mmrl.distributed:STRATEGIES", "help": (
         "ddp: every process holds the whole model and gradients are averaged (data parallel); fsdp: parameters, "
         "gradients and AdamW state are sharded over the processes (PyTorch FSDP2, fully_shard): each holds 1/N "
         "of them between layers; zero3: the same with DeepSpeed ZeRO stage 3 (pip install deepspeed; each "

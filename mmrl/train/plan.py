@@ -213,7 +213,8 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
     dist = cfg.distributed
     if dist.shard_modules is not None and not dist.shard_modules:
         problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
-    problems += STRATEGIES.get(dist.strategy).config_problems(cfg)
+    if _check_name(problems, STRATEGIES, "distributed.strategy", dist.strategy):
+        problems += STRATEGIES.get(dist.strategy).config_problems(cfg)
     vllm = cfg.policy.get("vllm") or {}
     tensor_parallel = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else 1
     if (cfg.policy.get("rollout_engine") == "vllm" and num_processes > 1 and isinstance(tensor_parallel, int)

@@ -59,7 +59,7 @@ class Trainer:
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         cfg = with_launcher_settings(cfg)  # `accelerate launch` with an FSDP or DeepSpeed config
-        self.strategy = build_strategy(cfg)
+        self.strategy = build_strategy(cfg)  # an unknown name: the registry's error, with the registered ones
         acc = self.accelerator = self.strategy.accelerator(accelerator)
         check_world_size(acc.num_processes)
         self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
