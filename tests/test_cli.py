@@ -52,7 +52,7 @@ def test_bad_key_is_a_clear_error(tmp_path):
 
 def test_user_reward_file_plugs_in(tmp_path):
     (tmp_path / "my_rewards.py").write_text(
-        "from rewards import register_reward\n\n"
+        "from mmrl import register_reward\n\n"
         "@register_reward('short_answer')\n"
         "def short_answer(prompts, completions, answer, **columns):\n"
         "    return [float(len(c) < 5) for c in completions]\n")
