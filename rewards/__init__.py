@@ -6,14 +6,17 @@ registers the built-ins: ``format``, ``accuracy``, ``length``.
 
 from mmrl.core.scoring import REWARDS, get_reward, register_reward
 
-from . import accuracy, format, length  # noqa: F401  (registration)
-
-from . import latex_render  # noqa: F401,E402  (registration)
-from . import iou  # noqa: F401,E402  (registration)
-from . import wer  # noqa: F401,E402  (registration)
-from . import t_grpo  # noqa: F401,E402  (registration)
-from . import length_bonus  # noqa: F401,E402  (registration)
-from . import colour_shape  # noqa: F401,E402  (registration)
-from . import clip  # noqa: F401,E402  (registration)
+from . import (  # noqa: F401  (registration)
+    accuracy,
+    clip,  # noqa: F401,E402  (registration)
+    colour_shape,  # noqa: F401,E402  (registration)
+    format,
+    iou,  # noqa: F401,E402  (registration)
+    latex_render,  # noqa: F401,E402  (registration)
+    length,
+    length_bonus,  # noqa: F401,E402  (registration)
+    t_grpo,  # noqa: F401,E402  (registration)
+    wer,  # noqa: F401,E402  (registration)
+)
 
 __all__ = ["REWARDS", "get_reward", "register_reward"]

@@ -45,8 +45,7 @@ from scipy.optimize import linear_sum_assignment
 
 from mmrl.core.scoring import register_reward
 
-from .box_frames import (COORDS, FRAMES, Box, check_coords, coords_extent, coords_scale, frame_extent, frame_scale, in_range,
-                         row_sizes, scale_boxes)
+from .box_frames import COORDS, FRAMES, Box, check_coords, coords_extent, coords_scale, frame_extent, frame_scale, in_range, row_sizes, scale_boxes
 from .box_parsing import raw_boxes, truth_boxes
 from .iou_presets import math_verify_equal, visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
 from .text import completion_text

@@ -20,7 +20,6 @@ import statistics
 import time
 
 import torch
-
 from bench_report import emit
 
 
@@ -126,8 +125,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    import tempfile
     import os
+    import tempfile
+
     from mmrl.tasks.diffusion.config import DiffusionConfig
     from mmrl.tasks.diffusion.policy import DiffusionPolicy
     policy = DiffusionPolicy(DiffusionConfig(

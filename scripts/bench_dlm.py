@@ -31,7 +31,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import emit  # noqa: E402
-
 from mmrl.tasks.dlm.generation import DecodeConfig, block_decode  # noqa: E402
 from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy  # noqa: E402
 

@@ -26,9 +26,22 @@ import string
 import tempfile
 import time
 
-from bench_harness import (add_contender_options, add_worker_options, compare, contenders, digit_share,
-                           group_advantages, mmrl_recipe, over_bare, policy_gradient_update, require_trl, timed_steps,
-                           trl_grpo_config, trl_step_timer, worker)
+from bench_harness import (
+    add_contender_options,
+    add_worker_options,
+    compare,
+    contenders,
+    digit_share,
+    group_advantages,
+    mmrl_recipe,
+    over_bare,
+    policy_gradient_update,
+    require_trl,
+    timed_steps,
+    trl_grpo_config,
+    trl_step_timer,
+    worker,
+)
 from bench_report import emit
 
 PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
@@ -101,8 +114,8 @@ def _prompt_file(args) -> str:
 
 def run_trl(args, bare: BareStep | None) -> tuple[list[float], list[float], list]:
     from datasets import Dataset
-    from trl import GRPOTrainer
     from mmrl.tasks.demos.tiny_models import qwen2_char
+    from trl import GRPOTrainer
     model, tok = qwen2_char(**model_args(args))
     times: list[float] = []
     floor: list[float] = []

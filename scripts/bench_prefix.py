@@ -36,14 +36,15 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_harness import compare as compare_steps, over_bare, require_trl  # noqa: E402
+from bench_harness import compare as compare_steps  # noqa: E402
+from bench_harness import over_bare, require_trl
 from bench_report import emit  # noqa: E402
 from bench_vlm import SIZE, split_of, visual_tokens  # noqa: E402
+from mmrl.tasks.demos.tiny_models import seeded_model  # noqa: E402
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
+from mmrl.tasks.lm.prefix_sharing import completion_lengths, prompt_groups, token_counts  # noqa: E402
 
 from mmrl.core.rollout import Rollout  # noqa: E402
-from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy  # noqa: E402
-from mmrl.tasks.demos.tiny_models import seeded_model  # noqa: E402
-from mmrl.tasks.lm.prefix_sharing import completion_lengths, prompt_groups, token_counts  # noqa: E402
 
 
 def group_batch(policy: CausalLMPolicy, prefix: int, group: int, completion: int, seed: int = 0) -> Rollout:

@@ -29,9 +29,23 @@ import statistics
 import tempfile
 import time
 
-from bench_harness import (PhaseTimer, add_contender_options, add_worker_options, compare, contenders, digit_share,
-                           group_advantages, mmrl_recipe, over_bare, policy_gradient_update, require_trl, timed_steps,
-                           trl_grpo_config, trl_step_timer, worker)
+from bench_harness import (
+    PhaseTimer,
+    add_contender_options,
+    add_worker_options,
+    compare,
+    contenders,
+    digit_share,
+    group_advantages,
+    mmrl_recipe,
+    over_bare,
+    policy_gradient_update,
+    require_trl,
+    timed_steps,
+    trl_grpo_config,
+    trl_step_timer,
+    worker,
+)
 from bench_report import emit
 
 SIZE = 448  # default image side in pixels: (448 / 14)^2 patches, merged 2 x 2 -> 256 visual tokens
@@ -137,8 +151,8 @@ def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], 
 
 def run_trl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     from datasets import Dataset
-    from trl import GRPOTrainer
     from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
+    from trl import GRPOTrainer
     model, processor = qwen25_vl_char(**model_args(args.image_size))
     rows = shape_data(args.prompts * 4, args.image_size)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "image": r["image"]}

@@ -10,8 +10,12 @@ from pathlib import Path
 
 from mmrl.registry import RECIPES
 
-from . import diffusion, dlm, lm  # noqa: F401  (registration)
-from . import demos  # noqa: F401  (registration; builds on the adapters above)
+from . import (  # noqa: F401  (registration)
+    demos,  # noqa: F401  (registration; builds on the adapters above)
+    diffusion,
+    dlm,
+    lm,
+)
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):

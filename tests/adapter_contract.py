@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
+
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
 

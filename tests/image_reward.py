@@ -2,7 +2,6 @@
 continuously between a random model's samples."""
 
 import numpy as np
-
 from mmrl.rewards import register_reward
 
 

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_distributed import free_port
 
 HERE = Path(__file__).parent

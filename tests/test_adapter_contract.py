@@ -1,8 +1,8 @@
 """Every registered adapter runs the shared contract (tests/adapter_contract.py) on a tiny model."""
 
 import torch
-
 from adapter_contract import AdapterContract
+
 from mmrl.registry import ADAPTERS
 
 

@@ -7,9 +7,9 @@ import statistics
 import pytest
 import torch
 
-from mmrl.core.estimators import (ADVANTAGE_ESTIMATORS, AdvantageOptions, dr_grpo, grpo, median, ngrpo, pairwise, rloo, step)
-from mmrl.core.advantages import compute_advantages, group_variance_mask, weighted_total
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.core.advantages import compute_advantages, group_variance_mask, weighted_total
+from mmrl.core.estimators import ADVANTAGE_ESTIMATORS, AdvantageOptions, dr_grpo, grpo, median, ngrpo, pairwise, rloo, step
 
 NAN = float("nan")
 EPS = 1e-4

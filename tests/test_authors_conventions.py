@@ -8,8 +8,6 @@ import random
 
 import pytest
 import torch
-
-from mmrl.config.parse import load_recipe
 from mmrl.tasks.diffusion.samplers import (
     SAMPLERS,
     cps_authors_logprob,
@@ -18,6 +16,8 @@ from mmrl.tasks.diffusion.samplers import (
     gaussian_mean_kl,
 )
 from mmrl.tasks.diffusion.turning_point import step_rewards
+
+from mmrl.config.parse import load_recipe
 
 
 def _sign(x: float) -> float:

@@ -4,8 +4,8 @@ with group ids, then they are dropped; data-set columns reach groups of any size
 import pytest
 import torch
 
-from mmrl.core.scoring import score_rollout
 from mmrl.core.rollout import Rollout
+from mmrl.core.scoring import score_rollout
 
 
 def rollout(group_id, auxiliary):

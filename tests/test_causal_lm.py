@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.token_logprobs import selective_log_softmax
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import yaml
-
 from helpers import TINY_RECIPE
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -14,8 +14,8 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.cli import commands
 from mmrl.cli import main as cli
-from mmrl.config.recipes import resolve_recipe
 from mmrl.config.parse import parse_config
+from mmrl.config.recipes import resolve_recipe
 from mmrl.train.trainer import Trainer
 
 

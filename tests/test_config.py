@@ -52,12 +52,12 @@ def test_overrides_do_not_mutate_the_loaded_mapping():
 def test_shipped_recipes_parse():
     """Every shipped recipe parses, and every name in it resolves: the adapter (whose Config takes
     the policy section), the rewards, the estimator, objective, aggregation and KL estimator."""
-    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
     from mmrl.config.parse import from_dict
+    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
     from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
     from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
-    from mmrl.registry import ADAPTERS, RECIPES
     from mmrl.core.scoring import REWARDS
+    from mmrl.registry import ADAPTERS, RECIPES
     names = RECIPES.names()
     assert {"text_demo", "grounding", "t2i_demo", "dlm_demo"} <= set(names)
     for name in names:

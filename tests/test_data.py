@@ -7,18 +7,18 @@ import logging
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from mmrl.config.sections import DataConfig
-from mmrl.config.parse import parse_config
-from mmrl.data import DataError, load_data, reward_columns_needed
-from mmrl.data.chat import split_conversation, split_placeholders
-from mmrl.data.sources import open_source
-from mmrl.core.scoring import ColumnBoundReward, bind_reward
 from mmrl.tasks.lm.audio_lm import check_audio, load_audio
 from mmrl.tasks.lm.multimodal import place_media
 from mmrl.tasks.lm.video_clips import check_video
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy, check_image, load_image
+from PIL import Image
+
+from mmrl.config.parse import parse_config
+from mmrl.config.sections import DataConfig
+from mmrl.core.scoring import ColumnBoundReward, bind_reward
+from mmrl.data import DataError, load_data, reward_columns_needed
+from mmrl.data.chat import split_conversation, split_placeholders
+from mmrl.data.sources import open_source
 
 ROWS = [{"prompt": f"q{i}", "answer": str(i), "n": i} for i in range(5)]
 

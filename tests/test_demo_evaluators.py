@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-
-from mmrl.train.demo import run_scored
-from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
 from mmrl.rewards.latex_sandbox import tex_available
 from mmrl.tasks.demos.evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
+
+from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
+from mmrl.train.demo import run_scored
 
 TINY = ["max_steps=2", "warm_start.steps=20", "warm_start.batch_size=8", "eval.max_prompts=6",
         "eval.group_size=3", "optim.prompts_per_step=2", "optim.micro_batch_size=8", "algorithm.group_size=2",
@@ -75,9 +75,8 @@ def test_sample_files_keep_audio_and_video_clips_exactly(tmp_path):
     the clip that was scored."""
     import numpy as np
     import soundfile
-    from PIL import Image
-
     from mmrl.tasks.demos.samples import write_samples
+    from PIL import Image
     rng = np.random.default_rng(0)
     audio = rng.uniform(-1, 1, 800).astype(np.float32)
     frames = rng.integers(0, 256, (3, 8, 10, 3), dtype=np.uint8)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import on_policy_step_changes
-from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
 from mmrl.tasks.diffusion.schedule import StepSchedule
+
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 
 SIZE = 32
 FAMILIES = {"sd3": ("tiny:sd3", "flow_sde", True), "flux": ("tiny:flux", "flow_sde", False),
@@ -292,8 +292,9 @@ def test_turning_point_rewards_reach_the_step_estimator(tmp_path):
 
 
 def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
-    from mmrl.core.objectives import grouped_log_ratio
     from mmrl.tasks.diffusion.chunks import calibrate_chunks, chunk_sizes, relative_l1_change
+
+    from mmrl.core.objectives import grouped_log_ratio
     # a hand-made trajectory: x_k = 1, 2, 4, 5, 6 (one latent dim): changes 1, 1, 0.25, 0.2
     traj = torch.tensor([[1.0, 2.0, 4.0, 5.0, 6.0]])[..., None]
     change = relative_l1_change(traj)
@@ -363,8 +364,8 @@ def test_pixel_pipelines_roll_out_on_policy_and_load_back_from_their_directory(m
     """The demo's pixel-space pipelines (an MMDiT or a UNet denoiser): the sampler's log-probs are
     the training forward's, a group's images depend on its seed only, the warm start's flow
     loss trains the denoiser, and a saved pipeline loads back as `policy.model: path`."""
-    from mmrl.tasks.diffusion.loading import load_pipeline
     from mmrl.tasks.demos.synthetic.colour_shapes import colour_shapes
+    from mmrl.tasks.diffusion.loading import load_pipeline
     cfg = dict(height=16, width=16, num_steps=4, eval_num_steps=4, classifier_free_guidance=False, cfg_dropout=0.0,
                sampler="dance", noise_level=0.3)
     policy = DiffusionPolicy(DiffusionConfig(model=model, **cfg))

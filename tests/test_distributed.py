@@ -9,9 +9,8 @@ import sys
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from helpers import TINY_RECIPE
+from safetensors.torch import load_file
 
 
 def free_port() -> int:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
 from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
 from mmrl.tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
 from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
+
+from mmrl.config.parse import parse_config
+from mmrl.train.trainer import Trainer
 
 PROMPTS = ["12+34=", "5+6="]
 

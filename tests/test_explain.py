@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 
 from mmrl.cli.main import main
+from mmrl.config.help import allowed_values, config_classes, explain
 from mmrl.config.parse import ConfigError
 from mmrl.config.sections import TrainConfig
-from mmrl.config.help import allowed_values, config_classes, explain
 from mmrl.registry import ADAPTERS
 
 

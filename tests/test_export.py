@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 from helpers import TINY_RECIPE
+from mmrl.tasks.model_loading import TINY_MODELS
 from PIL import Image
 from test_diffusion import RECIPE as DIFFUSION_RECIPE
 from test_diffusion import SIZE
 from test_diffusion import make as make_diffusion
 from test_vlm import RECIPE as VLM_RECIPE
 
-from mmrl.train.checkpoint import latest_checkpoint
 from mmrl.cli.main import main
 from mmrl.config.parse import parse_config
+from mmrl.train.checkpoint import latest_checkpoint
 from mmrl.train.trainer import Trainer
-from mmrl.tasks.model_loading import TINY_MODELS
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
 

@@ -2,7 +2,6 @@
 presets against hand references of those repositories' rules."""
 
 import pytest
-
 from mmrl.rewards.iou import iou_reward
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import mmrl.tasks
+import pytest
 
 TASKS = Path(mmrl.tasks.__file__).parent
 DEMOS = "mmrl.tasks.demos"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mmrl.config.algorithm import AlgorithmConfig
-from mmrl.core.objectives import (AGGREGATIONS, grouped_log_ratio, policy_loss, ratio_segments, weighted_likelihood_loss)
-from mmrl.core.regularisers import (KL_ESTIMATORS, REGULARISERS, Regulariser, closed_form_kl, reference_pass, regulariser_needs)
+from mmrl.core.objectives import AGGREGATIONS, grouped_log_ratio, policy_loss, ratio_segments, weighted_likelihood_loss
+from mmrl.core.regularisers import KL_ESTIMATORS, REGULARISERS, Regulariser, closed_form_kl, reference_pass, regulariser_needs
 
 LOGP = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]]
 OLD = [[-1.1, -1.5, -0.5], [-0.9, -1.2, -2.0]]

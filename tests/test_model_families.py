@@ -14,14 +14,14 @@ import pytest
 import soundfile
 import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
+from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
+from mmrl.tasks.lm.prefix_sharing import unsupported_reason
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 from PIL import Image
 from test_video import write_clip
 
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
-from mmrl.tasks.lm.prefix_sharing import unsupported_reason
-from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}
@@ -152,10 +152,9 @@ def test_streaming_and_a_training_step(name, tmp_path):
 def test_the_thinker_of_a_whole_omni_checkpoint_loads(tmp_path):
     """A Qwen2.5-Omni checkpoint (config with thinker and talker, weights under `thinker.`) loads
     as its thinker in `audio_lm`, with the weights it was saved with."""
+    from mmrl.tasks.model_loading import TINY_MODELS
     from safetensors.torch import save_file
     from transformers import Qwen2_5OmniConfig
-
-    from mmrl.tasks.model_loading import TINY_MODELS
     thinker, processor = TINY_MODELS.get("qwen2.5-omni-thinker-char")(**SHORT_AUDIO)
     config = Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict())
     config.architectures = ["Qwen2_5OmniForConditionalGeneration"]

@@ -8,18 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
-
 from helpers import TINY_RECIPE, assert_grads_close, streamed_grads, tiny_overrides
-from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
-from mmrl.train.parts import build_policy
+from mmrl.tasks.demos.tiny_models import seeded_model
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.prefix_sharing import SharedLayout, prompt_groups, unsupported_reason, worth_sharing
-from mmrl.tasks.demos.tiny_models import seeded_model
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
+from PIL import Image
+from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
+
+from mmrl.config.parse import parse_config
+from mmrl.train.parts import build_policy
+from mmrl.train.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 TOL = 1e-5

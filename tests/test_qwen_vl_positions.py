@@ -5,10 +5,9 @@ import copy
 
 import pytest
 import torch
-
-from mmrl.tasks.model_loading import load_tiny
 from mmrl.tasks.lm.qwen_vl_positions import released_rope_index, use_released_positions
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
+from mmrl.tasks.model_loading import load_tiny
 
 
 @pytest.fixture(scope="module")

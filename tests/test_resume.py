@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from helpers import TINY_RECIPE
+from safetensors.torch import load_file
 
 TIMING = ("time_rollout_s", "time_update_s")
 

@@ -7,8 +7,8 @@ import statistics
 import pytest
 import torch
 
-from mmrl.core.advantages import check_reward_combine, combined_total, compute_advantages
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.core.advantages import check_reward_combine, combined_total, compute_advantages
 
 NAN = float("nan")
 EPS = 1e-4

@@ -4,13 +4,13 @@ import math
 import uuid
 
 import pytest
-
-from mmrl.core.scoring import RewardError, compute_rewards, register_reward
 from mmrl.rewards import REWARDS, get_reward
 from mmrl.rewards.accuracy import accuracy_reward, choice_letter, parse_number
 from mmrl.rewards.format import format_reward
 from mmrl.rewards.length import length_reward
 from mmrl.rewards.text import completion_text, extract_answer
+
+from mmrl.core.scoring import RewardError, compute_rewards, register_reward
 
 
 def chat(text):

@@ -4,9 +4,8 @@ import json
 
 import pytest
 import torch
-from PIL import Image
-
 from mmrl.rewards.clip import AestheticHead, aesthetic, clip_score, image_embeddings, load_clip
+from PIL import Image
 
 TINY = {"embed_dim": 16,
         "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
@@ -60,9 +59,9 @@ def test_aesthetic_linear_and_mlp_heads(tiny, tmp_path):
 
 
 def test_pickscore_from_a_local_clip_model(tmp_path):
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     from mmrl.rewards.clip import pickscore
     from mmrl.tasks.demos.tiny_models import char_tokenizer
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     tok = char_tokenizer()
     tok.padding_side = "right"  # as CLIP tokenizers pad
     config = CLIPConfig(text_config={"vocab_size": len(tok), "hidden_size": 16, "intermediate_size": 32,

@@ -4,10 +4,9 @@ import random
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
-
 from mmrl.rewards.colour_shape import colour_shape, colour_shape_score, inscribed_ellipse
 from mmrl.tasks.demos.synthetic.colour_shapes import BACKGROUND, COLOURS, draw_shape
+from PIL import Image, ImageDraw
 
 
 def test_targets_score_high_and_hacks_score_low():

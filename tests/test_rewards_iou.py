@@ -7,12 +7,11 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from mmrl.core.scoring import compute_rewards, metric_logger
 from mmrl.rewards import get_reward
 from mmrl.rewards.box_parsing import STYLES, format_boxes, parse_boxes
 from mmrl.rewards.iou import box_iou, iou_reward, match_boxes
 
+from mmrl.core.scoring import compute_rewards, metric_logger
 
 # --- IoU and matching ----------------------------------------------------------------------------
 

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 import pytest
-
 from mmrl.rewards import get_reward
-from mmrl.core.scoring import metric_logger
 from mmrl.rewards.latex_render import cw_ssim, ssim, teds, token_similarity
 from mmrl.rewards.latex_sandbox import compile_latex, tex_available
+
+from mmrl.core.scoring import metric_logger
 
 needs_tex = pytest.mark.skipif(not tex_available(), reason="latex and dvipng are not installed")
 FORMULA = r"\frac{a+b}{\sqrt{c}} = x^{2}"

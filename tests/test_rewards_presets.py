@@ -5,11 +5,11 @@ src/open-r1-multimodal/src/open_r1/grpo_jsonl.py)."""
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 import mmrl.rewards  # noqa: F401  (registration)
-from mmrl.core.scoring import get_reward
+import pytest
 from mmrl.rewards.reasoner_presets import extract_choice, levenshtein_ratio, word_error_rate
+
+from mmrl.core.scoring import get_reward
 
 accuracy, fmt = get_reward("accuracy"), get_reward("format")
 

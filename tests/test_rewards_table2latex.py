@@ -4,14 +4,13 @@ plugin's steps: the grid, the structure TEDS, their CW-SSIM, and the format / ac
 import shutil
 import subprocess
 
+import mmrl.rewards  # noqa: F401  (registration)
 import numpy as np
 import pytest
-
-import mmrl.rewards  # noqa: F401  (registration)
-from mmrl.core.scoring import get_reward
 from mmrl.rewards import latex_sandbox as S
 from mmrl.rewards import table2latex_rl as T
-from mmrl.core.scoring import metric_logger
+
+from mmrl.core.scoring import get_reward, metric_logger
 
 ROW = r"\begin{tabular}{cccc} a & b & c & d \\ \end{tabular}"
 TWO_ROWS = r"\begin{tabular}{cc}\hline a & b \\ c & d \\ \hline \end{tabular}"

@@ -5,7 +5,6 @@ import functools
 import random
 
 import pytest
-
 from mmrl.rewards.teds import Node, latex_table_tree, rename_cost, teds, tree_edit_distance
 
 

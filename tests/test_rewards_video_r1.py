@@ -4,7 +4,6 @@ hand-written references of the authors' rules (src/r1-v/src/open_r1/trainer/grpo
 from fractions import Fraction
 
 import pytest
-
 from mmrl.rewards.length_bonus import length_bonus_reward
 from mmrl.rewards.t_grpo import t_grpo_reward
 

@@ -1,16 +1,14 @@
 """WER / CER rewards against hand-computed error rates, and the Whisper `asr_wer` pipeline with a
 tiny random Whisper built in memory (no download)."""
 
+import mmrl.rewards  # noqa: F401  (registration)
 import numpy as np
 import pytest
 import torch
-
-import mmrl.rewards  # noqa: F401  (registration)
-from mmrl.core.scoring import get_reward
 from mmrl.rewards import wer as W
-from mmrl.rewards.wer import (char_error_rate, normalize_transcript, number_to_words, resample,
-                         word_error_rate)
+from mmrl.rewards.wer import char_error_rate, normalize_transcript, number_to_words, resample, word_error_rate
 
+from mmrl.core.scoring import get_reward
 
 # -- error rates ---------------------------------------------------------------------------------
 
@@ -99,8 +97,7 @@ SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>"
 
 def _tiny_whisper():
     from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import (WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
-                              WhisperProcessor, WhisperTokenizer)
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
     vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}  # byte-level BPE, no merges
     tok = WhisperTokenizer(vocab=vocab, merges=[])

@@ -2,10 +2,10 @@
 joining rollouts of different widths, scoring only the used columns."""
 
 import torch
-
-from mmrl.core.rollout import Rollout
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.rollout_batches import concat_padded, first_eos_ends, full_width, units_before, used_width
+
+from mmrl.core.rollout import Rollout
 
 EOS, PAD = 2, 0
 

@@ -9,15 +9,15 @@ import math
 
 import pytest
 import torch
-
 from helpers import TINY_RECIPE
+from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+
 from mmrl.config.algorithm import AlgorithmConfig
 from mmrl.config.parse import parse_config
-from mmrl.errors import UserError
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout_correction import importance_weights, mismatch_metrics, mismatch_sums
+from mmrl.errors import UserError
 from mmrl.train.trainer import Trainer
-from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 
 TINY = {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 6}
 

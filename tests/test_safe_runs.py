@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers import TINY_RECIPE, tiny_overrides
 
-from mmrl.train import checkpoint as ckpt
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
+from mmrl.train import checkpoint as ckpt
 from mmrl.train.tracking import read_metrics
 from mmrl.train.trainer import NonFiniteError, Trainer
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmrl.config.sections import SamplingConfig
-from mmrl.data.sampler import PromptSampler, curriculum_order
 from mmrl.core.seeding import derive_seed
+from mmrl.data.sampler import PromptSampler, curriculum_order
 
 ROWS = [{"prompt": str(i), "difficulty": (i * 7) % 5} for i in range(10)]  # 0,2,4,1,3,0,2,4,1,3
 VARIANCE = SamplingConfig(strategy="variance")
@@ -186,6 +186,7 @@ def test_state_dict_round_trip_gives_the_same_draws(cfg):
 
 def test_trainer_feeds_the_named_reward_to_the_variance_sampler(tmp_path):
     from helpers import TINY_RECIPE, tiny_overrides
+
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
     recipe = dict(TINY_RECIPE, sampling={"strategy": "variance", "variance_reward": "digits"})

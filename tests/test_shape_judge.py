@@ -4,7 +4,6 @@ it tells circles from squares and the four colours apart on held-out clean image
 import random
 
 import pytest
-
 from mmrl.tasks.demos.shape_judge import COLOUR_NAMES, labelled_images, shape_colour_match, train_judge
 from mmrl.tasks.demos.synthetic.colour_shapes import SHAPES, draw_shape
 

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
 from helpers import TINY_RECIPE
+from safetensors.torch import load_file
 from test_distributed import free_port
 
 HERE = Path(__file__).parent

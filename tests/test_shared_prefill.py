@@ -5,11 +5,10 @@ audio tiny models, with prompts of different lengths and images of different siz
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
+from PIL import Image
 
 RNG = np.random.default_rng(0)
 

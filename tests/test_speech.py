@@ -5,7 +5,6 @@ import random
 
 import numpy as np
 import pytest
-
 from mmrl.tasks.demos.synthetic.spoken_words import RATE, WORDS, spoken_words, utterance
 
 

@@ -215,8 +215,8 @@ def test_staged_run_is_the_same_on_one_and_two_processes(tmp_path):
                           "stages.1.data.args.n_train=8", "algorithm.group_size=2"], [20, 20]),
 ])
 def test_stage_recipes_run_on_cpu(tmp_path, name, overrides, lengths):
-    from mmrl.config.recipes import resolve_recipe
     from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
     from mmrl.train.trainer import Trainer
     small = ["max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2", "logging.report_to=[none]",
              "logging.progress=false", f"output_dir={tmp_path}"]

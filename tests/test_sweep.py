@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import main as cli
-from mmrl.errors import UserError
 from mmrl.config.parse import load_recipe
+from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES
 from mmrl.train.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
 from mmrl.train.sweep_report import write_reports

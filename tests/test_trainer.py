@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from helpers import TINY_RECIPE, tiny_overrides
+
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.scoring import RewardError, register_reward
 from mmrl.train.trainer import Trainer

@@ -10,14 +10,14 @@ import av
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
-from mmrl.core.scoring import metric_logger
 from mmrl.rewards.t_grpo import t_grpo_reward
 from mmrl.tasks.lm.video_clips import load_video, sample_indices
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
+
+from mmrl.config.parse import parse_config
+from mmrl.core.scoring import metric_logger
+from mmrl.train.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}

@@ -2,10 +2,10 @@
 without vLLM support are refused, and a missing vLLM names how to install it. (The engine itself
 is tested in tests/test_vllm.py, in the venv of scripts/make_vllm_env.sh.)"""
 
+import mmrl.tasks.lm.vllm_engine as vllm_engine
 import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
-import mmrl.tasks.lm.vllm_engine as vllm_engine
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.trainer import Trainer
 
@@ -75,7 +75,6 @@ def test_vllm_under_fsdp_is_accepted_but_an_engine_cannot_span_processes(tmp_pat
 def test_a_prompt_with_more_media_than_vllm_plans_for_is_refused_naming_the_setting():
     """Checked on the prompts sent to vLLM, before the engine sees them (no vLLM needed)."""
     import numpy as np
-
     from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
     policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", vllm=vllm_engine.VLLMConfig(max_videos_per_prompt=0)))
     row = {"prompt": "which way?", "video": np.zeros((4, 28, 28, 3), np.uint8)}

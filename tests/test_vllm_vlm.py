@@ -19,11 +19,12 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 import vllm_without_torchvision  # noqa: E402
+from mmrl.tasks.demos.synthetic.moving_dot import moving_dot  # noqa: E402
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy  # noqa: E402
+
 from mmrl.config.parse import parse_config  # noqa: E402
 from mmrl.train.tracking import read_metrics  # noqa: E402
 from mmrl.train.trainer import Trainer  # noqa: E402
-from mmrl.tasks.demos.synthetic.moving_dot import moving_dot  # noqa: E402
-from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy  # noqa: E402
 
 vllm_without_torchvision.apply()
 

@@ -4,12 +4,12 @@ different sizes, exact on-policy log-probs, streaming, a training step, broken i
 import numpy as np
 import pytest
 import torch
+from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
+from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 from PIL import Image
 
-from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 from mmrl.config.parse import parse_config
 from mmrl.train.trainer import Trainer
-from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 RNG = np.random.default_rng(0)
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from mmrl.distributed import zero3 as zero
-from mmrl.config.parse import ConfigError, load_recipe
-from mmrl.train.plan import validate
 from test_distributed import free_port
 from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, check_resumes_exactly_after_kill_9, exported, launch, write
+
+from mmrl.config.parse import ConfigError, load_recipe
+from mmrl.distributed import zero3 as zero
+from mmrl.train.plan import validate
 
 needs_deepspeed = pytest.mark.skipif(not zero.available(), reason="DeepSpeed is not installed (pip install deepspeed)")
 ZERO3 = "distributed.strategy=zero3"

@@ -21,7 +21,6 @@ import traceback
 from mmrl.errors import is_user_error, message
 from mmrl.registry import shipped_demos, shipped_recipes
 
-
 # command -> (module, function(args) -> exit code); the module is imported only to run the command
 DISPATCH = {
     "train": ("mmrl.cli.commands", "run_train"),

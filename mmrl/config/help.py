@@ -19,6 +19,7 @@ from typing import Any, Iterator, Literal
 
 from mmrl.config.parse import ConfigError
 from mmrl.config.sections import TrainConfig
+from mmrl.registry import ADAPTERS
 
 DEFAULT_TASK = TrainConfig.task
 
@@ -62,7 +63,6 @@ def type_name(tp: Any) -> str:
 
 def policy_config(task: str) -> type:
     """The `Config` dataclass of the registered adapter `task`."""
-    from mmrl.registry import ADAPTERS
     return ADAPTERS.get(task).Config
 
 

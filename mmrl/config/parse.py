@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from mmrl.errors import MissingFileError, UserError
 from mmrl.config.sections import TrainConfig
+from mmrl.errors import MissingFileError, UserError
 
 
 class ConfigError(UserError, ValueError):

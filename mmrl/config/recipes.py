@@ -7,7 +7,10 @@ import difflib
 from pathlib import Path
 
 from mmrl.errors import UserError
-from mmrl.registry import shipped_recipes
+from mmrl.registry import (
+    RECIPES,  # a third-party plugin may register recipes in code
+    shipped_recipes,
+)
 
 
 def resolve_recipe(name_or_path: str) -> Path:
@@ -21,7 +24,6 @@ def resolve_recipe(name_or_path: str) -> Path:
     shipped = shipped_recipes()
     if name_or_path in shipped:
         return shipped[name_or_path]
-    from mmrl.registry import RECIPES  # a third-party plugin may register recipes in code
     if name_or_path in RECIPES:
         return Path(RECIPES.get(name_or_path))
     close = difflib.get_close_matches(name_or_path, list(shipped), n=1)

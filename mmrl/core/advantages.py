@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
 from mmrl.core.estimators import ADVANTAGE_ESTIMATORS, AdvantageOptions, group_index
 
 

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from mmrl.config.algorithm import AlgorithmConfig
-from mmrl.registry import Registry
 from mmrl.core.regularisers import TermInputs, add_regularisers
+from mmrl.registry import Registry
 
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mmrl.config.parse import parse_config
 from mmrl.errors import MissingFileError, UserError
+from mmrl.registry import load_plugins
+from mmrl.train.parts import build_policy
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -40,9 +43,6 @@ def merge_lora(checkpoint: str | Path, out: str | Path) -> Path:
         raise UserError(f"--merge {out}: the directory exists and is not empty")
     from peft import PeftModel
 
-    from mmrl.config.parse import parse_config
-    from mmrl.registry import load_plugins
-    from mmrl.train.parts import build_policy
     load_plugins()
     cfg = parse_config(json.loads(run_config_of(checkpoint).read_text()))
     policy = build_policy(cfg)

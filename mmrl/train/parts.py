@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmrl.config.parse import from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import check_reward_combine
 from mmrl.core.policy import Policy
@@ -65,7 +66,6 @@ def build_policy(cfg: TrainConfig, policy_cfg: Any = None) -> Policy:
     """The adapter of `cfg.task` built from its typed ``policy:`` section (typed here if not given)."""
     adapter = ADAPTERS.get(cfg.task)
     if policy_cfg is None:
-        from mmrl.config.parse import from_dict
         policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
     return adapter(policy_cfg)
 

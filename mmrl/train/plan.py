@@ -23,10 +23,14 @@ from typing import Any
 
 from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
-from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
+from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
+from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
+from mmrl.core.scoring import REWARDS
 from mmrl.distributed import STRATEGIES
+from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.train.stages import StagePlan
-
+from mmrl.train.tracking import REPORTERS
 
 # dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {}
@@ -129,7 +133,6 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
 
 
 def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
-    from mmrl.core.scoring import REWARDS
     if not cfg.rewards:
         problems.append("rewards: name at least one reward (`mmrl list` shows the registered ones)")
     for name, spec in cfg.rewards.items():
@@ -149,9 +152,6 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
 
 
 def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
-    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
-    from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
-    from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     algo = cfg.algorithm
     _check_name(problems, ADVANTAGE_ESTIMATORS, "algorithm.estimator", algo.estimator)
     _check_name(problems, OBJECTIVES, "algorithm.objective", algo.objective)
@@ -192,7 +192,6 @@ def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int) -> St
 
 
 def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
-    from mmrl.train.tracking import REPORTERS
     data = cfg.data
     if (data.name is None) == (data.path is None):
         problems.append(f"data: give exactly one of data.name (a registered data set) or data.path "

@@ -33,6 +33,7 @@ from mmrl.core.advantages import check_reward_combine
 from mmrl.core.seeding import derive_seed
 from mmrl.registry import ADAPTERS, DATASETS, load_plugins
 
+
 def _stage_fields() -> dict[str, tuple[str, ...]]:
     """Section -> the engine fields a stage may change (marked ``"stage": True`` in their metadata)."""
     recipe, out = TrainConfig(), {}

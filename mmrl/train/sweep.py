@@ -36,9 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmrl.config.parse import load_recipe, to_dict
+from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
+from mmrl.registry import DEMOS, RECIPES, load_plugins
+from mmrl.train.demo import run_scored
 from mmrl.train.sweep_report import read_summary, write_reports
-
 
 WARM_DIR = "warm_starts"
 
@@ -121,8 +124,6 @@ def plan(grid_cells: list[tuple[str, ...]], seeds: int) -> list[Run]:
 
 
 def recipe_of(target: str):
-    from mmrl.config.recipes import resolve_recipe
-    from mmrl.registry import DEMOS, RECIPES, load_plugins
     load_plugins()
     if target in DEMOS.names():
         return RECIPES.get(DEMOS.get(target))
@@ -136,7 +137,6 @@ def run_overrides(common: list[str], run: Run, run_dir: Path) -> list[str]:
 
 # ----- the cached warm start (inside a run's process) -------------------------------------------
 def warm_key(cfg, ignores: list[str]) -> str:
-    from mmrl.config.parse import to_dict
     full = to_dict(cfg)
     picked: dict = {}
     for key in WARM_START_KEYS:
@@ -194,7 +194,6 @@ def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
 
 
 def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) -> None:
-    from mmrl.train.demo import run_scored
     run_scored(recipe_of(target), overrides, target, cached_warm_start(cache, ignores))
 
 
@@ -203,7 +202,6 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
           parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
           say: Callable[[str], None] = print, cell_items: list[str] = ()) -> int:
     """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed."""
-    from mmrl.config.parse import load_recipe
     if seeds < 1 or parallel < 1:
         raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
     if not grid_items and not cell_items:

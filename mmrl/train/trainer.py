@@ -18,8 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from mmrl.config.sections import TrainConfig
 from mmrl.config.parse import to_dict
+from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.distributed import build_strategy
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
+from mmrl.core.advantages import row_magnitude
 from mmrl.core.objectives import ratio_segments
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import closed_form_kl, metric_names, reference_pass, regulariser_needs
@@ -47,7 +48,6 @@ class PolicyUpdate:
         """Row indices of each micro-batch. Rows without gradient (zero advantage, and no active
         regulariser that needs every row) are skipped; every process runs the same number of micro-batches (padded
         with empty ones) so gradient synchronisation lines up."""
-        from mmrl.core.advantages import row_magnitude
         active = batch.row_mask.clone()
         if not regulariser_needs(self.cfg.algorithm, "all_rows"):
             active &= row_magnitude(batch.advantages) > 0

@@ -20,13 +20,13 @@ from __future__ import annotations
 import re
 
 import numpy as np
-
-from mmrl.train.evaluation import Evaluator
 from mmrl.rewards.box_parsing import parse_boxes
 from mmrl.rewards.iou import box_iou
 from mmrl.rewards.latex_render import extract_latex
 from mmrl.rewards.latex_sandbox import compile_latex, tex_available
 from mmrl.rewards.text import completion_text, extract_answer
+
+from mmrl.train.evaluation import Evaluator
 
 
 def _same(a: str, b: str) -> bool:

@@ -9,8 +9,9 @@ here); everything else loads with ``from_pretrained(name_or_local_path)``.
 from __future__ import annotations
 
 import string
+
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from ..dlm.policy import make_bidirectional

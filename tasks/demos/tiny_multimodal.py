@@ -26,8 +26,7 @@ def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hid
     """A Qwen2.5-VL (1-layer vision tower, `layers`-layer text model over characters) with its
     processor: Qwen's image processor and a chat template with the vision tokens. A small
     `rope_theta` lets a tiny model tell its few visual tokens apart."""
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
-                              Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     tokenizer = char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIALS})
     tokenizer.chat_template = QWEN_VL_TEMPLATE
@@ -66,8 +65,7 @@ def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hi
     with its processor: Whisper's 128-mel feature extractor and a chat template with audio slots.
     Clips are padded to `max_seconds` (Whisper's 30 by default); the encoder runs over all of it,
     so short clips train several times faster with a small window."""
-    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
-                              WhisperFeatureExtractor)
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor, WhisperFeatureExtractor
     tokenizer = char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN_AUDIO_SPECIALS})
     tokenizer.chat_template = QWEN_AUDIO_TEMPLATE
@@ -89,8 +87,7 @@ def qwen2_audio_char(hidden: int = 64, layers: int = 2, heads: int = 4, audio_hi
 def qwen2_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32,
                   rope_theta: float = 10.0, max_pixels: int = 112 * 112, seed: int = 0):
     """A Qwen2-VL (1-layer vision tower) over characters, with Qwen's image and video processors."""
-    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
-                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
     tokenizer = char_tokenizer_with(QWEN_VL_SPECIALS, QWEN_VL_TEMPLATE)
     processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels),
                                  tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
@@ -112,8 +109,7 @@ def qwen3_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidd
                   rope_theta: float = 10.0, max_pixels: int = 128 * 128, seed: int = 0):
     """A Qwen3-VL (1-layer vision tower with one deepstack layer, patches of 16) over characters,
     with its image and video processors (timestamps written into the video's text)."""
-    from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
-                              Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor
     tokenizer = char_tokenizer_with(QWEN_VL_SPECIALS, QWEN_VL_TEMPLATE)
     image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=max_pixels)
     video_processor = Qwen3VLVideoProcessor(patch_size=16, merge_size=2,
@@ -197,9 +193,14 @@ def qwen25_omni_thinker_char(hidden: int = 64, layers: int = 2, heads: int = 4, 
                              rope_theta: float = 10.0, max_seconds: int = 30, seed: int = 0):
     """The thinker of a Qwen2.5-Omni (1-layer audio and vision encoders, `layers`-layer text model
     over characters; the part that reads audio and writes text) with Omni's processor."""
-    from transformers import (Qwen2_5OmniProcessor, Qwen2_5OmniThinkerConfig,
-                              Qwen2_5OmniThinkerForConditionalGeneration, Qwen2VLImageProcessor,
-                              Qwen2VLVideoProcessor, WhisperFeatureExtractor)
+    from transformers import (
+        Qwen2_5OmniProcessor,
+        Qwen2_5OmniThinkerConfig,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        WhisperFeatureExtractor,
+    )
     template = chat_template(image="<|vision_bos|><|IMAGE|><|vision_eos|>", video="<|vision_bos|><|VIDEO|><|vision_eos|>",
                              audio="<|audio_bos|><|AUDIO|><|audio_eos|>")
     tokenizer = char_tokenizer_with(OMNI_SPECIALS, template, image_token="<|IMAGE|>", audio_token="<|AUDIO|>",

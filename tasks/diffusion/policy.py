@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
 from .config import DiffusionConfig

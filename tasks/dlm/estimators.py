@@ -48,8 +48,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmrl.registry import Registry
 from mmrl.core.seeding import derive_seed
+from mmrl.registry import Registry
 
 COUPLED_T_RANGE = (0.2, 0.8)
 

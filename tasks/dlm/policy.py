@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
-from torch import Tensor, nn
 import transformers
+from torch import Tensor, nn
 
 from mmrl.core.policy import Policy
-from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.registry import ADAPTERS
 
 from ..lm.chat_prompts import prompt_text, tokenize_prompts
 from ..lm.rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from mmrl.data.chat import split_placeholders
 from mmrl.core.rollout import Rollout
+from mmrl.data.chat import split_placeholders
 
 from ..model_loading import DTYPES, load_tiny
 from .causal_lm import CausalLMConfig, CausalLMPolicy

@@ -21,10 +21,10 @@ from typing import Any, Sequence
 
 import torch
 
-from mmrl.data import RowError
-from mmrl.registry import ADAPTERS
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.data import RowError
+from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
 from .causal_lm import CausalLMConfig
