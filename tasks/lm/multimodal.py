@@ -40,7 +40,7 @@ class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
 
-    rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/vllm_engine.py)
+    rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/lm/vllm_engine.py)
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
