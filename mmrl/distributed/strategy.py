@@ -106,9 +106,7 @@ class Strategy:
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> float:
         """Clip (`optim.max_grad_norm`), step the optimizer, clear the gradients; returns the gradient
         norm before clipping (0 when the recipe does not clip)."""
-        for p in params:  # a parameter with no gradient still takes an optimizer step at zero
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        zero_missing_gradients(params)
         norm = 0.0
         if self.cfg.optim.max_grad_norm is not None:
             norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
@@ -119,9 +117,7 @@ class Strategy:
     def drop_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> float:
         """Forget the step's gradients without stepping (a non-finite step is skipped); returns NaN,
         the gradient norm logged for a skipped step."""
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        zero_missing_gradients(params)
         optimizer.zero_grad(set_to_none=False)
         return math.nan
 
@@ -136,6 +132,13 @@ class Strategy:
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Read back what `save` wrote."""
         self.acc.load_state(str(directory))
+
+
+def zero_missing_gradients(params: list[Tensor]) -> None:
+    """A parameter with no gradient (unused by the step's forwards) still takes an optimizer step, at zero."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 STRATEGIES: Registry[type[Strategy]] = Registry("distribution strategy")
