@@ -81,7 +81,7 @@ def run_worker(args) -> None:
     """One configuration in this process (or this torchrun process group); rank 0 writes the JSON."""
     import torch
 
-    from mmrl.cli.main import end_process_group
+    from mmrl.cli.main import exit_without_teardown
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
     recipe = {**sized(RECIPES[args.worker], args), "logging": {"report_to": ["none"], "progress": False},
@@ -114,7 +114,7 @@ def run_worker(args) -> None:
         Path(args.out).write_text(json.dumps({
             "step_s": times[-1], "bytes": measured, "total_mb": sum(measured.values()) / 2**20,
             "policy_parameters": policy_params, "whole_copy_mb": whole_copy / 2**20}))
-    end_process_group()  # a gloo group left to the interpreter's exit can abort the process
+    exit_without_teardown(0)  # the interpreter's teardown of FSDP's gloo group can abort a finished process
 
 
 def free_port() -> int:
