@@ -79,3 +79,27 @@ def test_shipped_recipes_parse():
 def test_missing_recipe_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+def test_a_section_given_twice_is_refused_naming_file_key_and_both_lines(tmp_path):
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("task: causal_lm\nalgorithm:\n  group_size: 2\n  beta: 0.04\nmax_steps: 3\n"
+                      "algorithm:\n  eps_high: 0.3\n")
+    with pytest.raises(ConfigError) as e:
+        load_recipe(recipe)
+    assert str(e.value) == f"{recipe}: key 'algorithm' is given twice, on line 2 and on line 6; give it once"
+
+
+def test_a_key_given_twice_deep_inside_a_stage_is_named_by_its_path(tmp_path):
+    recipe = tmp_path / "stages.yaml"
+    recipe.write_text("stages:\n  - steps: 2\n  - steps: 3\n    policy:\n      max_new_tokens: 8\n"
+                      "      max_new_tokens: 16\n")
+    with pytest.raises(ConfigError, match=r"key 'stages\[1\].policy.max_new_tokens' is given twice, "
+                                          r"on line 5 and on line 6"):
+        load_recipe(recipe)
+
+
+def test_distinct_keys_anchors_and_merges_still_load():
+    from mmrl.config.yaml_files import load_yaml
+    text = "a: &x {b: 1}\nc: {<<: *x, d: 2}\ne: {1: one, '1': text}\n"
+    assert load_yaml(text) == {"a": {"b": 1}, "c": {"b": 1, "d": 2}, "e": {1: "one", "1": "text"}}

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from mmrl.config.sections import TrainConfig
+from mmrl.config.yaml_files import DuplicateKeyError, load_yaml
 from mmrl.errors import MissingFileError, UserError
 
 
@@ -140,7 +141,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     if not path.is_file():
         raise MissingFileError(f"recipe {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
