@@ -291,3 +291,42 @@ def test_reward_binding_feeds_the_argument_and_collisions_name_both():
 def test_recipe_reward_columns_field_parses():
     cfg = parse_config({"rewards": {"iou": {"columns": {"boxes": "solution"}}}, "data": {"columns": {"a": "b"}}})
     assert cfg.rewards["iou"].columns == {"boxes": "solution"} and cfg.data.columns == {"a": "b"}
+
+
+def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):
+    values = np.array([[0, 256, 1000], [32768, 65535, 40000]], dtype=np.uint16)
+    Image.fromarray(values).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode == "I;16"  # what PIL writes and reads back
+    pixels = np.asarray(load_image(str(tmp_path / "deep.png")))
+    by_hand = [[0, 1, 4], [128, 255, 156]]  # round(v / 257): 1000/257 = 3.89, 32768/257 = 127.5, 40000/257 = 155.6
+    assert pixels.shape == (2, 3, 3)
+    for channel in range(3):
+        assert pixels[..., channel].tolist() == by_hand
+
+
+def test_transparent_pixels_are_composited_on_white_with_one_note(tmp_path, caplog, monkeypatch):
+    from mmrl.data import images
+    monkeypatch.setattr(images, "_noted_transparency", [])
+    rgba = np.array([[[200, 100, 50, 128], [10, 20, 30, 0], [10, 20, 30, 255]]], dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "clear.png")
+    palette = Image.new("P", (2, 1))
+    palette.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    palette.putdata([0, 1])
+    palette.save(tmp_path / "palette.png", transparency=0)
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        blended = np.asarray(load_image(str(tmp_path / "clear.png"))).astype(int)
+        keyed = np.asarray(load_image(str(tmp_path / "palette.png")))
+    # c * a / 255 + 255 * (1 - a / 255) with a = 128: 227.4, 177.2, 152.1; a = 0: white; a = 255: c
+    assert np.abs(blended[0, 0] - [227, 177, 152]).max() <= 1
+    assert blended[0, 1].tolist() == [255, 255, 255] and blended[0, 2].tolist() == [10, 20, 30]
+    assert keyed.tolist() == [[[255, 255, 255], [0, 255, 0]]]  # palette entry 0 is transparent
+    notes = [r.getMessage() for r in caplog.records if "transparency" in r.getMessage()]
+    assert len(notes) == 1 and "clear.png" in notes[0] and "white" in notes[0]
+
+
+def test_a_float_image_outside_0_1_is_refused_naming_the_file(tmp_path):
+    Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32), "F").save(tmp_path / "unit.tiff")
+    assert np.asarray(load_image(str(tmp_path / "unit.tiff")))[0, :, 0].tolist() == [0, 128, 255]  # 127.5 rounds to even
+    Image.fromarray(np.array([[0.0, 300.0]], dtype=np.float32), "F").save(tmp_path / "wide.tiff")
+    with pytest.raises(ValueError, match=r"wide.tiff'.*mode F values span 0..300"):
+        load_image(str(tmp_path / "wide.tiff"))

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
@@ -230,8 +231,10 @@ class DiffusionPolicy(TurningPointRewards):
             image = row.get(target_column) if isinstance(row, dict) else None
             if image is None:
                 raise KeyError(f"warm start: row {i} has no target image column {target_column!r}")
-            image = Image.open(image) if isinstance(image, (str, Path)) else image
-            arr = np.asarray(image.convert("RGB").resize((cfg.width, cfg.height)), dtype=np.float32)
+            if isinstance(image, (str, Path)):
+                with Image.open(image) as im:
+                    image = rgb_image(im, str(image))
+            arr = np.asarray(rgb_image(image, f"row {i}").resize((cfg.width, cfg.height)), dtype=np.float32)
             pixels.append(torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1)
         with torch.no_grad():
             x0 = self.family.image_latents(torch.stack(pixels).to(device))

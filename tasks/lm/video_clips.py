@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmrl.data.images import rgb_image
+
 DEFAULT_FPS = 2.0
 
 
@@ -77,7 +79,7 @@ def evenly_spaced(total: int, n: int) -> list[int]:
 
 def _frame_array(frame: Any, k: int) -> np.ndarray:
     from PIL import Image
-    array = np.asarray(frame.convert("RGB") if isinstance(frame, Image.Image) else frame)
+    array = np.asarray(rgb_image(frame, f"video frame {k}") if isinstance(frame, Image.Image) else frame)
     if array.ndim != 3 or array.shape[2] != 3 or array.dtype != np.uint8:
         raise ValueError(f"video frame {k} must be an RGB image or an H x W x 3 uint8 array; got "
                          f"{array.dtype} of shape {array.shape}")

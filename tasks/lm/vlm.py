@@ -24,6 +24,7 @@ import torch
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 from mmrl.data import RowError
+from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
@@ -69,15 +70,16 @@ class VLMConfig(CausalLMConfig):
 
 
 def load_image(image: Any):
-    """A PIL image in RGB from a path, a PIL image, raw bytes or a ``{"bytes", "path"}`` dict (a
-    Hugging Face image value; bytes first); a broken file fails naming its path."""
+    """A PIL image in RGB (`mmrl.data.images.rgb_image`: 16-bit scaled, transparency on white) from a
+    path, a PIL image, raw bytes or a ``{"bytes", "path"}`` dict (a Hugging Face image value; bytes
+    first); a broken file fails naming its path."""
     from PIL import Image, UnidentifiedImageError
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return rgb_image(image, "<PIL image>")
     source = _image_source(image)
     try:
         with Image.open(source) as im:
-            return im.convert("RGB")
+            return rgb_image(im, _image_name(image))
     except (FileNotFoundError, UnidentifiedImageError, OSError) as e:
         raise ValueError(f"image {_image_name(image)!r} cannot be read: {e}") from e
 
