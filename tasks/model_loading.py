@@ -31,6 +31,14 @@ def load_tokenizer(cfg: Any) -> Any:
     return AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model, trust_remote_code=cfg.trust_remote_code)
 
 
+def load_tokenizer_only(cfg: Any) -> Any:
+    """The tokenizer of an adapter `Config` without the model's weights (a ``tiny:`` model is
+    built with its tokenizer: it has no weights to load)."""
+    if cfg.model.startswith("tiny:"):
+        return load_tiny(cfg.model, cfg.tiny_args, "float32")[1]
+    return load_tokenizer(cfg)
+
+
 def pad_on_the_left(tokenizer: Any) -> None:
     """Batches of prompts padded on the left (so completions start at one column), with the eos
     token as padding where the tokenizer has no pad token."""

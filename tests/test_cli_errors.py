@@ -93,3 +93,18 @@ def test_eval_uses_the_run_config_refuses_an_untrained_model_and_writes_scores(t
     code, stdout, err = run(capsys, "eval", recipe, "--base", "eval.max_prompts=2", "eval.group_size=2")
     assert code == 0, err
     assert json.loads((tmp_path / "fresh" / "base.eval.json").read_text())["checkpoint"] is None
+
+
+def test_eval_of_data_without_held_out_rows_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import mmrl.train.parts as parts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the policy was built")
+    monkeypatch.setattr(parts, "build_policy", refuse)
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+    recipe = tmp_path / "no_eval.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY_RECIPE, "data": {"path": str(rows)}, "output_dir": str(tmp_path / "run")}))
+    code, _, err = run(capsys, "eval", recipe, "--base")
+    assert code == 2 and err == (f"mmrl: error: eval: the data ({rows}) has no held-out rows to score; set "
+                                 f"data.eval_path (a held-out file, or a data set with data.eval_split)\n"), err

@@ -146,6 +146,16 @@ def test_audio_values(tmp_path):
         assert load_audio(value, 16000).shape == (16000,)
 
 
+def test_a_wav_file_without_samples_is_refused_naming_it(tmp_path):
+    import soundfile
+    from mmrl.data import RowError
+    soundfile.write(tmp_path / "silent.wav", np.zeros(0, dtype=np.float32), 8000)
+    assert soundfile.info(str(tmp_path / "silent.wav")).frames == 0  # a valid header, no samples
+    with pytest.raises(RowError) as info:
+        check_audio(str(tmp_path / "silent.wav"))
+    assert (info.value.what, info.value.detail) == ("audio file has no samples", str(tmp_path / "silent.wav"))
+
+
 # ---- column maps, extraction, templates --------------------------------------------------------
 
 def test_columns_extract_pick_and_template(tmp_path):

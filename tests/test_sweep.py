@@ -171,3 +171,13 @@ def test_parallel_runs_share_the_cores_unless_the_user_set_threads():
     assert run_environment(1, {})["OMP_NUM_THREADS"] == str(cores)
     assert run_environment(2 * cores, {})["OMP_NUM_THREADS"] == "1"
     assert run_environment(2, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_grid_value_that_is_not_a_registered_name_fails_before_any_run(tmp_path):
+    from mmrl.config.parse import ConfigError
+    from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
+    good = ADVANTAGE_ESTIMATORS.names()[0]
+    with pytest.raises(ConfigError, match=r"mmrl sweep: cell algorithm.estimator=grpoo: algorithm.estimator: "
+                                          r"'grpoo' is not a registered advantage estimator"):
+        sweep("text", [f"algorithm.estimator={good},grpoo"], 1, tmp_path, TINY, say=lambda *_: None)
+    assert not (tmp_path / "runs").exists()

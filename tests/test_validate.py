@@ -91,3 +91,54 @@ def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
     assert not (tmp_path / "plots" / "rewards.png").exists()
     tracker.close()
     assert (tmp_path / "plots" / "rewards.png").is_file()
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if the policy is built (the data is read, the model is not)."""
+    import mmrl.train.parts as parts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the policy was built")
+    monkeypatch.setattr(parts, "build_policy", refuse)
+
+
+def data_file(tmp_path, prompts):
+    import json
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "4"}) + "\n" for p in prompts))
+    return ["data.name=null", f"data.path={path}"]
+
+
+def test_a_number_or_empty_prompt_is_named_by_row_before_the_model_loads(tmp_path, no_weights):
+    from mmrl.data import DataError
+    with pytest.raises(DataError) as info:
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "run") + data_file(tmp_path, ["2+2=", 42, "", " "])))
+    text = str(info.value)
+    assert "rows.jsonl: column 'prompt': a prompt is text or a list of chat messages, not int: 1 row(s): row 1 (42)" in text
+    assert "rows.jsonl: column 'prompt': empty prompt: 2 row(s): row 2 (''), row 3 (' ')" in text
+
+
+def test_message_prompts_without_a_chat_template_are_refused_before_the_weights(tmp_path, no_weights):
+    from mmrl.data import DataError
+    # a system and a user turn stay a message list (one user turn alone becomes its text);
+    # tiny:qwen2-char's character tokenizer has no chat template
+    messages = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]]
+    with pytest.raises(DataError, match=r"column 'prompt': goes through the chat template, and the tokenizer of "
+                                        r"'tiny:qwen2-char' has none.*row 0"):
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "run") + data_file(tmp_path, messages)))
+    with pytest.raises(DataError, match=r"a message list, but policy.chat_template is false"):
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "run") + data_file(tmp_path, messages)
+                             + ["policy.chat_template=false"]))
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_a_reporter_whose_package_is_missing_is_refused(tmp_path, no_model):
+    assert ("logging.report_to: 'wandb' needs the 'wandb' package, which is not installed"
+            in problems(tmp_path, "logging.report_to=[wandb]"))
+
+
+def test_an_output_dir_nothing_can_be_written_in_is_refused_before_the_data(tmp_path, no_model):
+    from mmrl.errors import UserError
+    with pytest.raises(UserError, match=r"output_dir '/proc/mmrl-run': '/proc' is not writable"):
+        Trainer(parse_config(TINY_RECIPE, ["output_dir=/proc/mmrl-run"]))

@@ -73,6 +73,13 @@ class Policy(ABC):
         absolute (`data.media_root` or the data file's directory) and checks every row with them."""
         return {}
 
+    @classmethod
+    def prompt_check(cls, cfg: Any) -> Callable[[Any], str | None] | None:
+        """A check of each row's prompt under adapter config `cfg` (the prompt's problem, or None),
+        run with the data validation before the model loads; it may read what it needs (a
+        tokenizer), never the weights. None: no check beyond the engine's (text or a message list)."""
+        return None
+
     def prompt_of(self, row: Any) -> Any:
         """The prompt of a data-set row (a row that is not a dict is the prompt itself)."""
         return row[self.prompt_column] if isinstance(row, dict) else row

@@ -49,10 +49,20 @@ def _sample(n: int, mode: str, size: int) -> Iterable[int]:
     return sorted({int(k * step) for k in range(size)})
 
 
+def prompt_problem(prompt: Any) -> str | None:
+    """What is wrong with a prompt value (a non-empty text, or a non-empty list of chat messages), or None."""
+    if isinstance(prompt, str):
+        return "empty prompt" if not prompt.strip() else None
+    if isinstance(prompt, (list, tuple)):
+        return "empty message list" if not prompt else None
+    return f"a prompt is text or a list of chat messages, not {type(prompt).__name__}"
+
+
 def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
                media: Mapping[str, MediaCheck], mode: str = "all", sample_size: int = 1000,
                values: Sequence[tuple[str, ValueCheck]] = ()) -> list[Problem]:
-    """Problems of `rows`: a missing prompt column, a missing (or None) column in `required`
+    """Problems of `rows`: a missing or empty prompt (or one that is neither text nor a message
+    list: a number), a missing (or None) column in `required`
     (column -> who needs it, e.g. "reward 'iou'"), a value a check in `values` ((column, check)
     pairs) refuses, a media value its check refuses, a row the transforms refuse. Media checks
     are cached by value, so a file shared by many rows is read once."""
@@ -71,8 +81,11 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
         except RowError as e:
             add(index, e.column, e.what, e.detail)
             continue
-        if row.get(prompt_column) is None:
+        prompt = row.get(prompt_column)
+        if prompt is None:
             add(index, prompt_column, "missing (the prompt column, data.prompt_column)")
+        elif prompt_problem(prompt) is not None:
+            add(index, prompt_column, prompt_problem(prompt), f"{prompt!r:.120}")
         for column, who in required.items():
             if row.get(column) is None:
                 add(index, column, f"missing (needed by {who})")

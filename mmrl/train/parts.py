@@ -37,13 +37,17 @@ def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, floa
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
-    """The data set, validated before any model loads: prompt column, every column a reward needs
+    """The data set, validated before any model loads: prompt column (and the adapter's
+    `prompt_check`, e.g. a chat template for message lists), every column a reward needs
     (through its column bindings) and the values rewards check, the adapter's media columns; reward
     bindings that clash with a data column are errors."""
     media = ADAPTERS.get(cfg.task).media_columns(policy_cfg)
     bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
     required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
     values = column_checks({name: (spec.args, spec.columns) for name, spec in cfg.rewards.items()})
+    prompt_check = ADAPTERS.get(cfg.task).prompt_check(policy_cfg)
+    if prompt_check is not None:
+        values = [*values, (cfg.data.prompt_column, prompt_check)]
     train, held_out = load_data(cfg.data, media, required, values)
     columns = list(train[0]) if len(train) else []
     for fn in reward_fns.values():

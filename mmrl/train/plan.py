@@ -15,6 +15,7 @@ The structure of the recipe (unknown keys, types) is checked when it is parsed
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
 import math
 from collections.abc import Callable, Iterable
@@ -30,7 +31,7 @@ from mmrl.core.scoring import REWARDS
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.train.stages import StagePlan
-from mmrl.train.tracking import REPORTERS
+from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
 
 # dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {}
@@ -206,6 +207,9 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
     for r in report_to:
         if r not in REPORTERS:
             problems.append(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
+        elif r in REPORTER_PACKAGES and importlib.util.find_spec(REPORTER_PACKAGES[r]) is None:
+            problems.append(f"logging.report_to: {r!r} needs the {REPORTER_PACKAGES[r]!r} package, which is not "
+                            f"installed; install it or leave {r!r} out")
 
 
 def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:

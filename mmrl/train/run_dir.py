@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,11 @@ def check_writable(output_dir: Path) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {str(output_dir)!r}: {str(existing)!r} is not writable")
+    try:  # a real write: os.access says yes for root, and for /proc, where nothing can be created
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UserError(f"output_dir {str(output_dir)!r}: {str(existing)!r} is not writable ({e.strerror})") from None
 
 
 def clear(output_dir: Path) -> None:

@@ -36,11 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mmrl.config.parse import load_recipe, to_dict
+from mmrl.config.parse import ConfigError, load_recipe, to_dict
 from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES, load_plugins
 from mmrl.train.demo import run_scored
+from mmrl.train.plan import validate
 from mmrl.train.sweep_report import read_summary, write_reports
 
 WARM_DIR = "warm_starts"
@@ -215,7 +216,10 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
             raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
                             f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
     for run in (r for r in runs if r.seed == 0):  # every cell's config is valid before anything runs
-        load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
+        try:
+            validate(load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname)))
+        except ConfigError as e:
+            raise ConfigError(f"mmrl sweep: cell {' '.join(run.overrides)}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"target": target, "cells": bundles, "grid": grid, "seeds": seeds,
                                                 "overrides": common}, indent=1))

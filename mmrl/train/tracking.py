@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 REPORTERS = ("tensorboard", "wandb", "none")
+REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # reporter -> the package it writes with
 
 
 def _clean(value: Any) -> Any:

@@ -71,6 +71,9 @@ class Trainer:
                            self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
         self.cfg = self.stage.config
         self.inputs = stage_inputs(self.stage, self.plan)
+        if not for_training and not len(self.inputs.eval_rows):
+            raise UserError(f"eval: the data ({cfg.data.path or cfg.data.name}) has no held-out rows to score; "
+                            f"set data.eval_path (a held-out file, or a data set with data.eval_split)")
         parts = build_parts(self.stage, self.plan, self.strategy)
         self.policy, self.model, self.optimizer, self.reference = parts.policy, parts.model, parts.optimizer, parts.reference
         self.scheduler = parts.scheduler

@@ -25,7 +25,7 @@ from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 from mmrl.registry import ADAPTERS
 
-from ..lm.chat_prompts import prompt_text, tokenize_prompts
+from ..lm.chat_prompts import chat_template_check, prompt_text, tokenize_prompts
 from ..lm.rollout_batches import concat_padded, eos_token_ids, first_eos_ends, full_width, units_before, used_width
 from ..lm.token_logprobs import selective_log_softmax
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
@@ -128,6 +128,11 @@ class DLMPolicy(Policy):
         self._accepts = {name for name in ("attention_mask", "position_ids", "logits_to_keep", "use_cache")
                          if name in accepted}
         self.sft_generator = torch.Generator().manual_seed(cfg.sft_seed)
+
+    @classmethod
+    def prompt_check(cls, cfg: DLMConfig):
+        """Message-list prompts (or any, with chat_template true) need the tokenizer's chat template."""
+        return chat_template_check(cfg)
 
     def _load(self, cfg: DLMConfig) -> None:
         if cfg.model.startswith("tiny:"):

@@ -71,10 +71,13 @@ def check_audio(value: Any) -> None:
             io.BytesIO(clip["bytes"]) if clip.get("bytes") else clip["path"])
         if isinstance(source, (str, Path)) and not Path(source).is_file():
             raise RowError(None, "audio file does not exist", str(source))
+        name = str(source) if isinstance(source, (str, Path)) else "<bytes>"
         try:
-            soundfile.info(source if isinstance(source, io.BytesIO) else str(source))
+            info = soundfile.info(source if isinstance(source, io.BytesIO) else str(source))
         except Exception as e:
-            raise RowError(None, "audio cannot be read", f"{source if isinstance(source, (str, Path)) else '<bytes>'}: {e}") from None
+            raise RowError(None, "audio cannot be read", f"{name}: {e}") from None
+        if info.frames == 0:
+            raise RowError(None, "audio file has no samples", name)
 
 
 @ADAPTERS.register("audio_lm")

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
-from .chat_prompts import prompt_text, tokenize_prompts
+from .chat_prompts import chat_template_check, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
 from .scoring import TokenScoring
 from .vllm_engine import VLLMConfig, VLLMEngine
@@ -108,6 +108,11 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         elif cfg.rollout_engine == "vllm":
             problems.extend(vllm_config_problems(cfg.vllm))
         return problems
+
+    @classmethod
+    def prompt_check(cls, cfg: CausalLMConfig):
+        """Message-list prompts (or any, with chat_template true) need the tokenizer's chat template."""
+        return chat_template_check(cfg)
 
     def __init__(self, cfg: CausalLMConfig):
         problems = self.config_problems(cfg)

@@ -3,7 +3,7 @@ texts tokenized with left padding (shared by the token adapters)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from torch import Tensor
 
@@ -36,3 +36,25 @@ def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tens
     `model_loading.pad_on_the_left`), without special tokens (the chat template has them)."""
     enc = tokenizer(list(texts), padding=True, return_tensors="pt", add_special_tokens=False)
     return enc["input_ids"], enc["attention_mask"]
+
+
+def chat_template_check(cfg: Any) -> Callable[[Any], str | None]:
+    """The data check of a prompt under an adapter config with `chat_template` (see `prompt_text`):
+    a message list needs `chat_template` not false, and a prompt that goes through the template
+    needs a tokenizer that has one. The tokenizer is read once, only when a prompt needs it, and
+    without the model's weights (`model_loading.load_tokenizer_only`)."""
+    from ..model_loading import load_tokenizer_only
+    has_template: list[bool] = []
+
+    def check(prompt: Any) -> str | None:
+        if isinstance(prompt, str) and not cfg.chat_template:
+            return None
+        if cfg.chat_template is False:
+            return "a message list, but policy.chat_template is false (text prompts only)"
+        if not has_template:
+            has_template.append(getattr(load_tokenizer_only(cfg), "chat_template", None) is not None)
+        if has_template[0]:
+            return None
+        return (f"goes through the chat template, and the tokenizer of {cfg.tokenizer or cfg.model!r} has none; "
+                f"give text prompts (and policy.chat_template=false), or policy.tokenizer with a chat template")
+    return check

@@ -42,6 +42,11 @@ class MultimodalPolicy(CausalLMPolicy):
 
     rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/lm/vllm_engine.py)
 
+    @classmethod
+    def prompt_check(cls, cfg: CausalLMConfig):
+        """None: the processor's chat template (not the tokenizer's) writes every prompt."""
+        return None
+
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
             self.model, self.processor = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
