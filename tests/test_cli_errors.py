@@ -108,3 +108,36 @@ def test_eval_of_data_without_held_out_rows_is_refused_before_the_model_loads(tm
     code, _, err = run(capsys, "eval", recipe, "--base")
     assert code == 2 and err == (f"mmrl: error: eval: the data ({rows}) has no held-out rows to score; set "
                                  f"data.eval_path (a held-out file, or a data set with data.eval_split)\n"), err
+
+
+def test_eval_base_scores_the_untrained_model_and_another_recipe_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text(yaml.safe_dump(dict(TINY_RECIPE, output_dir=str(out), max_steps=1, optim={
+        **TINY_RECIPE["optim"], "lr": 0.05})))
+    code, _, err = run(capsys, "train", recipe)
+    assert code == 0 and (out / "checkpoints" / "step-000001").is_dir(), err
+    small = ["eval.max_prompts=4", "eval.group_size=2"]
+    code, stdout, err = run(capsys, "eval", recipe, "--base", *small)
+    assert code == 0, err
+    assert err.startswith(f"mmrl eval: using the run's own config {out / 'config.json'} (as it was trained)")
+    base = json.loads((out / "base.eval.json").read_text())
+    assert base["checkpoint"] is None and not (out / "checkpoints" / "step-000001.eval.json").exists()
+    # the same untrained model scored where there is no run at all
+    fresh = tmp_path / "fresh.yaml"
+    fresh.write_text(yaml.safe_dump(dict(TINY_RECIPE, output_dir=str(tmp_path / "fresh"))))
+    assert run(capsys, "eval", fresh, "--base", *small)[0] == 0
+    untrained = json.loads((tmp_path / "fresh" / "base.eval.json").read_text())
+    assert base["reward_mean"] == untrained["reward_mean"] and base["greedy_reward_mean"] == untrained["greedy_reward_mean"]
+    code, _, err = run(capsys, "eval", recipe, *small)  # the trained checkpoint, as before
+    assert code == 0 and json.loads((out / "checkpoints" / "step-000001.eval.json").read_text())["checkpoint"]
+
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(dict(TINY_RECIPE, output_dir=str(out), policy={
+        **TINY_RECIPE["policy"], "model": "tiny:dlm-char"})))
+    code, _, err = run(capsys, "eval", other, *small)
+    assert code == 2 and err == (f"mmrl: error: mmrl eval: recipe '{other}' is task=causal_lm model='tiny:dlm-char', "
+                                 f"but the run ({out / 'config.json'}) is task=causal_lm model='tiny:qwen2-char'; give "
+                                 f"that run's recipe, --checkpoint alone, or another output_dir\n"), err
+    code, _, err = run(capsys, "eval", recipe, "--base", "--checkpoint", out / "checkpoints" / "step-000001")
+    assert code == 2 and "--base scores the untrained model and --checkpoint a trained one" in err

@@ -15,37 +15,59 @@ from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
 
 
+def _same_run(recipe_name: str, recipe_cfg, run_cfg, run_config: Path) -> None:
+    """Refuse a recipe whose task or model is not the run's (scoring one run with another's recipe)."""
+    given = (recipe_cfg.task, recipe_cfg.policy.get("model"))
+    trained = (run_cfg.task, run_cfg.policy.get("model"))
+    if given != trained:
+        raise UserError(f"mmrl eval: recipe {recipe_name!r} is task={given[0]} model={given[1]!r}, but the run "
+                        f"({run_config}) is task={trained[0]} model={trained[1]!r}; give that run's recipe, "
+                        f"--checkpoint alone, or another output_dir")
+
+
 def _eval_config(args, checkpoint: Path | None):
-    """The run's own ``config.json`` (with the overrides) when the checkpoint belongs to a run, else the recipe."""
+    """The run's own ``config.json`` (with the overrides) when the checkpoint, or the recipe's
+    output_dir, belongs to a run (said on stderr; refused when the recipe's task or model is
+    another), else the recipe."""
     recipe = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a]
     if len(recipe) > 1:
         raise UserError(f"mmrl eval takes one recipe, got {recipe}")
-    if checkpoint is not None and (checkpoint.parent.parent / "config.json").is_file():
-        return parse_config(json.loads((checkpoint.parent.parent / "config.json").read_text()), overrides)
-    if not recipe:
+    if checkpoint is None and not recipe:
         raise UserError("mmrl eval needs a recipe, or --checkpoint DIR of a run (its config.json is used)")
-    cfg = load_recipe(resolve_recipe(recipe[0]), overrides)
-    run_config = Path(cfg.output_dir) / "config.json"
-    if checkpoint is None and run_config.is_file():  # the run as it was trained (LoRA rank, model, ...)
-        return parse_config(json.loads(run_config.read_text()), overrides)
-    return cfg
+    cfg = load_recipe(resolve_recipe(recipe[0]), overrides) if recipe else None
+    run_config = checkpoint.parent.parent / "config.json" if checkpoint is not None \
+        else Path(cfg.output_dir) / "config.json"
+    if not run_config.is_file():
+        if cfg is None:
+            raise UserError(f"--checkpoint {str(checkpoint)!r} has no run config.json beside its checkpoints "
+                            f"folder ({run_config}); give the recipe it was trained with")
+        return cfg
+    run_cfg = parse_config(json.loads(run_config.read_text()), overrides)  # as it was trained (LoRA rank, ...)
+    if cfg is not None:
+        _same_run(recipe[0], cfg, run_cfg, run_config)
+        print(f"mmrl eval: using the run's own config {run_config} (as it was trained), not {recipe[0]}'s; "
+              f"overrides apply to it", file=sys.stderr)
+    return run_cfg
 
 
 def run_eval(args) -> int:
     """`mmrl eval [RECIPE] [--checkpoint DIR] [--base] [key=value ...]`: print the scores as JSON and
-    write them to ``CHECKPOINT.eval.json`` (``OUTPUT_DIR/base.eval.json`` with --base)."""
+    write them to ``CHECKPOINT.eval.json``, or with --base (the untrained model, whatever checkpoints
+    the run has) to ``OUTPUT_DIR/base.eval.json``."""
     from mmrl.train import checkpoint as ckpt
     from mmrl.train.trainer import Trainer
+    if args.base and args.checkpoint:
+        raise UserError("mmrl eval: --base scores the untrained model and --checkpoint a trained one; give one")
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and not (checkpoint / ckpt.STATE).is_file():
         raise UserError(f"--checkpoint {args.checkpoint!r} is not a checkpoint directory (no {ckpt.STATE})")
     cfg = _eval_config(args, checkpoint)
-    if checkpoint is None:
-        checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
     if checkpoint is None and not args.base:
-        raise UserError(f"output_dir {cfg.output_dir!r} has no checkpoint to score; pass --checkpoint DIR, "
-                        "or --base to score the untrained model")
+        checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
+        if checkpoint is None:
+            raise UserError(f"output_dir {cfg.output_dir!r} has no checkpoint to score; pass --checkpoint DIR, "
+                            "or --base to score the untrained model")
     if checkpoint is not None:
         problem = ckpt.verify(checkpoint)
         if problem is not None:

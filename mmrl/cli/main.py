@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_eval.add_argument("args", nargs="*", metavar="[RECIPE] key=value",
                         help="a recipe (optional with --checkpoint) and overrides, in any order")
     p_eval.add_argument("--checkpoint", help="a checkpoint directory (default: newest good one in output_dir)")
-    p_eval.add_argument("--base", action="store_true", help="score the untrained model when there is no checkpoint")
+    p_eval.add_argument("--base", action="store_true",
+                        help="score the untrained model (policy.model), even where the run has checkpoints; "
+                             "scores go to OUTPUT_DIR/base.eval.json")
     p_demo = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
     p_demo.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
