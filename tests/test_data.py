@@ -340,3 +340,13 @@ def test_a_float_image_outside_0_1_is_refused_naming_the_file(tmp_path):
     Image.fromarray(np.array([[0.0, 300.0]], dtype=np.float32), "F").save(tmp_path / "wide.tiff")
     with pytest.raises(ValueError, match=r"wide.tiff'.*mode F values span 0..300"):
         load_image(str(tmp_path / "wide.tiff"))
+
+
+def test_a_json_row_that_gives_a_key_twice_is_refused_naming_file_line_and_key(tmp_path):
+    from mmrl.data.sources import read_rows
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2", "answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: key 'answer' is given twice in one object"):
+        read_rows(tmp_path / "rows.jsonl")
+    (tmp_path / "rows.json").write_text('[{"prompt": "a", "meta": {"id": 1, "id": 2}}]')
+    with pytest.raises(ValueError, match=r"rows.json: key 'id' is given twice in one object"):
+        read_rows(tmp_path / "rows.json")

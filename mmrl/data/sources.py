@@ -30,6 +30,16 @@ class Source:
     base_dir: Path | None
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's mapping; a key given twice is an error (json keeps the last one silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
 def read_rows(path: str | Path) -> list[dict]:
     """Rows of a ``.jsonl`` (one object per line) or ``.json`` (a list of objects) file."""
     path = Path(path)
@@ -45,14 +55,18 @@ def read_rows(path: str | Path) -> list[dict]:
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(json.loads(line, object_pairs_hook=_unique_keys))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+                except ValueError as e:
+                    raise ValueError(f"{path}:{n}: {e}") from None
     else:
         try:
-            rows = json.loads(text)
+            rows = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from e
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: expected a list of JSON objects")
     return rows
