@@ -103,3 +103,8 @@ def test_distinct_keys_anchors_and_merges_still_load():
     from mmrl.config.yaml_files import load_yaml
     text = "a: &x {b: 1}\nc: {<<: *x, d: 2}\ne: {1: one, '1': text}\n"
     assert load_yaml(text) == {"a": {"b": 1}, "c": {"b": 1, "d": 2}, "e": {1: "one", "1": "text"}}
+
+
+def test_an_override_value_that_gives_a_key_twice_is_refused():
+    with pytest.raises(ConfigError, match=r"override 'stages=\[\{steps: 2, steps: 3\}\]': key 'stages\[0\].steps' is given twice"):
+        parse_config({}, ["stages=[{steps: 2, steps: 3}]"])

@@ -113,7 +113,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw, key) if raw != "" else ""
+        except DuplicateKeyError as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
         except yaml.YAMLError as e:
             where = f" ({e.problem})" if getattr(e, "problem", None) else ""
             raise ConfigError(f"override {item!r}: the value {raw!r} is not valid YAML{where}; quote it "

@@ -37,16 +37,24 @@ def _check_unique_keys(node: yaml.Node, where: str) -> None:
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a mapping key given twice (`DuplicateKeyError`)."""
+    """`yaml.SafeLoader` that refuses a mapping key given twice (`DuplicateKeyError`); key paths
+    start at `root` (an override's key, say)."""
+
+    root = ""
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
         if node is None:
             return None
-        _check_unique_keys(node, "")
+        _check_unique_keys(node, self.root)
         return self.construct_document(node)
 
 
-def load_yaml(text: str) -> Any:
-    """`text` parsed as YAML with the safe loader, refusing duplicate keys."""
-    return yaml.load(text, Loader=UniqueKeyLoader)
+def load_yaml(text: str, root: str = "") -> Any:
+    """`text` parsed as YAML with the safe loader, refusing duplicate keys (named from `root`)."""
+    loader = UniqueKeyLoader(text)
+    loader.root = root
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
