@@ -335,11 +335,15 @@ def test_transparent_pixels_are_composited_on_white_with_one_note(tmp_path, capl
 
 
 def test_a_float_image_outside_0_1_is_refused_naming_the_file(tmp_path):
+    from mmrl.data import RowError
     Image.fromarray(np.array([[0.0, 0.5, 1.0]], dtype=np.float32), "F").save(tmp_path / "unit.tiff")
     assert np.asarray(load_image(str(tmp_path / "unit.tiff")))[0, :, 0].tolist() == [0, 128, 255]  # 127.5 rounds to even
     Image.fromarray(np.array([[0.0, 300.0]], dtype=np.float32), "F").save(tmp_path / "wide.tiff")
     with pytest.raises(ValueError, match=r"wide.tiff'.*mode F values span 0..300"):
         load_image(str(tmp_path / "wide.tiff"))
+    check_image(str(tmp_path / "unit.tiff"))
+    with pytest.raises(RowError, match="image values out of range"):  # found by the validation, before the model
+        check_image(str(tmp_path / "wide.tiff"))
 
 
 def test_a_json_row_that_gives_a_key_twice_is_refused_naming_file_line_and_key(tmp_path):

@@ -114,7 +114,8 @@ def _image_size(images: list) -> list[int] | None:
 
 def check_image(value: Any) -> None:
     """Raise `RowError` unless every image of a column value (one or a list) opens and its data
-    passes PIL's integrity check (`verify`: no full decode)."""
+    passes PIL's integrity check (`verify`: no full decode; 32-bit integer and float images are
+    decoded, their values checked against what `rgb_image` converts)."""
     from PIL import Image
     for image in value if isinstance(value, (list, tuple)) else [value]:
         if isinstance(image, Image.Image):
@@ -128,8 +129,14 @@ def check_image(value: Any) -> None:
         try:
             with Image.open(source) as im:
                 im.verify()
+                mode = im.mode
         except Exception as e:
             raise RowError(None, "image cannot be decoded", f"{_image_name(image)}: {e}") from None
+        if mode in ("I", "F"):  # 32-bit integer / float pixels: their range is known only from the pixels
+            try:
+                load_image(image)
+            except ValueError as e:
+                raise RowError(None, "image values out of range", str(e)) from None
 
 
 @ADAPTERS.register("vlm")
