@@ -10,6 +10,7 @@ import pytest
 from helpers import TINY_RECIPE
 
 from mmrl.config.parse import ConfigError, parse_config
+from mmrl.errors import UserError
 from mmrl.data import load_data
 from mmrl.config.sections import DataConfig
 from mmrl.train.parts import build_policy
@@ -158,3 +159,28 @@ def test_a_plain_function_that_cannot_be_found_is_named(tmp_path):
         cfg = parse_config({**TINY_RECIPE, "rewards": {name: {"weight": 1.0}}})
         with pytest.raises(ConfigError, match=re.escape(expected)):
             validate(cfg)
+
+
+# ---- prompt length (TRL's max_prompt_length, verl's data.max_prompt_length) ------------------------
+
+def tiny_policy(**policy):
+    return build_policy(parse_config({"task": "causal_lm", "policy": {
+        "model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 8,
+        **policy}}))
+
+
+def test_a_prompt_longer_than_the_model_positions_is_refused():
+    policy = tiny_policy()  # 512 positions (tasks/demos/tiny_models.py), 8 of them for the completion
+    policy.rollout([{"prompt": "7" * 504}], 2, [0])  # fits exactly
+    with pytest.raises(UserError, match=r"a prompt has 505 tokens, more than the 504 the model's 512 positions"):
+        policy.rollout([{"prompt": "7" * 505}], 2, [0])
+
+
+def test_max_prompt_length_keeps_the_last_tokens_as_trl():
+    policy = tiny_policy(max_prompt_length=5)
+    rollout = policy.rollout([{"prompt": "abcdefghij"}, {"prompt": "xyz"}], 2, [0, 1])
+    ids, mask = rollout.extras["prompt_ids"], rollout.extras["prompt_mask"]
+    assert ids.shape[1] == 5
+    assert ids[0].tolist() == policy.tokenizer("fghij", add_special_tokens=False)["input_ids"]
+    assert mask[2].tolist() == [0, 0, 1, 1, 1]  # the short prompt (row 2: group 2's first) is not cut
+    assert policy.tokenizer.decode(ids[2][mask[2].bool()]) == "xyz"
