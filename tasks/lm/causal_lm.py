@@ -51,8 +51,8 @@ class CausalLMConfig:
     max_new_tokens: int = field(default=128, metadata={"help": (
         "The most tokens a completion may have; longer ones are truncated (and Dr. GRPO's constant normaliser).")})
     max_prompt_length: int | None = field(default=None, metadata={"help": (
-        "The most tokens a prompt may have (after the chat template). A longer text prompt is cut from the left "
-        "to its last max_prompt_length tokens, as TRL's max_prompt_length does; a prompt with media is refused. "
+        "The most tokens a prompt may have (after the chat template). causal_lm cuts a longer prompt from the left "
+        "to its last max_prompt_length tokens, as TRL's max_prompt_length does; vlm and audio_lm refuse it. "
         "null: prompts are not cut, and one that leaves fewer than max_new_tokens of the model's positions "
         "(max_position_embeddings) stops the run with an error naming it.")})
     min_new_tokens: int = field(default=0, metadata={"help": (
