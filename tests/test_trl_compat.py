@@ -5,11 +5,14 @@ reach TRL-convention rewards as assistant messages)."""
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 from helpers import TINY_RECIPE
 
+from mmrl.config.help import lookup
 from mmrl.config.parse import ConfigError, parse_config
+from mmrl.config.peer_names import TRL, VERL
 from mmrl.errors import UserError
 from mmrl.data import load_data
 from mmrl.config.sections import DataConfig
@@ -184,3 +187,24 @@ def test_max_prompt_length_keeps_the_last_tokens_as_trl():
     assert ids[0].tolist() == policy.tokenizer("fghij", add_special_tokens=False)["input_ids"]
     assert mask[2].tolist() == [0, 0, 1, 1, 1]  # the short prompt (row 2: group 2's first) is not cut
     assert policy.tokenizer.decode(ids[2][mask[2].bool()]) == "xyz"
+
+
+# ---- TRL's and verl's names (docs/from-trl-verl.md) ----------------------------------------------
+
+def doc_table(heading):
+    """name -> (mmrl key, note) of the table under `heading` in docs/from-trl-verl.md."""
+    text = (Path(__file__).parents[1] / "docs" / "from-trl-verl.md").read_text()
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| (.*?) ?\|$", section, re.M)
+    return {name: (mmrl, note) for name, mmrl, note in rows}
+
+
+@pytest.mark.parametrize("heading, names", [("TRL", TRL), ("verl", VERL)])
+def test_the_docs_table_is_the_mapping_in_code(heading, names):
+    assert doc_table(heading) == {name: (peer.mmrl, peer.note) for name, peer in names.items()}
+
+
+@pytest.mark.parametrize("peer", [*TRL.values(), *VERL.values()], ids=lambda p: p.mmrl)
+def test_every_mmrl_key_of_the_mapping_is_a_setting(peer):
+    name, field, _, section = lookup(peer.mmrl, "causal_lm")
+    assert name == peer.mmrl and field is not None and section is None  # a leaf setting, not a section
