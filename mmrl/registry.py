@@ -13,6 +13,7 @@ import importlib.util
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -103,21 +104,22 @@ def shipped_demos() -> dict[str, str]:
     return out
 
 
-def import_user_module(spec: str) -> None:
-    """Import a user's file (``my_rewards.py``) or module (``pkg.rewards``) so it can register."""
+def import_user_module(spec: str) -> ModuleType:
+    """Import a user's file (``my_rewards.py``) or module (``pkg.rewards``) so it can register;
+    return the module (a file is imported once)."""
     path = Path(spec)
     if spec.endswith(".py"):
         if not path.is_file():
             raise FileNotFoundError(f"reward_modules: file {spec!r} does not exist")
         name = f"mmrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
         if name in sys.modules:
-            return
+            return sys.modules[name]
         module_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         module_spec.loader.exec_module(module)
-    else:
-        importlib.import_module(spec)
+        return module
+    return importlib.import_module(spec)
 
 
 # The registries every room uses.

@@ -108,3 +108,33 @@ def test_distinct_keys_anchors_and_merges_still_load():
 def test_an_override_value_that_gives_a_key_twice_is_refused():
     with pytest.raises(ConfigError, match=r"override 'stages=\[\{steps: 2, steps: 3\}\]': key 'stages\[0\].steps' is given twice"):
         parse_config({}, ["stages=[{steps: 2, steps: 3}]"])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("num_generations=8", "unknown config key 'num_generations': num_generations is TRL's name; mmrl's is "
+                          "algorithm.group_size (docs/from-trl-verl.md)"),
+    ("algorithm.loss_type=dapo", "loss_type is TRL's name; mmrl's is algorithm.aggregation"),
+    ("learning_rate=1e-6", "learning_rate is TRL's name; mmrl's is optim.lr"),
+    ("actor_rollout_ref.rollout.n=8", "unknown config key 'actor_rollout_ref': actor_rollout_ref.rollout.n is verl's "
+                                      "name; mmrl's is algorithm.group_size"),
+    ("data.max_prompt_length=512", "data.max_prompt_length is verl's name; mmrl's is policy.max_prompt_length"),
+    ("actor_rollout_ref.actor.clip_ratio=0.2", "mmrl's is algorithm.eps_low (and algorithm.eps_high)"),
+])
+def test_trl_and_verl_names_are_answered_with_mmrl_keys(override, expected):
+    with pytest.raises(ConfigError) as e:
+        parse_config({}, [override])
+    assert expected in str(e.value)
+
+
+def test_verl_sections_name_every_known_setting_in_them():
+    recipe = {"actor_rollout_ref": {"actor": {"kl_loss_coef": 0.04, "ppo_epochs": 2}}}
+    with pytest.raises(ConfigError) as e:
+        parse_config(recipe)
+    assert ("actor_rollout_ref.actor.kl_loss_coef is verl's name; mmrl's is algorithm.beta; "
+            "actor_rollout_ref.actor.ppo_epochs is verl's name; mmrl's is algorithm.mu") in str(e.value)
+
+
+def test_other_unknown_keys_point_to_the_table():
+    with pytest.raises(ConfigError) as e:
+        parse_config({}, ["algorithm.grup_size=3"])
+    assert "(did you mean 'group_size'?); TRL's and verl's names: docs/from-trl-verl.md" in str(e.value)

@@ -176,7 +176,9 @@ LLAVA = [{"from": "human", "value": "<image>\nWhere is the cat?"}, {"from": "gpt
 
 
 def test_conversations_become_prompt_and_answer():
-    assert split_conversation(LLAVA, True, "conversations") == ("<image>\nWhere is the cat?", "[1, 2, 3, 4]")
+    # a single user turn stays a message list, so it gets the chat template as any conversation
+    assert split_conversation(LLAVA, True, "conversations") == (
+        [{"role": "user", "content": "<image>\nWhere is the cat?"}], "[1, 2, 3, 4]")
     with pytest.raises(ValueError, match="column 'conversations'.*answer_from_conversation"):
         split_conversation(LLAVA, False, "conversations")
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
@@ -207,7 +209,8 @@ def test_conversation_rows_through_load_data(tmp_path):
     cfg = DataConfig(path=str(path), prompt_column="conversations", answer_from_conversation=True,
                      answer_column="solution")
     row = load_data(cfg)[0][0]
-    assert row["conversations"] == "<image>\nWhere is the cat?" and row["solution"] == "[1, 2, 3, 4]"
+    assert row["conversations"] == [{"role": "user", "content": "<image>\nWhere is the cat?"}]
+    assert row["solution"] == "[1, 2, 3, 4]"
     with pytest.raises(DataError, match=r"c.jsonl: column 'conversations': .*answer_from_conversation.*row 0"):
         load_data(DataConfig(path=str(path), prompt_column="conversations"))
 

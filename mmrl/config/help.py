@@ -17,6 +17,7 @@ import types
 import typing
 from typing import Any, Iterator, Literal
 
+from mmrl.config.peer_names import peer_hint
 from mmrl.config.parse import ConfigError
 from mmrl.config.sections import TrainConfig
 from mmrl.registry import ADAPTERS
@@ -116,8 +117,9 @@ def lookup(key: str, task: str | None = None) -> tuple[str, dataclasses.Field | 
         fields = {x.name: x for x in dataclasses.fields(cls)}
         if part not in fields:
             where = ".".join(walked) or "the recipe"
-            raise ConfigError(f"unknown config key {'.'.join(walked + [part])!r}; keys of {where}: "
-                              f"{', '.join(sorted(fields))}")
+            peer = peer_hint(key, None)
+            raise ConfigError(f"unknown config key {'.'.join(walked + [part])!r}{': ' + peer if peer else ''}; "
+                              f"keys of {where}: {', '.join(sorted(fields))}")
         f, tp = fields[part], typing.get_type_hints(cls)[part]
         walked.append(part)
         if cls is TrainConfig and part == "policy":

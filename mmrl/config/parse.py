@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
+from mmrl.config.peer_names import TABLE as PEER_TABLE
+from mmrl.config.peer_names import peer_hint
 from mmrl.config.sections import TrainConfig
 from mmrl.config.yaml_files import DuplicateKeyError, load_yaml
 from mmrl.errors import MissingFileError, UserError
@@ -93,8 +95,10 @@ def from_dict(cls: type, data: dict[str, Any] | None, prefix: str = "") -> Any:
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            peer = peer_hint(dotted, value)  # a TRL or verl name: mmrl's key
+            close = [] if peer else difflib.get_close_matches(str(key), names, n=1)
+            hint = f": {peer}" if peer else (f" (did you mean {close[0]!r}?)" if close else "") + \
+                f"; TRL's and verl's names: {PEER_TABLE}"
             problems.append(f"unknown config key {dotted!r}{hint}; valid keys: {', '.join(sorted(names))}")
             continue
         try:

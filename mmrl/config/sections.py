@@ -222,7 +222,9 @@ class TrainConfig:
         "policy.KEY --task TASK`.")})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Where the prompts come from."})
     rewards: dict[str, RewardSpec] = field(default_factory=dict, metadata={"help": (
-        "The rewards by registered name, each with its weight and args, e.g. {accuracy: {weight: 1.0}}."),
+        "The rewards, each with its weight and args, e.g. {accuracy: {weight: 1.0}}: a registered name, or a plain "
+        "function named FILE.py:FUNCTION or MODULE:FUNCTION, called as TRL's GRPOTrainer calls reward functions "
+        "(conversational completions as [{role: assistant, content}]; docs/howto-reward.md)."),
         "choices": "mmrl.core.scoring:REWARDS"})
     reward_modules: list[str] = field(default_factory=list, metadata={"help": (
         "Files (my_rewards.py) or modules (pkg.rewards) to import before training, so their @register_reward "

@@ -5,7 +5,8 @@ call shape of TRL's reward functions. Data-set columns arrive by name (``answer`
 ``reference``, ``boxes``, ...); a reward takes the ones it needs and ignores the rest via
 ``**kwargs``. Two more columns come from the engine (`score_rollout`): ``group_id`` (each row's
 prompt group) and ``auxiliary`` (whether the row is an auxiliary rollout, see `Rollout`), so a
-reward may compare the rows of a group (T-GRPO).
+reward may compare the rows of a group (T-GRPO). A reward name ``FILE.py:FUNCTION`` or
+``module:FUNCTION`` names a plain function instead, called with TRL's convention (`plain_rewards`).
 
 A reward that declares a ``log_metric`` parameter gets a per-call logger, ``log_metric(key,
 value=1.0)``, that adds to a count the caller logs as ``reward/<name>/<key>`` (e.g. failed parses
@@ -28,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from mmrl.core.plain_rewards import is_plain_reward, load_plain_reward
 from mmrl.core.rollout import Rollout
 from mmrl.registry import Registry
 
@@ -74,8 +76,20 @@ def _column_problem(who: str, check: ColumnCheck, args: dict[str, Any], value: A
     return None if problem is None else f"{problem} (needed by {who})"
 
 
+HOW_TO_NAME = ("register a function with @register_reward({name!r}) (from mmrl import register_reward) in a file "
+               "listed in reward_modules, or name a plain function with TRL's calling convention as "
+               "'FILE.py:{name}' or 'package.module:{name}' (docs/howto-reward.md)")
+
+
 def get_reward(name: str) -> RewardFn:
-    return REWARDS.get(name)
+    """The reward registered as `name`, or the plain function a ``module:function`` name names
+    (`plain_rewards`). An unknown name is a KeyError saying how to register or name one."""
+    if is_plain_reward(name):
+        return load_plain_reward(name)
+    try:
+        return REWARDS.get(name)
+    except KeyError as e:
+        raise KeyError(f"{e.args[0]}; {HOW_TO_NAME.format(name=name)}") from None
 
 
 def bind_reward(name: str, args: Mapping[str, Any] | None = None,

@@ -4,12 +4,11 @@
 The prompt is the conversation up to its last user turn. A conversation that ends with an
 assistant turn holds the answer: with ``data.answer_from_conversation`` it becomes the row's
 answer column, without it the row is refused (a model trained on such prompts would be shown
-the answer). A single user turn (with or without a system turn before it) becomes a plain
-string prompt, so every adapter's own prompt handling applies (the vision adapter puts the
-images where the chat template expects them); several turns stay a list of
-``{"role", "content"}`` messages. LLaVA's ``<image>`` / ``<video>`` placeholders stay in the
-text: the adapters place each where the model's chat template expects it (see
-`split_placeholders`).
+the answer). The prompt stays a list of ``{"role", "content"}`` messages, a single user turn
+included, so the chat template is applied to it as to any conversation (as TRL does with its
+conversational format); only a plain string prompt goes to the model as it is. LLaVA's
+``<image>`` / ``<video>`` placeholders stay in the text: the adapters place each where the
+model's chat template expects it (see `split_placeholders`).
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ def _text(content: Any) -> Any:
 
 
 def split_conversation(value: list, answer_from_conversation: bool, column: str) -> tuple[Any, str | None]:
-    """(prompt, answer): the prompt up to the last user turn (a string when that is a single user
-    turn, else a message list), the final assistant turn's text or None. Raises ValueError naming
+    """(prompt, answer): the prompt up to the last user turn as a message list, the final
+    assistant turn's text or None. Raises ValueError naming
     `column` for a conversation without a user turn, or one that ends with an answer that
     nothing says what to do with."""
     messages = [_message(t, k) for k, t in enumerate(value)]
@@ -70,12 +69,7 @@ def split_conversation(value: list, answer_from_conversation: bool, column: str)
                              f"set data.answer_from_conversation=true to use it as the reference answer, "
                              f"or drop it from the prompt")
         answer = _text(tail[-1]["content"])
-    prompt = messages[:last + 1]
-    if all(m["role"] == "system" for m in prompt[:-1]) and len(prompt) <= 2 and len(users) == 1:
-        text = _text(prompt[-1]["content"])
-        if isinstance(text, str) and len(prompt) == 1:
-            return text, answer
-    return [{"role": m["role"], "content": _text(m["content"])} for m in prompt], answer
+    return [{"role": m["role"], "content": _text(m["content"])} for m in messages[:last + 1]], answer
 
 
 def split_placeholders(text: str) -> list[dict]:

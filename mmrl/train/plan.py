@@ -27,7 +27,8 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
 from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
 from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
-from mmrl.core.scoring import REWARDS
+from mmrl.core.plain_rewards import is_plain_reward
+from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.train.stages import StagePlan
@@ -137,11 +138,17 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
     if not cfg.rewards:
         problems.append("rewards: name at least one reward (`mmrl list` shows the registered ones)")
     for name, spec in cfg.rewards.items():
-        if not _check_name(problems, REWARDS, f"rewards.{name}", name):
+        if not is_plain_reward(name) and not _check_name(problems, REWARDS, f"rewards.{name}", name):
+            problems[-1] += f"{_plain_function_hint(cfg, name)}; {HOW_TO_NAME.format(name=name)}"
+            continue
+        try:
+            fn = get_reward(name)
+        except ValueError as e:  # a plain function that cannot be loaded
+            problems.append(f"rewards.{name}: {e}")
             continue
         if not math.isfinite(spec.weight):
             problems.append(f"rewards.{name}.weight={spec.weight!r} must be a finite number")
-        params = inspect.signature(REWARDS.get(name)).parameters.values()
+        params = inspect.signature(fn).parameters.values()
         accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
                     and p.name not in ("prompts", "completions")]
         for arg, value in spec.args.items():
@@ -150,6 +157,18 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 problems.append(f"rewards.{name}.args.{arg}={value!r}: reward {name!r} takes no argument "
                                 f"{arg!r}{hint}; its arguments: {', '.join(accepted) or 'none'}")
+
+
+def _plain_function_hint(cfg: TrainConfig, name: str) -> str:
+    """' (did you mean ...)' when a file or module of `reward_modules` has a function `name`."""
+    for module in cfg.reward_modules:
+        try:
+            found = callable(getattr(import_user_module(module), name, None))
+        except (ImportError, FileNotFoundError):
+            continue
+        if found:
+            return f" ({module!r} has a plain function {name!r}: did you mean '{module}:{name}'?)"
+    return ""
 
 
 def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
-from .chat_prompts import chat_template_check, prompt_text, tokenize_prompts
+from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
 from .scoring import TokenScoring
 from .vllm_engine import VLLMConfig, VLLMEngine
@@ -50,6 +50,11 @@ class CausalLMConfig:
     top_k: int = field(default=0, metadata={"help": "Top-k sampling of rollouts (0: off)."})
     max_new_tokens: int = field(default=128, metadata={"help": (
         "The most tokens a completion may have; longer ones are truncated (and Dr. GRPO's constant normaliser).")})
+    max_prompt_length: int | None = field(default=None, metadata={"help": (
+        "The most tokens a prompt may have (after the chat template). causal_lm cuts a longer prompt from the left "
+        "to its last max_prompt_length tokens, as TRL's max_prompt_length does; vlm and audio_lm refuse it. "
+        "null: prompts are not cut, and one that leaves fewer than max_new_tokens of the model's positions "
+        "(max_position_embeddings) stops the run with an error naming it.")})
     min_new_tokens: int = field(default=0, metadata={"help": (
         "The fewest tokens a completion must have (EOS suppressed before).")})
     stop_strings: list[str] = field(default_factory=list, metadata={"help": (
@@ -98,6 +103,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             problems.append("policy.model must name a model (hub id, local path, or tiny:NAME)")
         if cfg.dtype not in DTYPES:
             problems.append(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
+        if cfg.max_prompt_length is not None and cfg.max_prompt_length < 1:
+            problems.append(f"policy.max_prompt_length={cfg.max_prompt_length} must be at least 1 (null: no limit)")
         if cfg.temperature <= 0:
             problems.append(f"policy.temperature={cfg.temperature} must be > 0")
         if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
@@ -170,6 +177,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
     def _encode_parts(self, parts: list) -> dict[str, Any]:
         """`_encode_prompts` from the prompts' `_prompt_parts`."""
         ids, mask = tokenize_prompts(self.tokenizer, parts)
+        if self.cfg.max_prompt_length is not None:
+            ids, mask = cut_prompts_left(ids, mask, self.cfg.max_prompt_length)
         return {"prompt_ids": ids, "prompt_mask": mask}
 
     def _model_inputs(self, rows: dict[str, Any], completion_ids: Tensor | None = None,

@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence
 
 from torch import Tensor
 
+from mmrl.errors import UserError
+
 
 def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
     """`messages` with a system message `system_prompt` put first, unless it is empty or the
@@ -29,6 +31,24 @@ def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     messages = with_system_prompt(messages, system_prompt)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def cut_prompts_left(ids: Tensor, mask: Tensor, max_tokens: int) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and mask [P, L] with each prompt's first tokens dropped so that it
+    keeps at most `max_tokens` (its last ones, as TRL's max_prompt_length keeps them)."""
+    return ids[:, -max_tokens:], mask[:, -max_tokens:]
+
+
+def check_prompt_lengths(mask: Tensor, prompts: Sequence[Any], limit: int | None, why: str) -> None:
+    """UserError naming the first prompt whose token count (mask [P, L]) exceeds `limit`."""
+    if limit is None:
+        return
+    lengths = mask.sum(1).tolist()
+    for prompt, length in zip(prompts, lengths):
+        if length > limit:
+            raise UserError(f"a prompt has {int(length)} tokens, more than the {limit} {why}: {str(prompt)[:80]!r}; "
+                            "shorten or drop such rows, or set policy.max_prompt_length to cut prompts from the "
+                            "left (text prompts)")
 
 
 def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tensor]:

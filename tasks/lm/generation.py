@@ -24,6 +24,7 @@ from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
 
 from ..model_loading import DTYPES
+from .chat_prompts import check_prompt_lengths
 from .rollout_batches import concat_padded, eos_token_ids, first_eos_ends, units_before
 from .vllm_engine import VLLMEngine
 
@@ -102,6 +103,7 @@ class TokenRollouts(Policy):
         cfg = self.cfg
         parts = self._prompt_parts(prompts)
         encoded = self._encode_parts(parts)
+        self._check_prompt_lengths(encoded["prompt_mask"], prompts)
         rows = self._expand(encoded, group_size)
         if cfg.rollout_engine == "vllm":
             completion_ids, rollout_logp = self._vllm_generate(parts, encoded, group_size, seeds, greedy)
@@ -222,6 +224,19 @@ class TokenRollouts(Policy):
             inputs["position_ids"] = positions.repeat_interleave(group_size, dim=positions.dim() - 2)
         inputs["past_key_values"] = cache
         return inputs
+
+    def _check_prompt_lengths(self, mask: Tensor, prompts: Sequence[Any]) -> None:
+        """A UserError for a prompt (mask [P, L]) over policy.max_prompt_length (a text prompt is cut
+        to it before), or one that leaves fewer than max_new_tokens of the model's positions."""
+        cfg = self.cfg
+        shown = [self.prompt_of(p) for p in prompts]
+        check_prompt_lengths(mask, shown, cfg.max_prompt_length, "of policy.max_prompt_length")
+        config = self.model.config
+        positions = getattr(config, "max_position_embeddings", None) or getattr(
+            getattr(config, "text_config", None), "max_position_embeddings", None)
+        if positions is not None:
+            check_prompt_lengths(mask, shown, positions - cfg.max_new_tokens,
+                                 f"the model's {positions} positions leave beside policy.max_new_tokens")
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first eos, or up to the token that completes a stop
