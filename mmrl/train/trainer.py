@@ -30,6 +30,7 @@ from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.evaluation import evaluate
+from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, stage_inputs
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
@@ -157,6 +158,7 @@ class Trainer:
                                config=to_dict(self.plan.recipe), resume_step=self.step if self.resumed else None,
                                enabled=acc.is_main_process)
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process)
+        health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
         try:
             with StopSignals() as stop:
                 while self.step < cfg.max_steps:
@@ -165,6 +167,7 @@ class Trainer:
                     self.bad_steps = self.bad_steps + 1 if self.updater.nonfinite_term else 0
                     self.tracker.log(self.step, metrics)
                     progress.update(self.step, metrics)
+                    health.check(self.step, metrics)
                     self._save_or_stop(stop)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()

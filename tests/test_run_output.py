@@ -1,0 +1,77 @@
+"""What a run says about itself: warnings for steps that train nothing, the start summary and the
+end line, metric lines without the progress bar."""
+
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+
+from helpers import TINY_RECIPE
+from mmrl.config.parse import parse_config
+from mmrl.train.health import NoRewardError, RunHealth
+from mmrl.train.tracking import read_metrics
+from mmrl.train.trainer import Trainer
+
+HERE = Path(__file__).parent
+
+
+def _recipe(tmp_path, **changes):
+    recipe = copy.deepcopy(TINY_RECIPE)
+    recipe["output_dir"] = str(tmp_path / "run")
+    for key, value in changes.items():
+        section, _, field = key.partition(".")
+        if field:
+            recipe[section][field] = value
+        else:
+            recipe[section] = value
+    return recipe
+
+
+def _warnings(caplog, text):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def test_a_reward_that_never_applies_warns_once_then_stops_the_run(tmp_path, caplog):
+    recipe = _recipe(tmp_path, rewards={"never_applies": {"weight": 1.0}},
+                     reward_modules=[str(HERE / "none_reward.py")], max_steps=6)
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(NoRewardError, match=r"steps 1-3: no reward \(never_applies\).*max_bad_steps=3"):
+        Trainer(parse_config(recipe, [])).train()
+    warned = _warnings(caplog, "never_applies")
+    assert len(warned) == 1 and warned[0].startswith("step 1: reward 'never_applies' returned None")
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["reward_mean"] is None and r["skipped_frac"] == 1.0 for r in records)
+
+
+def test_a_saturating_learning_rate_warns(tmp_path, caplog):
+    recipe = _recipe(tmp_path, max_steps=5)
+    recipe["optim"]["lr"] = 1e6
+    caplog.set_level(logging.WARNING)
+    Trainer(parse_config(recipe, [])).train()
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    norms = [r["grad_norm"] for r in records]
+    assert norms[0] > 0 and norms[1:4] == [0.0, 0.0, 0.0]
+    assert all(r["skipped_frac"] < 1 for r in records[1:4])  # rows had advantages, yet no gradient
+    warned = _warnings(caplog, "saturated")
+    assert len(warned) == 1 and warned[0].startswith("step 4:") and "lower optim.lr" in warned[0]
+
+
+def test_health_counts_only_zero_gradients_after_non_zero_ones_with_rows_to_train(caplog):
+    caplog.set_level(logging.WARNING)
+    health = RunHealth(max_bad_steps=3)
+    trained = {"reward_mean": 0.5, "reward/acc": 0.5, "skipped_frac": 0.0}
+    for step in range(1, 4):  # zero from the start: nothing learned yet, no warning
+        health.check(step, {**trained, "grad_norm": 0.0})
+    health.check(4, {**trained, "grad_norm": 1.0})
+    for step in range(5, 9):  # steps with no rows to train do not count
+        health.check(step, {**trained, "grad_norm": 0.0, "skipped_frac": 1.0 if step % 2 else 0.0})
+    assert not _warnings(caplog, "saturated")
+    health.check(9, {**trained, "grad_norm": 0.0})
+    assert len(_warnings(caplog, "saturated")) == 1
+    health.check(10, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
+    health.check(11, {**trained, "grad_norm": 0.0})  # a step with a reward resets the count
+    health.check(12, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
+    health.check(13, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
+    assert len(_warnings(caplog, "'acc'")) == 1
