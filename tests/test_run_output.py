@@ -3,9 +3,15 @@ end line, metric lines without the progress bar."""
 
 import copy
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
 
 from helpers import TINY_RECIPE
 from mmrl.config.parse import parse_config
@@ -75,3 +81,32 @@ def test_health_counts_only_zero_gradients_after_non_zero_ones_with_rows_to_trai
     health.check(12, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
     health.check(13, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
     assert len(_warnings(caplog, "'acc'")) == 1
+
+
+def _mmrl(*args):
+    return subprocess.run([sys.executable, "-m", "mmrl", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _weights(run, step):
+    return load_file(run / "checkpoints" / f"step-{step:06d}" / "model" / "model.safetensors")
+
+
+def test_mmrl_train_runs_the_warm_start_once(tmp_path):
+    recipe = _recipe(tmp_path, max_steps=1, warm_start={"steps": 3, "batch_size": 4, "lr": 1e-2})
+    recipe["optim"]["lr"] = 0.0  # RL leaves the weights as the warm start made them
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    out = _mmrl("train", tmp_path / "recipe.yaml")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "warm start: 3 supervised steps" in out.stdout
+    reference = Trainer(parse_config(recipe, [f"output_dir={tmp_path / 'reference'}"]))
+    untrained = {k: v.clone() for k, v in reference.unwrapped.state_dict().items()}
+    reference.warm_start()
+    warmed, run = reference.unwrapped.state_dict(), tmp_path / "run"
+    trained = _weights(run, 1)
+    assert trained and all(torch.allclose(trained[k], warmed[k], atol=1e-6) for k in trained)
+    assert any(not torch.equal(trained[k], untrained[k]) for k in trained)
+    out = _mmrl("train", tmp_path / "recipe.yaml", "resume=true", "max_steps=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "warm start" not in out.stdout
+    assert all(torch.equal(v, _weights(run, 2)[k]) for k, v in trained.items())  # not warm-started again

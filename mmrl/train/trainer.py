@@ -210,9 +210,13 @@ class Trainer:
                             gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
 
     def warm_start(self) -> float:
-        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
-        return warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
+        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets (none when
+        `warm_start.steps` is 0); returns its last loss."""
+        loss = warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
                           self.accelerator.is_main_process)
+        if self.cfg.warm_start.steps > 0 and self.accelerator.is_main_process:
+            print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
+        return loss
 
     # ----- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
