@@ -162,8 +162,9 @@ class EvalConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start before RL (`mmrl train`, `mmrl demo` and `mmrl sweep`; not again on resume): `steps` passes of `batch_size`
-    rows on the data set's `target_column`, gradients clipped to `max_grad_norm` if set."""
+    """Supervised warm start before RL (`mmrl train`, `mmrl demo` and `mmrl sweep`; not again on
+    resume): `steps` passes of `batch_size` rows on the data set's `target_column`, gradients
+    clipped to `max_grad_norm` if set."""
 
     steps: int = field(default=0, metadata={"help": (
         "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column.")})
