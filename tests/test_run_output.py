@@ -110,3 +110,42 @@ def test_mmrl_train_runs_the_warm_start_once(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "warm start" not in out.stdout
     assert all(torch.equal(v, _weights(run, 2)[k]) for k, v in trained.items())  # not warm-started again
+
+
+def test_a_run_prints_its_summary_metric_lines_and_end_line(tmp_path, capsys):
+    recipe = _recipe(tmp_path, max_steps=2)
+    recipe["logging"]["print_every"] = 1
+    trainer = Trainer(parse_config(recipe, []))
+    params = list(trainer.unwrapped.parameters())
+    trainer.train()
+    out, run = capsys.readouterr().out, tmp_path / "run"
+    records = read_metrics(run / "metrics.jsonl")
+    assert (f"mmrl train: task causal_lm, model tiny:qwen2-char\n"
+            f"  parameters: {sum(p.numel() for p in params):,} trainable of {sum(p.numel() for p in params):,} "
+            f"(100.0%)\n  data: 64 train rows, 8 eval rows\n  output: {run} (world size 1)\n") in out
+    metric_lines = [line for line in out.splitlines() if line.startswith("train step")]
+    assert metric_lines == [f"train step {r['step']}/2: reward={r['reward_mean']:.3g} kl={r['kl']:.3g} "
+                            f"clip={r['clip_frac']:.3g} loss={r['loss']:.3g}" for r in records]
+    best = max(records, key=lambda r: (r["reward_mean"], r["step"]))
+    end = [line for line in out.splitlines() if line.startswith("mmrl train: done")]
+    assert len(end) == 1 and end[0].startswith("mmrl train: done, step 2 (2 this session) in ")
+    assert end[0].endswith(f"; reward_mean last {records[-1]['reward_mean']:.4g}, best {best['reward_mean']:.4g} "
+                           f"(step {best['step']}); final checkpoint {run / 'checkpoints' / 'step-000002'}")
+    assert (run / "checkpoints" / "step-000002").is_dir()
+
+    recipe.update(resume=True, max_steps=3)
+    recipe["logging"]["print_every"] = 0
+    Trainer(parse_config(recipe, [])).train()
+    out = capsys.readouterr().out
+    assert "  resumed from step 2\n" in out and "train step" not in out
+    assert "mmrl train: done, step 3 (1 this session) in " in out
+
+
+def test_evaluation_shows_progress_when_progress_is_on(tmp_path, capsys):
+    recipe = _recipe(tmp_path, eval={"max_prompts": 4, "group_size": 2})
+    for progress in (True, False):
+        recipe["logging"]["progress"] = progress
+        recipe["output_dir"] = str(tmp_path / f"run-{progress}")
+        Trainer(parse_config(recipe, [])).evaluate()
+        err = capsys.readouterr().err
+        assert ("eval (sampled): 100%" in err and "eval (greedy): 100%" in err) == progress, err

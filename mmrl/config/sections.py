@@ -146,7 +146,15 @@ class LoggingConfig:
         "Where metrics go besides OUTPUT_DIR/metrics.jsonl: tensorboard, wandb, or none.")})
     plot_every: int = field(default=10, metadata={"help": (
         "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: only once, when the run ends).")})
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar on the main process."})
+    progress: bool = field(default=True, metadata={"help": (
+        "Show progress bars (training steps, warm start, evaluations) on the main process.")})
+    print_every: int = field(default=10, metadata={"help": (
+        "With progress false: print one line of the step's metrics (reward, KL, clip fraction, loss) every this "
+        "many steps on the main process (0: never).")})
+    wandb_project: str = field(default="mmrl", metadata={"help": "The W&B project of the run (report_to: [wandb])."})
+    run_name: str | None = field(default=None, metadata={"help": (
+        "The W&B run's name; null: the output directory's name. A resumed run continues its W&B run (the id is "
+        "kept in OUTPUT_DIR/wandb/mmrl-run-id).")})
 
 
 @dataclass
