@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,12 @@ def test_evaluation_shows_progress_when_progress_is_on(tmp_path, capsys):
         Trainer(parse_config(recipe, [])).evaluate()
         err = capsys.readouterr().err
         assert ("eval (sampled): 100%" in err and "eval (greedy): 100%" in err) == progress, err
+
+
+def test_a_lora_run_builds_without_a_future_warning(tmp_path):
+    recipe = _recipe(tmp_path)
+    recipe["optim"]["lora"] = {"r": 2, "target_modules": ["q_proj", "v_proj"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        trainer = Trainer(parse_config(recipe, []))
+    assert any("lora_A" in name for name, _ in trainer.unwrapped.named_parameters())
