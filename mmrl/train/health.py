@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+
 from mmrl.errors import UserError
 
 logger = logging.getLogger(__name__)

@@ -49,6 +49,11 @@ logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
 
 
+def _numel(param) -> int:
+    """A parameter's whole size (a ZeRO-3 partitioned one keeps it as `ds_numel`)."""
+    return getattr(param, "ds_numel", param.numel())
+
+
 class Trainer:
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True):
@@ -175,11 +180,11 @@ class Trainer:
                     self._save_or_stop(stop)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
-            self._say(end_line(self.step, first_step, time.perf_counter() - started, metrics_file,
-                               ckpt.checkpoint_dir(self.output_dir, self.step)))
         finally:
             progress.close()
             self.tracker.close()
+        self._say(end_line(self.step, first_step, time.perf_counter() - started, metrics_file,
+                           ckpt.checkpoint_dir(self.output_dir, self.step)))
 
     def _say(self, text: str) -> None:
         """Print `text` on the main process."""
@@ -189,9 +194,8 @@ class Trainer:
     def _start_summary(self) -> str:
         """What the run trains, on what, where (`tracking.start_summary`)."""
         params = list(self.unwrapped.parameters())
-        size = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731  (zero3 keeps the full size there)
         return start_summary(self.cfg.task, self.cfg.policy.get("model", "?"),
-                             sum(size(p) for p in params if p.requires_grad), sum(size(p) for p in params),
+                             sum(_numel(p) for p in params if p.requires_grad), sum(_numel(p) for p in params),
                              len(self.inputs.train_rows), len(self.inputs.eval_rows), self.output_dir,
                              self.accelerator.num_processes, self.step if self.resumed else None)
 
