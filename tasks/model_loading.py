@@ -19,9 +19,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TINY_MODELS: Registry[Callable[..., Any]] = Registry("tiny model")
 
 
-def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str) -> tuple[nn.Module, Any]:
-    """The registered tiny model ``tiny:NAME`` (built from `tiny_args`) in `dtype`, with its tokenizer."""
+def load_tiny(model: str, tiny_args: dict[str, Any], dtype: str,
+              attn_implementation: str | None = None) -> tuple[nn.Module, Any]:
+    """The registered tiny model ``tiny:NAME`` (built from `tiny_args`) in `dtype`, with its tokenizer;
+    with `attn_implementation`, set to that transformers attention implementation (as from_pretrained's)."""
     module, tokenizer = TINY_MODELS.get(model.removeprefix("tiny:"))(**tiny_args)
+    if attn_implementation is not None:
+        module.set_attn_implementation(attn_implementation)
     return module.to(DTYPES[dtype]), tokenizer
 
 

@@ -17,8 +17,9 @@ from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 from PIL import Image
 from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
-from mmrl.config.parse import parse_config
+from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.parts import build_policy
+from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
 RNG = np.random.default_rng(0)
@@ -178,7 +179,7 @@ def test_switch_is_validated_and_reads_yaml_booleans(tmp_path):
 
 
 def test_unsupported_attention_falls_back_and_says_so_once(caplog):
-    policy = text_policy(prefix_sharing="on")
+    policy = text_policy(prefix_sharing="auto")
     batch = policy.rollout(["1+1=" * 40], 2, seeds=[0])
     policy.model.config._attn_implementation = "flex_attention"
     with caplog.at_level(logging.WARNING, logger="tasks.lm.scoring"):
@@ -188,6 +189,31 @@ def test_unsupported_attention_falls_back_and_says_so_once(caplog):
     policy.model.config._attn_implementation = "sdpa"
     assert unsupported_reason(policy.model.config) is None
     assert "bidirectionally" in unsupported_reason(Gemma3Config())
+
+
+def test_tiny_models_take_the_attention_implementation():
+    sdpa, eager = text_policy(), text_policy(attn_implementation="eager")
+    assert (sdpa.model.config._attn_implementation, eager.model.config._attn_implementation) == ("sdpa", "eager")
+    ids = sdpa.tokenizer(["12+34="], return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.allclose(sdpa.model(ids).logits, eager.model(ids).logits, atol=1e-5)  # same weights
+
+
+def test_sharing_on_with_an_attention_that_takes_no_4d_mask_is_refused_before_the_model_loads(tmp_path):
+    cfg = parse_config(TINY_RECIPE, tiny_overrides(tmp_path, **{"policy.prefix_sharing": "on",
+                                                                "policy.attn_implementation": "flex_attention"}))
+    with pytest.raises(ConfigError, match=r"policy.prefix_sharing=on .*policy.attn_implementation='flex_attention'"):
+        validate(cfg, 1)
+    with pytest.raises(ValueError, match=r"policy.prefix_sharing=on .*'flex_attention'"):
+        text_policy(prefix_sharing="on", attn_implementation="flex_attention")
+    cfg = parse_config(TINY_RECIPE, tiny_overrides(tmp_path, **{"policy.prefix_sharing": "auto",
+                                                                "policy.attn_implementation": "flex_attention"}))
+    validate(cfg, 1)  # auto falls back to the plain forward
+
+
+def test_sharing_on_with_a_model_that_cannot_share_is_refused_when_it_loads():
+    with pytest.raises(ValueError, match="policy.prefix_sharing=on: the model's attention is not causal"):
+        CausalLMPolicy(CausalLMConfig(model="tiny:dlm-char", prefix_sharing="on", max_new_tokens=4))  # bidirectional
 
 
 def test_text_training_streams_exactly_and_starts_on_policy(tmp_path):

@@ -68,7 +68,7 @@ def test_first_step_on_the_repeated_cache_equals_a_plain_prefill(case):
     inputs = policy._shared_prefill(encoded, expanded, 3)
     with torch.no_grad():
         step = policy.model(input_ids=inputs["input_ids"][:, -1:], attention_mask=inputs["attention_mask"],
-                            position_ids=inputs["position_ids"][..., -1:], past_key_values=inputs["past_key_values"])
+                            position_ids=inputs["position_ids"][..., -1:], cache=inputs["cache"])
         whole = policy.model(**policy._model_inputs(expanded))
     assert torch.allclose(step.logits[:, -1], whole.logits[:, -1], atol=1e-5)
 
@@ -94,3 +94,29 @@ def test_shared_prefill_under_a_lora_wrapper():
     assert shared.completions == rollout(policy, rows, False).completions
     with policy.model.disable_adapter():
         assert rollout(policy, rows, True).completions != shared.completions  # the adapter is live
+
+
+def test_rollouts_raise_no_deprecation_from_transformers(case):
+    """generate gets its KV cache under the name the installed transformers takes: no FutureWarning,
+    no DeprecationWarning, no 'deprecated' log line (warning_once's memory cleared first)."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+    policy, rows = case
+    hf_logging.warning_once.cache_clear()
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            for shared in (True, False):
+                rollout(policy, rows, shared)
+                rollout(policy, rows, shared, greedy=True)
+    finally:
+        hf_logger.removeHandler(handler)
+    assert not [line for line in lines if "deprecat" in line.lower()], lines

@@ -3,11 +3,12 @@
 import io
 import json
 import sys
+import types
 
 import numpy as np
 import pytest
 
-from mmrl.train.tracking import Progress, Tracker, plot_rewards, plot_sample_grid
+from mmrl.train.tracking import Progress, Tracker, plot_rewards, plot_sample_grid, wandb_run_id
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -93,3 +94,45 @@ def test_sample_grid_and_progress(tmp_path):
     p.update(2, {"reward_mean": 0.123456, "kl": 0.01, "clip_frac": 0.0})
     assert p.bar.n == 2 and p.bar.postfix == "reward=0.123, kl=0.01, clip=0"
     p.close()
+
+
+def test_a_resumed_run_keeps_its_wandb_run_id_and_a_new_run_gets_another(tmp_path):
+    first = wandb_run_id(tmp_path, resumed=False)
+    assert (tmp_path / "wandb" / "mmrl-run-id").read_text() == first
+    assert wandb_run_id(tmp_path, resumed=True) == first
+    second = wandb_run_id(tmp_path, resumed=False)  # a new run in the directory (overwrite=true)
+    assert second != first and wandb_run_id(tmp_path, resumed=True) == second
+    assert wandb_run_id(tmp_path / "never-had-wandb", resumed=True) == \
+        (tmp_path / "never-had-wandb" / "wandb" / "mmrl-run-id").read_text()
+
+
+def test_wandb_gets_the_project_the_name_and_the_run_to_continue(tmp_path, monkeypatch):
+    """wandb is not installed here: a stand-in module records what the Tracker asks of it."""
+    calls = []
+
+    class Run:
+        def log(self, metrics, step):
+            pass
+
+        def finish(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw) or Run()))
+    run_dir = tmp_path / "my-run"
+    Tracker(run_dir, ["wandb"], config={"a": 1}, wandb_project="proj").close()
+    Tracker(run_dir, ["wandb"], config={"a": 1}, wandb_project="proj", run_name="named", resume_step=0).close()
+    stored = (run_dir / "wandb" / "mmrl-run-id").read_text()
+    assert calls == [
+        {"project": "proj", "name": "my-run", "config": {"a": 1}, "dir": str(run_dir), "id": stored, "resume": "allow"},
+        {"project": "proj", "name": "named", "config": {"a": 1}, "dir": str(run_dir), "id": stored, "resume": "allow"}]
+
+
+def test_progress_without_a_bar_prints_every_print_every_steps(capsys):
+    p = Progress(4, enabled=False, print_every=2)
+    for step in range(1, 5):
+        p.update(step, {"reward_mean": step / 3, "kl": 0.5, "loss": -1.0})
+    p.close()
+    assert capsys.readouterr().out == ("train step 2/4: reward=0.667 kl=0.5 loss=-1\n"
+                                       "train step 4/4: reward=1.33 kl=0.5 loss=-1\n")
+    Progress(4, enabled=False).update(4, {"reward_mean": 1.0})  # print_every 0: silent
+    assert capsys.readouterr().out == ""

@@ -110,7 +110,10 @@ def run_export(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
     from mmrl.train.trainer import Trainer
-    Trainer(cfg).train()
+    trainer = Trainer(cfg)
+    if not trainer.resumed:  # a resumed run's weights were warm-started before its first checkpoint
+        trainer.warm_start()
+    trainer.train()
     return 0
 
 

@@ -146,7 +146,15 @@ class LoggingConfig:
         "Where metrics go besides OUTPUT_DIR/metrics.jsonl: tensorboard, wandb, or none.")})
     plot_every: int = field(default=10, metadata={"help": (
         "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: only once, when the run ends).")})
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar on the main process."})
+    progress: bool = field(default=True, metadata={"help": (
+        "Show progress bars (training steps, warm start, evaluations) on the main process.")})
+    print_every: int = field(default=10, metadata={"help": (
+        "With progress false: print one line of the step's metrics (reward, KL, clip fraction, loss) every this "
+        "many steps on the main process (0: never).")})
+    wandb_project: str = field(default="mmrl", metadata={"help": "The W&B project of the run (report_to: [wandb])."})
+    run_name: str | None = field(default=None, metadata={"help": (
+        "The W&B run's name; null: the output directory's name. A resumed run continues its W&B run (the id is "
+        "kept in OUTPUT_DIR/wandb/mmrl-run-id).")})
 
 
 @dataclass
@@ -162,8 +170,9 @@ class EvalConfig:
 
 @dataclass
 class WarmStartConfig:
-    """Supervised warm start before RL (used by the demos): `steps` passes of `batch_size`
-    rows on the data set's `target_column`, gradients clipped to `max_grad_norm` if set."""
+    """Supervised warm start before RL (`mmrl train`, `mmrl demo` and `mmrl sweep`; not again on
+    resume): `steps` passes of `batch_size` rows on the data set's `target_column`, gradients
+    clipped to `max_grad_norm` if set."""
 
     steps: int = field(default=0, metadata={"help": (
         "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column.")})
@@ -261,7 +270,8 @@ class TrainConfig:
         "help": "keep only the newest N checkpoints (and the best one with eval.keep_best); null keeps all"})
     max_bad_steps: int = field(default=3, metadata={
         "help": "a step whose loss or gradient norm is NaN/inf is skipped (counted as nonfinite_skipped); "
-                "after this many in a row the run saves a checkpoint and stops"})
+                "after this many in a row the run saves a checkpoint and stops; it stops as well after this many "
+                "steps in a row in which no reward gave a value for any completion"})
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "

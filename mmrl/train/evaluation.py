@@ -23,6 +23,7 @@ from mmrl.core.advantages import combined_total
 from mmrl.core.policy import Policy
 from mmrl.core.scoring import compute_rewards, reward_columns, score_rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.train.tracking import Progress
 
 EVAL_SEED_SALT = 0xE7A1
 
@@ -55,14 +56,18 @@ def _mean_se(values: list[float], group_size: int) -> tuple[float, float]:
 def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callable],
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
            prompts_per_call: int, combine: str, gates: Mapping[str, float] | None,
-           evaluator: Evaluator | None = None, records: list[dict] | None = None) -> dict[str, float]:
+           evaluator: Evaluator | None = None, records: list[dict] | None = None,
+           show_progress: bool = False) -> dict[str, float]:
     """Score `group_size` samples per row; with `records`, append each row's samples, rewards and
-    evaluator values to it ({"row", "completions", "rewards", "eval"})."""
+    evaluator values to it ({"row", "completions", "rewards", "eval"}); with `show_progress`, a bar
+    over the rows."""
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
     judged: list[float] = []
     counts: dict[str, float] = {}  # what the rewards log about these calls
     eval_counts: dict[str, float] = {}
+    progress = Progress(len(rows), enabled=show_progress, desc=f"eval ({'greedy' if greedy else 'sampled'})",
+                        leave=False)
     for start in range(0, len(rows), prompts_per_call):
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
@@ -84,6 +89,8 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
                 records.append({"row": row, "completions": list(kept.completions[span]),
                                 "rewards": total[span].tolist(),
                                 "eval": values[span] if values is not None else None})
+        progress.update(start + len(chunk), {})
+    progress.close()
     out = dict(zip(("reward_mean", "reward_mean_se"), _mean_se(totals, group_size)))
     mean = lambda xs: float(torch.nanmean(torch.tensor(xs))) if xs else float("nan")  # noqa: E731
     out.update({f"reward/{k}": mean(v) for k, v in per_reward.items()})
@@ -99,17 +106,18 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
              weights: Mapping[str, float], group_size: int, seed: int,
              prompts_per_call: int = 16, combine: str = "sum",
              gates: Mapping[str, float] | None = None, evaluator: Evaluator | None = None,
-             keep_samples: bool = False) -> dict[str, Any]:
+             keep_samples: bool = False, show_progress: bool = False) -> dict[str, Any]:
     """The scores; with `keep_samples`, also ``samples``: per row {"row", "completions",
-    "rewards", "eval" (the sampled ones), "greedy", "greedy_reward", "greedy_eval"}."""
+    "rewards", "eval" (the sampled ones), "greedy", "greedy_reward", "greedy_eval"}; with
+    `show_progress`, a bar over the rows of each pass."""
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
     sampled_records: list[dict] | None = [] if keep_samples else None
     greedy_records: list[dict] | None = [] if keep_samples else None
     sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates,
-                     evaluator, sampled_records)
+                     evaluator, sampled_records, show_progress)
     greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates,
-                    evaluator, greedy_records)
+                    evaluator, greedy_records, show_progress)
     out: dict[str, Any] = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")

@@ -5,6 +5,7 @@ learning-rate schedule."""
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,8 +100,10 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
     if cfg.optim.lora.r > 0:
         from peft import LoraConfig, get_peft_model
         lora = cfg.optim.lora
-        policy.model = get_peft_model(policy.model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+        with warnings.catch_warnings():  # peft (0.21) itself reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            policy.model = get_peft_model(policy.model, LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
         reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))

@@ -1,5 +1,6 @@
-"""What users see of a run: a progress bar, ``metrics.jsonl``, TensorBoard, W&B when asked,
-and ``plots/rewards.png`` redrawn as training goes."""
+"""What users see of a run: a start summary and an end line, a progress bar (or a line of metrics
+every `logging.print_every` steps without it), ``metrics.jsonl``, TensorBoard, W&B when asked, and
+``plots/rewards.png`` redrawn as training goes."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 import math
 import numbers
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Sequence
 
 REPORTERS = ("tensorboard", "wandb", "none")
 REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # reporter -> the package it writes with
+WANDB_RUN_ID = Path("wandb") / "mmrl-run-id"  # under the output directory: the W&B run a resume continues
 
 
 def _clean(value: Any) -> Any:
@@ -127,11 +130,24 @@ def plot_sample_grid(images: Sequence[Any], captions: Sequence[str], out_png: st
     _save_figure_atomically(fig, Path(out_png))
 
 
+def wandb_run_id(output_dir: str | Path, resumed: bool) -> str:
+    """The W&B run id of the run in `output_dir`: the stored one when the run resumes and has one,
+    else a new one, stored for its resumes."""
+    path = Path(output_dir) / WANDB_RUN_ID
+    if resumed and path.is_file():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(4)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id)
+    return run_id
+
+
 class Tracker:
     """metrics.jsonl + TensorBoard (+ W&B) + reward plot; every method is a no-op where `enabled` is False."""
 
     def __init__(self, output_dir: str | Path, report_to: Sequence[str] = ("tensorboard",), plot_every: int = 10,
-                 config: dict | None = None, resume_step: int | None = None, enabled: bool = True):
+                 config: dict | None = None, resume_step: int | None = None, enabled: bool = True,
+                 wandb_project: str = "mmrl", run_name: str | None = None):
         report_to = [report_to] if isinstance(report_to, str) else list(report_to)
         for r in report_to:
             if r not in REPORTERS:
@@ -163,7 +179,9 @@ class Tracker:
             except ImportError as e:
                 raise ImportError("logging.report_to includes 'wandb' but wandb is not installed: "
                                   "pip install wandb") from e
-            self.wandb = wandb.init(project="mmrl", config=config, dir=str(self.dir))
+            self.wandb = wandb.init(project=wandb_project, name=run_name or self.dir.resolve().name, config=config,
+                                    dir=str(self.dir), id=wandb_run_id(self.dir, resume_step is not None),
+                                    resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record `metrics` at `step` everywhere asked; redraw the plot every `plot_every` steps."""
@@ -195,25 +213,61 @@ class Tracker:
 
 
 class Progress:
-    """A tqdm bar over training steps showing reward, KL and clip fraction; tqdm gives the ETA."""
+    """A tqdm bar over training steps showing reward, KL and clip fraction; tqdm gives the ETA.
+    Without the bar, with `print_every`, one printed line of those metrics every `print_every` steps."""
 
     SHOWN = {"reward": "reward_mean", "kl": "kl", "clip": "clip_frac", "loss": "loss"}
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "train"):
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "train",
+                 print_every: int = 0, leave: bool = True):
         self.bar = None
+        self.total, self.desc, self.print_every = total, desc, print_every
         if enabled:
             from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=leave)
 
     def update(self, step: int, metrics: dict) -> None:
-        """Advance the bar to `step` and show the metrics present in `metrics`."""
+        """Advance the bar to `step` and show the metrics present in `metrics` (or print them)."""
+        shown = {k: f"{metrics[v]:.3g}" for k, v in self.SHOWN.items() if isinstance(metrics.get(v), numbers.Real)}
         if self.bar is None:
+            if self.print_every and step % self.print_every == 0:
+                print(f"{self.desc} step {step}/{self.total}: " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                      flush=True)
             return
-        self.bar.set_postfix({k: f"{metrics[v]:.3g}" for k, v in self.SHOWN.items()
-                              if isinstance(metrics.get(v), numbers.Real)}, refresh=False)
+        self.bar.set_postfix(shown, refresh=False)
         self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
         """Close the bar."""
         if self.bar is not None:
             self.bar.close()
+
+
+def start_summary(task: str, model: str, trainable: int, total: int, train_rows: int, eval_rows: int,
+                  output_dir: str | Path, world_size: int, resumed_step: int | None) -> str:
+    """The lines a run prints as it starts."""
+    share = f" ({100 * trainable / total:.1f}%)" if total else ""
+    lines = [f"mmrl train: task {task}, model {model}",
+             f"  parameters: {trainable:,} trainable of {total:,}{share}",
+             f"  data: {train_rows} train rows, {eval_rows} eval rows",
+             f"  output: {output_dir} (world size {world_size})"]
+    if resumed_step is not None:
+        lines.append(f"  resumed from step {resumed_step}")
+    return "\n".join(lines)
+
+
+def end_line(step: int, first_step: int, seconds: float, metrics_path: str | Path, checkpoint: str | Path) -> str:
+    """The line a finished run prints: its steps and time, its last and best training reward (and best
+    held-out one) from `metrics_path`, and its final checkpoint."""
+    records = read_metrics(metrics_path)
+    rewards = [(r["reward_mean"], r["step"]) for r in records if isinstance(r.get("reward_mean"), (int, float))]
+    evals = [(r["eval/reward_mean"], r["step"]) for r in records if isinstance(r.get("eval/reward_mean"), (int, float))]
+    parts = [f"mmrl train: done, step {step} ({step - first_step} this session) in {seconds:.1f} s"]
+    if rewards:
+        best = max(rewards)
+        parts.append(f"reward_mean last {rewards[-1][0]:.4g}, best {best[0]:.4g} (step {best[1]})")
+    if evals:
+        best = max(evals)
+        parts.append(f"eval reward_mean best {best[0]:.4g} (step {best[1]})")
+    parts.append(f"final checkpoint {checkpoint}")
+    return "; ".join(parts)

@@ -30,12 +30,13 @@ from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.evaluation import evaluate
+from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, stage_inputs
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
 from mmrl.train.signals import RunInterrupted, StopSignals
 from mmrl.train.stages import Stage
-from mmrl.train.tracking import Progress, Tracker
+from mmrl.train.tracking import Progress, Tracker, end_line, start_summary
 from mmrl.train.update import PolicyUpdate
 from mmrl.train.warm_start import warm_start
 
@@ -46,6 +47,11 @@ class NonFiniteError(UserError):
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
+
+
+def _numel(param) -> int:
+    """A parameter's whole size (a ZeRO-3 partitioned one keeps it as `ds_numel`)."""
+    return getattr(param, "ds_numel", param.numel())
 
 
 class Trainer:
@@ -153,13 +159,18 @@ class Trainer:
     def train(self) -> None:
         """Steps until `max_steps`, evaluating, logging and saving as the recipe says."""
         cfg, acc = self.cfg, self.accelerator
+        started, first_step = time.perf_counter(), self.step
         metrics_file = self.output_dir / "metrics.jsonl"
         if not self.resumed and acc.is_main_process and metrics_file.exists():
             metrics_file.unlink()  # a fresh run in a used directory starts a fresh record
         self.tracker = Tracker(self.output_dir, cfg.logging.report_to, cfg.logging.plot_every,
                                config=to_dict(self.plan.recipe), resume_step=self.step if self.resumed else None,
-                               enabled=acc.is_main_process)
-        progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process)
+                               enabled=acc.is_main_process, wandb_project=cfg.logging.wandb_project,
+                               run_name=cfg.logging.run_name)
+        self._say(self._start_summary())
+        progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
+                            print_every=cfg.logging.print_every if acc.is_main_process else 0)
+        health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
         try:
             with StopSignals() as stop:
                 while self.step < cfg.max_steps:
@@ -168,12 +179,28 @@ class Trainer:
                     self.bad_steps = self.bad_steps + 1 if self.updater.nonfinite_term else 0
                     self.tracker.log(self.step, metrics)
                     progress.update(self.step, metrics)
+                    health.check(self.step, metrics)
                     self._save_or_stop(stop)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
         finally:
             progress.close()
             self.tracker.close()
+        self._say(end_line(self.step, first_step, time.perf_counter() - started, metrics_file,
+                           ckpt.checkpoint_dir(self.output_dir, self.step)))
+
+    def _say(self, text: str) -> None:
+        """Print `text` on the main process."""
+        if self.accelerator.is_main_process:
+            print(text, flush=True)
+
+    def _start_summary(self) -> str:
+        """What the run trains, on what, where (`tracking.start_summary`)."""
+        params = list(self.unwrapped.parameters())
+        return start_summary(self.cfg.task, self.cfg.policy.get("model", "?"),
+                             sum(_numel(p) for p in params if p.requires_grad), sum(_numel(p) for p in params),
+                             len(self.inputs.train_rows), len(self.inputs.eval_rows), self.output_dir,
+                             self.accelerator.num_processes, self.step if self.resumed else None)
 
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
@@ -207,12 +234,17 @@ class Trainer:
         with self.collector.rollout_params():
             return evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
                             cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples)
+                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples,
+                            show_progress=cfg.logging.progress and self.accelerator.is_main_process)
 
     def warm_start(self) -> float:
-        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets."""
-        return warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
+        """Supervised warm start (`warm_start.*`) of the policy on the data set's targets (none when
+        `warm_start.steps` is 0); returns its last loss."""
+        loss = warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
                           self.accelerator.is_main_process)
+        if self.cfg.warm_start.steps > 0 and self.accelerator.is_main_process:
+            print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
+        return loss
 
     # ----- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

@@ -21,6 +21,7 @@ from mmrl.registry import ADAPTERS
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
+from .prefix_sharing import SHARED_ATTENTION, unsupported_reason
 from .scoring import TokenScoring
 from .vllm_engine import VLLMConfig, VLLMEngine
 from .vllm_engine import config_problems as vllm_config_problems
@@ -109,6 +110,10 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             problems.append(f"policy.temperature={cfg.temperature} must be > 0")
         if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
             problems.append(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
+        elif cfg.prefix_sharing in ("on", True) and cfg.attn_implementation not in (None, *SHARED_ATTENTION):
+            problems.append(f"policy.prefix_sharing=on needs a dense 4D attention mask, which "
+                            f"policy.attn_implementation={cfg.attn_implementation!r} does not take (supported: "
+                            f"{', '.join(SHARED_ATTENTION)}); set prefix_sharing to auto or off, or another attention")
         if cfg.rollout_engine not in cls.rollout_engines:
             problems.append(f"policy.rollout_engine={cfg.rollout_engine!r}: the {cls.__name__} adapter supports "
                             f"{', '.join(cls.rollout_engines)}")
@@ -131,6 +136,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         self._vllm: VLLMEngine | None = None  # built on the first rollout with rollout_engine vllm
         self._load(cfg)
         pad_on_the_left(self.tokenizer)
+        if cfg.prefix_sharing == "on" and (reason := unsupported_reason(self.model.config)) is not None:
+            raise ValueError(f"policy.prefix_sharing=on: {reason}; set policy.prefix_sharing to auto or off")
         if cfg.device:
             self.model.to(cfg.device)
         if cfg.gradient_checkpointing:
@@ -144,7 +151,7 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` and `tokenizer`: a registered tiny model, or `from_pretrained`."""
         if cfg.model.startswith("tiny:"):
-            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
+            self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype, cfg.attn_implementation)
             return
         self.tokenizer = load_tokenizer(cfg)
         self.model = AutoModelForCausalLM.from_pretrained(

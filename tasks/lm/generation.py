@@ -209,7 +209,7 @@ class TokenRollouts(Policy):
             if positions is not None:
                 head["position_ids"] = positions[..., :-1]
             keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
-            cache = self.model(**head, use_cache=True, **keep).past_key_values
+            cache = self.model(**head, use_cache=True, **keep).cache
             if not isinstance(cache, Cache) or cache.get_seq_length() != ids.shape[1] - 1:
                 reason = f"{type(base).__name__} returned no KV cache of the prompt's length"
             elif not all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
@@ -222,7 +222,7 @@ class TokenRollouts(Policy):
         inputs = self._model_inputs({k: v for k, v in rows.items() if k.startswith("prompt_")})
         if positions is not None:
             inputs["position_ids"] = positions.repeat_interleave(group_size, dim=positions.dim() - 2)
-        inputs["past_key_values"] = cache
+        inputs["cache"] = cache
         return inputs
 
     def _check_prompt_lengths(self, mask: Tensor, prompts: Sequence[Any]) -> None:

@@ -49,7 +49,7 @@ class MultimodalPolicy(CausalLMPolicy):
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
-            self.model, self.processor = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)
+            self.model, self.processor = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype, cfg.attn_implementation)
         else:
             self._load_pretrained(cfg)
         self.tokenizer = self.processor.tokenizer
