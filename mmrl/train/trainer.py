@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from mmrl.config.parse import to_dict
@@ -27,6 +28,7 @@ from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
 from mmrl.train import checkpoint as ckpt
 from mmrl.train import run_dir
+from mmrl.train.run_lock import RunLock
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.evaluation import evaluate
@@ -64,7 +66,19 @@ class Trainer:
         check_world_size(acc.num_processes)
         self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
         self.output_dir = Path(cfg.output_dir)
-        resume_from = self._claim(cfg) if for_training else None
+        self._lock: RunLock | None = None
+        claimed = self._claim(cfg) if for_training else run_dir.Claim()
+        try:
+            self._build(cfg, claimed.resume_from)
+            if for_training:
+                self._settle(claimed)
+        except BaseException:
+            self.release_output_dir()
+            raise
+
+    def _build(self, cfg: TrainConfig, resume_from: Path | None) -> None:
+        """The run's data, model, optimizer and update, at the checkpoint `resume_from` if given."""
+        acc = self.accelerator
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
         if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
             logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
@@ -80,17 +94,43 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
+        self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
+        self._sampler_before_step: dict | None = None  # the data sampler's state before the current step
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+            self._take_optimizer_settings()
         self.resumed = resume_from is not None
 
-    def _claim(self, cfg: TrainConfig) -> Path | None:
-        """The output directory claimed for this run; the checkpoint to resume from, if any."""
+    def _claim(self, cfg: TrainConfig) -> run_dir.Claim:
+        """Lock the output directory for this run and decide what it does there (the main process
+        decides; every process gets its answer or its error)."""
         acc = self.accelerator
-        say = print if acc.is_main_process else (lambda *a, **k: None)
-        resume_from = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, acc.is_main_process, say)
-        acc.wait_for_everyone()
-        return resume_from
+        outcome: run_dir.Claim | UserError | None = None
+        if acc.is_main_process:
+            try:
+                run_dir.check_writable(self.output_dir)
+                self._lock = RunLock(self.output_dir)
+                outcome = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, to_dict(self.plan.recipe),
+                                        cfg.resume_changes)
+            except UserError as e:
+                outcome = e
+        outcome = gather_objects(acc, outcome)[0]
+        if isinstance(outcome, UserError):
+            self.release_output_dir()
+            raise outcome
+        return outcome
+
+    def _settle(self, claimed: run_dir.Claim) -> None:
+        """Once the data and the model loaded: clear the previous run's files, or record a resume's changes."""
+        if self.accelerator.is_main_process:
+            run_dir.settle(self.output_dir, claimed)
+        self.accelerator.wait_for_everyone()
+
+    def release_output_dir(self) -> None:
+        """Let another run use the output directory (at the end of `train`, or when building this run failed)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def unwrapped(self):
@@ -121,23 +161,40 @@ class Trainer:
             self.policy.prompt_column = new.data.prompt_column
         else:
             self.inputs.cfg, self.inputs.reward_fns, self.inputs.reward_weights = new, fns, weights
-        if new.optim.lr != old.optim.lr:  # keeps the schedule's factor, on the new base rate
-            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-                group["lr"] = group["lr"] * new.optim.lr / base if base else new.optim.lr
-                group["initial_lr"] = new.optim.lr
-            self.scheduler.base_lrs = [new.optim.lr] * len(self.scheduler.base_lrs)
+        if new.optim.lr != old.optim.lr:
+            self._set_base_lr(new.optim.lr)
         self.cfg = self.updater.cfg = new
         self.stage = stage
+
+    def _set_base_lr(self, lr: float) -> None:
+        """A new base learning rate; the schedule's factor at this step carries on."""
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = group["lr"] * lr / base if base else lr
+            group["initial_lr"] = lr
+        self.scheduler.base_lrs = [lr] * len(self.scheduler.base_lrs)
+
+    def _take_optimizer_settings(self) -> None:
+        """After a resume: the recipe's AdamW settings, not the checkpoint's (they differ only with
+        resume_changes=allow)."""
+        optim = self.cfg.optim
+        for group in self.optimizer.param_groups:
+            group["weight_decay"], group["betas"] = optim.weight_decay, tuple(optim.betas)
+        if any(base != optim.lr for base in self.scheduler.base_lrs):
+            self._set_base_lr(optim.lr)
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
         step = self.step + 1
+        self._sampler_before_step = self.inputs.sampler.state_dict()
+        self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
         t0 = time.perf_counter()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
         t1 = time.perf_counter()
+        self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
+        self._phase = None
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
             metrics["stage"] = self.stage.index
@@ -158,7 +215,7 @@ class Trainer:
                                enabled=acc.is_main_process)
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process)
         try:
-            with StopSignals() as stop:
+            with StopSignals() as stop, self._checkpoint_on_failure():
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     self._evaluate_every(metrics)
@@ -171,6 +228,19 @@ class Trainer:
         finally:
             progress.close()
             self.tracker.close()
+            self.release_output_dir()
+
+    @contextmanager
+    def _checkpoint_on_failure(self):
+        """A step, reward, evaluation or log that raises: save the last completed step's state (unless the
+        weights were mid-update, or the error is a stop that saved already), then re-raise, naming it."""
+        try:
+            yield
+        except (RunInterrupted, NonFiniteError, ckpt.DiskFull):
+            raise
+        except Exception as e:
+            e.add_note(f"mmrl: {self._failure_checkpoint()}")
+            raise
 
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
@@ -212,27 +282,54 @@ class Trainer:
                           self.accelerator.is_main_process)
 
     # ----- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified)."""
+    def _failure_checkpoint(self) -> str:
+        """After an error in the loop: save the state after the last completed step; say where it is."""
+        newest = ckpt.latest_checkpoint(self.output_dir)
+        if self._phase == "changing":
+            return (f"step {self.step + 1} failed after it began changing the weights or the stage, so the state "
+                    f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
+        if self.accelerator.num_processes > 1:  # the other processes may not reach a save
+            return f"the run failed after step {self.step}; the newest checkpoint is {newest}"
+        if newest is not None and newest == ckpt.checkpoint_dir(self.output_dir, self.step):
+            return f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
+        try:
+            path = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
+        except Exception as e:
+            return f"the run failed after step {self.step} and saving it failed too ({e}); the newest checkpoint is {newest}"
+        return f"the run failed after step {self.step}, which is saved in {path}; fix the cause, then resume=true"
+
+    def save_checkpoint(self, sampler_state: dict | None = None) -> Path:
+        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
+        `sampler_state` replaces the data sampler's own (its state before a step that failed)."""
         acc = self.accelerator
         final = ckpt.checkpoint_dir(self.output_dir, self.step)
         tmp = ckpt.temporary_dir(self.output_dir, self.step)
         if acc.is_main_process and tmp.exists():
             shutil.rmtree(tmp)
         acc.wait_for_everyone()
-        self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+        with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
+            self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+            if acc.is_main_process:
+                state = {"step": self.step, "sampler": sampler_state or self.inputs.sampler.state_dict(),
+                         "bad_steps": self.bad_steps}
+                if self.last_eval is not None and self.last_eval[0] == self.step:
+                    state["eval_reward_mean"] = self.last_eval[1]
+                ckpt.publish(tmp, final, state)
         if acc.is_main_process:
-            state = {"step": self.step, "sampler": self.inputs.sampler.state_dict(), "bad_steps": self.bad_steps}
-            if self.last_eval is not None and self.last_eval[0] == self.step:
-                state["eval_reward_mean"] = self.last_eval[1]
-            ckpt.publish(tmp, final, state)
             if self.cfg.save_total_limit is not None:
                 ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
 
     def load_checkpoint(self, path: Path) -> None:
-        self.strategy.load(self.model, self.optimizer, path)
+        try:
+            self.strategy.load(self.model, self.optimizer, path)
+        except RuntimeError as e:  # a state dict of another model: torch lists every tensor
+            if "state_dict" not in str(e):
+                raise
+            first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
+            raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
+                            "settings it was saved with (the run's config.json)") from None
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
