@@ -8,7 +8,8 @@ A step (`train_step`):
      (mmrl/train/batching.py);
   4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/update.py).
 The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
-every `save_every`, a checkpoint and a clear stop on signals and on too many non-finite steps.
+every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps and on an
+error (the state after the last completed step). The run holds its output directory's lock throughout.
 """
 
 from __future__ import annotations
@@ -310,14 +311,13 @@ class Trainer:
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
             if acc.is_main_process:
-                state = {"step": self.step, "sampler": sampler_state or self.inputs.sampler.state_dict(),
-                         "bad_steps": self.bad_steps}
+                sampler = self.inputs.sampler.state_dict() if sampler_state is None else sampler_state
+                state = {"step": self.step, "sampler": sampler, "bad_steps": self.bad_steps}
                 if self.last_eval is not None and self.last_eval[0] == self.step:
                     state["eval_reward_mean"] = self.last_eval[1]
                 ckpt.publish(tmp, final, state)
-        if acc.is_main_process:
-            if self.cfg.save_total_limit is not None:
-                ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
+        if acc.is_main_process and self.cfg.save_total_limit is not None:
+            ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
 
