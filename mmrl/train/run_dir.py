@@ -93,7 +93,7 @@ def settle(output_dir: Path, claimed: Claim, say: Callable[[str], None] = print)
     """Carry out `claimed` once the run's data and model loaded (the main process only): clear the
     previous run's files, or record the settings a resumed run changed beside its config.json."""
     output_dir = Path(output_dir)
-    if claimed.clear and run_files(output_dir):
+    if claimed.clear and any((output_dir / name).exists() for name in RUN_OUTPUTS):
         say(f"clearing the previous run's files in {output_dir}")
         clear(output_dir)
     if claimed.changes and claimed.resume_from is not None:
