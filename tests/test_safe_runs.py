@@ -95,7 +95,7 @@ def test_resume_with_changed_settings_is_refused_listing_them(tmp_path, monkeypa
         make(out, "resume=true", "max_steps=3", "optim.lr=0.5", "algorithm.group_size=8", "logging.plot_every=1")
     assert "max_steps" not in str(refused.value) and "plot_every" not in str(refused.value)
     with pytest.raises(UserError, match=r"of another model \(policy\.model: \"tiny:qwen2-char\" -> \"tiny:dlm-char\"\)"):
-        make(out, "resume=true", "resume_changes=allow", "policy.model=tiny:dlm-char")
+        make(out, "resume=true", "resume_changes=allow", "policy.model=tiny:dlm-char", "optim.lr=0.5")
     assert (out / "config.json").read_text() == saved
 
 

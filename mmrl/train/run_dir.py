@@ -142,9 +142,9 @@ def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -
     absent = "(absent)"
     changes = {k: (saved.get(k, absent), new.get(k, absent)) for k in sorted({*saved, *new})
                if saved.get(k, absent) != new.get(k, absent) and not _free(k)}
-    listed = "; ".join(f"{k}: {json.dumps(old, default=str)} -> {json.dumps(v, default=str)}"
-                       for k, (old, v) in changes.items())
     fixed = [k for k in changes if any(k == f or k.startswith(f + ".") for f in FIXED_ON_RESUME)]
+    listed = "; ".join(f"{k}: {json.dumps(old, default=str)} -> {json.dumps(v, default=str)}"
+                       for k, (old, v) in changes.items() if k in fixed or not fixed)
     if fixed:
         raise UserError(f"resume: the checkpoints in {str(output_dir)!r} are of another model ({listed}); "
                         "resume with the run's own task and policy.model, or start a new run in another output_dir")
