@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.config.sections import TrainConfig
 from mmrl.errors import UserError
 from mmrl.train import checkpoint as ckpt
+from mmrl.train.records import gather_objects
+from mmrl.train.run_lock import RunLock
 
 # Files and folders a run writes into its output directory; the first three mark a run.
 RUN_MARKERS = ("metrics.jsonl", "config.json", "checkpoints")
@@ -87,6 +90,25 @@ def claim(output_dir: Path, resume: bool | str, overwrite: bool, recipe: dict | 
                         "pass resume=true to continue that run, overwrite=true to replace it, "
                         "or choose another output_dir")
     return Claim(clear=bool(found))
+
+
+def claim_for_run(accelerator, cfg: TrainConfig, recipe: dict) -> tuple[Claim, RunLock | None]:
+    """The main process locks `cfg.output_dir` (`RunLock`) and decides (`claim`, `recipe` the whole
+    resolved recipe); every process gets the decision or the error, the main process the lock too."""
+    lock, outcome = None, None
+    if accelerator.is_main_process:
+        try:
+            check_writable(Path(cfg.output_dir))
+            lock = RunLock(cfg.output_dir)
+            outcome = claim(Path(cfg.output_dir), cfg.resume, cfg.overwrite, recipe, cfg.resume_changes)
+        except UserError as e:
+            outcome = e
+    outcome = gather_objects(accelerator, outcome)[0]
+    if isinstance(outcome, UserError):
+        if lock is not None:
+            lock.release()
+        raise outcome
+    return outcome, lock
 
 
 def settle(output_dir: Path, claimed: Claim, say: Callable[[str], None] = print) -> None:

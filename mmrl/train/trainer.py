@@ -29,11 +29,10 @@ from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
 from mmrl.train import checkpoint as ckpt
 from mmrl.train import run_dir
-from mmrl.train.run_lock import RunLock
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.evaluation import evaluate
-from mmrl.train.parts import bound_rewards, build_parts, stage_inputs
+from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
 from mmrl.train.signals import RunInterrupted, StopSignals
@@ -67,12 +66,13 @@ class Trainer:
         check_world_size(acc.num_processes)
         self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
         self.output_dir = Path(cfg.output_dir)
-        self._lock: RunLock | None = None
-        claimed = self._claim(cfg) if for_training else run_dir.Claim()
+        claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
+                               else (run_dir.Claim(), None))
         try:
             self._build(cfg, claimed.resume_from)
-            if for_training:
-                self._settle(claimed)
+            if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
+                run_dir.settle(self.output_dir, claimed)
+            acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
             raise
@@ -99,33 +99,8 @@ class Trainer:
         self._sampler_before_step: dict | None = None  # the data sampler's state before the current step
         if resume_from is not None:
             self.load_checkpoint(resume_from)
-            self._take_optimizer_settings()
+            take_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
         self.resumed = resume_from is not None
-
-    def _claim(self, cfg: TrainConfig) -> run_dir.Claim:
-        """Lock the output directory for this run and decide what it does there (the main process
-        decides; every process gets its answer or its error)."""
-        acc = self.accelerator
-        outcome: run_dir.Claim | UserError | None = None
-        if acc.is_main_process:
-            try:
-                run_dir.check_writable(self.output_dir)
-                self._lock = RunLock(self.output_dir)
-                outcome = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, to_dict(self.plan.recipe),
-                                        cfg.resume_changes)
-            except UserError as e:
-                outcome = e
-        outcome = gather_objects(acc, outcome)[0]
-        if isinstance(outcome, UserError):
-            self.release_output_dir()
-            raise outcome
-        return outcome
-
-    def _settle(self, claimed: run_dir.Claim) -> None:
-        """Once the data and the model loaded: clear the previous run's files, or record a resume's changes."""
-        if self.accelerator.is_main_process:
-            run_dir.settle(self.output_dir, claimed)
-        self.accelerator.wait_for_everyone()
 
     def release_output_dir(self) -> None:
         """Let another run use the output directory (at the end of `train`, or when building this run failed)."""
@@ -163,25 +138,9 @@ class Trainer:
         else:
             self.inputs.cfg, self.inputs.reward_fns, self.inputs.reward_weights = new, fns, weights
         if new.optim.lr != old.optim.lr:
-            self._set_base_lr(new.optim.lr)
+            set_base_lr(self.optimizer, self.scheduler, new.optim.lr)
         self.cfg = self.updater.cfg = new
         self.stage = stage
-
-    def _set_base_lr(self, lr: float) -> None:
-        """A new base learning rate; the schedule's factor at this step carries on."""
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = group["lr"] * lr / base if base else lr
-            group["initial_lr"] = lr
-        self.scheduler.base_lrs = [lr] * len(self.scheduler.base_lrs)
-
-    def _take_optimizer_settings(self) -> None:
-        """After a resume: the recipe's AdamW settings, not the checkpoint's (they differ only with
-        resume_changes=allow)."""
-        optim = self.cfg.optim
-        for group in self.optimizer.param_groups:
-            group["weight_decay"], group["betas"] = optim.weight_decay, tuple(optim.betas)
-        if any(base != optim.lr for base in self.scheduler.base_lrs):
-            self._set_base_lr(optim.lr)
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
@@ -289,15 +248,14 @@ class Trainer:
         if self._phase == "changing":
             return (f"step {self.step + 1} failed after it began changing the weights or the stage, so the state "
                     f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
-        if self.accelerator.num_processes > 1:  # the other processes may not reach a save
-            return f"the run failed after step {self.step}; the newest checkpoint is {newest}"
-        if newest is not None and newest == ckpt.checkpoint_dir(self.output_dir, self.step):
-            return f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
-        try:
-            path = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
-        except Exception as e:
-            return f"the run failed after step {self.step} and saving it failed too ({e}); the newest checkpoint is {newest}"
-        return f"the run failed after step {self.step}, which is saved in {path}; fix the cause, then resume=true"
+        if self.accelerator.num_processes == 1 and newest != ckpt.checkpoint_dir(self.output_dir, self.step):
+            try:  # (with several processes, the others may never reach the save)
+                newest = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
+            except Exception as e:
+                return f"the run failed after step {self.step}; saving it failed too ({e}); the newest checkpoint is {newest}"
+        saved = newest == ckpt.checkpoint_dir(self.output_dir, self.step)
+        return (f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
+                if saved else f"the run failed after step {self.step}; the newest checkpoint is {newest}")
 
     def save_checkpoint(self, sampler_state: dict | None = None) -> Path:
         """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
