@@ -38,5 +38,6 @@ def is_user_error(e: BaseException) -> bool:
 
 
 def message(e: BaseException) -> str:
-    """One line: a KeyError's message without the quotes ``str(KeyError)`` adds."""
-    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    """One line: a KeyError's message without the quotes ``str(KeyError)`` adds, then the error's notes."""
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return "; ".join([text, *getattr(e, "__notes__", ())])  # a note: e.g. where the failed run's checkpoint is

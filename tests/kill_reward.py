@@ -1,5 +1,6 @@
 """A reward that sends its own process a signal ($MMRL_TEST_KILL_SIGNAL, default SIGKILL) on call
-number $MMRL_TEST_KILL_AT (one call per step), to test that a killed or preempted run resumes exactly."""
+number $MMRL_TEST_KILL_AT (one call per step), or raises there when the "signal" is ``raise``, to test
+that a killed, preempted or failed run resumes exactly."""
 
 import os
 import signal
@@ -14,5 +15,7 @@ def killer(prompts, completions, **columns):
     global _calls
     _calls += 1
     if _calls == int(os.environ.get("MMRL_TEST_KILL_AT", "0")):
+        if os.environ.get("MMRL_TEST_KILL_SIGNAL") == "raise":
+            raise RuntimeError(f"the killer reward fails on call {_calls}")
         os.kill(os.getpid(), getattr(signal, os.environ.get("MMRL_TEST_KILL_SIGNAL", "SIGKILL")))
     return [0.0] * len(completions)

@@ -82,6 +82,20 @@ def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
     assert_same_run(whole, tmp_path / "stopped")
 
 
+def test_a_failing_reward_saves_the_last_step_and_resumes_exactly(whole_run, tmp_path):
+    recipe, whole = whole_run
+    failed = train(recipe, tmp_path / "failed", kill_at=4, signal="raise")  # the reward raises in step 4
+    assert failed.returncode == 1
+    assert "RuntimeError: the killer reward fails on call 4" in failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert "the run failed after step 3, which is saved in" in last and "step-000003" in last, last
+    ckpts = sorted(p.name for p in (tmp_path / "failed" / "checkpoints").iterdir())
+    assert ckpts == ["step-000002", "step-000003"]  # steps 3's work is kept, no temporary directory
+    resumed = train(recipe, tmp_path / "failed", "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(whole, tmp_path / "failed")  # step 4 draws the prompts it would have drawn
+
+
 def test_checkpoint_loads_with_from_pretrained(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     recipe = tmp_path / "recipe.yaml"

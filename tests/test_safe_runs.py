@@ -2,9 +2,14 @@
 verified checkpoints that fall back past a damaged one, save_total_limit, non-finite steps
 skipped, the launcher's world size checked."""
 
+import errno
 import json
 import math
+import re
+import shutil
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +61,64 @@ def test_overwrite_clears_and_auto_says_what_it_does(tmp_path, capsys):
     assert (out / "mine.txt").exists()
 
 
+@pytest.mark.parametrize("broken", ["policy.model=nobody/no-such-model-on-the-hub", "data.prompt_column=no_such_column"])
+def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_load(tmp_path, broken):
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    with pytest.raises(Exception) as failed:
+        make(out, "overwrite=true", broken)
+    assert not isinstance(failed.value, AssertionError)
+    after = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert after == before and ckpt.latest_checkpoint(out) == ckpt.checkpoint_dir(out, 1)
+    assert (out / "run.lock").read_text() == ""  # the failed run let go of the directory
+
+
+# ----- resuming with other settings ---------------------------------------------------------------
+def forbid_loading(monkeypatch):
+    """From here on, loading a model or a data set fails the test (what the `no_model` fixture does)."""
+    import mmrl.train.parts as parts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or data set was loaded")
+    monkeypatch.setattr(parts, "build_policy", refuse)
+    monkeypatch.setattr(parts, "load_data", refuse)
+
+
+def test_resume_with_changed_settings_is_refused_listing_them(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    saved = (out / "config.json").read_text()
+    forbid_loading(monkeypatch)
+    with pytest.raises(UserError, match=r"changes the settings of the run.*\(algorithm\.group_size: 4 -> 8; "
+                                        r"optim\.lr: 0\.001 -> 0\.5\).*resume_changes=allow") as refused:
+        make(out, "resume=true", "max_steps=3", "optim.lr=0.5", "algorithm.group_size=8", "logging.plot_every=1")
+    assert "max_steps" not in str(refused.value) and "plot_every" not in str(refused.value)
+    with pytest.raises(UserError, match=r"of another model \(policy\.model: \"tiny:qwen2-char\" -> \"tiny:dlm-char\"\)"):
+        make(out, "resume=true", "resume_changes=allow", "policy.model=tiny:dlm-char", "optim.lr=0.5")
+    assert (out / "config.json").read_text() == saved
+
+
+def test_resume_changes_allow_keeps_the_original_config_and_records_the_changes(tmp_path):
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    saved = (out / "config.json").read_text()
+    trainer = make(out, "resume=true", "resume_changes=allow", "max_steps=2", "optim.lr=0.5")
+    trainer.train()
+    assert trainer.step == 2 and read_metrics(out / "metrics.jsonl")[-1]["lr"] == 0.5  # the new rate is used
+    assert (out / "config.json").read_text() == saved
+    record = json.loads((out / "config.resume-step-000001.json").read_text())
+    assert record["changes"] == {"optim.lr": {"old": 0.001, "new": 0.5}}
+
+
+def test_resume_into_a_model_of_another_shape_is_one_short_line(tmp_path):
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    with pytest.raises(UserError, match=r"step-000001 does not fit this run's model \(size mismatch") as refused:
+        make(out, "resume=true", "resume_changes=allow", "policy.tiny_args.hidden=64", "policy.tiny_args.heads=4")
+    assert len(str(refused.value)) < 400 and "\n" not in str(refused.value)
+
+
 # ----- checkpoints that can be trusted -------------------------------------------------------------
 def fake_checkpoint(out, step, **state):
     tmp = ckpt.temporary_dir(out, step)
@@ -99,6 +162,59 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
     said = capsys.readouterr().out
     assert f"checkpoint {out / 'checkpoints' / 'step-000003'} is damaged: {weights} has 100 bytes" in said
     assert trainer.step == 2 and "resuming from" in said and "step-000002" in said
+
+
+# ----- a full disk -----------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 2 MiB filesystem (tmpfs); skipped where it cannot be mounted (not root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)  # a failed run may still hold a file open
+
+
+def test_full_disk_names_the_disk_and_leaves_no_partial_checkpoint(small_disk, caplog):
+    out = small_disk / "run"
+    make(out, "max_steps=1").train()  # step-000001 fits
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 24 * 1024))  # a plot or a checkpoint no longer fits
+    with pytest.raises(ckpt.DiskFull) as full:
+        make(out, "resume=true", "max_steps=2").train()
+    said = str(full.value)
+    assert f"checkpoint {ckpt.checkpoint_dir(out, 2)} could not be written: the disk holding {out} is full" in said
+    reported = re.search(rf"\(filesystem mounted at {small_disk}: ([0-9.]+) KiB free of 2.0 MiB", said)
+    assert abs(float(reported[1]) * 1024 - shutil.disk_usage(small_disk).free) <= 16 * 1024  # a few pages move
+    assert f"newest checkpoint is {ckpt.checkpoint_dir(out, 1)}" in said
+    assert "rewards.png" in caplog.text  # the plot that could not be drawn is a warning, not the error
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]  # no .tmp-step-000002
+    filler.unlink()
+    resumed = make(out, "resume=true", "max_steps=2")
+    assert resumed.step == 1
+    resumed.train()
+    assert ckpt.latest_checkpoint(out) == ckpt.checkpoint_dir(out, 2)
+
+
+def test_full_disk_at_the_lowest_write_is_reported_the_same(tmp_path, monkeypatch):
+    """Where no small filesystem can be mounted: the first file write of step 2's checkpoint fails as
+    a full disk does (after writing part of the file)."""
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    trainer = make(out, "resume=true", "max_steps=2")
+    real_save = torch.save
+
+    def disk_fills(obj, f, *args, **kwargs):
+        if str(ckpt.temporary_dir(out, 2)) in str(f):
+            Path(f).write_bytes(b"\0" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", disk_fills)
+    with pytest.raises(ckpt.DiskFull, match=rf"the disk holding {out} is full \(filesystem mounted at /"):
+        trainer.train()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]
+    assert ckpt.latest_checkpoint(out) == ckpt.checkpoint_dir(out, 1)
 
 
 # ----- non-finite steps ----------------------------------------------------------------------------

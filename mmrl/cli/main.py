@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     recipe_list = f"recipes: {_columns(recipes)}"
     p_train = add("train", "train from a recipe (a shipped recipe's name, or a path to a .yaml file)",
-                  f"{recipe_list}\n\nresume=true|auto|false, overwrite=true, save_total_limit=N; "
+                  f"{recipe_list}\n\nresume=true|auto|false, resume_changes=allow, overwrite=true, save_total_limit=N; "
                   "SIGINT/SIGTERM save a checkpoint and stop")
     p_train.add_argument("recipe")
     p_train.add_argument("overrides", nargs="*", metavar="key=value")

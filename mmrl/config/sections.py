@@ -265,7 +265,13 @@ class TrainConfig:
                 "none); auto: continue if there is one, else start a new run; false: a new run (refuses a "
                 "directory that holds another run's files unless overwrite=true)"})
     overwrite: bool = field(default=False, metadata={
-        "help": "clear another run's files (metrics, config, checkpoints, plots) from output_dir before starting"})
+        "help": "replace another run's files (metrics, config, checkpoints, plots) in output_dir: they are "
+                "cleared once the new run's data and model loaded"})
+    resume_changes: Literal["refuse", "allow"] = field(default="refuse", metadata={
+        "help": "resume with settings that differ from the saved run's config.json: refuse (list them and "
+                "stop) or allow (continue; the changes are recorded in config.resume-step-N.json beside the "
+                "kept config.json). resume, resume_changes, overwrite, max_steps, output_dir, save_every, "
+                "save_total_limit and logging.* may always change; task and policy.model never"})
     save_total_limit: int | None = field(default=None, metadata={
         "help": "keep only the newest N checkpoints (and the best one with eval.keep_best); null keeps all"})
     max_bad_steps: int = field(default=3, metadata={

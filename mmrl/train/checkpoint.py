@@ -6,17 +6,22 @@ windows), ``model/`` (the weights or LoRA adapter in the family's own ``from_pre
 format) and, written last, ``manifest.json``: the size and SHA-256 of every other file. A run
 killed at any moment leaves either the previous checkpoint or the new one; a file damaged
 afterwards (a truncated copy, a bad disk) is found by `verify` and the run resumes from the newest
-checkpoint that verifies.
+checkpoint that verifies. A checkpoint that cannot be finished (a full disk, any error) leaves no
+temporary directory behind; a full disk is reported with the directory and the space left.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from mmrl.errors import UserError
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -91,6 +96,51 @@ def latest_checkpoint(output_dir: str | Path, warn: Callable[[str], None] | None
 
 def temporary_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f".tmp-{PREFIX}{step:06d}"
+
+
+NEARLY_FULL = 1 << 20  # bytes free below which a failed checkpoint write is the disk's fault
+
+
+class DiskFull(UserError):
+    """A checkpoint could not be written because its disk (or the user's quota) is full."""
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+@contextmanager
+def removed_if_unfinished(tmp: Path, output_dir: Path, final: Path, main_process: bool = True) -> Iterator[None]:
+    """Around writing checkpoint `final` into `tmp`: on any error remove `tmp` (the main process);
+    a full disk or quota (ENOSPC / EDQUOT, or any error while less than `NEARLY_FULL` bytes are free)
+    becomes a `DiskFull` naming the disk and its free space."""
+    try:
+        yield
+    except BaseException as e:
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or \
+            shutil.disk_usage(output_dir).free < NEARLY_FULL  # torch.save says RuntimeError('iostream error')
+        if main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        usage = shutil.disk_usage(output_dir)
+        kind = "quota" if getattr(e, "errno", None) == errno.EDQUOT else "disk"
+        newest = latest_checkpoint(output_dir)
+        raise DiskFull(f"checkpoint {final} could not be written: the {kind} holding {output_dir} is full "
+                       f"(filesystem mounted at {_mount_point(Path(output_dir))}: {_size(usage.free)} free of "
+                       f"{_size(usage.total)} after removing the unfinished checkpoint). The newest checkpoint is "
+                       f"{newest}; free some space (or set save_total_limit), then resume=true") from e
 
 
 def publish(tmp: Path, final: Path, trainer_state: dict) -> None:

@@ -124,3 +124,20 @@ def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                              betas=tuple(cfg.optim.betas), fused=fused or None)
+
+
+def set_base_lr(optimizer: torch.optim.Optimizer, scheduler, lr: float) -> None:
+    """A new base learning rate (a stage's, or a resume's); the schedule's factor at this step carries on."""
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = group["lr"] * lr / base if base else lr
+        group["initial_lr"] = lr
+    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+
+
+def take_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler, cfg: TrainConfig) -> None:
+    """After loading a checkpoint: the recipe's AdamW settings, not the checkpoint's (they differ only
+    with resume_changes=allow)."""
+    for group in optimizer.param_groups:
+        group["weight_decay"], group["betas"] = cfg.optim.weight_decay, tuple(cfg.optim.betas)
+    if any(base != cfg.optim.lr for base in scheduler.base_lrs):
+        set_base_lr(optimizer, scheduler, cfg.optim.lr)

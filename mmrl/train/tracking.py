@@ -5,6 +5,7 @@ every `logging.print_every` steps without it), ``metrics.jsonl``, TensorBoard, W
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 import os
@@ -15,6 +16,8 @@ from typing import Any, Sequence
 REPORTERS = ("tensorboard", "wandb", "none")
 REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # reporter -> the package it writes with
 WANDB_RUN_ID = Path("wandb") / "mmrl-run-id"  # under the output directory: the W&B run a resume continues
+
+logger = logging.getLogger(__name__)
 
 
 def _clean(value: Any) -> Any:
@@ -46,8 +49,11 @@ def _save_figure_atomically(fig, out_png: Path) -> None:
     FigureCanvasAgg(fig)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_png.with_name(f".{out_png.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, out_png)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out_png)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _moving_average(values: Sequence[float], width: int) -> list[float]:
@@ -162,8 +168,9 @@ class Tracker:
         if not enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        if config is not None:
-            (self.dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        config_path = self.dir / "config.json"
+        if config is not None and (resume_step is None or not config_path.exists()):  # a resumed run keeps its own
+            config_path.write_text(json.dumps(config, indent=1, default=str))
         if resume_step is not None:
             kept = [r for r in read_metrics(self.metrics_path) if r["step"] <= resume_step]
             tmp = self.metrics_path.with_suffix(".jsonl.tmp")
@@ -198,14 +205,21 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
         if self.plot_every and step % self.plot_every == 0:
+            self._plot()
+
+    def _plot(self) -> None:
+        """Redraw the reward plot; one that cannot be written (a full disk) is a warning, never the run's error."""
+        try:
             plot_rewards(self.metrics_path, self.plot_path)
+        except OSError as e:
+            logger.warning("could not draw %s: %s", self.plot_path, e)
 
     def close(self) -> None:
         """Draw the final plot and close the writers."""
         if not self.enabled:
             return
         self._file.close()
-        plot_rewards(self.metrics_path, self.plot_path)
+        self._plot()
         if self.writer is not None:
             self.writer.close()
         if self.wandb is not None:

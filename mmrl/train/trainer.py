@@ -8,7 +8,8 @@ A step (`train_step`):
      (mmrl/train/batching.py);
   4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/update.py).
 The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
-every `save_every`, a checkpoint and a clear stop on signals and on too many non-finite steps.
+every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps and on an
+error (the state after the last completed step). The run holds its output directory's lock throughout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from mmrl.config.parse import to_dict
@@ -31,7 +33,7 @@ from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.evaluation import evaluate
 from mmrl.train.health import RunHealth
-from mmrl.train.parts import bound_rewards, build_parts, stage_inputs
+from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
 from mmrl.train.signals import RunInterrupted, StopSignals
@@ -70,7 +72,21 @@ class Trainer:
         check_world_size(acc.num_processes)
         self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
         self.output_dir = Path(cfg.output_dir)
-        resume_from = self._claim(cfg) if for_training else None
+        claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
+                               else (run_dir.Claim(), None))
+        try:
+            self._build(cfg, claimed.resume_from, for_training)
+            if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
+                run_dir.settle(self.output_dir, claimed)
+            acc.wait_for_everyone()
+        except BaseException:
+            self.release_output_dir()
+            raise
+
+    def _build(self, cfg: TrainConfig, resume_from: Path | None, for_training: bool) -> None:
+        """The run's data, model, optimizer and update, at the checkpoint `resume_from` if given
+        (scoring, not `for_training`: refused without held-out rows before the model loads)."""
+        acc = self.accelerator
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
         if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
             logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
@@ -89,17 +105,18 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
+        self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
+        self._sampler_before_step: dict | None = None  # the data sampler's state before the current step
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+            take_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
         self.resumed = resume_from is not None
 
-    def _claim(self, cfg: TrainConfig) -> Path | None:
-        """The output directory claimed for this run; the checkpoint to resume from, if any."""
-        acc = self.accelerator
-        say = print if acc.is_main_process else (lambda *a, **k: None)
-        resume_from = run_dir.claim(self.output_dir, cfg.resume, cfg.overwrite, acc.is_main_process, say)
-        acc.wait_for_everyone()
-        return resume_from
+    def release_output_dir(self) -> None:
+        """Let another run use the output directory (at the end of `train`, or when building this run failed)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def unwrapped(self):
@@ -130,23 +147,24 @@ class Trainer:
             self.policy.prompt_column = new.data.prompt_column
         else:
             self.inputs.cfg, self.inputs.reward_fns, self.inputs.reward_weights = new, fns, weights
-        if new.optim.lr != old.optim.lr:  # keeps the schedule's factor, on the new base rate
-            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-                group["lr"] = group["lr"] * new.optim.lr / base if base else new.optim.lr
-                group["initial_lr"] = new.optim.lr
-            self.scheduler.base_lrs = [new.optim.lr] * len(self.scheduler.base_lrs)
+        if new.optim.lr != old.optim.lr:
+            set_base_lr(self.optimizer, self.scheduler, new.optim.lr)
         self.cfg = self.updater.cfg = new
         self.stage = stage
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
         step = self.step + 1
+        self._sampler_before_step = self.inputs.sampler.state_dict()
+        self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
         t0 = time.perf_counter()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
         t1 = time.perf_counter()
+        self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
+        self._phase = None
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
             metrics["stage"] = self.stage.index
@@ -172,7 +190,7 @@ class Trainer:
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
         try:
-            with StopSignals() as stop:
+            with StopSignals() as stop, self._checkpoint_on_failure():
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     self._evaluate_every(metrics)
@@ -186,6 +204,7 @@ class Trainer:
         finally:
             progress.close()
             self.tracker.close()
+            self.release_output_dir()
         self._say(end_line(self.step, first_step, time.perf_counter() - started, metrics_file,
                            ckpt.checkpoint_dir(self.output_dir, self.step)))
 
@@ -201,6 +220,18 @@ class Trainer:
                              sum(_numel(p) for p in params if p.requires_grad), sum(_numel(p) for p in params),
                              len(self.inputs.train_rows), len(self.inputs.eval_rows), self.output_dir,
                              self.accelerator.num_processes, self.step if self.resumed else None)
+
+    @contextmanager
+    def _checkpoint_on_failure(self):
+        """A step, reward, evaluation or log that raises: save the last completed step's state (unless the
+        weights were mid-update, or the error is a stop that saved already), then re-raise, naming it."""
+        try:
+            yield
+        except (RunInterrupted, NonFiniteError, ckpt.DiskFull):
+            raise
+        except Exception as e:
+            e.add_note(f"mmrl: {self._failure_checkpoint()}")
+            raise
 
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
@@ -247,27 +278,52 @@ class Trainer:
         return loss
 
     # ----- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified)."""
+    def _failure_checkpoint(self) -> str:
+        """After an error in the loop: save the state after the last completed step; say where it is."""
+        newest = ckpt.latest_checkpoint(self.output_dir)
+        if self._phase == "changing":
+            return (f"step {self.step + 1} failed after it began changing the weights or the stage, so the state "
+                    f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
+        if self.accelerator.num_processes == 1 and newest != ckpt.checkpoint_dir(self.output_dir, self.step):
+            try:  # (with several processes, the others may never reach the save)
+                newest = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
+            except Exception as e:
+                return f"the run failed after step {self.step}; saving it failed too ({e}); the newest checkpoint is {newest}"
+        saved = newest == ckpt.checkpoint_dir(self.output_dir, self.step)
+        return (f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
+                if saved else f"the run failed after step {self.step}; the newest checkpoint is {newest}")
+
+    def save_checkpoint(self, sampler_state: dict | None = None) -> Path:
+        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
+        `sampler_state` replaces the data sampler's own (its state before a step that failed)."""
         acc = self.accelerator
         final = ckpt.checkpoint_dir(self.output_dir, self.step)
         tmp = ckpt.temporary_dir(self.output_dir, self.step)
         if acc.is_main_process and tmp.exists():
             shutil.rmtree(tmp)
         acc.wait_for_everyone()
-        self.strategy.save(self.model, self.optimizer, self.policy, tmp)
-        if acc.is_main_process:
-            state = {"step": self.step, "sampler": self.inputs.sampler.state_dict(), "bad_steps": self.bad_steps}
-            if self.last_eval is not None and self.last_eval[0] == self.step:
-                state["eval_reward_mean"] = self.last_eval[1]
-            ckpt.publish(tmp, final, state)
-            if self.cfg.save_total_limit is not None:
-                ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
+        with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
+            self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+            if acc.is_main_process:
+                sampler = self.inputs.sampler.state_dict() if sampler_state is None else sampler_state
+                state = {"step": self.step, "sampler": sampler, "bad_steps": self.bad_steps}
+                if self.last_eval is not None and self.last_eval[0] == self.step:
+                    state["eval_reward_mean"] = self.last_eval[1]
+                ckpt.publish(tmp, final, state)
+        if acc.is_main_process and self.cfg.save_total_limit is not None:
+            ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
 
     def load_checkpoint(self, path: Path) -> None:
-        self.strategy.load(self.model, self.optimizer, path)
+        try:
+            self.strategy.load(self.model, self.optimizer, path)
+        except RuntimeError as e:  # a state dict of another model: torch lists every tensor
+            if "state_dict" not in str(e):
+                raise
+            first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
+            raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
+                            "settings it was saved with (the run's config.json)") from None
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
