@@ -1,9 +1,10 @@
 """Shared by the trainer benchmarks (bench_engine, bench_vlm): each contender runs in a process of
 its own, its steps alternating with bare steps on a second copy of the model, and its time is
 taken relative to the bare steps beside it (process-to-process variation here is ~10%, larger
-than the differences measured); peak RSS comes from a contender alone in a fresh process. Also
-the pieces every contender shares: the reward, the bare policy-gradient update, and the mmrl
-recipe and TRL config of one GRPO step with the same settings."""
+than the differences measured); each round starts fresh processes, and the reports give the
+median and range over rounds and the machine's load average before and after. Peak RSS comes from
+a contender alone in a fresh process. Also the pieces every contender shares: the reward, the bare
+policy-gradient update, and the mmrl recipe and TRL config of one GRPO step with the same settings."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 CONTENDERS = ("bare", "mmrl", "trl")
 BENCH_REWARD = "bench_digit_share"
+STEP_PHASES = ("generate", "reward", "forward", "backward", "optimizer")  # mmrl's `time_<phase>_s`; the rest is other
 
 
 def digit_share(prompts, completions, **kwargs) -> list[float]:
@@ -37,14 +40,17 @@ def group_advantages(texts: list[str], group: int):
     return rewards - rewards.view(-1, group).mean(1).repeat_interleave(group)
 
 
-def policy_gradient_update(opt, logits, completion, advantages) -> None:
+def policy_gradient_update(opt, logits, completion, advantages, clock: list[float] | None = None) -> None:
     """The bare work's update: loss = -mean_{i,t} A_i log p(y_it) from the completion's logits
-    [B, T, V] (fp32 log-softmax), backward, optimizer step."""
+    [B, T, V] (fp32 log-softmax), backward, optimizer step; the time after each of the three is
+    appended to `clock` where given."""
     import torch
     logp = torch.log_softmax(logits.float(), -1).gather(-1, completion[..., None]).squeeze(-1)
-    (-(advantages[:, None] * logp).mean()).backward()
-    opt.step()
-    opt.zero_grad()
+    loss = -(advantages[:, None] * logp).mean()
+    for work in (lambda: None, loss.backward, lambda: (opt.step(), opt.zero_grad())):
+        work()
+        if clock is not None:
+            clock.append(time.perf_counter())
 
 
 def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
@@ -68,9 +74,12 @@ def mmrl_recipe(args, task: str, policy: dict[str, Any], data: dict[str, Any]) -
 
 
 def trl_grpo_config(args):
-    """TRL's GRPOConfig with the settings of `mmrl_recipe`: exactly `args.tokens` completion tokens."""
+    """TRL's GRPOConfig with the settings of `mmrl_recipe`: exactly `args.tokens` completion tokens,
+    fp32 compute without activation checkpointing like the other contenders (GRPOConfig's own
+    defaults are bf16=True, which autocasts the forward and backward to bfloat16 on a CPU too,
+    and gradient_checkpointing=True)."""
     from trl import GRPOConfig
-    return GRPOConfig(
+    return GRPOConfig(bf16=False, gradient_checkpointing=False,
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group, max_completion_length=args.tokens,
         generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
@@ -110,6 +119,26 @@ class PhaseTimer:
         out = dict(self.total)
         self.total.clear()
         return out
+
+
+def trl_phases(trainer, phases: PhaseTimer) -> None:
+    """Time TRL's GRPOTrainer in mmrl's step phases (STEP_PHASES) on `phases`: its sampling, reward
+    functions, log-prob forward with the loss, backward, and optimizer step with clearing the gradients."""
+    from accelerate.optimizer import AcceleratedOptimizer
+    phases.wrap(trainer, "_generate_single_turn", "generate")
+    phases.wrap(trainer, "_calculate_rewards", "reward")
+    phases.wrap(trainer, "compute_loss", "forward")
+    phases.wrap(trainer, "_get_per_token_logps_and_entropies", "forward")  # the old/reference passes, if any
+    phases.wrap(trainer.accelerator, "backward", "backward")
+    for method in ("step", "zero_grad"):  # the optimizer exists only once training starts: its class
+        phases.wrap(AcceleratedOptimizer, method, "optimizer")
+
+
+def with_other(step_s: float, phases: dict[str, float]) -> dict[str, float]:
+    """`phases` of one step (STEP_PHASES, missing ones at 0) and `other`, the step's time outside them."""
+    out = {p: phases.get(p, 0.0) for p in STEP_PHASES}
+    out["other"] = step_s - sum(out.values())
+    return out
 
 
 def timed_steps(step: Callable[[], Any], warmup: int, steps: int,
@@ -166,7 +195,8 @@ def worker(args, make_bare: Callable[[Any], Callable[[], float]],
         return {"times": times, "floor": [], "peak_rss_mb": peak_rss_mb()}
     bare = make_bare(args) if args.interleave else None
     times, floor, extra = runners[args.worker](args, bare)
-    return {"times": times, "floor": floor, "extra": extra, "peak_rss_mb": peak_rss_mb()}
+    return {"times": times, "floor": floor, "extra": extra, "floor_extra": getattr(bare, "splits", []),
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def add_contender_options(parser: argparse.ArgumentParser) -> None:
@@ -209,22 +239,50 @@ def launch(script: str, name: str, options: dict[str, Any], interleave: bool, th
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@dataclass
+class Comparison:
+    """What `compare` measured: each contender's peak RSS alone; per round (fresh processes), per
+    timed contender, its step times, the bare step times beside them and the per-step extras of
+    both; the 1-, 5- and 15-minute load averages before and after."""
+
+    rss: dict[str, float]
+    rounds: list[dict[str, dict[str, list]]]
+    load_average: dict[str, list[float]]
+
+    def pooled(self, key: str) -> dict[str, list]:
+        """`key` ("times", "floor", "extra" or "floor_extra") of every round, per contender."""
+        return {name: [x for r in self.rounds for x in r[name][key]] for name in self.rounds[0]}
+
+    def per_round(self, ratio: Callable[[dict[str, dict[str, list]]], float]) -> dict[str, Any]:
+        """`ratio` of each round, with their median and range."""
+        return spread([ratio(r) for r in self.rounds])
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """The median, range and values of a figure measured once per round."""
+    return {"median": statistics.median(values), "range": [min(values), max(values)], "runs": values}
+
+
+def load_average() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages (an idle 2-core machine reads below 0.5)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def compare(script: str, options: dict[str, Any], threads: int, rounds: int, timed: tuple[str, ...],
-            alone: tuple[str, ...]) -> tuple[dict[str, float], dict[str, list], dict[str, list], dict[str, list]]:
+            alone: tuple[str, ...]) -> Comparison:
     """Peak RSS of each of `alone` in a fresh process; then `rounds` rounds in which each of `timed`
-    runs interleaved with bare steps. Returns (peak RSS, step times, bare times beside them, the
-    workers' per-step extras) per contender."""
+    runs interleaved with bare steps, in a fresh process."""
+    before = load_average()
     rss = {name: launch(script, name, options, interleave=False, threads=threads)["peak_rss_mb"] for name in alone}
-    per_step: dict[str, list] = {name: [] for name in timed}
-    floor: dict[str, list] = {name: [] for name in timed}
-    extra: dict[str, list] = {name: [] for name in timed}
+    measured = []
     for _ in range(rounds):
+        row = {}
         for name in timed:
-            row = launch(script, name, options, interleave=True, threads=threads)
-            per_step[name] += row["times"]
-            floor[name] += row["floor"]
-            extra[name] += row.get("extra", [])
-    return rss, per_step, floor, extra
+            out = launch(script, name, options, interleave=True, threads=threads)
+            row[name] = {"times": out["times"], "floor": out["floor"], "extra": out.get("extra", []),
+                         "floor_extra": out.get("floor_extra", [])}
+        measured.append(row)
+    return Comparison(rss, measured, {"before": before, "after": load_average()})
 
 
 def over_bare(times: list[float], floor: list[float]) -> float:

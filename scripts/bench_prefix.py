@@ -128,19 +128,33 @@ def with_vocabulary(policies: dict[str, CausalLMPolicy], size: int) -> dict[str,
 
 def trl_step(script: str, options: dict, rounds: int, shared_only: bool) -> dict:
     """mmrl / TRL step time, each over the bare steps interleaved beside it, from `script`'s
-    mmrl and trl workers (`shared_only`: bench_vlm's mmrl steps with the shared prefill)."""
-    _, times, floor, extra = compare_steps(script, options, options["threads"], rounds, ("mmrl", "trl"), ())
-    split = {}
-    if shared_only:  # bench_vlm's workers also report each step's rollout / log-prob / update time
-        times["mmrl"], split["mmrl"] = split_of(times["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
-        times["trl"], split["trl"] = split_of(times["trl"], extra["trl"], lambda e: True)
+    mmrl and trl workers (`shared_only`: bench_vlm's mmrl steps with the shared prefill); the
+    median over rounds of fresh processes, with each round's."""
+    measured = compare_steps(script, options, options["threads"], rounds, ("mmrl", "trl"), ())
+
+    def kept(run: dict[str, dict[str, list]], name: str) -> tuple[list[float], dict[str, float]]:
+        if not shared_only:
+            return run[name]["times"], {}
+        # bench_vlm's workers also report each step's rollout / log-prob / update time
+        return split_of(run[name]["times"], run[name]["extra"], lambda e: name == "trl" or e["shared_prefill"])
+
+    def ratio(run: dict[str, dict[str, list]]) -> float:
+        return over_bare(kept(run, "mmrl")[0], run["mmrl"]["floor"]) / over_bare(kept(run, "trl")[0], run["trl"]["floor"])
+
+    pooled = {name: {k: measured.pooled(k)[name] for k in ("times", "floor", "extra")} for name in ("mmrl", "trl")}
+    times, split = {}, {}
+    for name in pooled:
+        times[name], split[name] = kept(pooled, name)
+    floor = {name: pooled[name]["floor"] for name in pooled}
     over = {name: over_bare(times[name], floor[name]) for name in times}
-    return {"trl_time_ratio": round(over["mmrl"] / over["trl"], 4),
-            **({"split_s": {n: {p: round(t, 4) for p, t in v.items()} for n, v in split.items()}} if split else {}),
+    runs = measured.per_round(ratio)
+    return {"trl_time_ratio": round(runs["median"], 4), "runs": runs,
+            **({"split_s": {n: {p: round(t, 4) for p, t in v.items()} for n, v in split.items()}} if shared_only else {}),
             "over_bare": {name: round(v, 4) for name, v in over.items()},
             "median_step_s": {name: round(statistics.median(v), 4) for name, v in times.items()},
             "median_bare_step_s": {name: round(statistics.median(v), 4) for name, v in floor.items()},
-            "timed_steps": {name: len(v) for name, v in times.items()}, **options}
+            "timed_steps": {name: len(v) for name, v in times.items()}, "load_average": measured.load_average,
+            **options}
 
 
 def main() -> None:
@@ -159,7 +173,8 @@ def main() -> None:
     parser.add_argument("--trl-steps", type=int, default=6,
                         help="timed steps per trainer process (at least 2: bench_vlm's mmrl steps alternate "
                              "shared and plain prefill)")
-    parser.add_argument("--trl-rounds", type=int, default=2, help="trainer processes per contender")
+    parser.add_argument("--trl-rounds", type=int, default=3,
+                        help="rounds of fresh trainer processes (the median and range over them are reported)")
     parser.add_argument("--trl-threads", type=int, default=2, help="CPU threads of the trainer processes")
     args = parser.parse_args()
     if args.trl and args.trl_steps < 2:

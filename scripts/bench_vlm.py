@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from bench_harness import (
+    Comparison,
     PhaseTimer,
     add_contender_options,
     add_worker_options,
@@ -187,10 +188,11 @@ def split_of(times: list[float], extra: list[dict], keep) -> tuple[list[float], 
     return [t for t, _ in rows], phase
 
 
-def summary(args, tokens: int, rss: dict[str, float], per_step: dict[str, list], floor: dict[str, list],
-            extra: dict[str, list]) -> dict:
+def summary(args, tokens: int, measured: Comparison) -> dict:
     """The report: mmrl's step time (shared prefill and plain) and its phases over the bare steps
-    beside it, against TRL's where TRL ran, peak RSS where measured."""
+    beside it, against TRL's where TRL ran (the median over rounds, and each round's), peak RSS
+    where measured."""
+    rss, per_step, floor, extra = measured.rss, measured.pooled("times"), measured.pooled("floor"), measured.pooled("extra")
     shared_times, shared_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: e["shared_prefill"])
     plain_times, plain_split = split_of(per_step["mmrl"], extra["mmrl"], lambda e: not e["shared_prefill"])
     bare = {name: statistics.median(v) for name, v in floor.items()}
@@ -202,19 +204,23 @@ def summary(args, tokens: int, rss: dict[str, float], per_step: dict[str, list],
         trl_times, split["trl"] = split_of(per_step["trl"], extra["trl"], lambda e: True)
         median_step["trl"] = statistics.median(trl_times)
         trl_ratio = over_bare(trl_times, floor["trl"])
+        runs = measured.per_round(lambda r: over_bare(split_of(r["mmrl"]["times"], r["mmrl"]["extra"],
+                                                                lambda e: e["shared_prefill"])[0], r["mmrl"]["floor"])
+                                  / over_bare(r["trl"]["times"], r["trl"]["floor"]))
         report.update({
-            "trl_time_ratio": report["overhead_ratio"] / trl_ratio,
+            "trl_time_ratio": runs["median"], "runs": {"trl_time_ratio": runs},
             "trl_time_ratio_no_share": over_bare(plain_times, floor["mmrl"]) / trl_ratio,
             "trl_phase_ratio": {p: (shared_split[p] / bare["mmrl"]) / (split["trl"][p] / bare["trl"]) for p in PHASES},
             "trl_overhead_ratio": trl_ratio,
             **({"trl_peak_rss_ratio": rss["mmrl"] / rss["trl"]} if rss else {})})
     return {
         **report, **({"peak_rss_mb": rss} if rss else {}),
-        "split_s": split, "median_step_s": median_step,
+        "split_s": split, "median_step_s": median_step, "load_average": measured.load_average,
         "median_bare_step_s": {f"beside_{name}": v for name, v in bare.items()},
         "setup": {"group": args.group, "prompts": args.prompts, "completion_tokens": args.tokens,
                   "visual_tokens_per_image": tokens, "threads": args.threads,
-                  "timed_steps": args.steps * args.rounds, "model": model_args(args.image_size)},
+                  "rounds": args.rounds, "timed_steps": args.steps * args.rounds,
+                  "model": model_args(args.image_size)},
     }
 
 
@@ -230,7 +236,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=SIZE,
                         help=f"image side in pixels, a multiple of {MERGED_PATCH} (the default: 256 visual tokens)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of each process")
-    parser.add_argument("--rounds", type=int, default=2, help="repeat the timing pass this many times")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of fresh processes (the report gives the median and range over them)")
     add_contender_options(parser)
     add_worker_options(parser)
     args = parser.parse_args()
@@ -245,8 +252,7 @@ def main() -> None:
         raise SystemExit(f"{tokens} visual tokens per {args.image_size}-pixel image, expected {expected}: "
                          f"the processor resized the image (--image-size must be a multiple of {MERGED_PATCH})")
     options = {k: getattr(args, k) for k in ("steps", "warmup", "group", "prompts", "tokens", "image_size", "threads")}
-    rss, per_step, floor, extra = compare(__file__, options, args.threads, args.rounds, *contenders(args))
-    emit(summary(args, tokens, rss, per_step, floor, extra), args.json)
+    emit(summary(args, tokens, compare(__file__, options, args.threads, args.rounds, *contenders(args))), args.json)
 
 
 if __name__ == "__main__":

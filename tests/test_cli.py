@@ -37,7 +37,8 @@ def test_train_recipe_by_name_with_overrides(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     for key in ("reward_mean", "reward/accuracy", "reward/format", "advantage_std", "loss", "kl", "clip_frac",
-                "entropy", "time_rollout_s", "time_update_s"):
+                "entropy", "time_step_s", "time_generate_s", "time_reward_s", "time_forward_s", "time_backward_s",
+                "time_optimizer_s", "time_other_s"):
         assert key in lines[0], key
     assert (tmp_path / "plots" / "rewards.png").is_file()
     assert any((tmp_path / "tensorboard").iterdir())

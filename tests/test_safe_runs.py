@@ -270,3 +270,14 @@ def test_checkpoint_state_records_eval_score(tmp_path):
     make(out, "max_steps=2", "save_every=2", "eval.every=2", "eval.max_prompts=2", "eval.group_size=2").train()
     state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert math.isfinite(state["eval_reward_mean"])
+
+
+def test_one_pass_finiteness_check_finds_a_single_bad_element_anywhere():
+    from mmrl.distributed.strategy import all_finite
+    tensors = [torch.randn(7, 5), None, torch.randn(300), torch.full((2, 2), 1e15)]
+    assert all_finite(tensors) and all_finite([None]) and all_finite([])
+    for bad in (math.nan, math.inf, -math.inf):
+        for which in (0, 2, 3):
+            broken = [t.clone() if t is not None else None for t in tensors]
+            broken[which].view(-1)[-1] = bad
+            assert not all_finite(broken), (bad, which)

@@ -32,7 +32,7 @@ from torch import nn
 from mmrl.config.sections import DistributedConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
-from mmrl.distributed.strategy import STRATEGIES, Strategy
+from mmrl.distributed.strategy import STRATEGIES, Strategy, all_finite
 from mmrl.errors import UserError
 
 SHARDS_DIR = "sharded"  # a checkpoint's subdirectory with every process's shards (torch.distributed.checkpoint)
@@ -277,7 +277,7 @@ class FullySharded(Strategy):
         return nullcontext()  # each backward reduce-scatters its gradients into the shards
 
     def gradients_finite(self, model: nn.Module, params: list[torch.Tensor]) -> bool:
-        return all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in params if p.grad is not None)
+        return all_finite(local_tensor(p.grad) for p in params if p.grad is not None)
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy, directory: Path) -> None:
         self.acc.save_state(str(directory), safe_serialization=True)  # the scheduler and RNG states only

@@ -16,6 +16,7 @@ strategy overrides only what it does differently.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -101,7 +102,7 @@ class Strategy:
 
     def gradients_finite(self, model: nn.Module, params: list[Tensor]) -> bool:
         """Whether this process's gradients are all finite (after the step's last backward)."""
-        return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+        return all_finite(p.grad for p in params)
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> float:
         """Clip (`optim.max_grad_norm`), step the optimizer, clear the gradients; returns the gradient
@@ -132,6 +133,14 @@ class Strategy:
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Read back what `save` wrote."""
         self.acc.load_state(str(directory))
+
+
+def all_finite(tensors: Iterable[Tensor | None]) -> bool:
+    """Whether every element of `tensors` (None ones skipped) is finite, in one pass and one device
+    synchronisation: the total 2-norm over all of them, which a NaN or inf element makes non-finite
+    (as does a norm beyond float range, which clipping could not use either)."""
+    present = [t for t in tensors if t is not None]
+    return not present or bool(torch.isfinite(torch.nn.utils.get_total_norm(present)))
 
 
 def zero_missing_gradients(params: list[Tensor]) -> None:

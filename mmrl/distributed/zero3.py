@@ -29,7 +29,7 @@ from torch import nn
 from mmrl.config.sections import TrainConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
-from mmrl.distributed.strategy import STRATEGIES, Strategy
+from mmrl.distributed.strategy import STRATEGIES, Strategy, all_finite
 from mmrl.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # policy.dtype -> compute dtype
@@ -101,12 +101,7 @@ def backward(engine, loss: torch.Tensor, last: bool) -> None:
 def gradients_finite(engine) -> bool:
     """Whether this process's partition of every gradient is finite (after the last backward)."""
     from deepspeed.utils import safe_get_local_grad
-    for param in engine.module.parameters():
-        if param.requires_grad:
-            grad = safe_get_local_grad(param)
-            if grad is not None and not bool(torch.isfinite(grad).all()):
-                return False
-    return True
+    return all_finite(safe_get_local_grad(p) for p in engine.module.parameters() if p.requires_grad)
 
 
 def step(engine) -> float:

@@ -25,6 +25,7 @@ from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.train.records import Collected, Draw, add_counts, gather_objects
+from mmrl.train.step_clock import StepClock
 
 
 @dataclass
@@ -42,8 +43,8 @@ class StageInputs:
 class RolloutCollector:
     """Rolls out and scores this process's share of each step's prompt groups."""
 
-    def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module):
-        self.strategy, self.policy, self.model = strategy, policy, model
+    def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module, clock: StepClock):
+        self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
 
     def rollout_params(self):
@@ -64,16 +65,18 @@ class RolloutCollector:
         local = self._local_groups(len(indices))
         rows = [inputs.train_rows[indices[g]] for g in local]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
-        with self.rollout_params():
+        with self.rollout_params(), self.clock.phase("generate"):
             rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
         self.idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         counts: dict[str, float] = {}  # what the rewards log about this draw's calls
-        rollout, rewards, auxiliary = score_rollout(inputs.reward_fns, rollout, counts)
+        with self.clock.phase("reward"):
+            rollout, rewards, auxiliary = score_rollout(inputs.reward_fns, rollout, counts)
         # turning-point passes: as many as each process's samples need (an adapter without step rewards runs none)
         step_level = type(self.policy).step_rewards is not Policy.step_rewards
-        with self.strategy.gathered(self.model, always=True) if step_level else nullcontext():
+        with self.strategy.gathered(self.model, always=True) if step_level else nullcontext(), \
+                self.clock.phase("reward"):
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 inputs.reward_fns, rollout, picked, completions, counts))
         if per_unit is not None:  # step-level credit: these replace the rollout rewards

@@ -20,6 +20,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
@@ -38,6 +40,7 @@ from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
 from mmrl.train.signals import RunInterrupted, StopSignals
 from mmrl.train.stages import Stage
+from mmrl.train.step_clock import StepClock
 from mmrl.train.tracking import Progress, Tracker, end_line, start_summary
 from mmrl.train.update import PolicyUpdate
 from mmrl.train.warm_start import warm_start
@@ -99,9 +102,10 @@ class Trainer:
         parts = build_parts(self.stage, self.plan, self.strategy)
         self.policy, self.model, self.optimizer, self.reference = parts.policy, parts.model, parts.optimizer, parts.reference
         self.scheduler = parts.scheduler
-        self.collector = RolloutCollector(self.strategy, self.policy, self.model)
+        self.clock = StepClock(torch.cuda.synchronize if acc.device.type == "cuda" else None)
+        self.collector = RolloutCollector(self.strategy, self.policy, self.model, self.clock)
         self.updater = PolicyUpdate(self.cfg, self.strategy, self.policy, self.model, self.optimizer, self.scheduler,
-                                    self.reference, OBJECTIVES.get(self.cfg.algorithm.objective))
+                                    self.reference, OBJECTIVES.get(self.cfg.algorithm.objective), self.clock)
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
@@ -158,18 +162,16 @@ class Trainer:
         self._sampler_before_step = self.inputs.sampler.state_dict()
         self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
-        t0 = time.perf_counter()
+        self.clock.start()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
-        t1 = time.perf_counter()
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
         self._phase = None
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
             metrics["stage"] = self.stage.index
-        metrics["time_rollout_s"] = t1 - t0
-        metrics["time_update_s"] = time.perf_counter() - t1
+        metrics.update(self.clock.stop())  # time_step_s and its phases (mmrl/train/step_clock.py)
         self.step = step
         return metrics
 

@@ -21,6 +21,7 @@ from mmrl.core.rollout_correction import add_sums, importance_weights, mismatch_
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
 from mmrl.train.records import MicroBatchCounts, StepBatch, gather_objects
+from mmrl.train.step_clock import StepClock
 
 MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}
 
@@ -30,9 +31,10 @@ class PolicyUpdate:
     `cfg` is the current stage's recipe (the trainer replaces it when a stage starts)."""
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, policy: Policy, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective):
+                 optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective, clock: StepClock):
         self.cfg, self.strategy, self.policy, self.model = cfg, strategy, policy, model
         self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
+        self.clock = clock  # the phases of the step's update: forward, backward, optimizer
         self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
 
     @contextmanager
@@ -78,7 +80,7 @@ class PolicyUpdate:
         out = torch.zeros_like(local.unit_mask)
         source = local if len(local) else batch.idle_row
         model = self.reference if reference and self.reference is not None else self.model
-        with self.strategy.gathered(model):
+        with self.strategy.gathered(model), self.clock.phase("forward"):
             for rows in chunks:
                 padding = len(rows) == 0 or len(local) == 0  # a pass at zero, only to keep the processes in step
                 if padding and not self.strategy.forwards_in_step:
@@ -156,12 +158,17 @@ class PolicyUpdate:
             idx = rows if not empty else torch.tensor([0])
             last = k == len(work) - 1
             if idle:
-                logp, _ = self.policy.logprobs(self.model, source.select(idx), units)
-                strategy.backward(self.model, logp.sum() * 0.0, last)
+                with self.clock.phase("forward"):
+                    logp, _ = self.policy.logprobs(self.model, source.select(idx), units)
+                with self.clock.phase("backward"):
+                    strategy.backward(self.model, logp.sum() * 0.0, last)
                 continue
             with strategy.no_sync(self.model, last):
-                terms = self._micro_batch_terms(batch, idx, units, segs, old_logp, ref_logp, with_entropy, sums, empty)
-                strategy.backward(self.model, terms.loss * (0.0 if empty else float(world)), last)
+                with self.clock.phase("forward"):
+                    terms = self._micro_batch_terms(batch, idx, units, segs, old_logp, ref_logp, with_entropy, sums,
+                                                    empty)
+                with self.clock.phase("backward"):
+                    strategy.backward(self.model, terms.loss * (0.0 if empty else float(world)), last)
             if not empty:
                 add_terms(sums, terms)
         return sums
@@ -197,10 +204,11 @@ class PolicyUpdate:
                                              with_entropy=pass_index == 0)
             first = first or sums
             self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
-            if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
-                grad_norm = strategy.drop_gradients(self.model, self.optimizer, params)
-                break
-            grad_norm = strategy.step(self.model, self.optimizer, params)
+            with self.clock.phase("optimizer"):
+                if self.nonfinite_term is not None:  # skip this optimizer step (and the step's later passes)
+                    grad_norm = strategy.drop_gradients(self.model, self.optimizer, params)
+                    break
+                grad_norm = strategy.step(self.model, self.optimizer, params)
         self.scheduler.step()
         return self._metrics(first, grad_norm)
 

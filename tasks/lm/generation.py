@@ -66,16 +66,16 @@ class GroupSeededSampler(LogitsProcessor):
             probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
         u = torch.cat([torch.rand(self.group_size, generator=g) for g in self.generators]).to(probs.device)
         cdf = probs.cumsum(-1)
-        total = cdf[:, -1:]
+        total = cdf[:, -1:]  # the kept (top-k / top-p) mass
         token = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
-        # a token of zero probability is never drawn (u * total can equal a cdf plateau's value)
-        kept = logits.masked_fill(probs == 0, float("-inf"))  # the top-k / top-p set (and the bans)
-        self.logps.append(torch.log_softmax(kept, dim=-1).gather(1, token).squeeze(1).cpu())
-        return scores.scatter(1, token, float("inf"))
+        # a token of zero probability is never drawn (u * total can equal a cdf plateau's value);
+        # its log-prob renormalised over the kept set, kept on the device until the rollout ends
+        self.logps.append((probs.gather(1, token) / total).log().squeeze(1))
+        return scores.scatter_(1, token, float("inf"))  # generate's own fresh copy of the step's logits
 
     def sampled_logp(self, width: int) -> Tensor:
-        """The drawn tokens' log-probs [N, width] (steps after the last one are 0)."""
-        logp = torch.stack(self.logps, 1) if self.logps else torch.zeros(self.group_size * len(self.generators), 0)
+        """The drawn tokens' log-probs [N, width] on the CPU (steps after the last one are 0)."""
+        logp = torch.stack(self.logps, 1).cpu() if self.logps else torch.zeros(self.group_size * len(self.generators), 0)
         return nn.functional.pad(logp, (0, width - logp.shape[1]))
 
 
