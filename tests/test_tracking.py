@@ -136,3 +136,25 @@ def test_progress_without_a_bar_prints_every_print_every_steps(capsys):
                                        "train step 4/4: reward=1.33 kl=0.5 loss=-1\n")
     Progress(4, enabled=False).update(4, {"reward_mean": 1.0})  # print_every 0: silent
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("share, draws_while_logging", [(0.01, 1), (1.0, 30)])
+def test_plot_redraws_keep_within_their_share_of_the_run_time(tmp_path, monkeypatch, share, draws_while_logging):
+    """30 steps logged back to back with plot_every=1: under the 1% budget only the first redraws
+    (the next would have to wait ~99 redraw-times); with the whole run's time allowed, every one.
+    The real plot is drawn each time; only the number of draws is counted."""
+    import mmrl.train.tracking as tracking
+    draws = []
+
+    def counted(*args):
+        draws.append(1)
+        return plot_rewards(*args)
+
+    monkeypatch.setattr(tracking, "plot_rewards", counted)
+    monkeypatch.setattr(tracking, "PLOT_TIME_SHARE", share)
+    tracker = Tracker(tmp_path, report_to=["none"], plot_every=1)
+    for step in range(1, 31):
+        tracker.log(step, {"reward_mean": step / 30})
+    assert len(draws) == draws_while_logging
+    tracker.close()  # the last plot is always drawn
+    assert len(draws) == draws_while_logging + 1 and (tmp_path / "plots" / "rewards.png").is_file()

@@ -107,11 +107,11 @@ def test_unknown_reward_and_estimator_are_named(tmp_path):
 
 
 def test_dynamic_sampling_draws_until_groups_vary(tmp_path):
-    t = make_trainer(tmp_path, "sampling.dynamic=true", "sampling.dynamic_max_tries=3",
+    t = make_trainer(tmp_path / "accuracy", "sampling.dynamic=true", "sampling.dynamic_max_tries=3",
                      "rewards={accuracy: {weight: 1.0}}")
     metrics = t.train_step()  # a random model is never right: every group has zero variance
     assert metrics["sampling/tries"] == 3 and metrics["sampling/groups"] == 0
-    t2 = make_trainer(tmp_path, "sampling.dynamic=true")
+    t2 = make_trainer(tmp_path / "digit_share", "sampling.dynamic=true")
     assert t2.train_step()["sampling/tries"] == 1  # digit_share varies within groups at once
 
 

@@ -145,7 +145,8 @@ class LoggingConfig:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"], metadata={"help": (
         "Where metrics go besides OUTPUT_DIR/metrics.jsonl: tensorboard, wandb, or none.")})
     plot_every: int = field(default=10, metadata={"help": (
-        "Redraw OUTPUT_DIR/plots/rewards.png every this many steps (0: only once, when the run ends).")})
+        "Redraw OUTPUT_DIR/plots/rewards.png every this many steps, but no more often than keeps the redraws "
+        "under 1% of the run's time (a redraw reads the whole metrics file; 0: only once, when the run ends).")})
     progress: bool = field(default=True, metadata={"help": (
         "Show progress bars (training steps, warm start, evaluations) on the main process.")})
     print_every: int = field(default=10, metadata={"help": (

@@ -10,10 +10,12 @@ import math
 import numbers
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 REPORTERS = ("tensorboard", "wandb", "none")
+PLOT_TIME_SHARE = 0.01  # the largest share of a run's wall time the reward plot's redraws may take
 REPORTER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # reporter -> the package it writes with
 WANDB_RUN_ID = Path("wandb") / "mmrl-run-id"  # under the output directory: the W&B run a resume continues
 
@@ -160,6 +162,7 @@ class Tracker:
                 raise ValueError(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
         self.enabled = enabled
         self.plot_every = plot_every
+        self._plot_ready_at = 0.0  # perf_counter time before which a redraw would exceed PLOT_TIME_SHARE
         self.dir = Path(output_dir)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.plot_path = self.dir / "plots" / "rewards.png"
@@ -204,15 +207,20 @@ class Tracker:
                     self.writer.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
-        if self.plot_every and step % self.plot_every == 0:
+        if self.plot_every and step % self.plot_every == 0 and time.perf_counter() >= self._plot_ready_at:
             self._plot()
 
     def _plot(self) -> None:
-        """Redraw the reward plot; one that cannot be written (a full disk) is a warning, never the run's error."""
+        """Redraw the reward plot, and put off the next redraw until it keeps the drawing's share of the
+        run's time under PLOT_TIME_SHARE (a redraw reads the whole metrics file, so it slows as the run
+        grows). A plot that cannot be written (a full disk) is a warning, never the run's error."""
+        begun = time.perf_counter()
         try:
             plot_rewards(self.metrics_path, self.plot_path)
         except OSError as e:
             logger.warning("could not draw %s: %s", self.plot_path, e)
+        finished = time.perf_counter()
+        self._plot_ready_at = finished + (finished - begun) * (1 / PLOT_TIME_SHARE - 1)
 
     def close(self) -> None:
         """Draw the final plot and close the writers."""
