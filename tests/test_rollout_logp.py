@@ -167,3 +167,28 @@ def test_correction_without_rollout_logp_is_a_clear_error(tmp_path):
 def test_the_cap_must_be_positive(tmp_path):
     with pytest.raises(Exception, match="rollout_correction_cap"):
         trainer(tmp_path, "algorithm.rollout_correction_cap=0")
+
+
+def test_the_samplers_min_new_tokens_ban_draws_what_generates_own_processor_does():
+    """The sampler bans EOS for the first min_new_tokens itself (one processor per decoding step);
+    reference: transformers' min_new_tokens processor in front of a sampler without the ban. EOS is
+    made the likeliest token, so the ban decides every row's first tokens."""
+    from transformers import GenerationConfig
+    from mmrl.tasks.lm.generation import GroupSeededSampler
+    policy = CausalLMPolicy(CausalLMConfig(**TINY, min_new_tokens=4, shared_prefill=False))
+    eos, prompts, seeds = policy.tokenizer.eos_token_id, ["1+2=", "3+4="], [5, 6]
+    rows = policy._expand(policy._encode_prompts(prompts), 3)
+    inputs = policy._model_inputs(rows)
+    with torch.no_grad():  # the EOS row of the output layer along the mean final hidden state: EOS first
+        hidden = policy.model(**inputs, output_hidden_states=True).hidden_states[-1].mean((0, 1))
+        policy.model.lm_head.weight[eos] = 100 * hidden / hidden.norm() ** 2
+    batch = policy.rollout(prompts, 3, seeds)
+    reference = GroupSeededSampler(seeds, 3, 1.0, 0, 1.0)
+    sequences = policy.model.generate(**inputs, logits_processor=[reference], generation_config=GenerationConfig(
+        max_new_tokens=6, min_new_tokens=4, do_sample=False, pad_token_id=policy.tokenizer.pad_token_id,
+        eos_token_id=eos))
+    expected = sequences[:, rows["prompt_ids"].shape[1]:]
+    ids = batch.extras["completion_ids"]
+    assert (expected[:, :4] != eos).all() and (expected[:, 4] == eos).all()  # the ban, then EOS at once
+    assert torch.equal(ids[:, :5], expected[:, :5])
+    assert torch.allclose(batch.rollout_logp[:, :5], reference.sampled_logp(6)[:, :5], atol=1e-6)

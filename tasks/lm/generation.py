@@ -40,20 +40,29 @@ def warn_once(log: logging.Logger, message: str) -> None:
 class GroupSeededSampler(LogitsProcessor):
     """Temperature / top-k / top-p sampling by inverse CDF, one uniform per row per step drawn
     from the row's group generator. Returns scores that are +inf at the drawn token, so greedy
-    decoding in ``generate`` emits the sample.
+    decoding in ``generate`` emits the sample. It also bans `eos_ids` for the first
+    `min_new_tokens` tokens (the rule of generate's own min_new_tokens processor, applied here so
+    that each decoding step runs one processor, not two).
 
-    `logps` collects, per step, the fp32 log-prob [N] of the drawn token under the distribution it
-    was drawn from: the scores as ``generate`` processed them (token bans, min_new_tokens' EOS ban)
+    `sampled_logp` gives, per step, the fp32 log-prob [N] of the drawn token under the distribution it
+    was drawn from: the scores as ``generate`` processed them (token bans) with the early-EOS ban,
     divided by the temperature, restricted to the top-k / top-p set and renormalised there."""
 
-    def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float):
+    def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float,
+                 eos_ids: Sequence[int] = (), min_new_tokens: int = 0):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.group_size = group_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.logps: list[Tensor] = []
+        self.eos_ids, self.min_new_tokens = list(eos_ids), min_new_tokens
+        self.prompt_width: int | None = None  # input_ids' width at the first step
+        self.drawn: list[tuple[Tensor, Tensor]] = []  # per step: (drawn token's kept probability, kept mass)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.prompt_width is None:
+            self.prompt_width = input_ids.shape[1]
         logits = scores.float()
+        if self.eos_ids and input_ids.shape[1] - self.prompt_width < self.min_new_tokens:
+            logits = logits.index_fill(1, torch.tensor(self.eos_ids, device=logits.device), float("-inf"))
         if self.temperature != 1.0:
             logits = logits / self.temperature
         if self.top_k > 0:
@@ -64,19 +73,23 @@ class GroupSeededSampler(LogitsProcessor):
             sorted_p, order = probs.sort(dim=-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > self.top_p
             probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-        u = torch.cat([torch.rand(self.group_size, generator=g) for g in self.generators]).to(probs.device)
+        u = torch.empty(probs.shape[0])
+        for k, g in enumerate(self.generators):
+            torch.rand(self.group_size, generator=g, out=u[k * self.group_size:(k + 1) * self.group_size])
         cdf = probs.cumsum(-1)
         total = cdf[:, -1:]  # the kept (top-k / top-p) mass
-        token = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
-        # a token of zero probability is never drawn (u * total can equal a cdf plateau's value);
-        # its log-prob renormalised over the kept set, kept on the device until the rollout ends
-        self.logps.append((probs.gather(1, token) / total).log().squeeze(1))
+        token = torch.searchsorted(cdf, u.to(probs.device)[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
+        # a token of zero probability is never drawn (u * total can equal a cdf plateau's value); its
+        # probability and the kept mass stay on the device until the rollout ends (`sampled_logp`)
+        self.drawn.append((probs.gather(1, token), total))
         return scores.scatter_(1, token, float("inf"))  # generate's own fresh copy of the step's logits
 
     def sampled_logp(self, width: int) -> Tensor:
         """The drawn tokens' log-probs [N, width] on the CPU (steps after the last one are 0)."""
-        logp = torch.stack(self.logps, 1).cpu() if self.logps else torch.zeros(self.group_size * len(self.generators), 0)
-        return nn.functional.pad(logp, (0, width - logp.shape[1]))
+        if not self.drawn:
+            return torch.zeros(self.group_size * len(self.generators), width)
+        chosen, mass = (torch.cat(parts, 1) for parts in zip(*self.drawn))
+        return nn.functional.pad((chosen / mass).log().cpu(), (0, width - chosen.shape[1]))
 
 
 class TokenRollouts(Policy):
@@ -108,17 +121,19 @@ class TokenRollouts(Policy):
         if cfg.rollout_engine == "vllm":
             completion_ids, rollout_logp = self._vllm_generate(parts, encoded, group_size, seeds, greedy)
             return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
-        gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, min_new_tokens=cfg.min_new_tokens,
+        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
+        gen_cfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens,
+                                   min_new_tokens=cfg.min_new_tokens if greedy else None,  # else the sampler's ban
                                    do_sample=False,
-                                   pad_token_id=self.tokenizer.pad_token_id,
-                                   eos_token_id=self.model.generation_config.eos_token_id
-                                   or self.tokenizer.eos_token_id,
+                                   pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos,
                                    stop_strings=cfg.stop_strings or None,
                                    suppress_tokens=self.suppressed_tokens() or None)
         processors = LogitsProcessorList()
         sampler = None
         if not greedy:
-            sampler = GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p)
+            sampler = GroupSeededSampler(seeds, group_size, cfg.temperature, cfg.top_k, cfg.top_p,
+                                         eos_ids=[eos] if isinstance(eos, int) else list(eos or []),
+                                         min_new_tokens=cfg.min_new_tokens or 0)
             processors.append(sampler)
         was_training = self.model.training
         self.model.eval()
