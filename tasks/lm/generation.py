@@ -137,14 +137,15 @@ class TokenRollouts(Policy):
             processors.append(sampler)
         was_training = self.model.training
         self.model.eval()
-        inputs = None
-        if cfg.shared_prefill and group_size > 1:
-            inputs = self._shared_prefill(encoded, rows, group_size)
-        sequences = self.model.generate(
-            **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
-            tokenizer=self.tokenizer if cfg.stop_strings else None, synced_gpus=self.parallel.lockstep)
+        with torch.inference_mode():  # no autograd bookkeeping at all (what comes out is copied below)
+            inputs = None
+            if cfg.shared_prefill and group_size > 1:
+                inputs = self._shared_prefill(encoded, rows, group_size)
+            sequences = self.model.generate(
+                **(inputs or self._model_inputs(rows)), generation_config=gen_cfg, logits_processor=processors,
+                tokenizer=self.tokenizer if cfg.stop_strings else None, synced_gpus=self.parallel.lockstep)
         self.model.train(was_training)
-        completion_ids = sequences[:, rows["prompt_ids"].shape[1]:]
+        completion_ids = sequences[:, rows["prompt_ids"].shape[1]:].clone()  # an ordinary tensor, fit for autograd
         rollout_logp = sampler.sampled_logp(completion_ids.shape[1]) if sampler is not None else None
         return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
 
