@@ -60,8 +60,10 @@ MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
 
 
 def model_args(args) -> dict:
-    """The tiny Qwen2's size: MODEL, or `--hidden` / `--layers` where given."""
-    return {**MODEL, "hidden": args.hidden or MODEL["hidden"], "layers": args.layers or MODEL["layers"]}
+    """The tiny Qwen2's size: MODEL, or `--hidden` / `--layers` where given, with positions for the
+    longest prompt and its completion (a prompt that leaves no room for the completion is refused)."""
+    return {**MODEL, "hidden": args.hidden or MODEL["hidden"], "layers": args.layers or MODEL["layers"],
+            "max_positions": max(512, args.prompt_tokens + args.tokens)}
 
 
 def prompts(args) -> list[str]:

@@ -56,10 +56,11 @@ def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, se
 
 
 @TINY_MODELS.register("qwen2-char")
-def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A Qwen2 decoder over the character tokenizer (the text demo's policy)."""
+def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512):
+    """A Qwen2 decoder over the character tokenizer (the text demo's policy), with room for
+    `max_positions` tokens of prompt and completion."""
     tokenizer = char_tokenizer()
-    return tiny_qwen2(tokenizer, hidden, layers, heads, seed), tokenizer
+    return tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions), tokenizer
 
 
 @TINY_MODELS.register("dlm-char")
