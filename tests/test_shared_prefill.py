@@ -7,6 +7,7 @@ import pytest
 import torch
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+from mmrl.tasks.lm.generation import KV_CACHE
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 from PIL import Image
 
@@ -68,7 +69,7 @@ def test_first_step_on_the_repeated_cache_equals_a_plain_prefill(case):
     inputs = policy._shared_prefill(encoded, expanded, 3)
     with torch.no_grad():
         step = policy.model(input_ids=inputs["input_ids"][:, -1:], attention_mask=inputs["attention_mask"],
-                            position_ids=inputs["position_ids"][..., -1:], cache=inputs["cache"])
+                            position_ids=inputs["position_ids"][..., -1:], **{KV_CACHE: inputs[KV_CACHE]})
         whole = policy.model(**policy._model_inputs(expanded))
     assert torch.allclose(step.logits[:, -1], whole.logits[:, -1], atol=1e-5)
 

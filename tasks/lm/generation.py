@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from mmrl.core.policy import Policy
@@ -29,6 +29,10 @@ from .rollout_batches import concat_padded, eos_token_ids, first_eos_ends, units
 from .vllm_engine import VLLMEngine
 
 logger = logging.getLogger(__name__)
+# the KV cache's name in model outputs and generate's arguments: `cache` from transformers 5.2x on
+# (`past_key_values` still works there, with a deprecation warning), `past_key_values` before
+KV_CACHE = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+            else "past_key_values")
 
 
 @lru_cache(maxsize=None)
@@ -225,7 +229,7 @@ class TokenRollouts(Policy):
             if positions is not None:
                 head["position_ids"] = positions[..., :-1]
             keep = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
-            cache = self.model(**head, use_cache=True, **keep).cache
+            cache = self.model(**head, use_cache=True, **keep).get(KV_CACHE)
             if not isinstance(cache, Cache) or cache.get_seq_length() != ids.shape[1] - 1:
                 reason = f"{type(base).__name__} returned no KV cache of the prompt's length"
             elif not all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
@@ -238,7 +242,7 @@ class TokenRollouts(Policy):
         inputs = self._model_inputs({k: v for k, v in rows.items() if k.startswith("prompt_")})
         if positions is not None:
             inputs["position_ids"] = positions.repeat_interleave(group_size, dim=positions.dim() - 2)
-        inputs["cache"] = cache
+        inputs[KV_CACHE] = cache
         return inputs
 
     def _check_prompt_lengths(self, mask: Tensor, prompts: Sequence[Any]) -> None:
