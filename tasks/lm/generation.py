@@ -141,7 +141,10 @@ class TokenRollouts(Policy):
             processors.append(sampler)
         was_training = self.model.training
         self.model.eval()
-        with torch.inference_mode():  # no autograd bookkeeping at all (what comes out is copied below)
+        # no autograd bookkeeping at all (what comes out is copied below), except where every forward
+        # gathers sharded parameters (ZeRO-3, FSDP's sharded rollouts): parameters materialised in
+        # inference mode could not be trained afterwards
+        with torch.inference_mode(not self.parallel.lockstep):
             inputs = None
             if cfg.shared_prefill and group_size > 1:
                 inputs = self._shared_prefill(encoded, rows, group_size)
