@@ -113,3 +113,40 @@ def test_bad_config_is_named():
         CausalLMPolicy(CausalLMConfig())
     with pytest.raises(ValueError, match="policy.temperature"):
         CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", temperature=0))
+
+
+def test_selective_log_softmax_of_a_position_slice_copies_no_whole_logits():
+    """The training forward's logits are a slice of the model's output (`logits[:, P - 1:-1]`):
+    the same values and gradient as from a contiguous copy, and no operation of the forward makes a
+    tensor of the slice's size (the blocks are views)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sizes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:  # not a view
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    torch.manual_seed(0)
+    output = torch.randn(3, 9, 50, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 6))
+    sliced = output[:, 2:-1]
+    assert not sliced.is_contiguous()
+    sizes = Sizes()
+    with sizes:
+        logp, ent = selective_log_softmax(sliced, targets, chunk_rows=4, with_entropy=True)
+    assert sizes.largest <= 4 * 50  # one block at a time, never the slice's 3 x 6 x 50
+    ref_logp, ref_ent = selective_log_softmax(sliced.contiguous(), targets, chunk_rows=4, with_entropy=True)
+    assert torch.equal(logp, ref_logp) and torch.equal(ent, ref_ent)
+    w = torch.randn(3, 6)
+    g, = torch.autograd.grad((logp * w).sum(), output)
+    g_ref, = torch.autograd.grad((torch.log_softmax(sliced, -1).gather(-1, targets[..., None]).squeeze(-1) * w).sum(),
+                                 output)
+    assert torch.allclose(g, g_ref, atol=1e-6)
