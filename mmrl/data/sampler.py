@@ -246,7 +246,7 @@ class PromptSampler:
         return {"n": self.n, "epoch": self.epoch, "offset": self.offset,
                 "deferred": list(self.deferred), "drawn": self.drawn,
                 "step": self.step, "used": list(self.used),
-                "outcomes": {str(k): [list(v), v.maxlen] for k, v in sorted(self.outcomes.items())}}
+                "outcomes": {str(k): [list(v), v.maxlen] for k, v in self.outcomes.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         if "n" in state and int(state["n"]) != self.n:

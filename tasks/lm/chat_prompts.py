@@ -39,16 +39,19 @@ def cut_prompts_left(ids: Tensor, mask: Tensor, max_tokens: int) -> tuple[Tensor
     return ids[:, -max_tokens:], mask[:, -max_tokens:]
 
 
-def check_prompt_lengths(mask: Tensor, prompts: Sequence[Any], limit: int | None, why: str) -> None:
-    """UserError naming the first prompt whose token count (mask [P, L]) exceeds `limit`."""
-    if limit is None:
-        return
+def check_prompt_lengths(mask: Tensor, prompts: Sequence[Any], limits: Sequence[tuple[int | None, str]],
+                         shown: Callable[[Any], Any]) -> None:
+    """UserError naming the first prompt whose token count (mask [P, L]) exceeds a limit of
+    `limits` ((limit or None, why)); only that prompt is rendered, by `shown`."""
     lengths = mask.sum(1).tolist()
-    for prompt, length in zip(prompts, lengths):
-        if length > limit:
-            raise UserError(f"a prompt has {int(length)} tokens, more than the {limit} {why}: {str(prompt)[:80]!r}; "
-                            "shorten or drop such rows, or set policy.max_prompt_length to cut prompts from the "
-                            "left (text prompts)")
+    for limit, why in limits:
+        if limit is None:
+            continue
+        for prompt, length in zip(prompts, lengths):
+            if length > limit:
+                raise UserError(f"a prompt has {int(length)} tokens, more than the {limit} {why}: "
+                                f"{str(shown(prompt))[:80]!r}; shorten or drop such rows, or set "
+                                "policy.max_prompt_length to cut prompts from the left (text prompts)")
 
 
 def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tensor]:

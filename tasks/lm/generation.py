@@ -57,7 +57,8 @@ class GroupSeededSampler(LogitsProcessor):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.group_size = group_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.eos_ids, self.min_new_tokens = list(eos_ids), min_new_tokens
+        self.eos_ids = torch.tensor(list(eos_ids)) if len(eos_ids) else None  # banned while min_new_tokens lasts
+        self.min_new_tokens = min_new_tokens
         self.prompt_width: int | None = None  # input_ids' width at the first step
         self.drawn: list[tuple[Tensor, Tensor]] = []  # per step: (drawn token's kept probability, kept mass)
 
@@ -65,8 +66,8 @@ class GroupSeededSampler(LogitsProcessor):
         if self.prompt_width is None:
             self.prompt_width = input_ids.shape[1]
         logits = scores.float()
-        if self.eos_ids and input_ids.shape[1] - self.prompt_width < self.min_new_tokens:
-            logits = logits.index_fill(1, torch.tensor(self.eos_ids, device=logits.device), float("-inf"))
+        if self.eos_ids is not None and input_ids.shape[1] - self.prompt_width < self.min_new_tokens:
+            logits = logits.index_fill(1, self.eos_ids.to(logits.device), float("-inf"))
         if self.temperature != 1.0:
             logits = logits / self.temperature
         if self.top_k > 0:
@@ -252,14 +253,13 @@ class TokenRollouts(Policy):
         """A UserError for a prompt (mask [P, L]) over policy.max_prompt_length (a text prompt is cut
         to it before), or one that leaves fewer than max_new_tokens of the model's positions."""
         cfg = self.cfg
-        shown = [self.prompt_of(p) for p in prompts]
-        check_prompt_lengths(mask, shown, cfg.max_prompt_length, "of policy.max_prompt_length")
         config = self.model.config
         positions = getattr(config, "max_position_embeddings", None) or getattr(
             getattr(config, "text_config", None), "max_position_embeddings", None)
-        if positions is not None:
-            check_prompt_lengths(mask, shown, positions - cfg.max_new_tokens,
-                                 f"the model's {positions} positions leave beside policy.max_new_tokens")
+        check_prompt_lengths(mask, prompts, [
+            (cfg.max_prompt_length, "of policy.max_prompt_length"),
+            (positions - cfg.max_new_tokens if positions is not None else None,
+             f"the model's {positions} positions leave beside policy.max_new_tokens")], self.prompt_of)
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first eos, or up to the token that completes a stop
