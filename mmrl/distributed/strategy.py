@@ -72,6 +72,16 @@ class Strategy:
         """The adapter's model inside the backend's wrapper."""
         return self.acc.unwrap_model(model)
 
+    def parameter_counts(self, model: nn.Module) -> tuple[int, int]:
+        """(trainable, total) whole parameter sizes of the adapter's model, however they are sharded."""
+        params = list(self.unwrap(model).parameters())
+        return (sum(self.numel(p) for p in params if p.requires_grad), sum(self.numel(p) for p in params))
+
+    @staticmethod
+    def numel(param: Tensor) -> int:
+        """A parameter's whole size (FSDP's sharded parameters report the whole one)."""
+        return param.numel()
+
     # ----- a step -----------------------------------------------------------------------------
     @property
     def lockstep(self) -> bool:

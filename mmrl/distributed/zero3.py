@@ -176,6 +176,10 @@ class ZeroThree(Strategy):
     def backward(self, model: nn.Module, loss: torch.Tensor, last: bool) -> None:
         backward(model, loss, last)
 
+    @staticmethod
+    def numel(param: torch.Tensor) -> int:
+        return getattr(param, "ds_numel", param.numel())  # a partitioned parameter keeps its whole size here
+
     def gradients_finite(self, model: nn.Module, params: list[torch.Tensor]) -> bool:
         return gradients_finite(model)
 

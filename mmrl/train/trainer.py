@@ -54,11 +54,6 @@ logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
 
 
-def _numel(param) -> int:
-    """A parameter's whole size (a ZeRO-3 partitioned one keeps it as `ds_numel`)."""
-    return getattr(param, "ds_numel", param.numel())
-
-
 class Trainer:
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True):
@@ -217,9 +212,7 @@ class Trainer:
 
     def _start_summary(self) -> str:
         """What the run trains, on what, where (`tracking.start_summary`)."""
-        params = list(self.unwrapped.parameters())
-        return start_summary(self.cfg.task, self.cfg.policy.get("model", "?"),
-                             sum(_numel(p) for p in params if p.requires_grad), sum(_numel(p) for p in params),
+        return start_summary(self.cfg.task, self.cfg.policy.get("model", "?"), *self.strategy.parameter_counts(self.model),
                              len(self.inputs.train_rows), len(self.inputs.eval_rows), self.output_dir,
                              self.accelerator.num_processes, self.step if self.resumed else None)
 
