@@ -33,6 +33,7 @@ from mmrl.train import checkpoint as ckpt
 from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
+from mmrl.train.eval_samples import log_eval_samples
 from mmrl.train.evaluation import evaluate
 from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
@@ -231,7 +232,8 @@ class Trainer:
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
         if every and self.step % every == 0 and self.inputs.eval_rows:
-            scores = self.evaluate()
+            scores = self.evaluate(keep_samples=self.cfg.eval.log_samples > 0)
+            log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
 
