@@ -105,6 +105,29 @@ def test_temporal_consistency_against_hand_cosines(tiny_clip):
     assert fn(["x"], [moving], **tiny_clip) == pytest.approx([want], abs=1e-5)
 
 
+def test_image_consistency_compares_frames_with_the_conditioning_image(tiny_clip, tmp_path):
+    video = disc_clip("red", [(10, 16), (16, 16), (22, 16)])
+    frames = pil_frames(video)
+    start = frames[0].resize((64, 64))  # the conditioning image at another size
+    start.save(tmp_path / "start.png")
+    fn = get_reward("image_consistency")
+    flat = torch.stack([torch.from_numpy(np.asarray(f.resize((32, 32)), dtype=np.float64)).flatten() / 255
+                        for f in [start, *frames]])
+    flat = flat / flat.norm(dim=1, keepdim=True)
+    cos = (flat[1:] @ flat[0]).tolist()
+    got = fn(["x", "x"], [video, video], image=[start, str(tmp_path / "start.png")], embedding="pixels")
+    assert got == pytest.approx([sum(cos) / 3] * 2, abs=1e-5) and cos[0] > cos[2]
+    assert fn(["x"], [video], image=[start], embedding="pixels", frames="last") == pytest.approx([cos[2]], abs=1e-5)
+    net, preprocess, _ = load_clip(None, None, tiny_clip["model_config"], "cpu")
+    emb = image_embeddings(net, preprocess, [start.resize((32, 32)), frames[1]], 8, "cpu")
+    assert fn(["x"], [video], image=[start], frames="middle", **tiny_clip) == \
+        pytest.approx([float(emb[0] @ emb[1])], abs=1e-5)
+    with pytest.raises(FileNotFoundError, match="conditioning image 'nowhere.png' does not exist"):
+        fn(["x"], [video], image=["nowhere.png"], embedding="pixels")
+    with pytest.raises(ValueError, match="needs the column 'image'"):
+        fn(["x"], [video], embedding="pixels")
+
+
 def shifted(image: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
     return torch.roll(image, shifts=(dy, dx), dims=(-2, -1))
 
