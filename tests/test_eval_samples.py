@@ -108,11 +108,17 @@ def test_a_training_run_logs_its_held_out_samples(tmp_path):
     cfg = parse_config(TINY_RECIPE, tiny_overrides(out) + ["max_steps=1", "eval.every=1", "eval.max_prompts=2",
                                                           "eval.group_size=2", "eval.log_samples=1",
                                                           "logging.report_to=[tensorboard]"])
-    Trainer(cfg).train()
+    trainer = Trainer(cfg)
+    trainer.train()
     acc = events(out)
     assert "samples/0/text_summary" in acc.Tags()["tensors"]
     assert "samples/1/text_summary" not in acc.Tags()["tensors"]
     assert "| greedy |" in text_of(acc, "samples/0/text_summary")
+    # only the logged rows' samples are kept (a video's are large); they are the first rows' samples
+    every = trainer.evaluate(keep_samples=True)["samples"]
+    first = trainer.evaluate(keep_samples=True, kept_rows=1)["samples"]
+    assert len(every) == 2 and len(first) == 1
+    assert first[0]["completions"] == every[0]["completions"] and first[0]["greedy"] == every[0]["greedy"]
 
 
 def test_no_samples_when_off(tmp_path):

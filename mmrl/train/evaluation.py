@@ -58,10 +58,11 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
            prompts_per_call: int, combine: str, gates: Mapping[str, float] | None,
            evaluator: Evaluator | None = None, records: list[dict] | None = None,
-           show_progress: bool = False) -> dict[str, float]:
+           show_progress: bool = False, kept_rows: int | None = None) -> dict[str, float]:
     """Score `group_size` samples per row; with `records`, append each row's samples, rewards and
     evaluator values to it ({"row", "completions", "rewards", "eval", and "columns": the rollout's
-    MEDIA_COLUMNS of the samples, e.g. a video's fps}); with `show_progress`, a bar over the rows."""
+    MEDIA_COLUMNS of the samples, e.g. a video's fps}) for the first `kept_rows` rows (None: all);
+    with `show_progress`, a bar over the rows."""
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
     judged: list[float] = []
@@ -85,7 +86,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
                                      reward_columns(kept), eval_counts)[evaluator.name].tolist()
             judged += values
         if records is not None:
-            for i, row in enumerate(chunk):
+            for i, row in enumerate(chunk[:None if kept_rows is None else max(kept_rows - start, 0)]):
                 span = slice(i * group_size, (i + 1) * group_size)
                 records.append({"row": row, "completions": list(kept.completions[span]),
                                 "rewards": total[span].tolist(),
@@ -109,8 +110,10 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
              weights: Mapping[str, float], group_size: int, seed: int,
              prompts_per_call: int = 16, combine: str = "sum",
              gates: Mapping[str, float] | None = None, evaluator: Evaluator | None = None,
-             keep_samples: bool = False, show_progress: bool = False) -> dict[str, Any]:
-    """The scores; with `keep_samples`, also ``samples``: per row {"row", "completions",
+             keep_samples: bool = False, show_progress: bool = False,
+             kept_rows: int | None = None) -> dict[str, Any]:
+    """The scores; with `keep_samples`, also ``samples`` (of the first `kept_rows` rows, None: all;
+    a video's samples are large): per row {"row", "completions",
     "rewards", "eval", "columns" (the sampled ones), "greedy", "greedy_reward", "greedy_eval",
     "greedy_columns"}; with
     `show_progress`, a bar over the rows of each pass."""
@@ -119,9 +122,9 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
     sampled_records: list[dict] | None = [] if keep_samples else None
     greedy_records: list[dict] | None = [] if keep_samples else None
     sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates,
-                     evaluator, sampled_records, show_progress)
+                     evaluator, sampled_records, show_progress, kept_rows)
     greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates,
-                    evaluator, greedy_records, show_progress)
+                    evaluator, greedy_records, show_progress, kept_rows)
     out: dict[str, Any] = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")
