@@ -175,8 +175,9 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     total is NaN (for [N, U]: in every unit) get row_mask False. Advantages are 0 outside
     row_mask. ``train_extremes`` k > 0 (DanceGRPO's best-of-N): of each group only the k rows with
     the lowest and the k with the highest advantage (``train_extremes_by: reward``: total reward)
-    keep row_mask (`extreme_rows`), the advantages still those of the whole group. Stats: advantage_mean / _std / _abs_mean over the rows in row_mask,
-    zero_variance_frac (groups whose totals are all equal), num_groups.
+    keep row_mask (`extreme_rows`), the advantages still those of the whole group. Stats:
+    advantage_mean / _std / _abs_mean over the rows in row_mask, zero_variance_frac (groups whose
+    totals are all equal), num_groups.
     """
     # Built-ins are found without importing the plugins (a plugin cannot replace a built-in).
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.estimator)

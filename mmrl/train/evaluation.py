@@ -113,9 +113,8 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
              keep_samples: bool = False, show_progress: bool = False,
              kept_rows: int | None = None) -> dict[str, Any]:
     """The scores; with `keep_samples`, also ``samples`` (of the first `kept_rows` rows, None: all;
-    a video's samples are large): per row {"row", "completions",
-    "rewards", "eval", "columns" (the sampled ones), "greedy", "greedy_reward", "greedy_eval",
-    "greedy_columns"}; with
+    a video's samples are large): per row {"row", "completions", "rewards", "eval", "columns" (the
+    sampled ones), "greedy", "greedy_reward", "greedy_eval", "greedy_columns"}; with
     `show_progress`, a bar over the rows of each pass."""
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
