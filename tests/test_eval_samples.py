@@ -12,7 +12,7 @@ from mmrl.train.tracking import Tracker
 from mmrl.train.trainer import Trainer
 from PIL import Image
 
-from tests.helpers import TINY_RECIPE, tiny_overrides
+from helpers import TINY_RECIPE, tiny_overrides
 
 
 def events(run_dir):

@@ -38,7 +38,7 @@ def checkpoint(tmp_path_factory):
     tokens and an rm_head, wrapped by PEFT (LoRA r 4, alpha 8, B non-zero), its state dict saved
     whole as checkpoint-STEP/model.pth beside model_config.json."""
     from peft import LoraConfig, get_peft_model
-    from tasks.demos.tiny_multimodal import qwen2_vl_char
+    from mmrl.tasks.demos.tiny_multimodal import qwen2_vl_char
     root = tmp_path_factory.mktemp("videoreward")
     model, processor = qwen2_vl_char(max_pixels=56 * 56, seed=3)
     processor.save_pretrained(root / "base")
