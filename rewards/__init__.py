@@ -16,6 +16,9 @@ from . import (  # noqa: F401  (registration)
     length,
     length_bonus,  # noqa: F401,E402  (registration)
     t_grpo,  # noqa: F401,E402  (registration)
+    videoalign,  # noqa: F401,E402  (registration)
+    video_motion,  # noqa: F401,E402  (registration)
+    video_temporal,  # noqa: F401,E402  (registration)
     wer,  # noqa: F401,E402  (registration)
 )
 

@@ -164,6 +164,10 @@ class EvalConfig:
         "Score the held-out rows every this many training steps (0: never during training).")})
     max_prompts: int = field(default=64, metadata={"stage": True, "help": "The most held-out prompts an evaluation scores."})
     group_size: int = field(default=8, metadata={"stage": True, "help": "Samples per held-out prompt in an evaluation."})
+    log_samples: int = field(default=4, metadata={"stage": True, "help": (
+        "At each evaluation, the samples of this many held-out prompts (the greedy one and up to 4 sampled, with "
+        "the prompt and rewards) go to TensorBoard (images, videos as GIFs, audio, a text table) and to W&B (a "
+        "table with wandb.Image / Video / Audio); 0: none.")})
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})

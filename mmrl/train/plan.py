@@ -53,7 +53,8 @@ _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_
 
 _rule("optim.lr save_every eval.every logging.plot_every logging.print_every warm_start.steps warm_start.warmup_steps optim.warmup_steps "
       "optim.lora.r seed algorithm.eps algorithm.eps_low "
-      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
+      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay "
+      "algorithm.train_extremes",
       lambda v: v >= 0, "must be >= 0")
 
 
@@ -182,6 +183,10 @@ def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
     if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/core/advantages.py's median_advantages
         problems.append(f"algorithm.group_size={algo.group_size}: the median estimator (MC-GRPO) draws G+1 "
                         f"rollouts, an odd number, so that the median is one of them; use {algo.group_size + 1}")
+    if 2 * algo.train_extremes > algo.group_size:
+        problems.append(f"algorithm.train_extremes={algo.train_extremes}: the k highest and k lowest rows of a "
+                        f"group of algorithm.group_size={algo.group_size} overlap; use at most "
+                        f"{algo.group_size // 2}")
 
 
 def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
