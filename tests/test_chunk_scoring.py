@@ -23,6 +23,12 @@ def row_digits(prompts, completions, group_id, **columns):
     return [sum(ch.isdigit() for ch in c) + 0.01 * g for c, g in zip(completions, group_id)]
 
 
+@register_reward("two_digits")
+def two_digits(prompts, completions, **columns):
+    """1 for a completion with at least two digits: some groups of a random model vary, others not."""
+    return [float(sum(ch.isdigit() for ch in c) >= 2) for c in completions]
+
+
 @register_reward("explodes_on_second_group")
 def explodes_on_second_group(prompts, completions, group_id, **columns):
     if 1 in group_id:
@@ -30,10 +36,10 @@ def explodes_on_second_group(prompts, completions, group_id, **columns):
     return [0.0] * len(completions)
 
 
-def trainer(tmp_path, overlap, rewards=("row_digits", "digit_share"), per_call=1):
+def trainer(tmp_path, overlap, rewards=("row_digits", "digit_share"), per_call=1, **extra):
     recipe = {**TINY_RECIPE, "rewards": {name: {"weight": 1.0} for name in rewards}}
     return Trainer(parse_config(recipe, tiny_overrides(tmp_path, **{
-        "scoring.overlap": overlap, "scoring.groups_per_call": per_call, "optim.prompts_per_step": 4})))
+        "scoring.overlap": overlap, "scoring.groups_per_call": per_call, "optim.prompts_per_step": 4, **extra})))
 
 
 def test_generation_calls_cover_the_groups_in_order():
@@ -69,6 +75,20 @@ def test_overlapped_scoring_equals_scoring_after_the_rollout(tmp_path, per_call)
         assert torch.equal(value, weights[True][name]), name
 
 
+def test_dynamic_sampling_draws_the_same_groups_overlapped(tmp_path):
+    collected = {}
+    for overlap in (False, True):
+        t = trainer(tmp_path / str(overlap), overlap, rewards=("two_digits",), **{
+            "sampling.dynamic": True, "sampling.dynamic_max_tries": 3})
+        collected[overlap] = t.collector.collect(t.inputs, 1)
+    serial, overlapped = collected[False], collected[True]
+    assert serial.metrics["sampling/tries"] == overlapped.metrics["sampling/tries"] > 1  # groups were drawn again
+    assert overlapped.metrics["sampling/groups"] > 0
+    assert torch.equal(serial.group_id, overlapped.group_id)
+    assert torch.equal(serial.rewards["two_digits"], overlapped.rewards["two_digits"])
+    assert serial.rollout.completions == overlapped.rollout.completions
+
+
 def test_a_reward_error_in_the_scoring_thread_reaches_the_step_with_its_message(tmp_path):
     t = trainer(tmp_path, True, rewards=("explodes_on_second_group",))
     with pytest.raises(RewardError, match="reward 'explodes_on_second_group' raised ValueError: cannot score group 1"):
@@ -78,3 +98,19 @@ def test_a_reward_error_in_the_scoring_thread_reaches_the_step_with_its_message(
 def test_groups_per_call_must_not_be_negative(tmp_path):
     with pytest.raises(ConfigError, match="scoring.groups_per_call"):
         trainer(tmp_path, True, per_call=-1)
+
+
+def test_t_grpo_auxiliary_rows_are_scored_with_their_group_in_every_call(tmp_path):
+    from test_video import VIDEO_RECIPE
+    collected = {}
+    for overlap in (False, True):
+        t = Trainer(parse_config(VIDEO_RECIPE, tiny_overrides(tmp_path / str(overlap), **{
+            "scoring.overlap": overlap, "scoring.groups_per_call": 1})))
+        collected[overlap] = t.collector.collect(t.inputs, 1)
+    serial, overlapped = collected[False], collected[True]
+    assert len(overlapped.rollout) == 9 and overlapped.rollout.auxiliary is None  # the shuffled rows dropped
+    for name in serial.rewards:
+        assert torch.equal(serial.rewards[name], overlapped.rewards[name]), name
+    for key in ("reward/t_grpo/groups", "auxiliary/reward/digit_share"):
+        assert serial.metrics[key] == overlapped.metrics[key], key
+    assert overlapped.metrics["reward/t_grpo/groups"] == 3.0
