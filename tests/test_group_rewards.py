@@ -1,5 +1,5 @@
 """Group rewards: a reward declared per_group is called once per prompt group with that group's
-rows, and the pairwise reward gives Pref-GRPO's win rates (hand-computed references)."""
+rows, and the win_rate reward gives Pref-GRPO's win rates (hand-computed references)."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import parse_config
 from mmrl.core.scoring import RewardError, bind_reward, compute_rewards, register_reward
-from mmrl.rewards.pairwise import win_rates
+from mmrl.rewards.win_rate import win_rates
 from mmrl.train.trainer import Trainer
 
 PREFER = f"{Path(__file__).parent / 'length_preference.py'}:longer"
@@ -68,8 +68,8 @@ def test_a_group_reward_of_the_wrong_length_names_the_group():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_pairwise_reward_in_training_is_each_rows_win_rate_in_its_group(tmp_path, overlap):
-    recipe = {**TINY_RECIPE, "rewards": {"pairwise": {"weight": 1.0, "args": {"prefer": PREFER}}}}
+def test_win_rate_reward_in_training_is_each_rows_win_rate_in_its_group(tmp_path, overlap):
+    recipe = {**TINY_RECIPE, "rewards": {"win_rate": {"weight": 1.0, "args": {"prefer": PREFER}}}}
     t = Trainer(parse_config(recipe, tiny_overrides(tmp_path, **{"scoring.overlap": overlap,
                                                                  "scoring.groups_per_call": 1})))
     collected = t.collector.collect(t.inputs, 1)
@@ -78,5 +78,5 @@ def test_pairwise_reward_in_training_is_each_rows_win_rate_in_its_group(tmp_path
     for i, text in enumerate(texts):  # mean over the group's other rows of p(row beats other)
         others = [texts[j] for j in range(len(texts)) if gid[j] == gid[i] and j != i]
         expected.append(sum(len(text) / max(len(text) + len(o), 1) if text or o else 0.5 for o in others) / len(others))
-    assert torch.allclose(collected.rewards["pairwise"], torch.tensor(expected), atol=1e-6)
+    assert torch.allclose(collected.rewards["win_rate"], torch.tensor(expected), atol=1e-6)
     assert len(set(texts)) > 4

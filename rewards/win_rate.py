@@ -11,8 +11,8 @@ comparisons. With a probability, row i gains p and row j gains 1 - p (a judge an
 and (b, a), and averages the two, which cancels a judge's preference for the first position at
 twice the calls. The authors round the rate to 3 decimals; mmrl does not.
 
-The registered reward ``pairwise`` calls a preference function named in the recipe
-(``rewards.pairwise.args.prefer: FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, called as
+The registered reward ``win_rate`` calls a preference function named in the recipe
+(``rewards.win_rate.args.prefer: FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, called as
 ``prefer(a, b)`` on two completions) once per prompt group; a group of one row has no win rate
 (None).
 """
@@ -54,8 +54,8 @@ def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "
     return [w / (n - 1) for w in wins]
 
 
-@register_reward("pairwise", per_group=True)
-def pairwise(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", **columns):
+@register_reward("win_rate", per_group=True)
+def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", **columns):
     """Each completion's win rate within its prompt group under the preference function `prefer`
     names (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, ``prefer(a, b) -> p(a beats b)``)."""
     if len(completions) < 2:
@@ -67,6 +67,6 @@ def pairwise(prompts, completions, prefer: str, pairs: Literal["once", "both"] =
 def preference_function(name: str) -> Preference:
     """The function `name` names, as a plain reward is named (imported once)."""
     if not is_plain_reward(name):
-        raise ValueError(f"rewards.pairwise.args.prefer={name!r}: name the preference function as FILE.py:FUNCTION "
+        raise ValueError(f"rewards.win_rate.args.prefer={name!r}: name the preference function as FILE.py:FUNCTION "
                          "or MODULE:FUNCTION")
     return load_plain_reward(name).function
