@@ -75,6 +75,13 @@ def test_overlapped_scoring_equals_scoring_after_the_rollout(tmp_path, per_call)
         assert torch.equal(value, weights[True][name]), name
 
 
+def test_the_rollouts_do_not_depend_on_the_groups_per_call(tmp_path):
+    collected = {per_call: trainer(tmp_path / str(per_call), False, per_call=per_call) for per_call in (0, 1)}
+    collected = {k: t.collector.collect(t.inputs, 1) for k, t in collected.items()}
+    assert collected[0].rollout.completions == collected[1].rollout.completions
+    assert torch.equal(collected[0].rewards["row_digits"], collected[1].rewards["row_digits"])
+
+
 def test_dynamic_sampling_draws_the_same_groups_overlapped(tmp_path):
     collected = {}
     for overlap in (False, True):
