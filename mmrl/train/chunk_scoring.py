@@ -68,7 +68,8 @@ class ChunkScorer:
         counts: dict[str, float] = {}
         for *_, part in parts:
             add_counts(counts, part)
-        rewards, auxiliary = ({k: torch.cat([p[i][k] for p in parts]) for k in parts[0][i]} for i in (1, 2))
+        rewards = {k: torch.cat([p[1][k] for p in parts]) for k in parts[0][1]}
+        auxiliary = {k: torch.cat([p[2][k] for p in parts]) for k in parts[0][2]}
         return self.join([p[0] for p in parts]), rewards, auxiliary, counts
 
     def join(self, rollouts: list[Rollout]) -> Rollout:
