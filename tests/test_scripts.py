@@ -150,6 +150,13 @@ def test_bench_dlm(tmp_path):
     assert report["setup"]["model"]["hidden"] == 32
 
 
+def test_bench_rewards_overlap(tmp_path):
+    report = bench("bench_rewards.py", tmp_path, "--overlap", "--latency", "0.01", "--prompts", "2", "--group", "2",
+                   "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1")
+    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s")
+    assert report["setup"]["groups_per_call"] == 1
+
+
 def test_bench_rewards(tmp_path):
     from mmrl.rewards.latex_sandbox import tex_available
     report = bench("bench_rewards.py", tmp_path, "--batch", "2", "--repeats", "1", "--workers", "2")

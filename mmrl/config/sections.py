@@ -79,6 +79,21 @@ class SamplingConfig:
 
 
 @dataclass
+class ScoringConfig:
+    """When a step's rollouts are scored (docs/rewards.md#scoring-while-generating)."""
+
+    groups_per_call: int = field(default=0, metadata={"help": (
+        "Prompt groups per generation call of a process's share of a draw (0: all of them in one call). Several "
+        "calls let scoring.overlap score one call's groups while the next call generates, at the cost of smaller "
+        "generation batches.")})
+    overlap: bool = field(default=True, metadata={"help": (
+        "Score each generation call's groups in a background thread while the next call generates; the rewards, "
+        "advantages and loss are those of scoring after the whole rollout (a reward's value for a row must depend "
+        "on its own group's rows only, as it already must on several processes). false: score after the whole "
+        "rollout. Nothing to overlap with scoring.groups_per_call 0.")})
+
+
+@dataclass
 class DataConfig:
     name: str | None = field(default=None, metadata={"stage": True, "help": (
         "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
@@ -249,6 +264,8 @@ class TrainConfig:
         "Optimizer, learning rate and batch sizes.")})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": (
         "How the prompts of a step are drawn.")})
+    scoring: ScoringConfig = field(default_factory=ScoringConfig, metadata={"help": (
+        "When the rollouts are scored: after the whole rollout, or while the next groups generate.")})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": (
         "Metrics, plots and the progress bar.")})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation during training."})

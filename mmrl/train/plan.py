@@ -52,7 +52,7 @@ _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_
 
 
 _rule("optim.lr save_every eval.every logging.plot_every logging.print_every warm_start.steps warm_start.warmup_steps optim.warmup_steps "
-      "optim.lora.r seed algorithm.eps algorithm.eps_low "
+      "optim.lora.r seed scoring.groups_per_call algorithm.eps algorithm.eps_low "
       "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay "
       "algorithm.train_extremes",
       lambda v: v >= 0, "must be >= 0")

@@ -3,4 +3,4 @@ trained-step schedule, pipeline loading, the adapter, Chunk-GRPO chunks, TP-GRPO
 (The tiny pipelines, the t2i demo's pixel-space flow pipelines and its synthetic coloured shapes
 are the demos': `tasks.demos`.)"""
 
-from . import policy  # noqa: F401  (registration)
+from . import policy, prompt_enhancer  # noqa: F401  (registration)
