@@ -34,6 +34,7 @@ from .families import Family, family_of, sd15_with_ddim
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
+from .video_families import VideoFamily
 
 NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
 
@@ -62,7 +63,8 @@ class DiffusionPolicy(TurningPointRewards):
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
         self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
-        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width))
+        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
+        self._check_video_settings()
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
@@ -76,10 +78,40 @@ class DiffusionPolicy(TurningPointRewards):
         self.model.requires_grad_(True)
         if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
             self.model.enable_gradient_checkpointing()
+        if cfg.vae_tiling:
+            self.pipe.vae.enable_tiling()
         if cfg.device:
             self.pipe.to(cfg.device)
         self.training_step = 0
         self._counts: dict[str, float] = {}
+
+    def _check_video_settings(self) -> None:
+        cfg, name = self.cfg, type(self.family).__name__
+        if isinstance(self.family, VideoFamily):
+            factor = self.pipe.vae_scale_factor_temporal
+            if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
+                raise ValueError(f"policy.num_frames={cfg.num_frames}: {name} needs {factor}k + 1 frames "
+                                 f"(its VAE compresses time {factor}x)")
+        if self.family.conditioning_image and not cfg.image_column:
+            raise ValueError(f"policy.image_column is not set: {name} conditions each prompt on an image; name the "
+                             "data column that holds it")
+        if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
+            raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    @classmethod
+    def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
+        from ..lm.vlm import check_image
+        return {cfg.image_column: check_image} if cfg.image_column else {}
+
+    def _condition_images(self, prompts: Sequence[Any]) -> list:
+        """The conditioning image of each prompt row (`policy.image_column`: a path or an image)."""
+        from ..lm.vlm import load_image
+        column, images = self.cfg.image_column, []
+        for i, row in enumerate(prompts):
+            if not isinstance(row, dict) or row.get(column) is None:
+                raise ValueError(f"policy.image_column={column!r}: prompt row {i} has no image in that column")
+            images.append(load_image(row[column]))
+        return images
 
     # ----- the contract ------------------------------------------------------------------------
     @property
@@ -112,7 +144,10 @@ class DiffusionPolicy(TurningPointRewards):
         sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
-        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.classifier_free_guidance).items()}
+        cond = self.family.encode(texts, cfg.classifier_free_guidance)
+        if self.family.conditioning_image:
+            cond.update(self.family.image_condition(self._condition_images(prompts), cfg.classifier_free_guidance))
+        cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
         levels, timesteps = self.family.levels(steps, tuple(x.shape))
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]

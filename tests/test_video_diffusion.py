@@ -1,0 +1,167 @@
+"""The diffusion adapter's video families on tiny random Wan T2V / Wan I2V / HunyuanVideo pipelines:
+the ODE path equals the stock pipeline's call, every sampler's log-probs are on-policy on 5-D
+latents, the video settings' errors, a Wan LoRA in the stock pipeline, the video recipes."""
+
+import math
+
+import pytest
+import torch
+from mmrl.tasks.diffusion.config import DiffusionConfig
+from mmrl.tasks.diffusion.policy import DiffusionPolicy
+from PIL import Image
+
+from mmrl.config.parse import load_recipe
+from mmrl.registry import RECIPES
+from mmrl.train.trainer import Trainer
+
+SIZE, FRAMES = 32, 5
+IMAGE = Image.new("RGB", (40, 24), (200, 30, 30))
+ROW = {"prompt": "red circle", "image": IMAGE}
+# name: (model, classifier-free guidance, extra settings)
+FAMILIES = {"wan-t2v": ("tiny:wan-t2v", True, {}),
+            "wan-i2v": ("tiny:wan-i2v", True, {"image_column": "image"}),
+            "hunyuan-video": ("tiny:hunyuan-video", False, {})}
+
+
+def make(name, **kw):
+    model, guided, extra = FAMILIES[name]
+    args = dict(model=model, height=SIZE, width=SIZE, num_frames=FRAMES, num_steps=3, eval_num_steps=3,
+                sampler="flow_sde", noise_level=0.7, classifier_free_guidance=guided, **extra)
+    args.update(kw)
+    return DiffusionPolicy(DiffusionConfig(**args))
+
+
+@pytest.fixture(scope="module")
+def policies():
+    return {name: make(name) for name in FAMILIES}
+
+
+def stock_call(policy, name, **kw):
+    args = dict(num_inference_steps=3, height=SIZE, width=SIZE, num_frames=FRAMES, guidance_scale=4.5,
+                generator=torch.Generator().manual_seed(7), output_type="latent")
+    if name == "wan-i2v":
+        args["image"] = IMAGE
+    args.update(kw)
+    return policy.pipe(prompt=["red circle"], **args).frames
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_zero_noise_reproduces_the_stock_pipeline(policies, name):
+    policy = policies[name]
+    policy.cfg.noise_level = 0.0
+    try:
+        ours = policy.rollout([ROW], 2, seeds=[7])
+    finally:
+        policy.cfg.noise_level = 0.7
+    stock = stock_call(policy, name)
+    assert ours.extras["latents"].dim() == 6  # [N, U + 1, C, F, H, W]
+    assert ours.unit_mask.sum() == 0
+    for row in range(2):
+        assert torch.allclose(ours.extras["latents"][row, -1], stock[0].float(), atol=1e-5)
+    # decoded like the stock pipeline: a list of PIL frames per video
+    frames = stock_call(policy, name, output_type="pil")[0]
+    assert len(ours.completions[0]) == len(frames)
+    import numpy as np
+    assert np.abs(np.asarray(ours.completions[0][2], dtype=float) - np.asarray(frames[2], dtype=float)).max() <= 1
+
+
+@pytest.mark.parametrize("sampler", ["flow_sde", "dance", "cps"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_sampler_is_on_policy_on_video_latents(policies, name, sampler):
+    policy = policies[name]
+    policy.cfg.sampler = sampler
+    try:
+        rows = [ROW, {"prompt": "blue square", "image": Image.new("RGB", (32, 32), (10, 10, 200))}]
+        batch = policy.rollout(rows, 2, seeds=[5, 6])
+        mask = batch.unit_mask.bool()
+        assert mask[:, :-1].all() and not mask[:, -1].any()
+        logp, _ = policy.logprobs(policy.model, batch)
+        assert torch.allclose(logp[mask], batch.rollout_logp[mask], atol=1e-5)
+        _, _, kl = policy.logprobs_and_kl(policy.model, lambda: __import__("contextlib").nullcontext(policy.model),
+                                          batch)
+        assert torch.equal(kl[mask], torch.zeros_like(kl[mask]))  # the closed-form KL to itself
+        alone = policy.rollout(rows[1:], 2, seeds=[6])  # a group depends on its row and seed only
+        assert torch.allclose(alone.extras["latents"], batch.extras["latents"][2:], atol=1e-5)
+    finally:
+        policy.cfg.sampler = "flow_sde"
+
+
+def test_image_to_video_is_conditioned_on_the_rows_image(policies):
+    policy = policies["wan-i2v"]
+    red = policy.rollout([ROW], 1, seeds=[1], greedy=True)
+    blue = policy.rollout([{"prompt": "red circle", "image": Image.new("RGB", (32, 32), (0, 0, 255))}], 1,
+                          seeds=[1], greedy=True)
+    first = [torch.from_numpy(__import__("numpy").asarray(v[0][0], dtype="float32")) for v in (red.completions, blue.completions)]
+    assert not torch.equal(*first)
+    with pytest.raises(ValueError, match="policy.image_column='image': prompt row 0"):
+        policy.rollout(["red circle"], 1, seeds=[1])
+
+
+def test_video_settings_errors_name_the_field():
+    with pytest.raises(ValueError, match="policy.image_column is not set"):
+        make("wan-i2v", image_column=None)
+    with pytest.raises(ValueError, match="policy.num_frames=4"):
+        make("wan-t2v", num_frames=4)
+    with pytest.raises(ValueError, match="policy.classifier_free_guidance"):
+        make("hunyuan-video", classifier_free_guidance=True)
+
+
+def test_vae_tiling_uses_the_vaes_own_tiling():
+    policy = make("wan-t2v", vae_tiling=True)
+    assert policy.pipe.vae.use_tiling
+
+
+def test_gradient_checkpointing_of_the_video_transformer_gives_the_same_gradients():
+    grads = []
+    for checkpointing in (False, True):
+        policy = make("wan-t2v", gradient_checkpointing=checkpointing)
+        assert policy.model.gradient_checkpointing is checkpointing
+        batch = policy.rollout(["red circle"], 2, seeds=[4])
+        logp, _ = policy.logprobs(policy.model, batch, slice(0, 2))
+        logp.sum().backward()
+        grads.append({n: p.grad for n, p in policy.model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+def test_wan_lora_loads_into_the_stock_pipeline_and_changes_its_output(tmp_path):
+    from diffusers import WanPipeline
+    from peft import LoraConfig, get_peft_model
+
+    from mmrl.tasks.demos.tiny_pipelines import tiny_wan_t2v
+    policy = make("wan-t2v")
+    lora = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_k", "to_v"]))
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    policy.save_pretrained(lora, tmp_path)
+    stock = tiny_wan_t2v()
+    assert isinstance(stock, WanPipeline)
+    call = dict(prompt=["red circle"], num_inference_steps=3, height=SIZE, width=SIZE, num_frames=FRAMES,
+                guidance_scale=1.0, output_type="latent")
+    base = stock(**call, generator=torch.Generator().manual_seed(0)).frames
+    stock.load_lora_weights(tmp_path)
+    tuned = stock(**call, generator=torch.Generator().manual_seed(0)).frames
+    assert not torch.allclose(base, tuned, atol=1e-4)
+    # and it is our LoRA: the stock pipeline with it equals our policy's LoRA model on the ODE path
+    with torch.no_grad():
+        ours = stock.transformer(hidden_states=base, timestep=torch.tensor([500.0]),
+                                 encoder_hidden_states=policy.family.encode(["red circle"], False)["pos/embeds"],
+                                 return_dict=False)[0]
+        want = lora(hidden_states=base, timestep=torch.tensor([500.0]),
+                    encoder_hidden_states=policy.family.encode(["red circle"], False)["pos/embeds"],
+                    return_dict=False)[0]
+    assert torch.allclose(ours, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["t2v_wan", "i2v_wan", "t2v_hunyuan"])
+def test_video_recipes_run_a_step(recipe, tmp_path):
+    cfg = load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", "algorithm.group_size=2",
+                                           "optim.prompts_per_step=1", "max_steps=2", "logging.progress=false",
+                                           "logging.report_to=[none]"])
+    trainer = Trainer(cfg)
+    for _ in range(2):
+        metrics = trainer.train_step()
+        assert math.isfinite(metrics["loss"])
