@@ -2,8 +2,10 @@
 the ODE path equals the stock pipeline's call, every sampler's log-probs are on-policy on 5-D
 latents, the video settings' errors, a Wan LoRA in the stock pipeline, the video recipes."""
 
+import contextlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from mmrl.tasks.diffusion.config import DiffusionConfig
@@ -61,7 +63,6 @@ def test_zero_noise_reproduces_the_stock_pipeline(policies, name):
     # decoded like the stock pipeline: a list of PIL frames per video
     frames = stock_call(policy, name, output_type="pil")[0]
     assert len(ours.completions[0]) == len(frames)
-    import numpy as np
     assert np.abs(np.asarray(ours.completions[0][2], dtype=float) - np.asarray(frames[2], dtype=float)).max() <= 1
 
 
@@ -77,7 +78,7 @@ def test_every_sampler_is_on_policy_on_video_latents(policies, name, sampler):
         assert mask[:, :-1].all() and not mask[:, -1].any()
         logp, _ = policy.logprobs(policy.model, batch)
         assert torch.allclose(logp[mask], batch.rollout_logp[mask], atol=1e-5)
-        _, _, kl = policy.logprobs_and_kl(policy.model, lambda: __import__("contextlib").nullcontext(policy.model),
+        _, _, kl = policy.logprobs_and_kl(policy.model, lambda: contextlib.nullcontext(policy.model),
                                           batch)
         assert torch.equal(kl[mask], torch.zeros_like(kl[mask]))  # the closed-form KL to itself
         alone = policy.rollout(rows[1:], 2, seeds=[6])  # a group depends on its row and seed only
@@ -91,8 +92,8 @@ def test_image_to_video_is_conditioned_on_the_rows_image(policies):
     red = policy.rollout([ROW], 1, seeds=[1], greedy=True)
     blue = policy.rollout([{"prompt": "red circle", "image": Image.new("RGB", (32, 32), (0, 0, 255))}], 1,
                           seeds=[1], greedy=True)
-    first = [torch.from_numpy(__import__("numpy").asarray(v[0][0], dtype="float32")) for v in (red.completions, blue.completions)]
-    assert not torch.equal(*first)
+    first = [np.asarray(v[0][0], dtype=np.float32) for v in (red.completions, blue.completions)]
+    assert not np.array_equal(*first)
     with pytest.raises(ValueError, match="policy.image_column='image': prompt row 0"):
         policy.rollout(["red circle"], 1, seeds=[1])
 
@@ -162,6 +163,29 @@ def test_video_recipes_run_a_step(recipe, tmp_path):
                                            "optim.prompts_per_step=1", "max_steps=2", "logging.progress=false",
                                            "logging.report_to=[none]"])
     trainer = Trainer(cfg)
-    for _ in range(2):
+    for step in range(2):
         metrics = trainer.train_step()
         assert math.isfinite(metrics["loss"])
+        if step == 0:
+            assert metrics["ratio_max_dev"] == 0.0  # on-policy: the rollout's log-probs are the training forward's
+
+
+def test_wan_unipc_scheduler_becomes_the_euler_flow_scheduler_with_its_shift():
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    from mmrl.tasks.demos.tiny_pipelines import tiny_wan_t2v
+    pipe = tiny_wan_t2v()
+    pipe.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    policy = DiffusionPolicy(DiffusionConfig(model="tiny:wan-t2v", height=SIZE, width=SIZE, num_frames=FRAMES,
+                                             num_steps=3), pipe=pipe)
+    assert isinstance(policy.pipe.scheduler, FlowMatchEulerDiscreteScheduler)
+    levels, _ = policy.family.levels(4, ())
+    # the Euler scheduler's sigmas: s evenly from 1 to its smallest training sigma (1/1000 shifted),
+    # then shifted, s' = shift s / (1 + (shift - 1) s), and a final 0
+    smallest = 5 * 1e-3 / (1 + 4 * 1e-3)
+    want = [5 * s / (1 + 4 * s) for s in (1 - i * (1 - smallest) / 3 for i in range(4))] + [0.0]
+    assert levels == pytest.approx(want, abs=1e-6)
+    shifted = make("hunyuan-video", flow_shift=2.0)
+    assert shifted.family.levels(2, ())[0] == pytest.approx([1.0, 2 * 0.5 / 1.5, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="policy.flow_shift=2.0"):
+        DiffusionPolicy(DiffusionConfig(model="tiny:sd15", height=SIZE, width=SIZE, sampler="ddim", flow_shift=2.0))

@@ -38,6 +38,9 @@ class DiffusionConfig:
     image_column: str | None = field(default=None, metadata={"help": (
         "Image-to-video (Wan I2V): the data column holding each prompt's conditioning image (a path or a PIL "
         "image); required by image-to-video pipelines, unused by the others.")})
+    flow_shift: float | None = field(default=None, metadata={"help": (
+        "The flow-matching scheduler's timestep shift (DanceGRPO: 5 for HunyuanVideo, 3 for FLUX); null keeps "
+        "the pipeline's own.")})
     vae_tiling: bool = field(default=False, metadata={"help": (
         "Decode with the VAE's own tiling (spatial tiles, and temporal ones for video VAEs) to bound the "
         "decoding memory of large frames and long videos.")})

@@ -65,6 +65,8 @@ class DiffusionPolicy(TurningPointRewards):
         self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
         self.family: Family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
         self._check_video_settings()
+        if cfg.flow_shift is not None:
+            self._set_flow_shift(cfg.flow_shift)
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
@@ -97,6 +99,13 @@ class DiffusionPolicy(TurningPointRewards):
                              "data column that holds it")
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    def _set_flow_shift(self, shift: float) -> None:
+        sched = self.pipe.scheduler
+        if self.family.kind != "flow" or "shift" not in sched.config:
+            raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
+                             "is not a flow-matching scheduler with a shift")
+        self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
 
     @classmethod
     def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:

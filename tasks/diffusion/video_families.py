@@ -38,6 +38,16 @@ class VideoFamily(Family):
         return self.pipe.video_processor.postprocess_video(video, output_type="pil")
 
 
+def with_euler_flow_scheduler(pipe) -> None:
+    """The Wan checkpoints ship UniPC (a multistep solver, no one-step Gaussian policy): rollouts use
+    the flow-matching Euler scheduler instead, with the checkpoint's flow shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    if not isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler):
+        config = pipe.scheduler.config
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=config.get("num_train_timesteps", 1000),
+                                                         shift=config.get("flow_shift") or 1.0)
+
+
 def _check_one_wan_transformer(pipe) -> None:
     if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
         raise ValueError(f"{type(pipe).__name__} has two expert transformers (Wan 2.2 A14B, boundary_ratio): mmrl "
@@ -52,6 +62,7 @@ class Wan(VideoFamily):
     def __init__(self, pipe, size, num_frames=1):
         super().__init__(pipe, size, num_frames)
         _check_one_wan_transformer(pipe)
+        with_euler_flow_scheduler(pipe)
 
     def encode(self, prompts, guided):
         pe, npe = self.pipe.encode_prompt(prompt=prompts, negative_prompt=[""] * len(prompts) if guided else None,
