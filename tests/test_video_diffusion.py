@@ -4,6 +4,7 @@ latents, the video settings' errors, a Wan LoRA in the stock pipeline, the video
 
 import contextlib
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,35 +127,61 @@ def test_gradient_checkpointing_of_the_video_transformer_gives_the_same_gradient
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
 
 
-def test_wan_lora_loads_into_the_stock_pipeline_and_changes_its_output(tmp_path):
-    from diffusers import WanPipeline
-    from peft import LoraConfig, get_peft_model
+WAN_RECIPE = {"task": "diffusion",
+              "policy": {"model": "tiny:wan-t2v", "height": SIZE, "width": SIZE, "num_frames": FRAMES, "num_steps": 3,
+                         "eval_num_steps": 3, "noise_level": 0.7},
+              "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": SIZE}},
+              "rewards": {"mean_red_video": {"weight": 1.0}},
+              "reward_modules": [str(Path(__file__).parent / "video_reward.py")],
+              "algorithm": {"group_size": 3, "eps_low": 1e-3, "eps_high": 1e-3},
+              "optim": {"lr": 1e-3, "prompts_per_step": 2}, "logging": {"report_to": ["none"], "progress": False},
+              "max_steps": 1}
 
+
+def train_wan(tmp_path, *overrides):
+    from mmrl.config.parse import parse_config
+    from mmrl.train.checkpoint import latest_checkpoint
+    t = Trainer(parse_config(WAN_RECIPE, [f"output_dir={tmp_path}", *overrides]))
+    t.train()
+    t.policy.cfg.noise_level = 0.0  # the trained policy's ODE sample
+    ours = t.policy.rollout([ROW], 1, seeds=[7]).extras["latents"][0, -1]
+    return t, latest_checkpoint(tmp_path), ours
+
+
+def test_wan_lora_loads_into_the_stock_pipeline_and_merges_with_export(tmp_path):
+    from diffusers import DiffusionPipeline, WanPipeline
+
+    from mmrl.cli.main import main
     from mmrl.tasks.demos.tiny_pipelines import tiny_wan_t2v
-    policy = make("wan-t2v")
-    lora = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_k", "to_v"]))
-    with torch.no_grad():
-        for n, p in lora.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.5)
-    policy.save_pretrained(lora, tmp_path)
-    stock = tiny_wan_t2v()
-    assert isinstance(stock, WanPipeline)
+    _, checkpoint, ours = train_wan(tmp_path, "optim.lora.r=4", "optim.lr=0.05")
+    pipe = tiny_wan_t2v()  # the stock pipeline, as users build it
+    assert isinstance(pipe, WanPipeline)
     call = dict(prompt=["red circle"], num_inference_steps=3, height=SIZE, width=SIZE, num_frames=FRAMES,
-                guidance_scale=1.0, output_type="latent")
-    base = stock(**call, generator=torch.Generator().manual_seed(0)).frames
-    stock.load_lora_weights(tmp_path)
-    tuned = stock(**call, generator=torch.Generator().manual_seed(0)).frames
-    assert not torch.allclose(base, tuned, atol=1e-4)
-    # and it is our LoRA: the stock pipeline with it equals our policy's LoRA model on the ODE path
-    with torch.no_grad():
-        ours = stock.transformer(hidden_states=base, timestep=torch.tensor([500.0]),
-                                 encoder_hidden_states=policy.family.encode(["red circle"], False)["pos/embeds"],
-                                 return_dict=False)[0]
-        want = lora(hidden_states=base, timestep=torch.tensor([500.0]),
-                    encoder_hidden_states=policy.family.encode(["red circle"], False)["pos/embeds"],
-                    return_dict=False)[0]
-    assert torch.allclose(ours, want, atol=1e-5)
+                guidance_scale=4.5, output_type="latent")
+    base = pipe(**call, generator=torch.Generator().manual_seed(7)).frames
+    pipe.load_lora_weights(checkpoint / "model")
+    tuned = pipe(**call, generator=torch.Generator().manual_seed(7)).frames
+    assert (tuned - base).abs().max() > 1e-3  # the LoRA changes the stock pipeline's output
+    assert torch.allclose(tuned[0].float(), ours, atol=1e-5)  # to the trained policy's
+    assert main(["export", str(checkpoint), "--merge", str(tmp_path / "merged")]) == 0
+    merged = DiffusionPipeline.from_pretrained(tmp_path / "merged")
+    assert isinstance(merged, WanPipeline)
+    assert torch.allclose(merged(**call, generator=torch.Generator().manual_seed(7)).frames[0].float(), ours, atol=1e-5)
+
+
+def test_full_wan_fine_tune_is_a_pipeline_directory(tmp_path):
+    from diffusers import DiffusionPipeline, WanPipeline
+    t, checkpoint, ours = train_wan(tmp_path, "optim.lr=0.01")
+    pipe = DiffusionPipeline.from_pretrained(checkpoint / "model")
+    assert isinstance(pipe, WanPipeline)
+    for (name, p), (_, q) in zip(pipe.transformer.named_parameters(), t.unwrapped.named_parameters()):
+        assert torch.equal(p, q), name
+    from mmrl.tasks.demos.tiny_pipelines import tiny_wan_t2v
+    assert not all(torch.equal(p, q) for p, q in zip(tiny_wan_t2v().transformer.parameters(),
+                                                      pipe.transformer.parameters()))  # training moved it
+    stock = pipe(prompt=["red circle"], num_inference_steps=3, height=SIZE, width=SIZE, num_frames=FRAMES,
+                 guidance_scale=4.5, generator=torch.Generator().manual_seed(7), output_type="latent").frames
+    assert torch.allclose(stock[0].float(), ours, atol=1e-5)
 
 
 @pytest.mark.parametrize("recipe", ["t2v_wan", "i2v_wan", "t2v_hunyuan"])
