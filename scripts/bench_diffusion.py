@@ -45,9 +45,8 @@ class SavedBytes:
 
 
 # --family: (default model, stock-call settings of a video family, a reward that reads its completions)
-FAMILIES = {"sd3": ("tiny:sd3", False, {"colour_shape": {"weight": 1.0}}, []),
-            "wan": ("tiny:wan-t2v", True, {"colour_shape_middle_frame": {"weight": 1.0}},
-                    ["mmrl.tasks.demos.video_frame_rewards"])}
+FAMILIES = {"sd3": ("tiny:sd3", False, {"colour_shape": {"weight": 1.0}}),
+            "wan": ("tiny:wan-t2v", True, {"colour_shape_middle_frame": {"weight": 1.0}})}
 
 
 def rollout_overhead(policy, prompts, group_size, repeats):
@@ -80,13 +79,13 @@ def rollout_overhead(policy, prompts, group_size, repeats):
 def training_step(model, size, frames, family, steps, layers, group_size, repeats, tmp):
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
-    _, _, rewards, modules = FAMILIES[family]
+    _, _, rewards = FAMILIES[family]
     recipe = {"task": "diffusion",
               "policy": {"model": model, "tiny_args": {"layers": layers} if model.startswith("tiny:") else {},
                          "height": size, "width": size, "num_frames": frames, "num_steps": steps + 1,
                          "noise_level": 0.7},
               "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 0, "size": 32}},
-              "rewards": rewards, "reward_modules": modules,
+              "rewards": rewards,
               "algorithm": {"group_size": group_size},
               "optim": {"prompts_per_step": 1, "micro_batch_size": group_size},
               "logging": {"report_to": ["none"], "progress": False}, "output_dir": tmp, "max_steps": 1}
@@ -142,7 +141,7 @@ def main() -> None:
     parser.add_argument("--trained-steps", help="default 1,2,4,8,16 (images), 1,8 (video)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    default_model, video, _, _ = FAMILIES[args.family]
+    default_model, video, _ = FAMILIES[args.family]
     args.model = args.model or default_model
     args.trained_steps = args.trained_steps or ("1,8" if video else "1,2,4,8,16")
     frames = args.frames if video else 1

@@ -1,6 +1,6 @@
 """A stand-in video reward for the video recipes until the video reward contract lands (issue 30:
 image rewards on chosen frames, temporal and motion rewards): `colour_shape` scored on the middle
-frame of each video (a list of PIL frames). Recipes name this module in `reward_modules`."""
+frame of each video (a list of PIL frames); registered when the plugin loads (`demos/__init__`)."""
 
 from __future__ import annotations
 
