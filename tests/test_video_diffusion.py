@@ -216,3 +216,22 @@ def test_wan_unipc_scheduler_becomes_the_euler_flow_scheduler_with_its_shift():
     assert shifted.family.levels(2, ())[0] == pytest.approx([1.0, 2 * 0.5 / 1.5, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="policy.flow_shift=2.0"):
         DiffusionPolicy(DiffusionConfig(model="tiny:sd15", height=SIZE, width=SIZE, sampler="ddim", flow_shift=2.0))
+
+
+def test_image_to_video_rows_are_checked_and_resolved_before_the_model_loads(tmp_path):
+    import json
+
+    from mmrl.data import DataError, load_data
+    from mmrl.config.sections import DataConfig
+    (tmp_path / "img").mkdir()
+    IMAGE.save(tmp_path / "img" / "red.png")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in ({"prompt": "a", "image": "img/red.png"},
+                                                       {"prompt": "b", "image": "img/missing.png"})))
+    media = DiffusionPolicy.media_columns(DiffusionConfig(image_column="image"))
+    with pytest.raises(DataError, match=r"column 'image': image file does not exist: 1 row\(s\): row 1"):
+        load_data(DataConfig(path=str(path)), media)
+    path.write_text(json.dumps({"prompt": "a", "image": "img/red.png"}))
+    train, _ = load_data(DataConfig(path=str(path)), media)
+    assert train[0]["image"] == str(tmp_path / "img" / "red.png")  # relative to the data file
+    assert DiffusionPolicy.media_columns(DiffusionConfig()) == {}  # text-to-video / image: no media column
