@@ -235,3 +235,26 @@ def test_image_to_video_rows_are_checked_and_resolved_before_the_model_loads(tmp
     train, _ = load_data(DataConfig(path=str(path)), media)
     assert train[0]["image"] == str(tmp_path / "img" / "red.png")  # relative to the data file
     assert DiffusionPolicy.media_columns(DiffusionConfig()) == {}  # text-to-video / image: no media column
+
+
+def test_step_schedules_and_chunks_on_video_latents(policies):
+    from mmrl.tasks.diffusion.chunks import calibrate_chunks
+    from mmrl.tasks.diffusion.schedule import StepSchedule
+    policy = policies["wan-t2v"]
+    default = policy.cfg.schedule
+    try:
+        for schedule, trained in ((StepSchedule("window", start=1, size=1), [1]),
+                                  (StepSchedule("sliding_window", size=1, stride=1, shift_every=1), [0]),
+                                  (StepSchedule("chunks", sizes=[1, 2]), [0, 1])):
+            policy.cfg.schedule = schedule
+            policy.set_training_step(1)
+            batch = policy.rollout([ROW], 2, seeds=[2])
+            assert batch.unit_mask.bool().any(0).nonzero().flatten().tolist() == trained
+            assert [s.start for s in policy.unit_slices(batch)] == trained
+            logp, _ = policy.logprobs(policy.model, batch)
+            mask = batch.unit_mask.bool()
+            assert torch.allclose(logp[mask], batch.rollout_logp[mask], atol=1e-5)
+    finally:
+        policy.cfg.schedule = default
+        policy.set_training_step(0)
+    assert sum(calibrate_chunks(policy, ["red circle"], 2, group_size=2)) == 3
