@@ -51,8 +51,9 @@ class Family:
     def encode(self, prompts: list[str], guided: bool) -> Cond:
         raise NotImplementedError
 
-    def image_condition(self, images: list, guided: bool) -> Cond:
-        """Conditioning from one image per prompt (image-to-video families)."""
+    def image_condition(self, images: list) -> Cond:
+        """Conditioning from one image per prompt (image-to-video families), under `pos/` keys: both
+        classifier-free guidance passes read it."""
         raise NotImplementedError
 
     def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:

@@ -1,4 +1,5 @@
-"""Diffusion and flow-matching text-to-image models as policies over denoising steps.
+"""Diffusion and flow-matching text-to-image and text/image-to-video models as policies over
+denoising steps (families: `families.py`, `video_families.py`).
 
 The unit is one step x_k -> x_{k+1}; its log-prob is the Gaussian log density of the sampler's
 step (`samplers.py`), fp32, mean over latent dims. A group shares one initial noise (DanceGRPO)
@@ -9,7 +10,8 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
+`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
+the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 """
 
@@ -155,7 +157,7 @@ class DiffusionPolicy(TurningPointRewards):
         device = self.device
         cond = self.family.encode(texts, cfg.classifier_free_guidance)
         if self.family.conditioning_image:
-            cond.update(self.family.image_condition(self._condition_images(prompts), cfg.classifier_free_guidance))
+            cond.update(self.family.image_condition(self._condition_images(prompts)))
         cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
         levels, timesteps = self.family.levels(steps, tuple(x.shape))

@@ -84,7 +84,7 @@ class Wan(VideoFamily):
         pos, neg = _split(cond)
 
         def run(h, c):
-            hidden, extra = self._inputs(h, c)
+            hidden, extra = self._inputs(h, pos)  # the image conditioning is the same for both CFG passes
             return model(hidden_states=hidden.to(self.dtype), timestep=self._timestep(t, h),
                          encoder_hidden_states=c["embeds"], return_dict=False, **extra)[0]
         return self._guided(run, x, pos, neg if guided else None, guidance_scale)
@@ -116,7 +116,7 @@ class WanImageToVideo(Wan):
     def _noise_channels(self) -> int:
         return self.pipe.vae.config.z_dim
 
-    def image_condition(self, images, guided):
+    def image_condition(self, images):
         pipe, (height, width) = self.pipe, self.size
         out: dict[str, list[Tensor]] = {"condition": [], "image_embeds": []}
         for image in images:
@@ -128,8 +128,7 @@ class WanImageToVideo(Wan):
             out["condition"].append(condition)
             if self.denoiser.config.image_dim is not None:
                 out["image_embeds"].append(pipe.encode_image(image, self.device).to(self.dtype))
-        cond = {k: torch.cat(v) for k, v in out.items() if v}
-        return {f"{side}/{k}": v for k, v in cond.items() for side in (("pos", "neg") if guided else ("pos",))}
+        return {f"pos/{k}": torch.cat(v) for k, v in out.items() if v}  # kept once, read by both CFG passes
 
     def _inputs(self, x, cond):
         extra = {"encoder_hidden_states_image": cond["image_embeds"]} if "image_embeds" in cond else {}
