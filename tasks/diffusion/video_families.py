@@ -70,13 +70,6 @@ class Wan(VideoFamily):
                                           max_sequence_length=self.max_sequence_length, device=self.device)
         return {"pos/embeds": pe.to(self.dtype), **({"neg/embeds": npe.to(self.dtype)} if guided else {})}
 
-    def _timestep(self, t: Tensor, x: Tensor) -> Tensor:
-        n = x.shape[0]
-        if self.pipe.config.get("expand_timesteps", False):  # Wan 2.2 TI2V-5B: one timestep per 2x2 token
-            tokens = x.shape[2] * (x.shape[3] // 2) * (x.shape[4] // 2)
-            return t.to(x.device).expand(n, tokens)
-        return t.expand(n).to(x.device)
-
     def _inputs(self, x: Tensor, cond: dict) -> tuple[Tensor, dict]:
         return x, {}
 
@@ -85,7 +78,8 @@ class Wan(VideoFamily):
 
         def run(h, c):
             hidden, extra = self._inputs(h, pos)  # the image conditioning is the same for both CFG passes
-            return model(hidden_states=hidden.to(self.dtype), timestep=self._timestep(t, h),
+            # one timestep per video: Wan 2.2 TI2V-5B's text-to-video gives each token the same value
+            return model(hidden_states=hidden.to(self.dtype), timestep=t.expand(h.shape[0]).to(h.device),
                          encoder_hidden_states=c["embeds"], return_dict=False, **extra)[0]
         return self._guided(run, x, pos, neg if guided else None, guidance_scale)
 
