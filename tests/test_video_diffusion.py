@@ -216,6 +216,9 @@ def test_wan_unipc_scheduler_becomes_the_euler_flow_scheduler_with_its_shift():
     assert shifted.family.levels(2, ())[0] == pytest.approx([1.0, 2 * 0.5 / 1.5, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="policy.flow_shift=2.0"):
         DiffusionPolicy(DiffusionConfig(model="tiny:sd15", height=SIZE, width=SIZE, sampler="ddim", flow_shift=2.0))
+    with pytest.raises(ValueError, match="policy.flow_shift=2.0: the scheduler of FluxPipeline shifts by resolution"):
+        DiffusionPolicy(DiffusionConfig(model="tiny:flux", height=SIZE, width=SIZE, classifier_free_guidance=False,
+                                        flow_shift=2.0))
 
 
 def test_image_to_video_rows_are_checked_and_resolved_before_the_model_loads(tmp_path):

@@ -39,8 +39,8 @@ class DiffusionConfig:
         "Image-to-video (Wan I2V): the data column holding each prompt's conditioning image (a path or a PIL "
         "image); required by image-to-video pipelines, unused by the others.")})
     flow_shift: float | None = field(default=None, metadata={"help": (
-        "The flow-matching scheduler's timestep shift (DanceGRPO: 5 for HunyuanVideo, 3 for FLUX); null keeps "
-        "the pipeline's own.")})
+        "The flow-matching scheduler's timestep shift (DanceGRPO's HunyuanVideo run: 5); null keeps the "
+        "pipeline's own. Not for schedulers with resolution-dependent shifting (FLUX).")})
     vae_tiling: bool = field(default=False, metadata={"help": (
         "Decode with the VAE's own tiling (spatial tiles, and temporal ones for video VAEs) to bound the "
         "decoding memory of large frames and long videos.")})

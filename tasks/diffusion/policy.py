@@ -107,6 +107,9 @@ class DiffusionPolicy(TurningPointRewards):
         if self.family.kind != "flow" or "shift" not in sched.config:
             raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
                              "is not a flow-matching scheduler with a shift")
+        if sched.config.get("use_dynamic_shifting", False):
+            raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
+                             "resolution (use_dynamic_shifting); a fixed shift would be ignored")
         self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
 
     @classmethod
