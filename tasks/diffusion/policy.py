@@ -1,4 +1,5 @@
-"""Diffusion and flow-matching text-to-image models as policies over denoising steps.
+"""Diffusion and flow-matching text-to-image and text/image-to-video models as policies over
+denoising steps (families: `families.py`, `video_families.py`).
 
 The unit is one step x_k -> x_{k+1}; its log-prob is the Gaussian log density of the sampler's
 step (`samplers.py`), fp32, mean over latent dims. A group shares one initial noise (DanceGRPO)
@@ -9,7 +10,8 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
+`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
+the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 """
 
@@ -34,6 +36,7 @@ from .families import Family, family_of, sd15_with_ddim
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
+from .video_families import VideoFamily
 
 NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
 
@@ -62,7 +65,10 @@ class DiffusionPolicy(TurningPointRewards):
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
         self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
-        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width))
+        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
+        self._check_video_settings()
+        if cfg.flow_shift is not None:
+            self._set_flow_shift(cfg.flow_shift)
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
@@ -76,10 +82,50 @@ class DiffusionPolicy(TurningPointRewards):
         self.model.requires_grad_(True)
         if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
             self.model.enable_gradient_checkpointing()
+        if cfg.vae_tiling:
+            self.pipe.vae.enable_tiling()
         if cfg.device:
             self.pipe.to(cfg.device)
         self.training_step = 0
         self._counts: dict[str, float] = {}
+
+    def _check_video_settings(self) -> None:
+        cfg, name = self.cfg, type(self.family).__name__
+        if isinstance(self.family, VideoFamily):
+            factor = self.pipe.vae_scale_factor_temporal
+            if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
+                raise ValueError(f"policy.num_frames={cfg.num_frames}: {name} needs {factor}k + 1 frames "
+                                 f"(its VAE compresses time {factor}x)")
+        if self.family.conditioning_image and not cfg.image_column:
+            raise ValueError(f"policy.image_column is not set: {name} conditions each prompt on an image; name the "
+                             "data column that holds it")
+        if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
+            raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    def _set_flow_shift(self, shift: float) -> None:
+        sched = self.pipe.scheduler
+        if self.family.kind != "flow" or "shift" not in sched.config:
+            raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
+                             "is not a flow-matching scheduler with a shift")
+        if sched.config.get("use_dynamic_shifting", False):
+            raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
+                             "resolution (use_dynamic_shifting); a fixed shift would be ignored")
+        self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
+
+    @classmethod
+    def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
+        from ..lm.vlm import check_image
+        return {cfg.image_column: check_image} if cfg.image_column else {}
+
+    def _condition_images(self, prompts: Sequence[Any]) -> list:
+        """The conditioning image of each prompt row (`policy.image_column`: a path or an image)."""
+        from ..lm.vlm import load_image
+        column, images = self.cfg.image_column, []
+        for i, row in enumerate(prompts):
+            if not isinstance(row, dict) or row.get(column) is None:
+                raise ValueError(f"policy.image_column={column!r}: prompt row {i} has no image in that column")
+            images.append(load_image(row[column]))
+        return images
 
     # ----- the contract ------------------------------------------------------------------------
     @property
@@ -112,7 +158,10 @@ class DiffusionPolicy(TurningPointRewards):
         sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
-        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.classifier_free_guidance).items()}
+        cond = self.family.encode(texts, cfg.classifier_free_guidance)
+        if self.family.conditioning_image:
+            cond.update(self.family.image_condition(self._condition_images(prompts)))
+        cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
         levels, timesteps = self.family.levels(steps, tuple(x.shape))
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
