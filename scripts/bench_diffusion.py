@@ -46,7 +46,7 @@ class SavedBytes:
 
 # --family: (default model, stock-call settings of a video family, a reward that reads its completions)
 FAMILIES = {"sd3": ("tiny:sd3", False, {"colour_shape": {"weight": 1.0}}),
-            "wan": ("tiny:wan-t2v", True, {"colour_shape_middle_frame": {"weight": 1.0}})}
+            "wan": ("tiny:wan-t2v", True, {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}})}
 
 
 def rollout_overhead(policy, prompts, group_size, repeats):

@@ -52,7 +52,7 @@ class TestDiffusion(AdapterContract):
 
 
 VIDEO = {"height": 32, "width": 32, "num_frames": 5, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
-VIDEO_RECIPE = {**TestDiffusion.recipe, "rewards": {"colour_shape_middle_frame": {"weight": 1.0}}}
+VIDEO_RECIPE = {**TestDiffusion.recipe, "rewards": {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}}}
 
 
 class TestWanTextToVideo(TestDiffusion):

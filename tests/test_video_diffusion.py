@@ -186,7 +186,8 @@ def test_full_wan_fine_tune_is_a_pipeline_directory(tmp_path):
 
 @pytest.mark.parametrize("recipe", ["t2v_wan", "i2v_wan", "t2v_hunyuan"])
 def test_video_recipes_run_a_step(recipe, tmp_path):
-    cfg = load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", "algorithm.group_size=2",
+    # group 4: t2v_hunyuan trains the best and worst train_extremes=2 rows, which a smaller group would not allow
+    cfg = load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", "algorithm.group_size=4",
                                            "optim.prompts_per_step=1", "max_steps=2", "logging.progress=false",
                                            "logging.report_to=[none]"])
     trainer = Trainer(cfg)
@@ -195,6 +196,18 @@ def test_video_recipes_run_a_step(recipe, tmp_path):
         assert math.isfinite(metrics["loss"])
         if step == 0:
             assert metrics["ratio_max_dev"] == 0.0  # on-policy: the rollout's log-probs are the training forward's
+
+
+@pytest.mark.parametrize("name,fps", [("wan-t2v", 16), ("hunyuan-video", 15)])
+def test_a_video_rollout_gives_its_rows_the_fps_column(policies, name, fps):
+    rollout = policies[name].rollout([ROW], 2, seeds=[3], greedy=True)
+    assert rollout.columns["fps"] == [fps, fps]
+    assert len(rollout.completions[0]) == FRAMES  # the completion is the video's frames
+    policies[name].cfg.fps = 24
+    try:
+        assert policies[name].rollout([ROW], 1, seeds=[3], greedy=True).columns["fps"] == [24]
+    finally:
+        policies[name].cfg.fps = None
 
 
 def test_wan_unipc_scheduler_becomes_the_euler_flow_scheduler_with_its_shift():

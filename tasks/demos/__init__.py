@@ -12,7 +12,7 @@ from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DE
 from mmrl.train.evaluation import Evaluator
 
 from ..diffusion.loading import PIPELINE_LOADERS
-from . import tiny_models, tiny_multimodal, tiny_pipelines, video_frame_rewards  # noqa: F401  (registration)
+from . import tiny_models, tiny_multimodal, tiny_pipelines  # noqa: F401  (registration)
 from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
 from .samples import write_samples
 from .shape_judge import shape_colour_match

@@ -35,6 +35,10 @@ class DiffusionConfig:
     num_frames: int = field(default=1, metadata={"help": (
         "Frames of a video (Wan, HunyuanVideo; 4k + 1 for their VAEs' 4x time compression); image families "
         "ignore it.")})
+    fps: int | None = field(default=None, metadata={"help": (
+        "Frames per second of the generated videos, handed to video rewards as the `fps` column (motion per "
+        "second, VideoAlign's frame sampling); null: the family's (Wan 16, HunyuanVideo 15, as diffusers' "
+        "examples export them). Image families ignore it.")})
     image_column: str | None = field(default=None, metadata={"help": (
         "Image-to-video (Wan I2V): the data column holding each prompt's conditioning image (a path or a PIL "
         "image); required by image-to-video pipelines, unused by the others.")})

@@ -38,6 +38,7 @@ class Family:
     uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
     def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
         self.pipe = pipe

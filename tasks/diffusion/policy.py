@@ -199,7 +199,13 @@ class DiffusionPolicy(TurningPointRewards):
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps)
+                       unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
+                       columns=self._video_columns(n))
+
+    def _video_columns(self, n: int) -> dict[str, list]:
+        """The video reward contract's `fps` column (a video family's completions are frames)."""
+        fps = self.family.fps
+        return {} if fps is None else {"fps": [self.cfg.fps or fps] * n}
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)

@@ -17,6 +17,7 @@ class VideoFamily(Family):
     VAE decoding to frames (`pipe.video_processor`)."""
 
     batched_guidance = False
+    fps = 16  # frames per second the family's videos are exported at (diffusers' examples)
 
     def _noise_channels(self) -> int:
         return self.denoiser.config.in_channels
@@ -134,6 +135,7 @@ class HunyuanVideo(VideoFamily):
     pipeline = "HunyuanVideoPipeline"
     uses_classifier_free_guidance = False  # guidance-distilled: the scale enters as an embedding (x 1000)
     max_sequence_length = 256
+    fps = 15
 
     def encode(self, prompts, guided):
         if guided:
