@@ -152,8 +152,13 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Where a served reward's answers come from (rewards.NAME.url, ...): a resumed run may move its server.
+FREE_REWARD_KEYS = ("url", "client", "server", "record", "replay")
+
+
 def _free(key: str) -> bool:
-    return any(key == name or key.startswith(name + ".") for name in FREE_ON_RESUME)
+    served = key.startswith("rewards.") and any(f".{name}." in key + "." for name in FREE_REWARD_KEYS)
+    return served or any(key == name or key.startswith(name + ".") for name in FREE_ON_RESUME)
 
 
 def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -> dict[str, tuple[Any, Any]]:
