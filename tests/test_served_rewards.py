@@ -19,11 +19,12 @@ from safetensors.torch import load_file
 from served import HERE, fault_command, free_port, running, serve_command
 
 from mmrl.config.remote import ClientSettings, ServerLaunch
-from mmrl.core.scoring import ColumnBoundReward, bind_reward, compute_rewards, get_reward
+from mmrl.config.sections import RewardSpec
+from mmrl.core.scoring import bind_reward, compute_rewards, get_reward
 from mmrl.errors import UserError
 from mmrl.registry import import_user_module, load_plugins
 from mmrl.serving.launch import LaunchedServers
-from mmrl.serving.remote_reward import RemoteReward, RemoteRewardError
+from mmrl.serving.remote_reward import RemoteReward, RemoteRewardError, served_reward
 from mmrl.serving.transport import Transport
 
 DIGITS = str(HERE / "digit_reward.py")
@@ -58,9 +59,10 @@ def test_served_rewards_give_the_in_process_values(digit_server):
     faults_port = free_port()
     with running(serve_command("accuracy", port), port) as (url, _), \
             running(fault_command("die_after:1000", faults_port), faults_port) as (other, _):
-        from mmrl.core.scoring import ColumnBoundReward
-        served = {"accuracy": ColumnBoundReward("accuracy", remote("accuracy", [url], batch_size=2), {"answer": "solution"}),
-                  "digit_share": remote("digit_share", [digit_server[0], other], batch_size=2, concurrency=3)}
+        served = {"accuracy": served_reward("accuracy", RewardSpec(url=url, columns={"answer": "solution"},
+                                                                   client=ClientSettings(batch_size=2))),
+                  "digit_share": served_reward("digit_share", RewardSpec(url=[digit_server[0], other], client=ClientSettings(
+                      batch_size=2, concurrency=3)))}
         local = {"accuracy": bind_reward("accuracy", None, {"answer": "solution"}),
                  "digit_share": bind_reward("digit_share")}
         got = compute_rewards(served, PROMPTS, COMPLETIONS, columns)
@@ -197,3 +199,25 @@ def test_a_run_launches_its_server_and_skips_what_fails(tmp_path):
     assert (tmp_path / "run" / "servers" / "digit_share.log").exists()
     with pytest.raises(OSError):  # stopped with the run
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_remote_settings_that_cannot_work_are_refused_before_anything_loads():
+    from mmrl.config.parse import ConfigError, parse_config
+    from mmrl.train.plan import validate
+    rewards = {"accuracy": {"weight": 1.0},
+               "digit_share": {"record": "a.jsonl", "replay": "a.jsonl", "client": {"batch_size": 0},
+                               "server": {"command": "mmrl serve-reward digit_share"}}}
+    with pytest.raises(ConfigError) as e:
+        validate(parse_config(dict(TINY_RECIPE, rewards=rewards)))
+    said = str(e.value)
+    assert "rewards.digit_share.client.batch_size=0 must be >= 1" in said
+    assert "rewards.digit_share: record and replay are both set" in said
+    assert "rewards.digit_share.server needs rewards.digit_share.url" in said
+
+
+def test_serve_reward_refuses_an_argument_the_reward_does_not_take(capsys):
+    from mmrl.cli.main import main
+    assert main(["serve-reward", "digit_share", "--reward-module", DIGITS, "--device", "cpu"]) == 2
+    assert "mmrl serve-reward digit_share: the reward takes no argument 'device' (--device)" in capsys.readouterr().err
+    assert main(["serve-reward", "no_such_reward"]) == 2
+    assert "no_such_reward" in capsys.readouterr().err

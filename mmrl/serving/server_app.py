@@ -75,11 +75,11 @@ def bind_served_reward(name: str, args: dict[str, Any], device: str | None = Non
     """The registered reward `name` with the server's arguments bound (and ``device`` when given,
     which the reward must take); an argument it does not take is a UserError naming its arguments."""
     fn = get_reward(name)
-    params = inspect.signature(fn).parameters
-    accepted = [p for p in params if p not in ("prompts", "completions", "log_metric")]
+    accepted = [p.name for p in inspect.signature(fn).parameters.values()  # as the recipe's args are checked
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("prompts", "completions")]
     if device is not None:
         args = {**args, "device": device}
-    unknown = [a for a in args if a not in accepted and not any(p.kind == p.VAR_KEYWORD for p in params.values())]
+    unknown = [a for a in args if a not in accepted]
     if unknown:
         raise UserError(f"mmrl serve-reward {name}: the reward takes no argument {unknown[0]!r}"
                         f"{' (--device)' if unknown[0] == 'device' else ''}; its arguments: "
