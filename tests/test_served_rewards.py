@@ -4,6 +4,7 @@ launches its server; a run whose server dies stops, saves, and resumes to the un
 weights. Every server is a real HTTP server in a subprocess (tests/served.py)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -186,14 +187,22 @@ def test_a_run_whose_server_dies_stops_saves_and_resumes_exactly(whole_run, tmp_
 
 
 def test_a_run_launches_its_server_and_skips_what_fails(tmp_path):
-    """rewards.NAME.server starts the server before the first step and stops it with the run; with
-    on_failure skip a server answering 500 leaves the step trained on the other reward."""
+    """rewards.NAME.server starts the server before the first step and stops it with the run, here
+    stopped by SIGTERM in step 1; with on_failure skip a server answering 500 leaves the step
+    trained on the other reward."""
     port = free_port()
     command = " ".join(fault_command("error500", port))
     recipe = served_recipe(tmp_path, "launched", f"http://127.0.0.1:{port}", server={"command": command},
                            client={"retries": 0, "on_failure": "skip"})
-    done = train(recipe, tmp_path / "run", "max_steps=1")
-    assert done.returncode == 0, done.stderr[-3000:]
+    cfg = yaml.safe_load(recipe.read_text())
+    cfg["rewards"]["killer"] = {"weight": 0.0}  # sends the run SIGTERM in step 1 (tests/kill_reward.py)
+    cfg["reward_modules"].append(str(HERE / "kill_reward.py"))
+    recipe.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "MMRL_TEST_KILL_AT": "1", "MMRL_TEST_KILL_SIGNAL": "SIGTERM"}
+    done = subprocess.run([sys.executable, "-m", "mmrl", "train", str(recipe), f"output_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 128 + 15, done.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "step-000001").is_dir()
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["reward/digit_share/failed_frac"] == 1.0 and "reward/accuracy" in metrics
     assert (tmp_path / "run" / "servers" / "digit_share.log").exists()
