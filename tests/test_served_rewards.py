@@ -230,3 +230,25 @@ def test_serve_reward_refuses_an_argument_the_reward_does_not_take(capsys):
     assert "mmrl serve-reward digit_share: the reward takes no argument 'device' (--device)" in capsys.readouterr().err
     assert main(["serve-reward", "no_such_reward"]) == 2
     assert "no_such_reward" in capsys.readouterr().err
+
+
+def test_a_resumed_run_may_move_its_reward_server(tmp_path):
+    from mmrl.train.run_dir import resume_config_changes
+    saved = {"rewards": {"my.py:fn": {"url": "http://a:1", "client": {"timeout_s": 5},
+                                      "columns": {"url": "link"}, "weight": 1.0}}}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    moved = {"rewards": {"my.py:fn": {"url": ["http://b:1", "http://c:1"], "client": {"timeout_s": 9},
+                                      "columns": {"url": "link"}, "weight": 1.0}}}
+    assert resume_config_changes(tmp_path, moved, "refuse") == {}
+    moved["rewards"]["my.py:fn"]["columns"]["url"] = "other"  # a column named url is what the reward computes
+    assert list(resume_config_changes(tmp_path, moved, "allow")) == ["rewards.my.py:fn.columns.url"]
+
+
+def test_the_cache_answers_a_request_it_has_seen():
+    port = free_port()
+    with running(fault_command("die_after:1000", port), port) as (url, _):
+        for cache in (True, False):
+            reward = remote("digit_share", [url], cache=cache)
+            assert reward(PROMPTS, COMPLETIONS) == reward(PROMPTS, COMPLETIONS)
+        with urllib.request.urlopen(url + "/count") as r:
+            assert json.load(r)["score"] == 1 + 2  # once with the cache, twice without
