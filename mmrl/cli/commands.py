@@ -139,7 +139,10 @@ def run_serve_reward(args: argparse.Namespace) -> int:
     """`mmrl serve-reward NAME [--port] [--host] [--device] [--batch-size] [--reward-module F] [key=value ...]`."""
     import yaml
     from mmrl.registry import import_user_module, load_plugins
-    from mmrl.serving.server_app import bind_served_reward, serve
+    try:
+        from mmrl.serving.server_app import bind_served_reward, serve
+    except ImportError as e:
+        raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
     for module in args.reward_module:
         import_user_module(module)
