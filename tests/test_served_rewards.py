@@ -252,3 +252,25 @@ def test_the_cache_answers_a_request_it_has_seen():
             assert reward(PROMPTS, COMPLETIONS) == reward(PROMPTS, COMPLETIONS)
         with urllib.request.urlopen(url + "/count") as r:
             assert json.load(r)["score"] == 1 + 2  # once with the cache, twice without
+
+
+def test_a_launched_server_ends_when_its_run_is_killed(tmp_path):
+    """A run killed outright (SIGKILL, or a second Ctrl-C) cannot stop its server: the kernel does."""
+    port = free_port()
+    command = " ".join(fault_command("die_after:1000", port))
+    script = (f"import time; from mmrl.config.remote import ServerLaunch; from mmrl.serving.launch import LaunchedServers\n"
+              f"spec = type('S', (), {{'url': 'http://127.0.0.1:{port}', 'server': ServerLaunch(command={command!r})}})\n"
+              f"LaunchedServers({{'r': spec}}, {str(tmp_path)!r}, True); print('ready', flush=True); time.sleep(60)")
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert run.stdout.readline().strip() == "ready"
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            time.sleep(0.2)
+        except OSError:
+            return
+    pytest.fail("the server outlived its killed run")

@@ -2,12 +2,15 @@
 run's main process before the first step, in its own process group, with its output in
 OUTPUT_DIR/servers/NAME.log; the run waits until the reward's first url answers the ``ready``
 path with 200 (else it stops, showing the end of the log), and stops every server with the run,
-also when it ends on an error, Ctrl-C or SIGTERM (SIGTERM to the group, SIGKILL after 10 s)."""
+also when it ends on an error, Ctrl-C or SIGTERM (SIGTERM to the group, SIGKILL after 10 s); on
+Linux the server also gets SIGTERM when the run's process is killed outright."""
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +23,7 @@ from mmrl.config.remote import ServerLaunch
 from mmrl.errors import UserError
 
 STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class LaunchedServer:
@@ -31,8 +35,9 @@ class LaunchedServer:
         env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": launch.devices} if launch.devices is not None else {}))
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
-            self.process = subprocess.Popen(launch.command, shell=True, stdout=out, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True)
+            self.process = subprocess.Popen(launch.command, shell=True, executable=shutil.which("bash"), stdout=out,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                            preexec_fn=_end_with_the_run)
 
     def wait_ready(self) -> None:
         """Return once the ready url answers 200; a UserError with the log's end when the process
@@ -70,6 +75,16 @@ class LaunchedServer:
             self.process.wait()
         except ProcessLookupError:
             pass
+
+
+def _end_with_the_run() -> None:
+    """In the server's process before its command runs (Linux): the kernel sends it SIGTERM when the
+    run's process ends, also when the run is killed (SIGKILL, a second Ctrl-C) and cannot stop it.
+    bash runs a command that is one simple command in its own process (exec), which keeps this."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the run's own stop remains
+        pass
 
 
 class LaunchedServers:
