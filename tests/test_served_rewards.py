@@ -274,3 +274,17 @@ def test_a_launched_server_ends_when_its_run_is_killed(tmp_path):
         except OSError:
             return
     pytest.fail("the server outlived its killed run")
+
+
+def test_a_group_reward_is_served_whole_groups_at_a_time():
+    """win_rate compares the rows of a prompt group: requests of at most 5 rows hold whole groups of
+    3 (one group each), and the server calls the reward per group, as the engine does in process."""
+    prefer = {"prefer": f"{HERE / 'length_preference.py'}:longer"}
+    columns = {"group_id": [0, 0, 0, 1, 1, 1]}
+    port = free_port()
+    with running(serve_command("win_rate", port), port) as (url, _):
+        served = RemoteReward("win_rate", get_reward("win_rate"), Transport([url], ClientSettings(batch_size=5)),
+                              prefer)
+        got = compute_rewards({"win_rate": served}, PROMPTS, COMPLETIONS, columns)["win_rate"]
+    want = compute_rewards({"win_rate": bind_reward("win_rate", prefer)}, PROMPTS, COMPLETIONS, columns)["win_rate"]
+    assert len(set(want.tolist())) > 3 and torch.equal(got, want)

@@ -3,7 +3,8 @@ same columns in, the same ``list[float | None]`` out as the reward in process.
 
 What is sent to ``POST /score``: ``{"prompts", "completions", "columns": {the columns the reward
 takes, or all of them when it takes **kwargs}, "args": rewards.NAME.args}`` (`wire` encodes
-images, arrays and audio), at most ``client.batch_size`` rows a request. What comes back:
+images, arrays and audio), at most ``client.batch_size`` rows a request (whole prompt groups for a
+reward that scores groups, `group_rewards`, which the server calls once per group). What comes back:
 ``{"rewards": [float | null, ...], "metrics": {key: count}}``; an answer of the wrong length, a
 value that is not a number or null, or a NaN is an error naming the server. A request that fails
 (`transport`) stops the step, or with ``client.on_failure: skip`` leaves its rows without this
@@ -15,6 +16,7 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+from mmrl.core.group_rewards import rows_by_group, scores_groups
 from mmrl.core.scoring import ColumnBoundReward, get_reward
 from mmrl.errors import UserError
 from mmrl.serving.transport import Answer, Failure, Transport
@@ -36,7 +38,9 @@ class RemoteReward:
         params = [p for p in inspect.signature(local).parameters.values()
                   if p.name not in ("log_metric", *self.args)]
         self.takes_all = any(p.kind == p.VAR_KEYWORD for p in params)
+        self.per_group = scores_groups(local)  # the server calls it per group: requests hold whole groups
         self.taken = {p.name for p in params if p.kind != p.VAR_KEYWORD} - {"prompts", "completions"}
+        self.taken |= {"group_id"} if self.per_group else set()
         logger = inspect.Parameter("log_metric", inspect.Parameter.KEYWORD_ONLY, default=None)
         at = next((k for k, p in enumerate(params) if p.kind == p.VAR_KEYWORD), len(params))
         self.__signature__ = inspect.Signature([*params[:at], logger, *params[at:]])
@@ -44,8 +48,7 @@ class RemoteReward:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], log_metric=None, **columns):
         sent = {k: v for k, v in columns.items() if self.takes_all or k in self.taken}
-        size = max(1, self.transport.settings.batch_size)
-        spans = [range(i, min(i + size, len(completions))) for i in range(0, len(completions), size)]
+        spans = self._spans(len(completions), columns.get("group_id") if self.per_group else None)
         bodies = [{"prompts": encode([prompts[i] for i in span]), "completions": encode([completions[i] for i in span]),
                    "columns": {k: encode([v[i] for i in span]) for k, v in sent.items()}, "args": encode(self.args)}
                   for span in spans]
@@ -66,12 +69,26 @@ class RemoteReward:
             log_metric("failed_rows", failed)
         return values
 
-    def _fail(self, failure: Failure, span: range, total: int, group_ids: Sequence[int] | None) -> None:
+    def _spans(self, rows: int, group_id: Sequence[int] | None) -> list[list[int]]:
+        """The rows of each request: at most batch_size, or with `group_id` whole groups packed up to
+        batch_size rows (a larger group alone)."""
+        size = max(1, self.transport.settings.batch_size)
+        if group_id is None:
+            return [list(range(i, min(i + size, rows))) for i in range(0, rows, size)]
+        spans: list[list[int]] = []
+        for group in rows_by_group(group_id).values():
+            if spans and len(spans[-1]) + len(group) <= size:
+                spans[-1] += group
+            else:
+                spans.append(list(group))
+        return spans
+
+    def _fail(self, failure: Failure, span: list[int], total: int, group_ids: Sequence[int] | None) -> None:
         """Raise for a failure the policy does not skip (a replay miss is never skipped)."""
         if self.transport.settings.on_failure == "skip" and not failure.fatal:
             return
         groups = sorted({group_ids[i] for i in span}) if group_ids is not None else []
-        where = f"rows {span.start}-{span.stop - 1} of {total}" + (
+        where = f"rows {min(span)}-{max(span)} of {total}" + (
             f" (prompt groups {groups[0]}-{groups[-1]})" if groups else "")
         if failure.fatal:
             raise RemoteRewardError(f"reward {self.name!r}: {failure.url} has no recorded answer for {where}; "

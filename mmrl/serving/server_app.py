@@ -2,7 +2,8 @@
 
 ``GET /health`` answers ``{"status": "ok", "reward": NAME}``; ``POST /score`` takes what
 `remote_reward` sends and answers ``{"rewards": [...], "metrics": {...}}``, calling the reward
-on at most `batch_size` rows at a time, one call at a time (one model, one device). A reward that
+on at most `batch_size` rows at a time (a reward that scores groups once per group of the request),
+one call at a time (one model, one device). A reward that
 raises or gives what is not a finite number or None answers 500 with the reason."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 
+from mmrl.core.group_rewards import call_per_group, scores_groups
 from mmrl.core.scoring import RewardFn, get_reward, metric_logger, takes_logger
 from mmrl.errors import UserError
 from mmrl.serving.wire import decode
@@ -39,9 +41,10 @@ def reward_app(name: str, fn: RewardFn, batch_size: int = 64) -> FastAPI:
             raise HTTPException(400, f"not a scoring request ({type(e).__name__}: {e})") from None
         counts: dict[str, float] = {}
         values: list[float | None] = []
+        size = max(1, len(completions) if scores_groups(fn) else batch_size)  # a request holds whole groups
         with one_call:
-            for start in range(0, len(completions), max(1, batch_size)):
-                rows = slice(start, start + batch_size)
+            for start in range(0, len(completions), size):
+                rows = slice(start, start + size)
                 values += _call(fn, prompts[rows], completions[rows], {k: v[rows] for k, v in columns.items()},
                                 args, counts)
         return {"rewards": values, "metrics": counts}
@@ -54,7 +57,9 @@ def _call(fn: RewardFn, prompts: list, completions: list, columns: dict, args: d
     """The reward's values for one batch, checked as the engine checks them in process."""
     logger = {"log_metric": metric_logger(counts)} if takes_logger(fn) else {}
     try:
-        values = list(fn(prompts=prompts, completions=completions, **columns, **args, **logger))
+        values = (call_per_group(functools.partial(fn, **args), prompts, completions, columns, logger)
+                  if scores_groups(fn) else list(fn(prompts=prompts, completions=completions, **columns, **args,
+                                                    **logger)))
     except Exception as e:
         raise HTTPException(500, f"the reward raised {type(e).__name__}: {e}") from None
     if len(values) != len(completions):
