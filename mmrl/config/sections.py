@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.config.remote import ClientSettings, ServerLaunch
 
 
 @dataclass
@@ -153,6 +154,18 @@ class RewardSpec:
     columns: dict[str, str] = field(default_factory=dict, metadata={
         "help": "{argument: column}: the reward reads its argument from that data column, e.g. "
                 "{boxes: solution}; an argument that is also a data column is an error naming both"})
+    url: str | list[str] | None = field(default=None, metadata={"help": (
+        "The reward served elsewhere (`mmrl serve-reward NAME`): its url, or a list of urls the requests are "
+        "spread over; same columns and values as in process (docs/rewards.md#served-rewards)")})
+    client: ClientSettings = field(default_factory=ClientSettings, metadata={"help": (
+        "With url or replay: request batch size, concurrency, timeout, retries, cache, on_failure")})
+    server: ServerLaunch | None = field(default=None, metadata={"help": (
+        "With url: a server the run starts itself before the first step and stops with the run")})
+    record: str | None = field(default=None, metadata={"help": (
+        "With url: a JSON-lines file every request's content hash and answer are appended to, for replay")})
+    replay: str | None = field(default=None, metadata={"help": (
+        "A file written by record: requests are answered from it, no server needed; a request it does not "
+        "hold is an error naming its rows")})
 
 
 @dataclass

@@ -33,6 +33,7 @@ from torch import Tensor
 from mmrl.core.group_rewards import GROUP_FLAG, call_per_group, scores_groups
 from mmrl.core.plain_rewards import is_plain_reward, load_plain_reward
 from mmrl.core.rollout import Rollout
+from mmrl.errors import UserError
 from mmrl.registry import Registry
 
 RewardFn = Callable[..., Sequence[float | None]]
@@ -174,6 +175,8 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
                       if metrics is not None and takes_logger(fn) else {})
             values = (call_per_group(fn, prompts, completions, columns, logger) if scores_groups(fn) else
                       list(fn(prompts=list(prompts), completions=list(completions), **columns, **logger)))
+        except UserError:  # the reward names what to fix (a served reward's server that failed)
+            raise
         except Exception as e:  # report which reward broke, keep the original traceback
             raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         if len(values) != n:

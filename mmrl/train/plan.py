@@ -31,6 +31,7 @@ from mmrl.core.plain_rewards import is_plain_reward
 from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+from mmrl.serving.remote_reward import remote_problems
 from mmrl.train.stages import StagePlan
 from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
 
@@ -149,6 +150,7 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
             continue
         if not math.isfinite(spec.weight):
             problems.append(f"rewards.{name}.weight={spec.weight!r} must be a finite number")
+        problems += remote_problems(name, spec)
         params = inspect.signature(fn).parameters.values()
         accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
                     and p.name not in ("prompts", "completions")]

@@ -29,6 +29,7 @@ from mmrl.distributed import build_strategy
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
+from mmrl.serving.launch import LaunchedServers
 from mmrl.train import checkpoint as ckpt
 from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
@@ -77,6 +78,7 @@ class Trainer:
             self._build(cfg, claimed.resume_from, for_training)
             if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
                 run_dir.settle(self.output_dir, claimed)
+            self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
             acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
@@ -113,7 +115,10 @@ class Trainer:
         self.resumed = resume_from is not None
 
     def release_output_dir(self) -> None:
-        """Let another run use the output directory (at the end of `train`, or when building this run failed)."""
+        """Stop the servers the run launched; let another run use the output directory (at the end of
+        `train`, or when building this run failed)."""
+        if getattr(self, "servers", None) is not None:
+            self.servers.stop()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
