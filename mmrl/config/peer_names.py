@@ -78,6 +78,9 @@ VERL = {
     "actor_rollout_ref.rollout.temperature": PeerName("policy.temperature", ""),
     "actor_rollout_ref.rollout.top_p": PeerName("policy.top_p", ""),
     "actor_rollout_ref.rollout.top_k": PeerName("policy.top_k", "0 is off (verl: -1)"),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": PeerName("policy.episode.max_turns", ""),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": PeerName(
+        "policy.episode.tools", "the tools as typed functions (zoom, python, FILE.py:FUNCTION), not a YAML of tool classes"),
     "algorithm.adv_estimator": PeerName("algorithm.estimator", ""),
     "algorithm.norm_adv_by_std_in_grpo": PeerName("algorithm.std", "false: none"),
     "trainer.total_training_steps": PeerName("max_steps", ""),

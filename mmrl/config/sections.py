@@ -120,7 +120,8 @@ class DataConfig:
         "help": "directory that relative media paths resolve against (default: the data file's directory)"})
     columns: dict[str, str] = field(default_factory=dict, metadata={
         "help": "renames {source: target} applied to every row before anything reads it, e.g. "
-                "{problem: prompt, solution: answer}"})
+                "{problem: prompt, solution: answer}; a dotted source reads a field of a nested column (copied), "
+                "e.g. {reward_model.ground_truth: answer} for verl's rows"})
     extract: dict[str, str] = field(default_factory=dict, metadata={
         "help": "{column: regex}: the column becomes the first group of the regex's last match, e.g. "
                 "{answer: '#### (.*)'} for GSM8K or {answer: '<answer>(.*?)</answer>'}; a row without a match "

@@ -63,6 +63,26 @@ def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0
     return tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions), tokenizer
 
 
+# A short chat template that writes what Qwen2.5's writes for tools, in few characters: the tool
+# names in a system line, an assistant's `tool_calls` as <tool_call>{"name", "arguments"}</tool_call>,
+# each message as "<role initial>:content<eos>", the generation prompt "a:".
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}s:tools {% for t in tools %}{{ t['function']['name'] }} {% endfor %}<eos>{% endif %}"
+    "{% for m in messages %}{{ m['role'][0] }}:{% if m['content'] is string %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>{{ {'name': c['function']['name'], "
+    "'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}<eos>{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}")
+
+
+@TINY_MODELS.register("qwen2-chat-char")
+def qwen2_chat_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512):
+    """`qwen2-char` with a chat template that takes tools (`TOOL_CHAT_TEMPLATE`), for episodes on
+    conversational rows."""
+    model, tokenizer = qwen2_char(hidden, layers, heads, seed, max_positions)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return model, tokenizer
+
+
 @TINY_MODELS.register("dlm-char")
 def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
     """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token (the dlm demo's policy)."""
