@@ -3,7 +3,8 @@
 log p(y) = z_y - logsumexp(z) computed in fp32 one block of rows at a time; the backward
 recomputes softmax per block (d logp / d z = onehot(y) - softmax(z)), so only the logits in the
 model's dtype and one fp32 log-normaliser per token are kept between forward and backward.
-Entropy H = logsumexp(z) - sum softmax(z) z comes from the same pass, without grad.
+Entropy H = logsumexp(z) - sum softmax(z) z comes from the same pass, with its gradient
+dH/dz_j = -p_j (log p_j + H) (an entropy bonus trains).
 
 The blocks are views of the logits, also where the logits are a slice of the model's output
 (`logits[:, P - 1:-1]`, not viewable as one [rows, V] matrix): such a slice is never copied whole.
@@ -53,25 +54,29 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             if want_entropy:
                 probs = torch.exp(block - block_lse[:, None])
                 entropy[start:end] = block_lse - (probs * block).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
+        ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.chunk_rows = chunk_rows
         logp = (chosen - lse).view(targets.shape)
         ent = entropy.view(targets.shape) if want_entropy else torch.zeros((), device=logits.device)
-        ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets, lse, entropy = ctx.saved_tensors
         tgt = targets.reshape(-1)
         g = grad_logp.reshape(-1).float()
+        g_entropy = grad_entropy.reshape(-1).float() if entropy is not None else None
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # dense, whatever the input's layout
         grad_rows = grad.view(-1, logits.shape[-1])
         for start, rows in row_blocks(logits, ctx.chunk_rows):
             end = start + rows.shape[0]
             gb = g[start:end, None]
-            block_grad = -torch.exp(rows.float() - lse[start:end, None]) * gb
+            log_p = rows.float() - lse[start:end, None]
+            p = torch.exp(log_p)
+            block_grad = -p * gb
             block_grad.scatter_add_(1, tgt[start:end, None], gb)
+            if g_entropy is not None:
+                block_grad -= log_p.add_(entropy[start:end, None]).mul_(p).mul_(g_entropy[start:end, None])
             grad_rows[start:end] = block_grad
         return grad, None, None, None
 
