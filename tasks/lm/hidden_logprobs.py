@@ -18,17 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .token_logprobs import block_grad, block_stats, scaled_block
+
 
 def chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
                  banned: Tensor | None) -> Tensor:
-    """fp32 logits [n, V] of one chunk of hidden states [n, H], divided by the temperature, the
-    banned ids at the lowest fp32 value."""
-    z = F.linear(hidden, weight, bias).float()
-    if temperature != 1.0:
-        z.div_(temperature)
-    if banned is not None:
-        z.index_fill_(1, banned, torch.finfo(torch.float32).min)
-    return z
+    """fp32 logits [n, V] of one chunk of hidden states [n, H] (`scaled_block` of the projection)."""
+    return scaled_block(F.linear(hidden, weight, bias), temperature, banned)
 
 
 class _HiddenStateLogProbs(torch.autograd.Function):
@@ -42,11 +38,9 @@ class _HiddenStateLogProbs(torch.autograd.Function):
         for start in range(0, n, chunk_tokens):
             end = min(start + chunk_tokens, n)
             z = chunk_logits(hidden[start:end], weight, bias, temperature, banned)
-            lse[start:end] = torch.logsumexp(z, dim=-1)
-            logp[start:end] = z.gather(1, targets[start:end, None]).squeeze(1) - lse[start:end]
+            lse[start:end], logp[start:end], chunk_entropy = block_stats(z, targets[start:end], want_entropy)
             if want_entropy:
-                z.sub_(lse[start:end, None])  # log p
-                entropy[start:end] = -(z.exp() * z).sum(-1)
+                entropy[start:end] = chunk_entropy
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if want_entropy else None, banned)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
         return logp, entropy
@@ -62,12 +56,10 @@ class _HiddenStateLogProbs(torch.autograd.Function):
         g_entropy = grad_entropy.float() if entropy is not None and grad_entropy is not None else None
         for start in range(0, hidden.shape[0], ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, hidden.shape[0])
-            dz = _chunk_grad(chunk_logits(hidden[start:end], weight, bias, ctx.temperature, banned),
-                             lse[start:end], targets[start:end], g_logp[start:end],
-                             None if g_entropy is None else (entropy[start:end], g_entropy[start:end]))
-            if banned is not None:
-                dz.index_fill_(1, banned, 0.0)
-            dz = (dz.div_(ctx.temperature) if ctx.temperature != 1.0 else dz).to(hidden.dtype)
+            dz = block_grad(chunk_logits(hidden[start:end], weight, bias, ctx.temperature, banned),
+                            lse[start:end], targets[start:end], g_logp[start:end],
+                            None if g_entropy is None else (entropy[start:end], g_entropy[start:end]),
+                            ctx.temperature, banned).to(hidden.dtype)
             if need_hidden:
                 torch.matmul(dz, weight.to(hidden.dtype), out=grad_hidden[start:end])
             if need_weight:
@@ -75,19 +67,6 @@ class _HiddenStateLogProbs(torch.autograd.Function):
             if need_bias:
                 grad_bias.add_(dz.sum(0).to(bias.dtype))
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
-
-
-def _chunk_grad(z: Tensor, lse: Tensor, targets: Tensor, g_logp: Tensor,
-                entropy_grad: tuple[Tensor, Tensor] | None) -> Tensor:
-    """d loss / d z [n, V] in fp32 (z overwritten): g_logp (onehot(y) - p) - g_H p (log p + H)."""
-    log_p = z.sub_(lse[:, None])
-    p = log_p.exp()
-    if entropy_grad is not None:
-        entropy, g_entropy = entropy_grad
-        from_entropy = log_p.add_(entropy[:, None]).mul_(p).mul_(-g_entropy[:, None])
-    dz = p.mul_(-g_logp[:, None])
-    dz.scatter_add_(1, targets[:, None], g_logp[:, None])
-    return dz.add_(from_entropy) if entropy_grad is not None else dz
 
 
 def hidden_state_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None,
