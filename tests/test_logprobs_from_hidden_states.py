@@ -139,6 +139,24 @@ def test_a_model_that_transforms_its_logits_takes_the_logits_path(caplog):
     assert calls == ["logits"]
 
 
+def test_a_model_that_projects_without_calling_its_head_is_an_error():
+    """A model whose forward multiplies by the head's weight itself (as some remote code does):
+    its output is logits, not hidden states, and must not be taken for them."""
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=8))
+    batch = policy.rollout(["12+34="], 2, seeds=[1])
+    inner, head = policy.model.model, policy.model.lm_head
+
+    def projects_itself(input_ids=None, logits_to_keep=0, **kwargs):
+        hidden = inner(input_ids=input_ids, **kwargs).last_hidden_state[:, -logits_to_keep:]
+        return type("Out", (), {"logits": hidden @ head.weight.T})()
+
+    policy.model.forward = projects_itself
+    with pytest.raises(UserError, match="without calling its output head.*policy.logprobs_from: logits"):
+        policy.logprobs(policy.model, batch)
+    policy.cfg.logprobs_from = "logits"
+    assert policy.logprobs(policy.model, batch)[0].shape == batch.unit_mask.shape
+
+
 def test_settings_are_checked():
     for bad, field in [({"logprobs_from": "probs"}, "policy.logprobs_from"),
                        ({"logprob_chunk_tokens": 0}, "policy.logprob_chunk_tokens"),

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 from torch import Tensor, nn
 
+from mmrl.errors import UserError
+
 # config attributes of models that change the logits after the head, and their neutral values
 LOGIT_TRANSFORMS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0,
                     "output_multiplier_scale": 1.0}
@@ -58,8 +60,11 @@ class OutputHead:
 
     @contextmanager
     def passing_hidden_states(self) -> Iterator["OutputHead"]:
-        """While open, the head returns its input (and keeps it as `hidden`) instead of logits."""
+        """While open, the head returns its input (and keeps it as `hidden`) instead of logits.
+        A forward inside that never calls the head (a model that projects with the weight
+        itself) is an error when the block closes: its logits would be taken for hidden states."""
         module = self.module
+        self.hidden = None
         own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
 
         def keep(hidden: Tensor, *args, **kwargs) -> Tensor:
@@ -74,6 +79,10 @@ class OutputHead:
                 del module.forward
             else:
                 module.forward = own
+        if self.hidden is None:
+            raise UserError(f"policy.logprobs_from=hidden_states: the model ({type(module).__name__} head) computed "
+                            "its output without calling its output head (get_output_embeddings); set "
+                            "policy.logprobs_from: logits")
 
     def weight_and_bias(self) -> tuple[Tensor, Tensor | None]:
         """The weight [V, H] and bias [V] (or None) the head applies; with LoRA adapters, the base
