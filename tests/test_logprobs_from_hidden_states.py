@@ -13,6 +13,7 @@ from peft import LoraConfig, get_peft_model
 from PIL import Image
 
 from mmrl.errors import UserError
+from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.output_head import OutputHead
@@ -34,9 +35,16 @@ def logprobs_and_grads(policy, batch, source):
 
 def assert_paths_equal(policy, batch, sharing=("off", "on")):
     policy.cfg.logprob_check = False
+    calls = head_outputs(policy)
     for mode in sharing:
-        policy.cfg.prefix_sharing = mode
-        fused, plain = logprobs_and_grads(policy, batch, "hidden_states"), logprobs_and_grads(policy, batch, "logits")
+        if hasattr(policy.cfg, "prefix_sharing"):
+            policy.cfg.prefix_sharing = mode
+        calls.clear()
+        fused = logprobs_and_grads(policy, batch, "hidden_states")
+        assert set(calls) == {"hidden"}  # the head passed hidden states: no logits were computed
+        calls.clear()
+        plain = logprobs_and_grads(policy, batch, "logits")
+        assert set(calls) == {"logits"}
         assert (fused[0] - plain[0]).abs().max() <= TOL, mode
         assert (fused[1] - plain[1]).abs().max() <= TOL, mode
         assert fused[1].abs().max() > 0
@@ -96,6 +104,16 @@ def test_audio_model():
     clip = {"array": RNG.standard_normal(16000).astype(np.float32) * 0.1, "sampling_rate": 16000}
     batch = policy.rollout([{"prompt": "what?", "audio": clip}, {"prompt": "say", "audio": clip}], 2, seeds=[1, 2])
     assert_paths_equal(policy, batch)
+
+
+@pytest.mark.parametrize("estimator", ["diffu_grpo", "coupled", "elbo"])
+def test_masked_diffusion_model(estimator):
+    """Only each view's scored (masked) positions are projected; the estimator's sum is the same."""
+    policy = DLMPolicy(DLMConfig(model="tiny:dlm-char", tiny_args={"hidden": 32, "layers": 1, "heads": 2},
+                                 gen_length=8, block_length=4, steps=4, estimator=estimator, p_mask=0.5,
+                                 elbo_points=2))
+    batch = policy.rollout(["12+34=", "5+6="], 2, seeds=[1, 2])
+    assert_paths_equal(policy, batch, sharing=("off",))
 
 
 def test_the_default_path_is_the_hidden_states_and_the_check_passes_and_logs(caplog):

@@ -21,6 +21,13 @@ from mmrl.registry import ADAPTERS
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
+from .logprob_settings import (
+    logprob_check_field,
+    logprob_check_tolerance_field,
+    logprob_chunk_tokens_field,
+    logprob_setting_problems,
+    logprobs_from_field,
+)
 from .prefix_sharing import SHARED_ATTENTION, unsupported_reason
 from .scoring import TokenScoring
 from .vllm_engine import VLLMConfig, VLLMEngine
@@ -71,24 +78,13 @@ class CausalLMConfig:
         "filtering).")})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute activations in backward to save memory.")})
-    logprobs_from: Literal["hidden_states", "logits"] = field(default="hidden_states", metadata={"help": (
-        "Where log-probs come from: hidden_states (the model runs without its output head, which projects the "
-        "completion positions' hidden states a chunk of tokens at a time in the forward and the backward, so the "
-        "logits are never whole), or logits (the model's logits, log-softmax a chunk of rows at a time). Models the "
-        "first cannot serve (logit soft-capping, sharded parameters) take the second, with a warning.")})
-    logprob_chunk_tokens: int = field(default=1024, metadata={"help": (
-        "Tokens per chunk of logits with logprobs_from hidden_states: at most this many tokens' logits exist at a "
-        "time (memory bound, not a numeric setting).")})
+    logprobs_from: Literal["hidden_states", "logits"] = logprobs_from_field()
+    logprob_chunk_tokens: int = logprob_chunk_tokens_field()
     logprob_chunk_rows: int = field(default=1024, metadata={"help": (
         "Logit rows per chunk of the fp32 log-softmax over the vocabulary with logprobs_from logits, so the full "
         "fp32 logits of a micro-batch are never held at once (memory bound, not a numeric setting).")})
-    logprob_check: bool = field(default=True, metadata={"help": (
-        "With logprobs_from hidden_states, compare its log-probs with the model's logits on the run's first "
-        "micro-batch (max |logp difference| and the KL between the two, logged) and stop beyond "
-        "logprob_check_tolerance.")})
-    logprob_check_tolerance: float | None = field(default=None, metadata={"help": (
-        "The largest difference logprob_check accepts; null: 1e-4 for a float32 output head, 0.25 for a 16-bit one "
-        "(one rounding step of a 16-bit logit moves a log-prob by up to ~0.06).")})
+    logprob_check: bool = logprob_check_field()
+    logprob_check_tolerance: float | None = logprob_check_tolerance_field()
     # log-prob passes run each group's prompt once (prefix_sharing.py); YAML's on/off are
     # booleans, so true / false mean on / off
     prefix_sharing: Literal["auto", "on", "off"] | bool = field(default="auto", metadata={"help": (
@@ -123,13 +119,9 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             problems.append(f"policy.max_prompt_length={cfg.max_prompt_length} must be at least 1 (null: no limit)")
         if cfg.temperature <= 0:
             problems.append(f"policy.temperature={cfg.temperature} must be > 0")
-        if cfg.logprobs_from not in ("hidden_states", "logits"):
-            problems.append(f"policy.logprobs_from={cfg.logprobs_from!r} is not one of hidden_states, logits")
-        for name in ("logprob_chunk_tokens", "logprob_chunk_rows"):
-            if getattr(cfg, name) < 1:
-                problems.append(f"policy.{name}={getattr(cfg, name)} must be at least 1")
-        if cfg.logprob_check_tolerance is not None and not cfg.logprob_check_tolerance > 0:
-            problems.append(f"policy.logprob_check_tolerance={cfg.logprob_check_tolerance} must be > 0 (null: by dtype)")
+        problems.extend(logprob_setting_problems(cfg))
+        if cfg.logprob_chunk_rows < 1:
+            problems.append(f"policy.logprob_chunk_rows={cfg.logprob_chunk_rows} must be at least 1")
         if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
             problems.append(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         elif cfg.prefix_sharing in ("on", True) and cfg.attn_implementation not in (None, *SHARED_ATTENTION):

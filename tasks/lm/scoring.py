@@ -20,6 +20,7 @@ from mmrl.core.rollout import Rollout, take_rows
 from .generation import warn_once
 from .hidden_logprobs import hidden_state_logprobs
 from .logprob_check import compare_paths
+from .logprob_settings import check_tolerance, output_head_for
 from .output_head import OutputHead
 from .prefix_sharing import SharedLayout, completion_lengths, prompt_groups, unsupported_reason, worth_sharing
 from .rollout_batches import full_width, used_width
@@ -52,29 +53,12 @@ class TokenScoring(Policy):
             self._logprobs_checked = True  # the run's first micro-batch on this process
             with torch.no_grad():  # against the plainest path: the model's own forward and logits
                 plain, _ = self._token_logprobs(model, batch.extras, ids, mask, self.cfg.temperature, False)
-            compare_paths(logp.detach(), plain, mask.to(logp.device), self._check_tolerance(model), logger)
+            compare_paths(logp.detach(), plain, mask.to(logp.device), check_tolerance(self.cfg, head), logger)
         return full_width(logp * mask.to(logp.device), ent, width, units)
 
     def _output_head(self, model: nn.Module) -> OutputHead | None:
-        """The model's output head when log-probs come from the hidden states, else None (the
-        logits path: `policy.logprobs_from: logits`, or a model or sharding it cannot serve)."""
-        if self.cfg.logprobs_from == "logits":
-            return None
-        reason = OutputHead.unsupported_reason(model)
-        if reason is None and self.parallel.is_sharded(model):
-            reason = "its parameters are sharded over the processes"
-        if reason is not None:
-            warn_once(logger, f"policy.logprobs_from=hidden_states: {reason}; log-probs use the model's logits")
-            return None
-        return OutputHead(model)
-
-    def _check_tolerance(self, model: nn.Module) -> float:
-        """`policy.logprob_check_tolerance`, or by the head's dtype: one 16-bit rounding step of a
-        logit moves a log-prob by up to ~0.06, while fp32 paths agree to ~1e-6."""
-        if self.cfg.logprob_check_tolerance is not None:
-            return self.cfg.logprob_check_tolerance
-        weight, _ = OutputHead(model).weight_and_bias()
-        return 1e-4 if weight.dtype == torch.float32 else 0.25
+        """The head log-probs go through (`logprob_settings.output_head_for`; None: the logits)."""
+        return output_head_for(model, self.cfg, self.parallel, logger)
 
     def _token_logprobs(self, model: nn.Module, rows: dict[str, Any], completion_ids: Tensor,
                         completion_mask: Tensor, temperature: float, with_entropy: bool,
