@@ -72,6 +72,14 @@ def test_text_model(temperature):
     assert_paths_equal(policy, batch)
 
 
+def test_text_model_with_lora_elsewhere_a_frozen_head():
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=8))
+    policy.model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert not OutputHead(policy.model).module.weight.requires_grad
+    batch = policy.rollout(["12+34=", "5+6="], 3, seeds=[1, 2])
+    assert_paths_equal(policy, batch, sharing=("off",))
+
+
 def test_text_model_with_lora_on_the_output_head():
     policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=8))
     policy.model = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
