@@ -9,6 +9,7 @@ the model's logits: the operator alone, then a whole GRPO step beside TRL's GRPO
    `peak_memory_ratio` fused / today's (goal <= 0.25), the median time of `--repeats` passes,
    `time_ratio` fused / today's (goal <= 1.1), `max_logp_diff` (goal <= 1e-5 in fp32) and the
    largest |difference| of the gradients of the hidden states and of the projection (<= 1e-4).
+   `--frozen-head`: the projection takes no gradient (LoRA on the other layers).
 2. Whole GRPO steps of a tiny Qwen2 whose output layer spans `--vocab` tokens, each contender in
    a fresh process: mmrl with `policy.logprobs_from: hidden_states` and with `logits`, and TRL's
    GRPOTrainer (`--trl`), same prompts, G completions of exactly `--step-tokens` tokens, beta 0,
@@ -45,10 +46,10 @@ STEP_PROMPTS = ["12+34=", "5+67=", "90+1=", "33+44="]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def operator_inputs(hidden: int, vocab: int, tokens: int, dtype: torch.dtype, device: str):
+def operator_inputs(hidden: int, vocab: int, tokens: int, dtype: torch.dtype, device: str, frozen_head: bool):
     g = torch.Generator(device="cpu").manual_seed(0)
     h = torch.randn(tokens, hidden, generator=g).to(device, dtype).requires_grad_()
-    w = (torch.randn(vocab, hidden, generator=g) / hidden ** 0.5).to(device, dtype).requires_grad_()
+    w = (torch.randn(vocab, hidden, generator=g) / hidden ** 0.5).to(device, dtype).requires_grad_(not frozen_head)
     targets = torch.randint(0, vocab, (tokens,), generator=g).to(device)
     weights = torch.randn(tokens, generator=g).to(device)
     return h, w, targets, weights
@@ -76,7 +77,7 @@ def seconds(fn, device: str) -> float:
 
 
 def compare_operator(hidden: int, vocab: int, tokens: int, args, device: str) -> dict:
-    h, w, targets, weights = operator_inputs(hidden, vocab, tokens, DTYPES[args.dtype], device)
+    h, w, targets, weights = operator_inputs(hidden, vocab, tokens, DTYPES[args.dtype], device, args.frozen_head)
     out, peaks, times = {}, {}, {}
     for path in ("fused", "today"):
         logp = log_prob_pass(path, h, w, targets, weights, args.chunk)  # warm-up, and the values compared
@@ -84,8 +85,10 @@ def compare_operator(hidden: int, vocab: int, tokens: int, args, device: str) ->
         peaks[path] = peak_bytes(lambda: log_prob_pass(path, h, w, targets, weights, args.chunk))  # noqa: B023
         times[path] = statistics.median(seconds(lambda: log_prob_pass(path, h, w, targets, weights, args.chunk),  # noqa: B023
                                                 device) for _ in range(args.repeats))
-    diff = [float((a.float() - b.float()).abs().max()) for a, b in zip(out["fused"], out["today"])]
+    diff = [float((a.float() - b.float()).abs().max()) if a is not None else 0.0
+            for a, b in zip(out["fused"], out["today"])]
     return {"hidden": hidden, "vocab": vocab, "tokens": tokens, "dtype": args.dtype, "chunk_tokens": args.chunk,
+            "frozen_head": args.frozen_head,
             "fused_peak_mb": round(peaks["fused"] / 2**20, 2), "today_peak_mb": round(peaks["today"] / 2**20, 2),
             "peak_memory_ratio": round(peaks["fused"] / peaks["today"], 4),
             "fused_s": round(times["fused"], 5), "today_s": round(times["today"], 5),
@@ -183,6 +186,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", type=sizes, default=[4096, 16384], help="tokens of the operator runs (comma list)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens (fused) / rows (today's) per chunk")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the operator's inputs")
+    p.add_argument("--frozen-head", action="store_true",
+                   help="the projection takes no gradient (LoRA on the other layers): no gradient of the weight")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per operator path (the median is reported)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--step", action=argparse.BooleanOptionalAction, default=True, help="also time whole GRPO steps")
