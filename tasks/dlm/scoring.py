@@ -32,7 +32,7 @@ class MaskedScoring(Policy):
     """The log-prob half of `DLMPolicy`: it reads the subclass's `cfg` (a `DLMConfig`), `estimate`
     (the estimator), `mask_id` and `_accepts` (the forward's keyword arguments)."""
 
-    _logprobs_checked = False
+    _logprobs_checked = False  # policy.logprob_check ran (on this process's first micro-batch)
 
     def logits(self, model: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
         """Logits [B, K, V] predicting the tokens at `positions` [K] of the canvas `ids` [B, L]."""

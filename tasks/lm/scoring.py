@@ -34,6 +34,8 @@ class TokenScoring(Policy):
     with each group's prompt shared. It reads the subclass's `cfg` (a `CausalLMConfig`), `model`,
     `tokenizer`, and its `_model_inputs` and `suppressed_tokens`."""
 
+    _logprobs_checked = False  # policy.logprob_check ran (on this process's first micro-batch)
+
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         completion_ids = batch.extras["completion_ids"]
@@ -49,7 +51,7 @@ class TokenScoring(Policy):
         else:
             logp, ent = self._shared_token_logprobs(model, batch.extras, groups, ids, mask, self.cfg.temperature,
                                                     with_entropy, head)
-        if head is not None and self.cfg.logprob_check and not getattr(self, "_logprobs_checked", False):
+        if head is not None and self.cfg.logprob_check and not self._logprobs_checked:
             self._logprobs_checked = True  # the run's first micro-batch on this process
             with torch.no_grad():  # against the plainest path: the model's own forward and logits
                 plain, _ = self._token_logprobs(model, batch.extras, ids, mask, self.cfg.temperature, False)
