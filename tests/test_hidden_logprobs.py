@@ -92,7 +92,7 @@ def test_banned_tokens_have_no_probability_and_no_gradient():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_frozen_projection_gets_no_gradient_and_3d_hidden_states_keep_their_shape(dtype):
-    """A frozen head takes the path whose forward keeps d/dh per token: the same gradients."""
+    """A frozen head: no gradient of the weight is computed; the same gradients of the hidden states."""
     hidden, weight, bias, targets = inputs(dtype)
     frozen, frozen_bias = weight.detach(), bias.detach()
     logp, ent = hidden_state_logprobs(hidden.view(1, N, H), frozen, targets.view(1, N), frozen_bias, 0.7,

@@ -7,8 +7,6 @@ keeps one fp32 log-normaliser (and entropy) per token, and the backward recomput
 logits to accumulate the gradients of h, W and b, so at most one chunk of logits [n, V] exists at
 a time in either pass. The projection runs in the inputs' dtype (as the model's head does), the
 softmax in fp32; the gradients of W and b accumulate in their own dtype, one chunk at a time.
-Where the projection takes no gradient (a frozen head, LoRA on the other layers), the forward
-keeps d logp / dh (and dH / dh) per token instead, [N, H] each, and the backward only scales them.
 
 The entropy is differentiable: dH/dz_j = -p_j (log p_j + H), so an entropy bonus trains.
 `banned` token ids get the lowest fp32 value (probability 0, no gradient), as the sampler bans them.
@@ -32,35 +30,24 @@ def chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperatur
 class _HiddenStateLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                chunk_tokens: int, want_entropy: bool, banned: Tensor | None, frozen_head: bool):
+                chunk_tokens: int, want_entropy: bool, banned: Tensor | None):
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logp = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if want_entropy else torch.zeros((), device=hidden.device)
-        basis = [torch.empty_like(hidden) for _ in range(2 if want_entropy else 1)] if frozen_head else []
         for start in range(0, n, chunk_tokens):
             end = min(start + chunk_tokens, n)
             z = chunk_logits(hidden[start:end], weight, bias, temperature, banned)
-            kept = z.clone() if frozen_head else None
             lse[start:end], logp[start:end], chunk_entropy = block_stats(z, targets[start:end], want_entropy)
             if want_entropy:
                 entropy[start:end] = chunk_entropy
-            if frozen_head:
-                for out, part in zip(basis, grad_basis(kept, lse[start:end], targets[start:end], chunk_entropy, weight,
-                                                       temperature, banned)):
-                    out[start:end] = part
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if want_entropy else None, banned, *basis)
-        ctx.temperature, ctx.chunk_tokens, ctx.frozen_head = temperature, chunk_tokens, frozen_head
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if want_entropy else None, banned)
+        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None):
-        hidden, weight, bias, targets, lse, entropy, banned, *basis = ctx.saved_tensors
-        if ctx.frozen_head:  # d loss / d h = g (d logp / d h) + g_H (d H / d h), both kept by the forward
-            grad = basis[0].float() * grad_logp.float()[:, None]
-            if entropy is not None and grad_entropy is not None:
-                grad += basis[1].float() * grad_entropy.float()[:, None]
-            return grad.to(hidden.dtype), None, None, None, None, None, None, None, None
+        hidden, weight, bias, targets, lse, entropy, banned = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
@@ -79,21 +66,7 @@ class _HiddenStateLogProbs(torch.autograd.Function):
                 grad_weight.addmm_(dz.t().to(weight.dtype), hidden[start:end].to(weight.dtype))
             if need_bias:
                 grad_bias.add_(dz.sum(0).to(bias.dtype))
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
-
-
-def grad_basis(z: Tensor, lse: Tensor, targets: Tensor, entropy: Tensor | None, weight: Tensor, temperature: float,
-               banned: Tensor | None) -> list[Tensor]:
-    """For a projection that takes no gradient: d logp / d h [n, H] (and d H / d h with the
-    entropy) of one chunk from its fp32 logits z (overwritten), so that the backward needs no
-    logits at all: two projections per chunk instead of a recomputation and one."""
-    n = z.shape[0]
-    ones, zeros = torch.ones(n, device=z.device), torch.zeros(n, device=z.device)
-    parts = []
-    if entropy is not None:
-        parts.append(block_grad(z.clone(), lse, targets, zeros, (entropy, ones), temperature, banned))
-    parts.insert(0, block_grad(z, lse, targets, ones, None, temperature, banned))
-    return [(part.to(weight.dtype) @ weight) for part in parts]
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def hidden_state_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None,
@@ -106,10 +79,6 @@ def hidden_state_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias:
         raise ValueError(f"chunk_tokens={chunk_tokens} must be at least 1")
     shape = targets.shape
     flat = hidden.reshape(-1, hidden.shape[-1])
-    # a frozen head (LoRA elsewhere): the forward keeps d/dh per token and the backward recomputes nothing
-    frozen_head = (torch.is_grad_enabled() and flat.requires_grad and not weight.requires_grad
-                   and (bias is None or not bias.requires_grad))
     logp, entropy = _HiddenStateLogProbs.apply(flat, weight, bias, targets.reshape(-1).to(flat.device),
-                                               float(temperature), int(chunk_tokens), with_entropy, banned,
-                                               frozen_head)
+                                               float(temperature), int(chunk_tokens), with_entropy, banned)
     return logp.view(shape), (entropy.view(shape) if with_entropy else None)
