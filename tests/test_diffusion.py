@@ -318,7 +318,7 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 
-@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point"])
+@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
@@ -398,3 +398,39 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+NFT = ["policy.units=forward_process", "policy.sampler=ode", "policy.classifier_free_guidance=false",
+       "algorithm.objective=nft", "algorithm.beta=1e-4", "algorithm.kl_estimator=closed_form"]
+
+
+@pytest.mark.parametrize("model", ["tiny:sd3", "tiny:flux", "tiny:pixel-flow", "tiny:pixel-flow-unet"])
+def test_nft_trains_every_flow_family_on_its_forward_process(model, tmp_path):
+    """DiffusionNFT's units on each flow family: unit k re-noises the final sample at level k, and
+    a step moves the denoiser."""
+    size = 16 if model.startswith("tiny:pixel") else SIZE  # the pixel demos' small position table
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.height={size}",
+                                      f"policy.width={size}", *NFT]))
+    batch = t.policy.rollout(t.inputs.train_rows[:1], 3, seeds=[5])
+    assert batch.extras["clean"].shape[0] == 3 and not torch.equal(batch.extras["clean"][0], batch.extras["clean"][1])
+    assert batch.unit_mask.sum(1).tolist() == [3.0, 3.0, 3.0]  # int(4 x 0.99) of the 4 levels
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+    metrics = t.train_step()
+    assert math.isfinite(metrics["loss"])
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters() if p.requires_grad)
+
+
+def test_nft_recipe_errors_name_the_field(tmp_path):
+    from mmrl.config.parse import ConfigError
+    cases = [(["algorithm.objective=nft"], "policy.units: forward_process"),
+             (["policy.units=forward_process", "policy.classifier_free_guidance=false"], "takes logprobs"),
+             ([*NFT, "algorithm.mu=2"], "algorithm.mu=2"),
+             ([*NFT, "algorithm.kl_estimator=k3"], "algorithm.kl_estimator='k3'"),
+             ([*NFT, "algorithm.entropy_coef=0.1"], "algorithm.entropy_coef=0.1")]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *overrides]))
+    with pytest.raises(ValueError, match="policy.units=forward_process trains the CFG-free model"):
+        make("sd3", units="forward_process")
+    with pytest.raises(ValueError, match="predicts eps"):
+        make("sd15", units="forward_process", classifier_free_guidance=False)
