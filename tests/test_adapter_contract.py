@@ -52,6 +52,13 @@ class TestDiffusion(AdapterContract):
         assert torch.allclose(alone.extras["latents"], in_batch.extras["latents"], atol=1e-5)
 
 
+class TestDiffusionFast(TestDiffusion):
+    """Flow-GRPO-Fast: an SDE window per group (random_window), the ODE elsewhere."""
+    recipe = {**TestDiffusion.recipe,
+              "policy": {**TestDiffusion.recipe["policy"], "num_steps": 6,
+                         "schedule": {"kind": "random_window", "size": 2, "window_range": [0, 5]}}}
+
+
 class TestDiffusionNFT(TestDiffusion):
     """DiffusionNFT's forward-process units (policy.units: forward_process, algorithm.objective: nft):
     a unit is a (final sample, noise level) pair, and there are no sampler log-probs."""

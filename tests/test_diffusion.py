@@ -318,7 +318,8 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 
-@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft"])
+@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft",
+                                    "t2i_flowgrpo_fast"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
@@ -434,3 +435,53 @@ def test_nft_recipe_errors_name_the_field(tmp_path):
         make("sd3", units="forward_process")
     with pytest.raises(ValueError, match="predicts eps"):
         make("sd15", units="forward_process", classifier_free_guidance=False)
+
+
+def test_random_window_draws_flow_grpo_fasts_start():
+    """Flow-GRPO-Fast: the window's start uniform in range[0] .. range[1] - size (inclusive),
+    the default range [0, U // 2)."""
+    fast = StepSchedule("random_window", size=3)
+    starts = [fast.random_window(10, torch.Generator().manual_seed(s))[0] for s in range(400)]
+    assert set(starts) == {0, 1, 2}  # 10 // 2 - 3 = 2
+    assert all(abs(starts.count(v) / 400 - 1 / 3) < 0.08 for v in range(3))
+    ranged = StepSchedule("random_window", size=2, window_range=[3, 7])
+    assert {ranged.random_window(10, torch.Generator().manual_seed(s))[0] for s in range(200)} == {3, 4, 5}
+    on = ranged.stochastic(10, 1, torch.Generator().manual_seed(0))
+    first = int(on.nonzero()[0])
+    assert on.tolist() == [first <= k < first + 2 for k in range(10)]
+    with pytest.raises(ValueError, match="window_range"):
+        StepSchedule("random_window", window_range=[4, 2])
+    with pytest.raises(ValueError, match="window of size 6"):
+        StepSchedule("random_window", size=6).random_window(10, torch.Generator())
+
+
+def test_random_window_rollouts_take_the_sde_only_in_their_groups_window():
+    """Each group draws its window; its rows take the SDE there (and train those steps) and the
+    ODE step x + dt v elsewhere, recomputed here with the model."""
+    policy = make("sd3", num_steps=6, schedule=StepSchedule("random_window", size=2, window_range=[0, 5]))
+    seeds = list(range(1, 7))
+    batch = policy.rollout(["red circle"] * 6, 2, seeds=seeds)
+    noisy, latents, levels = batch.extras["stochastic"], batch.extras["latents"], batch.extras["levels"][0].tolist()
+    windows = set()
+    for g in range(6):
+        rows = noisy[2 * g: 2 * g + 2]
+        assert torch.equal(rows[0], rows[1]) and rows[0].sum() == 2
+        first = int(rows[0].nonzero()[0])
+        assert rows[0].tolist() == [first <= k < first + 2 for k in range(6)]
+        windows.add(first)
+    assert len(windows) > 1  # groups draw windows of their own
+    assert torch.equal(batch.unit_mask.bool(), noisy)
+    assert ((batch.rollout_logp != 0) == noisy).all()
+    cond = {k: v for k, v in batch.extras.items() if k.startswith(("pos/", "neg/"))}
+    with torch.no_grad():
+        for k in range(6):
+            v = policy.family.predict(policy.model, latents[:, k], batch.extras["timesteps"][0, k], cond,
+                                      policy.cfg.guidance_scale, True).float()
+            ode = latents[:, k] + (levels[k + 1] - levels[k]) * v
+            off = ~noisy[:, k]
+            assert torch.allclose(latents[off, k + 1], ode[off], atol=1e-5), k
+            if (~off).any():  # the SDE rows drew noise
+                assert (latents[~off, k + 1] - ode[~off]).abs().max() > 1e-3, k
+    with pytest.raises(ValueError, match="random_window draws one per group"):
+        make("sd3", turning_points=True, schedule=StepSchedule("random_window"))
+

@@ -9,7 +9,8 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
+`stochastic` [N, U] (the steps each rollout took by SDE; a `random_window` differs per group),
+and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 
 With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
@@ -43,7 +44,7 @@ from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
 
-NOISE_SALT, STEPS_SALT, FORWARD_SALT = 0x5DE, 0x57E, 0xF0D
+NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
 
 
 @ADAPTERS.register("diffusion")
@@ -82,6 +83,9 @@ class DiffusionPolicy(TurningPointRewards):
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
+        if cfg.turning_points and cfg.schedule.kind == "random_window":
+            raise ValueError("policy.turning_points needs one window for the whole batch; policy.schedule.kind="
+                             "random_window draws one per group (use window or sliding_window)")
         if cfg.units == "forward_process" and self.family.kind != "flow":
             raise ValueError(f"policy.units=forward_process re-noises samples on the flow-matching forward process; "
                              f"a {type(self.family).__name__} model predicts eps (use a flow model)")
@@ -143,24 +147,25 @@ class DiffusionPolicy(TurningPointRewards):
             x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
         levels, timesteps = self.family.levels(steps, tuple(x.shape))
         noise_gens = [torch.Generator().manual_seed(r) for r in row_seeds]
-        stochastic = (torch.zeros(steps, dtype=torch.bool) if greedy
-                      else cfg.schedule.stochastic(steps, self.training_step))
+        stochastic = self._stochastic_rows(seeds, group_size, steps, greedy)
         trained = torch.stack([cfg.schedule.trained(steps, self.training_step,
                                                     torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
                                for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
         step_fn = SAMPLERS.get(sampler)
         trajectory = [x.float().cpu()]
         logps = torch.zeros(n, steps)
-        noisy = torch.zeros(steps, dtype=torch.bool)
+        noisy = torch.zeros(n, steps, dtype=torch.bool)
         for k in range(steps):
             pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
-            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1],
-                                strength if stochastic[k] else 0.0)
-            if std > 0:
-                eps = torch.stack([torch.randn(x.shape[1:], generator=g) for g in noise_gens]).to(device)
-                x = mean + std * eps
-                noisy[k] = True
-                logps[:, k] = self._logprob(x, mean, std).cpu()
+            rows = stochastic[:, k].nonzero().flatten().tolist()
+            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1], strength if rows else 0.0)
+            if std > 0:  # the SDE on this step's stochastic rows (each drawing its own noise), the ODE on the others
+                sde = mean[rows] + std * torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i])
+                                                      for i in rows]).to(device)
+                logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
+                noisy[rows, k] = True
+                x = mean if len(rows) == n else step_fn(x.float(), pred.float(), levels[k], levels[k + 1], 0.0)[0]
+                x[rows] = sde  # (in place: `mean` is not used after this)
             else:
                 x = mean
             if not greedy and cfg.units == "steps":
@@ -174,7 +179,7 @@ class DiffusionPolicy(TurningPointRewards):
             extras = {"latents": torch.stack(trajectory, 1),
                       "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
                       "timesteps": timesteps.float().expand(n, -1).clone(),
-                      "stochastic": noisy.expand(n, -1).clone(),
+                      "stochastic": noisy,
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
@@ -196,6 +201,17 @@ class DiffusionPolicy(TurningPointRewards):
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
                        unit_mask=units, extras=extras)
 
+    def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
+        """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""
+        schedule, n = self.cfg.schedule, len(seeds) * group_size
+        if greedy:
+            return torch.zeros(n, steps, dtype=torch.bool)
+        if schedule.kind != "random_window":
+            return schedule.stochastic(steps, self.training_step).expand(n, -1).clone()
+        return torch.stack([schedule.stochastic(steps, self.training_step,
+                                                torch.Generator().manual_seed(derive_seed(s, WINDOW_SALT)))
+                            for s in seeds]).repeat_interleave(group_size, 0)
+
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
         return noise.expand(group_size, *noise.shape[1:])
@@ -213,7 +229,8 @@ class DiffusionPolicy(TurningPointRewards):
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
         pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
-        strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
+        # rows that took the ODE at step k are never trained there: their SDE mean is masked out
+        strength = self.cfg.noise_level if bool(ex["stochastic"][:, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
     def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
