@@ -59,6 +59,11 @@ class TestDiffusionFast(TestDiffusion):
                          "schedule": {"kind": "random_window", "size": 2, "window_range": [0, 5]}}}
 
 
+class TestDiffusionGuard(TestDiffusion):
+    """GRPO-Guard: per-step normalised ratios and 1 / |dt| loss weights (algorithm.ratio_norm)."""
+    recipe = {**TestDiffusion.recipe, "algorithm": {**TestDiffusion.recipe["algorithm"], "ratio_norm": "grpo_guard"}}
+
+
 class TestDiffusionNFT(TestDiffusion):
     """DiffusionNFT's forward-process units (policy.units: forward_process, algorithm.objective: nft):
     a unit is a (final sample, noise level) pair, and there are no sampler log-probs."""

@@ -319,7 +319,7 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft",
-                                    "t2i_flowgrpo_fast"])
+                                    "t2i_flowgrpo_fast", "t2i_grpo_guard"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
@@ -485,3 +485,25 @@ def test_random_window_rollouts_take_the_sde_only_in_their_groups_window():
     with pytest.raises(ValueError, match="random_window draws one per group"):
         make("sd3", turning_points=True, schedule=StepSchedule("random_window"))
 
+
+def test_grpo_guard_step_scales_and_a_step(tmp_path):
+    """GRPO-Guard's scales of a flow_sde step, a = 0.7 sqrt(s / (1 - s)) sqrt(|dt|) and 1 / |dt| by hand
+    (s = 1 takes s_next in the ratio), a training step under them, and the recipe errors."""
+    from mmrl.config.parse import ConfigError
+    from mmrl.tasks.diffusion.grpo_guard import guard_step_scales
+    std, inv = guard_step_scales("flow_sde", 0.8, 0.5, 0.7)
+    assert math.isclose(std, 0.7 * math.sqrt(0.8 / 0.2) * math.sqrt(0.3)) and math.isclose(inv, 1 / 0.3)
+    assert math.isclose(guard_step_scales("flow_sde", 1.0, 0.75, 0.7)[0], 0.7 * math.sqrt(1 / 0.25) * math.sqrt(0.25))
+    assert math.isclose(guard_step_scales("dance", 0.8, 0.5, 0.3)[0], 0.3 * math.sqrt(0.3))
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_norm=grpo_guard"]))
+    batch = t.prepare_batch(1).rollout
+    ratio_scale, loss_scale = t.policy.step_scales(batch, slice(0, 2))
+    levels = batch.extras["levels"][0].tolist()
+    assert torch.allclose(loss_scale[:, 1], torch.full((len(batch),), 1 / (levels[1] - levels[2])))
+    assert math.isclose(float(ratio_scale[0, 1]), guard_step_scales("flow_sde", levels[1], levels[2], 0.7)[0], rel_tol=1e-6)
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    for overrides, message in [(["policy.sampler=cps"], "policy.sampler='cps'"), (["algorithm.mu=2"], "algorithm.mu: 1"),
+                               (["algorithm.ratio_level=sequence"], "ratio_level: unit")]:
+        with pytest.raises(ConfigError, match=message):
+            Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_norm=grpo_guard", *overrides]))

@@ -345,3 +345,28 @@ def test_nft_objective_weighs_positive_and_negative_losses_by_the_normalised_rew
     diff = (xt - 0.4 * v - x0).detach()
     w = diff.abs().mean()
     assert torch.allclose(v.grad, -2 * 0.4 * 2.0 * (2 * 0.25 - 1) * diff / (6 * w), atol=1e-6)
+
+
+def test_grpo_guard_scales_the_log_ratio_and_each_steps_loss():
+    """ratio_norm grpo_guard: rho = exp(s (logp - old)), loss_u = max(-A rho, -A clip(rho)) / |dt|, by hand,
+    and its gradient in logp: -A s rho / |dt| inside the clip range, 0 outside."""
+    cfg = AlgorithmConfig(eps_low=0.1, eps_high=0.1, ratio_norm="grpo_guard")
+    logp = torch.tensor([[1.5, -1.0], [2.0, 0.3]], requires_grad=True)
+    old = torch.tensor([[0.0, -0.5], [0.0, 0.3]])
+    adv = torch.tensor([1.5, -2.0])
+    scale = torch.tensor([[0.1, 0.2], [0.1, 0.2]])
+    inv_dt = torch.tensor([[4.0, 8.0], [4.0, 8.0]])
+    mask = torch.ones(2, 2)
+    terms = policy_loss(logp, old, adv, mask, mask / 4, cfg, step_scales=(scale, inv_dt))
+    expected, grads = 0.0, []
+    for i in range(2):
+        for u in range(2):
+            rho = math.exp(scale[i, u].item() * (logp[i, u].item() - old[i, u].item()))
+            a = adv[i].item()
+            unclipped, clipped = -a * rho, -a * min(max(rho, 0.9), 1.1)
+            expected += max(unclipped, clipped) * inv_dt[i, u].item() / 4
+            grads.append(-a * scale[i, u].item() * rho * inv_dt[i, u].item() / 4 if unclipped >= clipped else 0.0)
+    assert math.isclose(terms.loss.item(), expected, rel_tol=1e-6)
+    terms.loss.backward()
+    assert torch.allclose(logp.grad.flatten(), torch.tensor(grads), atol=1e-7)
+    assert terms.clipped == 1  # row 0, step 0: rho = exp(0.15) > 1.1 with A > 0 (row 1's exp(0.2), A < 0, is not)

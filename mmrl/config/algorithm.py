@@ -102,6 +102,11 @@ class AlgorithmConfig:
     nft_adv_clip: float = field(default=5.0, metadata={"stage": True, "help": (
         "objective nft: advantages are clipped to [-c, c] and mapped to r = A / (2 c) + 1/2, and the loss is "
         "scaled by c (DiffusionNFT's adv_clip_max: 5).")})
+    ratio_norm: Literal["none", "grpo_guard"] = field(default="none", metadata={"help": (
+        "Per-step ratio normalisation of a diffusion step (clip objective, unit ratios): grpo_guard = GRPO-Guard's "
+        "log-ratio times the step's std (its normalised ratio, one update pass) and each step's clipped loss "
+        "divided by its |dt| (the gradient reweighting); needs the adapter's step scales (flow_sde or dance "
+        "samplers). none: the plain ratio.")})
     rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
         "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
         "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "

@@ -102,7 +102,8 @@ class LossTerms:
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
-                kl: Tensor | None = None, is_weight: Tensor | None = None) -> LossTerms:
+                kl: Tensor | None = None, is_weight: Tensor | None = None,
+                step_scales: tuple[Tensor, Tensor] | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -110,18 +111,24 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     is the policy's closed-form KL (`kl_estimator: closed_form`) and replaces the estimator.
     `is_weight` [B, u], when given, multiplies each unit's clipped surrogate before the
     regularisers are added (`algorithm.rollout_correction`, mmrl/core/rollout_correction.py).
+    `step_scales` (ratio scale, loss scale) [B, u], under `algorithm.ratio_norm: grpo_guard`, multiply
+    each unit's log-ratio and its clipped surrogate (GRPO-Guard: the step's std and 1 / |dt|).
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
     if adv.dim() == 1:
         adv = adv[:, None]
     log_ratio = grouped_log_ratio(logp - old_logp, mask, cfg.ratio_level, segments)
+    if step_scales is not None:
+        log_ratio = log_ratio * step_scales[0]
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     per_unit = torch.maximum(unclipped, clipped)
     if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan.py)
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
+    if step_scales is not None:
+        per_unit = per_unit * step_scales[1]
     if is_weight is not None:
         per_unit = per_unit * is_weight
     per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))

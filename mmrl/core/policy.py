@@ -68,6 +68,16 @@ class Policy(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no implicit-velocity units")
 
     @classmethod
+    def step_scale_problem(cls, cfg: Any) -> str | None:
+        """Why the adapter under config `cfg` has no `step_scales` (None: it has them)."""
+        return f"the {cls.__name__} adapter has no per-step scales"
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """(ratio scale, loss scale) [B, u] of each unit for `algorithm.ratio_norm: grpo_guard`: a
+        denoising step's std and 1 / |dt|."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-step scales")
+
+    @classmethod
     def config_problems(cls, cfg: Any) -> list[str]:
         """What is wrong with `cfg` (this adapter's `Config`) that is known without loading a model,
         one message per problem naming ``policy.<field>``; the engine checks it with the whole recipe

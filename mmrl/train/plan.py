@@ -135,6 +135,23 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
         problems += check(policy_cfg)
     if cfg.algorithm.objective in OBJECTIVES.names():
         _check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
+    if cfg.algorithm.ratio_norm != "none":
+        _check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
+
+
+def _check_ratio_norm(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """GRPO-Guard's normalised ratio: the clip objective's unit ratios, one update pass (the old
+    step mean is the current one, so its mean-shift term is 0), and the adapter's step scales."""
+    algo = cfg.algorithm
+    name = f"algorithm.ratio_norm={algo.ratio_norm!r}"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if algo.objective != "clip" or algo.ratio_level != "unit":
+        problems.append(f"{name} normalises the clip objective's per-step ratio (algorithm.objective: clip, "
+                        f"ratio_level: unit), not objective={algo.objective!r}, ratio_level={algo.ratio_level!r}")
+    if algo.mu != 1:
+        problems.append(f"{name} needs algorithm.mu: 1 (mmrl keeps no old step means for GRPO-Guard's "
+                        f"mean-shift term), not {algo.mu}")
 
 
 def _check_unit_terms(cfg: TrainConfig, given: str, problems: list[str]) -> None:

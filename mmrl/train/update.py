@@ -126,7 +126,9 @@ class PolicyUpdate:
             logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
             batch.weights[idx][:, units].to(device), algo, segments=segs,
             ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
+            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
+            **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
+               if algo.ratio_norm != "none" else {}))
 
     def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
         """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""

@@ -40,6 +40,7 @@ from ..model_loading import DTYPES
 from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
 from .forward_process import implicit_velocity_losses, renoised
+from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
@@ -211,6 +212,21 @@ class DiffusionPolicy(TurningPointRewards):
         return torch.stack([schedule.stochastic(steps, self.training_step,
                                                 torch.Generator().manual_seed(derive_seed(s, WINDOW_SALT)))
                             for s in seeds]).repeat_interleave(group_size, 0)
+
+    @classmethod
+    def step_scale_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.sampler in GUARD_SAMPLERS and cfg.units == "steps":
+            return None
+        return (f"GRPO-Guard's step scales are those of the Gaussian SDE steps {GUARD_SAMPLERS} "
+                f"(policy.sampler={cfg.sampler!r}, policy.units={cfg.units!r})")
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """GRPO-Guard's (step std, 1 / |dt|) [B, u] (`grpo_guard.py`)."""
+        levels = batch.extras["levels"][0].tolist()
+        ks = list(range(batch.num_units))[units]
+        scales = torch.tensor([guard_step_scales(self.cfg.sampler, levels[k], levels[k + 1], self.cfg.noise_level)
+                               for k in ks], dtype=torch.float32)
+        return scales[:, 0].expand(len(batch), -1), scales[:, 1].expand(len(batch), -1)
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
