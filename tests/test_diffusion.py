@@ -507,3 +507,17 @@ def test_grpo_guard_step_scales_and_a_step(tmp_path):
                                (["algorithm.ratio_level=sequence"], "ratio_level: unit")]:
         with pytest.raises(ConfigError, match=message):
             Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_norm=grpo_guard", *overrides]))
+
+
+@pytest.mark.parametrize("model", ["tiny:flux", "tiny:pixel-flow-unet"])
+def test_fast_windows_and_grpo_guard_train_other_flow_families(model, tmp_path):
+    """Flow-GRPO-Fast's random window and GRPO-Guard's scales together on FLUX and a pixel UNet:
+    only each group's window is trained, and a step is on-policy and moves the denoiser."""
+    size = 16 if model.startswith("tiny:pixel") else SIZE
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.height={size}",
+                                      f"policy.width={size}", "policy.classifier_free_guidance=false",
+                                      "policy.num_steps=6", "policy.schedule.kind=random_window",
+                                      "algorithm.ratio_norm=grpo_guard"]))
+    batch = t.policy.rollout(t.inputs.train_rows[:2], 3, seeds=[1, 2])
+    assert torch.equal(batch.unit_mask.bool(), batch.extras["stochastic"]) and (batch.unit_mask.sum(1) == 2).all()
+    assert on_policy_step_changes(t, rollout_atol=1e-4)
