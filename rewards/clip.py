@@ -8,6 +8,7 @@ batched under no grad.
     hpsv2      HPSv2: `clip` with a ViT-H-14 and the HPS checkpoint given as `pretrained` (a path)
     pickscore  exp(logit_scale) cos / 26 with the PickScore_v1 transformers CLIPModel (a local directory)
 
+Each also scores videos frame by frame (`frames`, `aggregate`: rewards/video_frames.py).
 `model` is an open_clip model name; `pretrained` an open_clip tag (e.g. "openai") or a local
 weights file; `model_config` a JSON model config (registered under its file stem, for
 architectures open_clip does not ship). With HF_HUB_OFFLINE=1 only local weights load.
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from mmrl.core.scoring import register_reward
+
+from .video_frames import per_frame
 
 
 def load_clip(model: str | None, pretrained: str | None, model_config: str | None, device: str):
@@ -76,6 +79,7 @@ def _prompt_text(prompt: Any) -> str:
 
 
 @register_reward("clip")
+@per_frame()
 def clip_score(prompts, completions, model: str = "ViT-L-14", pretrained: str | None = "openai",
                model_config: str | None = None, device: str | None = None, batch_size: int = 32, **columns):
     dev = _device(device)
@@ -86,11 +90,14 @@ def clip_score(prompts, completions, model: str = "ViT-L-14", pretrained: str | 
 
 
 @register_reward("hpsv2")
-def hpsv2(prompts, completions, pretrained: str | None = None, model: str = "ViT-H-14", **kwargs):
+@per_frame()
+def hpsv2(prompts, completions, pretrained: str | None = None, model: str = "ViT-H-14",
+          model_config: str | None = None, device: str | None = None, batch_size: int = 32, **columns):
     """HPSv2(.1): the HPS checkpoint (a local file) on open_clip's ViT-H-14; score = cosine."""
     if not pretrained:
         raise ValueError("hpsv2 needs args.pretrained: the path of the HPS_v2(.1) checkpoint")
-    return clip_score(prompts, completions, model=model, pretrained=pretrained, **kwargs)
+    return clip_score(prompts, completions, model=model, pretrained=pretrained, model_config=model_config,
+                      device=device, batch_size=batch_size)
 
 
 class AestheticHead(nn.Module):
@@ -133,6 +140,7 @@ def load_head(path: str, device: str) -> AestheticHead:
 
 
 @register_reward("aesthetic")
+@per_frame()
 def aesthetic(prompts, completions, head: str | None = None, model: str = "ViT-L-14",
               pretrained: str | None = "openai", model_config: str | None = None, device: str | None = None,
               batch_size: int = 32, **columns):
@@ -167,6 +175,7 @@ def _features(out) -> torch.Tensor:
 
 
 @register_reward("pickscore")
+@per_frame()
 def pickscore(prompts, completions, path: str | None = None, processor: str | None = None,
               device: str | None = None, batch_size: int = 32, **columns):
     """PickScore: exp(logit_scale) cos(E_img, E_txt) / 26 with the PickScore_v1 CLIPModel (a local

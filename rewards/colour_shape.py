@@ -23,6 +23,8 @@ import numpy as np
 
 from mmrl.core.scoring import register_reward
 
+from .video_frames import per_frame
+
 PALETTE = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40),
            "background": (245, 245, 245)}
 SHAPES = ("circle", "square")
@@ -65,6 +67,7 @@ def inscribed_ellipse(h: int, w: int) -> np.ndarray:
 
 
 @register_reward("colour_shape")
+@per_frame(columns=("colour", "shape"))
 def colour_shape(prompts, completions, colour=None, shape=None, area: tuple[float, float] = (0.08, 0.4),
                  **columns):
     """Needs the data set's `colour` and `shape` columns (the `colour_shapes` data set has them)."""

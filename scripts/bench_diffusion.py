@@ -11,6 +11,12 @@ of trained steps grows (tiny random SD3 by default; `--model` names a real one o
    naive baseline (one backward over all trained steps) is measured beside it.
 
     python scripts/bench_diffusion.py --json scripts/results/bench_diffusion.json
+
+`--family wan` measures the same for text-to-video: a tiny random Wan 2.1 (or `--model`) against the
+stock `WanPipeline.__call__` with `--frames` frames, trained steps 1 and 8 by default (video latents
+[B, C, F, H, W]; the trajectory stays on the CPU and moves to the device a step at a time).
+
+    python scripts/bench_diffusion.py --family wan --json scripts/results/bench_diffusion_wan.json
 """
 
 from __future__ import annotations
@@ -38,16 +44,23 @@ class SavedBytes:
         return t
 
 
+# --family: (default model, stock-call settings of a video family, a reward that reads its completions)
+FAMILIES = {"sd3": ("tiny:sd3", False, {"colour_shape": {"weight": 1.0}}),
+            "wan": ("tiny:wan-t2v", True, {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}})}
+
+
 def rollout_overhead(policy, prompts, group_size, repeats):
     pipe, cfg = policy.pipe, policy.cfg
     stock_prompts = [p for p in prompts for _ in range(group_size)]
+    video = {"num_frames": cfg.num_frames} if cfg.num_frames > 1 else {}
 
     def ours():
         policy.rollout(prompts, group_size, list(range(len(prompts))))
 
     def stock():
-        pipe(stock_prompts, num_inference_steps=cfg.num_steps, height=cfg.height, width=cfg.width,
-             guidance_scale=cfg.guidance_scale, generator=torch.Generator().manual_seed(0), output_type="pil")
+        pipe(prompt=stock_prompts, num_inference_steps=cfg.num_steps, height=cfg.height, width=cfg.width,
+             guidance_scale=cfg.guidance_scale, generator=torch.Generator().manual_seed(0), output_type="pil",
+             **video)
     pipe.set_progress_bar_config(disable=True)
     ours(), stock()  # warm-up
     times = {"ours": [], "stock": []}
@@ -63,14 +76,16 @@ def rollout_overhead(policy, prompts, group_size, repeats):
             "rollout_s_stock": statistics.median(times["stock"])}
 
 
-def training_step(model, size, steps, layers, group_size, repeats, tmp):
+def training_step(model, size, frames, family, steps, layers, group_size, repeats, tmp):
     from mmrl.config.parse import parse_config
     from mmrl.train.trainer import Trainer
+    _, _, rewards = FAMILIES[family]
     recipe = {"task": "diffusion",
               "policy": {"model": model, "tiny_args": {"layers": layers} if model.startswith("tiny:") else {},
-                         "height": size, "width": size, "num_steps": steps + 1, "noise_level": 0.7},
+                         "height": size, "width": size, "num_frames": frames, "num_steps": steps + 1,
+                         "noise_level": 0.7},
               "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 0, "size": 32}},
-              "rewards": {"colour_shape": {"weight": 1.0}},
+              "rewards": rewards,
               "algorithm": {"group_size": group_size},
               "optim": {"prompts_per_step": 1, "micro_batch_size": group_size},
               "logging": {"report_to": ["none"], "progress": False}, "output_dir": tmp, "max_steps": 1}
@@ -114,16 +129,22 @@ def _measure(t, batch, chunks, repeats):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
-    parser.add_argument("--model", default="tiny:sd3")
-    parser.add_argument("--layers", type=int, default=4, help="MMDiT layers of the tiny model")
+    parser.add_argument("--family", choices=list(FAMILIES), default="sd3")
+    parser.add_argument("--model", help="a pipeline (hub id or path); default: the family's tiny model")
+    parser.add_argument("--frames", type=int, default=5, help="video frames (--family wan)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer layers of the tiny model")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--trained-steps", default="1,2,4,8,16")
+    parser.add_argument("--trained-steps", help="default 1,2,4,8,16 (images), 1,8 (video)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    default_model, video, _ = FAMILIES[args.family]
+    args.model = args.model or default_model
+    args.trained_steps = args.trained_steps or ("1,8" if video else "1,2,4,8,16")
+    frames = args.frames if video else 1
     torch.set_num_threads(args.threads)
     import os
     import tempfile
@@ -132,14 +153,15 @@ def main() -> None:
     from mmrl.tasks.diffusion.policy import DiffusionPolicy
     policy = DiffusionPolicy(DiffusionConfig(
         model=args.model, tiny_args={"layers": args.layers} if args.model.startswith("tiny:") else {},
-        height=args.size, width=args.size, num_steps=args.steps, noise_level=0.7))
+        height=args.size, width=args.size, num_frames=frames, num_steps=args.steps, noise_level=0.7))
     prompts = [f"red circle {i}" for i in range(args.prompts)]
-    report = {"model": args.model, "layers": args.layers, "size": args.size, "steps": args.steps,
+    report = {"family": args.family, "model": args.model, "layers": args.layers, "size": args.size,
+              "frames": frames, "steps": args.steps,
               "batch": args.prompts * args.group_size, "threads": args.threads,
               "load_avg_1min": os.getloadavg()[0]}
     report.update(rollout_overhead(policy, prompts, args.group_size, args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
-        report["training_step"] = [training_step(args.model, args.size, int(s), args.layers, args.group_size,
+        report["training_step"] = [training_step(args.model, args.size, frames, args.family, int(s), args.layers, args.group_size,
                                                  max(1, args.repeats // 2), tmp)
                                    for s in args.trained_steps.split(",")]
     for mode in ("per_step", "one_backward"):

@@ -52,6 +52,22 @@ class TestDiffusion(AdapterContract):
         assert torch.allclose(alone.extras["latents"], in_batch.extras["latents"], atol=1e-5)
 
 
+VIDEO = {"height": 32, "width": 32, "num_frames": 5, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
+VIDEO_RECIPE = {**TestDiffusion.recipe, "rewards": {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}}}
+
+
+class TestWanTextToVideo(TestDiffusion):
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:wan-t2v", **VIDEO}}
+
+
+class TestWanImageToVideo(TestDiffusion):
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:wan-i2v", "image_column": "image", **VIDEO}}
+
+
+class TestHunyuanVideo(TestDiffusion):
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:hunyuan-video", "classifier_free_guidance": False, **VIDEO}}
+
+
 class TestDiffusionFast(TestDiffusion):
     """Flow-GRPO-Fast: an SDE window per group (random_window), the ODE elsewhere."""
     recipe = {**TestDiffusion.recipe,

@@ -434,3 +434,65 @@ def test_group_variance_mask():
 def test_unknown_estimator_lists_the_known_ones():
     with pytest.raises(KeyError, match=r"unknown advantage estimator 'nope'.*dr_grpo.*grpo.*median"):
         compute_advantages({"a": torch.zeros(2)}, {"a": 1.0}, torch.tensor([0, 0]), cfg(estimator="nope"))
+
+
+# ------------------------------------------------------------------------------ best-of-N rows
+
+
+def dance_grpo_selection(vq, mq, group_size, bestofn, vq_coef=1.0, mq_coef=1.0):
+    """DanceGRPO's train_grpo_hunyuan.py, one prompt per process: each reward normalised over the
+    group ((r - mean) / (std + 1e-8), unbiased std), total_scores = vq_coef A_vq + mq_coef A_mq,
+    the rows at sorted[:bestofn // 2] and sorted[-bestofn // 2:] train. Written with lists."""
+    chosen, advantages = set(), []
+    for start in range(0, len(vq), group_size):
+        rows = range(start, start + group_size)
+        a_vq = [(vq[i] - statistics.mean(vq[start:start + group_size]))
+                / (statistics.stdev(vq[start:start + group_size]) + 1e-8) for i in rows]
+        a_mq = [(mq[i] - statistics.mean(mq[start:start + group_size]))
+                / (statistics.stdev(mq[start:start + group_size]) + 1e-8) for i in rows]
+        scores = [vq_coef * a + mq_coef * b for a, b in zip(a_vq, a_mq)]
+        advantages += scores
+        ranked = sorted(rows, key=lambda i: scores[i - start])
+        chosen |= set(ranked[:bestofn // 2]) | set(ranked[-(bestofn // 2):])
+    return chosen, advantages
+
+
+def test_train_extremes_keeps_the_rows_dance_grpo_trains():
+    gen = torch.Generator().manual_seed(3)
+    vq, mq = torch.rand(24, generator=gen).tolist(), torch.rand(24, generator=gen).tolist()
+    chosen, expected = dance_grpo_selection(vq, mq, group_size=12, bestofn=6, vq_coef=1.0, mq_coef=0.5)
+    res = compute_advantages({"vq": torch.tensor(vq), "mq": torch.tensor(mq)}, {"vq": 1.0, "mq": 0.5},
+                             torch.arange(2).repeat_interleave(12),
+                             cfg(reward_combine="advantage", eps=1e-8, train_extremes=3))
+    assert set(res.row_mask.nonzero().flatten().tolist()) == chosen and len(chosen) == 12
+    # the trained rows keep the advantage of the whole group; the others get 0
+    kept = [expected[i] if i in chosen else 0.0 for i in range(24)]
+    assert res.advantages.tolist() == pytest.approx(kept, abs=1e-5)
+
+
+def test_train_extremes_ties_and_small_groups():
+    rewards = {"r": torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 7.0, 8.0])}
+    res = compute_advantages(rewards, {"r": 1.0}, torch.tensor([0, 0, 0, 0, 0, 0, 1, 1]),
+                             cfg(train_extremes=2))
+    # group 0 sorted stably: 1, 3 (0.0), 5 (0.5), 0, 2, 4 (1.0) -> lowest 1, 3; highest 2, 4.
+    # group 1 has 2 <= 2k rows: both train
+    assert res.row_mask.tolist() == [False, True, True, True, True, False, True, True]
+
+
+def test_train_extremes_by_reward_differs_from_by_advantage():
+    # a's spread is tiny, b's large: normalised separately, row 1 has the top advantage, row 3 the top total
+    rewards = {"a": torch.tensor([0.0, 0.1, 0.0, 0.0]), "b": torch.tensor([0.0, 1.0, 1.5, 2.0])}
+    common = dict(reward_combine="advantage", train_extremes=1)
+    by_adv = compute_advantages(rewards, {"a": 1.0, "b": 1.0}, torch.zeros(4, dtype=torch.long), cfg(**common))
+    by_reward = compute_advantages(rewards, {"a": 1.0, "b": 1.0}, torch.zeros(4, dtype=torch.long),
+                                   cfg(train_extremes_by="reward", **common))
+    assert by_adv.row_mask.tolist() == [True, True, False, False]
+    assert by_reward.row_mask.tolist() == [True, False, False, True]
+
+
+def test_train_extremes_ranks_per_unit_advantages_by_their_row_mean():
+    rewards = {"r": torch.tensor([[0.0, 3.0], [1.0, 1.0], [2.0, -2.0], [0.5, 0.6]])}
+    res = compute_advantages(rewards, {"r": 1.0}, torch.zeros(4, dtype=torch.long),
+                             cfg(estimator="dr_grpo", train_extremes=1))
+    # per-unit advantages (unit means .875, .65): row means .7375, .2375, -.7625, -.2125 -> rows 0, 2
+    assert res.row_mask.tolist() == [True, False, True, False]

@@ -46,3 +46,20 @@ def test_one_and_two_processes_agree(tmp_path):
     assert w1.keys() == w2.keys()
     for name in w1:
         assert torch.allclose(w1[name], w2[name], atol=1e-6), name
+
+
+def test_a_group_reward_sees_whole_groups_on_two_processes(tmp_path):
+    """Each process scores whole groups (a draw's groups are split in blocks of whole groups), so a
+    win rate, scored while the next group generates, is the same on 1 and 2 processes."""
+    recipe = tmp_path / "recipe.yaml"
+    prefer = f"{os.path.dirname(__file__)}/length_preference.py:longer"
+    cfg = dict(TINY_RECIPE, rewards={"win_rate": {"weight": 1.0, "args": {"prefer": prefer}}},
+               scoring={"groups_per_call": 1})
+    recipe.write_text(yaml.safe_dump(cfg))
+    single = run_cli([sys.executable], recipe, tmp_path / "one", 2)
+    double = run_cli([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_addr", "127.0.0.1", "--master_port", str(free_port())], recipe, tmp_path / "two", 2)
+    for a, b in zip(single, double):
+        for key in ("reward/win_rate", "reward_std", "advantage_std", "loss"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+    assert single[0]["reward_std"] > 0

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "mmrl"
 # lowest first; a module may import its own layer and any layer before it
 LAYERS = [("mmrl.errors", "mmrl.registry"), ("mmrl.config",), ("mmrl.core",), ("mmrl.data",),
-          ("mmrl.distributed",), ("mmrl.train",), ("mmrl.cli",)]
+          ("mmrl.distributed",), ("mmrl.serving",), ("mmrl.train",), ("mmrl.cli",)]
 ENTRY = ("mmrl", "mmrl.__main__")  # the package's lazy public names and `python -m mmrl` may import any layer
 
 

@@ -142,12 +142,28 @@ def test_bench_diffusion(tmp_path):
     assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
 
 
+def test_bench_diffusion_wan_video_section(tmp_path):
+    report = bench("bench_diffusion.py", tmp_path, "--family", "wan", "--layers", "1", "--steps", "2",
+                   "--group-size", "2", "--prompts", "1", "--repeats", "1", "--trained-steps", "1,2")
+    assert report["family"] == "wan" and report["model"] == "tiny:wan-t2v" and report["frames"] == 5
+    assert_finite(report, "rollout_overhead_ratio", "peak_activation_growth_per_step",
+                  "peak_activation_growth_one_backward")
+    assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
+
+
 def test_bench_dlm(tmp_path):
     report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
                    "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1")
     assert_finite(report, "generation.vocab_100.speedup_vs_d1", "generation.vocab_128.speedup_vs_d1",
                   *(f"estimators.{name}.time_ratio_to_diffu_grpo" for name in ("coupled", "elbo", "elbo_k8")))
     assert report["setup"]["model"]["hidden"] == 32
+
+
+def test_bench_rewards_overlap(tmp_path):
+    report = bench("bench_rewards.py", tmp_path, "--overlap", "--latency", "0.01", "--prompts", "2", "--group", "2",
+                   "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1")
+    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s")
+    assert report["setup"]["groups_per_call"] == 1
 
 
 def test_bench_rewards(tmp_path):

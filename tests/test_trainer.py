@@ -158,3 +158,24 @@ def test_warm_start_learning_rate_schedule(tmp_path, monkeypatch, schedule, warm
                         lambda self, *a, **k: seen.append(self.param_groups[0]["lr"]) or real(self, *a, **k))
     trainer.warm_start()
     assert seen == pytest.approx(expected, abs=1e-9)
+
+
+def test_train_extremes_trains_each_groups_lowest_and_highest_rows_of_the_same_rollouts(tmp_path):
+    """The engine path of algorithm.train_extremes: the same step drawn with and without it; with
+    k = 1 each group keeps only its lowest- and highest-advantage rows, at the advantages the
+    whole group gave them."""
+    extra = ("algorithm.reward_combine=advantage", "algorithm.group_size=4")
+    every = make_trainer(tmp_path / "all", *extra).prepare_batch(0)
+    ends = make_trainer(tmp_path / "ends", *extra, "algorithm.train_extremes=1").prepare_batch(0)
+    assert every.rollout.completions == ends.rollout.completions
+    want = torch.zeros_like(every.row_mask)
+    for g in every.rollout.group_id.unique():
+        rows = [i for i in range(len(want)) if every.rollout.group_id[i] == g and every.row_mask[i]]
+        if len(rows) <= 2:
+            want[rows] = True
+            continue
+        ranked = sorted(rows, key=lambda i: (float(every.advantages[i]), i))
+        want[[ranked[0], ranked[-1]]] = True
+    assert torch.equal(ends.row_mask, want)
+    assert torch.allclose(ends.advantages, torch.where(want, every.advantages, 0.0))
+    assert ends.row_mask.sum() < every.row_mask.sum()

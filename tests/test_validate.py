@@ -43,6 +43,9 @@ BAD = [  # override, what the message must say
     ("logging.report_to=[tensorbord]", r"logging.report_to: 'tensorbord' is not one of"),
     ("data.path=nowhere.jsonl", r"data: give exactly one of data.name"),
     ("algorithm.estimator=median", r"algorithm.group_size=\d+: the median estimator \(MC-GRPO\) draws G\+1 rollouts"),
+    ("algorithm.train_extremes=-1", r"algorithm.train_extremes=-1 must be >= 0"),
+    ("algorithm.train_extremes=9", r"algorithm.train_extremes=9: the k highest and k lowest rows of a group of "
+                                   r"algorithm.group_size=\d+ overlap"),
     ("distributed.shard_modules=[]", r"distributed.shard_modules=\[\]: name at least one block class"),
 ]
 

@@ -25,6 +25,7 @@ from mmrl.registry import shipped_demos, shipped_recipes
 DISPATCH = {
     "train": ("mmrl.cli.commands", "run_train"),
     "eval": ("mmrl.cli.commands", "run_eval"),
+    "serve-reward": ("mmrl.cli.commands", "run_serve_reward"),
     "demo": ("mmrl.cli.commands", "run_demo_command"),
     "list": ("mmrl.cli.commands", "run_list"),
     "sweep": ("mmrl.cli.commands", "run_sweep"),
@@ -81,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_eval.add_argument("--base", action="store_true",
                         help="score the untrained model (policy.model), even where the run has checkpoints; "
                              "scores go to OUTPUT_DIR/base.eval.json")
+    p_serve = add("serve-reward", "serve a registered reward over HTTP (POST /score, GET /health) for recipes "
+                                  "that name it with rewards.NAME.url (docs/rewards.md#served-rewards)")
+    p_serve.add_argument("name", metavar="NAME", help="a registered reward, or FILE.py:FUNCTION")
+    p_serve.add_argument("args", nargs="*", metavar="key=value", help="arguments bound to the reward")
+    p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p_serve.add_argument("--device", help="the reward's device argument (e.g. cuda:1)")
+    p_serve.add_argument("--batch-size", type=int, default=64, help="rows per call of the reward (default 64)")
+    p_serve.add_argument("--reward-module", action="append", default=[], metavar="FILE",
+                         help="a file or module to import first, so its @register_reward names can be served")
     p_demo = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
     p_demo.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p_demo.add_argument("overrides", nargs="*", metavar="key=value")
@@ -125,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "eval" and not any(x.startswith("-") for x in extra):
+    if extra and args.command in ("eval", "serve-reward") and not any(x.startswith("-") for x in extra):
         args.args += extra  # overrides after an option (`--checkpoint DIR key=value`)
     elif extra and args.command == "sweep" and not any(x.startswith("-") for x in extra):
         args.overrides += extra  # overrides after the sweep's options

@@ -88,6 +88,14 @@ class AlgorithmConfig:
     prune_threshold: float = field(default=0.0, metadata={"stage": True, "help": (
         "Rows whose largest |advantage| is below this skip the update (CPPO-style pruning of low-advantage "
         "completions). 0: off.")})
+    train_extremes: int = field(default=0, metadata={"stage": True, "help": (
+        "DanceGRPO's best-of-N: of each group of group_size rollouts only the k with the highest and the k with "
+        "the lowest advantage train (advantages still computed over the whole group; DanceGRPO's HunyuanVideo "
+        "run: group_size 24, k 4). Ties: the earlier row counts as the lower. 0: every row trains.")})
+    train_extremes_by: Literal["advantage", "reward"] = field(default="advantage", metadata={"stage": True,
+        "help": "what algorithm.train_extremes ranks a group's rows by: advantage (DanceGRPO's code: the "
+                "weighted sum of the rewards' advantages) or reward (the weighted total reward; differs from "
+                "advantage only with reward_combine: advantage). A per-unit value is averaged over the units"})
     mu: int = field(default=1, metadata={"stage": True, "help": (
         "Update passes (optimizer steps) over each batch of rollouts (GRPO's mu; d1 uses 12). With mu > 1 the old "
         "log-probs are kept from before the first pass and the ratio departs from 1.")})

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.config.remote import ClientSettings, ServerLaunch
 
 
 @dataclass
@@ -79,6 +80,21 @@ class SamplingConfig:
 
 
 @dataclass
+class ScoringConfig:
+    """When a step's rollouts are scored (docs/rewards.md#scoring-while-generating)."""
+
+    groups_per_call: int = field(default=0, metadata={"help": (
+        "Prompt groups per generation call of a process's share of a draw (0: all of them in one call). Several "
+        "calls let scoring.overlap score one call's groups while the next call generates, at the cost of smaller "
+        "generation batches.")})
+    overlap: bool = field(default=True, metadata={"help": (
+        "Score each generation call's groups in a background thread while the next call generates; the rewards, "
+        "advantages and loss are those of scoring after the whole rollout (a reward's value for a row must depend "
+        "on its own group's rows only, as it already must on several processes). false: score after the whole "
+        "rollout. Nothing to overlap with scoring.groups_per_call 0.")})
+
+
+@dataclass
 class DataConfig:
     name: str | None = field(default=None, metadata={"stage": True, "help": (
         "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
@@ -138,6 +154,18 @@ class RewardSpec:
     columns: dict[str, str] = field(default_factory=dict, metadata={
         "help": "{argument: column}: the reward reads its argument from that data column, e.g. "
                 "{boxes: solution}; an argument that is also a data column is an error naming both"})
+    url: str | list[str] | None = field(default=None, metadata={"help": (
+        "The reward served elsewhere (`mmrl serve-reward NAME`): its url, or a list of urls the requests are "
+        "spread over; same columns and values as in process (docs/rewards.md#served-rewards)")})
+    client: ClientSettings = field(default_factory=ClientSettings, metadata={"help": (
+        "With url or replay: request batch size, concurrency, timeout, retries, cache, on_failure")})
+    server: ServerLaunch | None = field(default=None, metadata={"help": (
+        "With url: a server the run starts itself before the first step and stops with the run")})
+    record: str | None = field(default=None, metadata={"help": (
+        "With url: a JSON-lines file every request's content hash and answer are appended to, for replay")})
+    replay: str | None = field(default=None, metadata={"help": (
+        "A file written by record: requests are answered from it, no server needed; a request it does not "
+        "hold is an error naming its rows")})
 
 
 @dataclass
@@ -164,6 +192,10 @@ class EvalConfig:
         "Score the held-out rows every this many training steps (0: never during training).")})
     max_prompts: int = field(default=64, metadata={"stage": True, "help": "The most held-out prompts an evaluation scores."})
     group_size: int = field(default=8, metadata={"stage": True, "help": "Samples per held-out prompt in an evaluation."})
+    log_samples: int = field(default=4, metadata={"stage": True, "help": (
+        "At each evaluation, the samples of this many held-out prompts (the greedy one and up to 4 sampled, with "
+        "the prompt and rewards) go to TensorBoard (images, videos as GIFs, audio, a text table) and to W&B (a "
+        "table with wandb.Image / Video / Audio); 0: none.")})
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})
@@ -245,6 +277,8 @@ class TrainConfig:
         "Optimizer, learning rate and batch sizes.")})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": (
         "How the prompts of a step are drawn.")})
+    scoring: ScoringConfig = field(default_factory=ScoringConfig, metadata={"help": (
+        "When the rollouts are scored: after the whole rollout, or while the next groups generate.")})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": (
         "Metrics, plots and the progress bar.")})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation during training."})

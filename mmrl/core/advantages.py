@@ -138,6 +138,30 @@ def combined_total(rewards: dict[str, Tensor], weights: dict[str, float], combin
     return weighted_total(rewards, weights)
 
 
+def row_scores(values: Tensor) -> Tensor:
+    """One score per row ([N]): the value itself for [N], the mean over units (NaN left out) for
+    [N, U]."""
+    return values if values.dim() == 1 else values.nanmean(dim=1)
+
+
+def extreme_rows(scores: Tensor, group_id: Tensor, row_mask: Tensor, k: int) -> Tensor:
+    """DanceGRPO's best-of-N: bool [N], True on the k lowest- and the k highest-scoring rows of each
+    group among the rows of `row_mask` (scores [N], NaN never chosen). A group is sorted ascending
+    by a stable sort, the first k and the last k rows train: at a tie the earlier row counts as
+    the lower. A group with 2k candidates or fewer keeps them all."""
+    keep = torch.zeros_like(row_mask)
+    candidates = row_mask & ~scores.isnan()
+    for g in torch.unique(group_id):
+        rows = ((group_id == g) & candidates).nonzero().flatten()
+        if len(rows) <= 2 * k:
+            keep[rows] = True
+            continue
+        order = rows[torch.sort(scores[rows], stable=True).indices]
+        keep[order[:k]] = True
+        keep[order[-k:]] = True
+    return keep
+
+
 def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], group_id: Tensor,
                        cfg) -> AdvantageResult:
     """Advantages for a batch of named rewards ([N] or [N, U] each; NaN = not applicable).
@@ -149,8 +173,11 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     (estimate on `product_total`); ``drop_zero_variance`` (DAPO: groups whose totals are all equal get advantage 0
     and row_mask False); ``clip_advantage`` c (clamp to [-c, c]; Flow-GRPO uses 5). Rows whose
     total is NaN (for [N, U]: in every unit) get row_mask False. Advantages are 0 outside
-    row_mask. Stats: advantage_mean / _std / _abs_mean over the rows in row_mask,
-    zero_variance_frac (groups whose totals are all equal), num_groups.
+    row_mask. ``train_extremes`` k > 0 (DanceGRPO's best-of-N): of each group only the k rows with
+    the lowest and the k with the highest advantage (``train_extremes_by: reward``: total reward)
+    keep row_mask (`extreme_rows`), the advantages still those of the whole group. Stats:
+    advantage_mean / _std / _abs_mean over the rows in row_mask, zero_variance_frac (groups whose
+    totals are all equal), num_groups.
     """
     # Built-ins are found without importing the plugins (a plugin cannot replace a built-in).
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.estimator)
@@ -174,6 +201,9 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     if cfg.drop_zero_variance:
         row_mask = row_mask & informative[group_index(group_id)[0]]
     row_mask = row_mask & ~(total.isnan() if total.dim() == 1 else total.isnan().all(1))
+    if cfg.train_extremes:
+        ranked = row_scores(adv if cfg.train_extremes_by == "advantage" else total)
+        row_mask = row_mask & extreme_rows(ranked, group_id, row_mask, cfg.train_extremes)
     if cfg.clip_advantage is not None:
         adv = adv.clamp(-cfg.clip_advantage, cfg.clip_advantage)
     adv = torch.where(row_mask.view((n,) + (1,) * (adv.dim() - 1)), adv, 0.0)

@@ -5,7 +5,8 @@ call shape of TRL's reward functions. Data-set columns arrive by name (``answer`
 ``reference``, ``boxes``, ...); a reward takes the ones it needs and ignores the rest via
 ``**kwargs``. Two more columns come from the engine (`score_rollout`): ``group_id`` (each row's
 prompt group) and ``auxiliary`` (whether the row is an auxiliary rollout, see `Rollout`), so a
-reward may compare the rows of a group (T-GRPO). A reward name ``FILE.py:FUNCTION`` or
+reward may compare the rows of a group (T-GRPO); one registered with ``per_group=True`` is called
+once per group with its rows (`group_rewards`). A reward name ``FILE.py:FUNCTION`` or
 ``module:FUNCTION`` names a plain function instead, called with TRL's convention (`plain_rewards`).
 
 A reward that declares a ``log_metric`` parameter gets a per-call logger, ``log_metric(key,
@@ -29,8 +30,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from mmrl.core.group_rewards import GROUP_FLAG, call_per_group, scores_groups
 from mmrl.core.plain_rewards import is_plain_reward, load_plain_reward
 from mmrl.core.rollout import Rollout
+from mmrl.errors import UserError
 from mmrl.registry import Registry
 
 RewardFn = Callable[..., Sequence[float | None]]
@@ -44,12 +47,15 @@ class RewardError(RuntimeError):
     """A reward that raised, returned the wrong number of values, or returned NaN/inf."""
 
 
-def register_reward(name: str, check_columns: Mapping[str, ColumnCheck] | None = None
-                    ) -> Callable[[RewardFn], RewardFn]:
+def register_reward(name: str, check_columns: Mapping[str, ColumnCheck] | None = None,
+                    per_group: bool = False) -> Callable[[RewardFn], RewardFn]:
     """Register `fn(prompts, completions, **columns) -> list[float | None]` under `name`;
-    `check_columns` (argument -> check) as the module docstring describes."""
+    `check_columns` (argument -> check) as the module docstring describes; `per_group`: called once
+    per prompt group with the group's rows (`group_rewards`)."""
     def decorator(fn: RewardFn) -> RewardFn:
         REWARDS.register(name)(fn)
+        if per_group:
+            setattr(fn, GROUP_FLAG, True)
         if check_columns:
             COLUMN_CHECKS[name] = dict(check_columns)
         return fn
@@ -167,7 +173,10 @@ def compute_rewards(fns: Mapping[str, RewardFn], prompts: Sequence[Any], complet
         try:
             logger = ({"log_metric": metric_logger(metrics, f"reward/{name}/")}
                       if metrics is not None and takes_logger(fn) else {})
-            values = list(fn(prompts=list(prompts), completions=list(completions), **columns, **logger))
+            values = (call_per_group(fn, prompts, completions, columns, logger) if scores_groups(fn) else
+                      list(fn(prompts=list(prompts), completions=list(completions), **columns, **logger)))
+        except UserError:  # the reward names what to fix (a served reward's server that failed)
+            raise
         except Exception as e:  # report which reward broke, keep the original traceback
             raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         if len(values) != n:

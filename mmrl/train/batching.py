@@ -59,6 +59,9 @@ def step_batch(collected: Collected, reward_weights: dict[str, float], cfg: Trai
         **{f"reward/{k}": float(torch.nanmean(v)) for k, v in collected.rewards.items()},
         **adv.stats,
     })
+    for key in [k for k in metrics if k.endswith("/sent_rows")]:  # a served reward's rows that got no answer
+        metrics[key.replace("/sent_rows", "/failed_frac")] = metrics.get(key.replace("sent", "failed"), 0.0) / \
+            max(metrics[key], 1.0)
     lengths = [x for c in counts for x in c.lengths]
     truncated = [x for c in counts for x in c.truncated]
     metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)

@@ -1,6 +1,7 @@
 """A step's rollouts and rewards: prompt groups drawn, rolled out on this process's share, scored,
 the whole draw's rewards gathered; with DAPO dynamic sampling, drawn again until enough groups have
-reward variance.
+reward variance. A draw is generated in calls of `scoring.groups_per_call` groups, each call's
+groups scored while the next generate (`scoring.overlap`, `chunk_scoring`).
 
 Distribution: the step's prompt groups are split into contiguous blocks, one per process; each
 group is sampled from its own seed (run seed, step, attempt, group index), so rollouts do not
@@ -20,10 +21,12 @@ from torch import Tensor
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import combined_total, group_variance_mask
 from mmrl.core.policy import Policy
-from mmrl.core.scoring import RewardFn, score_completions, score_rollout
+from mmrl.core.rollout import Rollout
+from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
+from mmrl.train.chunk_scoring import ChunkScorer
 from mmrl.train.records import Collected, Draw, add_counts, gather_objects
 from mmrl.train.step_clock import StepClock
 
@@ -38,6 +41,12 @@ class StageInputs:
     train_rows: Any                # mmrl.data.Rows
     eval_rows: Any                 # mmrl.data.Rows
     sampler: PromptSampler
+
+
+def generation_calls(groups: range, per_call: int) -> list[range]:
+    """`groups` split into consecutive runs of `per_call` groups (0: one run of them all)."""
+    per_call = per_call or len(groups)
+    return [groups[i:i + per_call] for i in range(0, len(groups), per_call)]
 
 
 class RolloutCollector:
@@ -59,20 +68,19 @@ class RolloutCollector:
 
     def draw(self, inputs: StageInputs, step: int, attempt: int) -> Draw:
         """Roll out this process's groups of one draw and score them; the rewards of the whole draw
-        are gathered (global row order), its auxiliary rows' rewards too (dropped from the rollout)."""
+        are gathered (global row order), its auxiliary rows' rewards too (dropped from the rollout).
+        1. generate the groups call by call (`scoring.groups_per_call`), each call's rollout handed
+           to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
+        2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
         indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
         local = self._local_groups(len(indices))
-        rows = [inputs.train_rows[indices[g]] for g in local]
-        seeds = [derive_seed(cfg.seed, step, attempt, g) for g in local]
-        with self.rollout_params(), self.clock.phase("generate"):
-            rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
-        self.idle_row = rollout.select([0])
-        rollout.group_id = rollout.group_id + local.start + attempt * len(indices)
-        rollout.add_data_columns(rows)
-        counts: dict[str, float] = {}  # what the rewards log about this draw's calls
-        with self.clock.phase("reward"):
-            rollout, rewards, auxiliary = score_rollout(inputs.reward_fns, rollout, counts)
+        with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
+            with self.rollout_params():
+                for groups in generation_calls(local, cfg.scoring.groups_per_call):
+                    scorer.add(self._generate(inputs, indices, groups, step, attempt))
+            with self.clock.phase("reward"):
+                rollout, rewards, auxiliary, counts = scorer.scored()
         # turning-point passes: as many as each process's samples need (an adapter without step rewards runs none)
         step_level = type(self.policy).step_rewards is not Policy.step_rewards
         with self.strategy.gathered(self.model, always=True) if step_level else nullcontext(), \
@@ -90,6 +98,19 @@ class RolloutCollector:
         return Draw(rollout, indices,
                     {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}, metrics,
                     {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary})
+
+    def _generate(self, inputs: StageInputs, indices: list[int], groups: range, step: int, attempt: int) -> Rollout:
+        """One generation call: the rollouts of the draw's groups `groups` (global group ids), with
+        their data columns."""
+        cfg = inputs.cfg
+        rows = [inputs.train_rows[indices[g]] for g in groups]
+        seeds = [derive_seed(cfg.seed, step, attempt, g) for g in groups]
+        with self.clock.phase("generate"):
+            rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+        self.idle_row = rollout.select([0])
+        rollout.group_id = rollout.group_id + groups.start + attempt * len(indices)
+        rollout.add_data_columns(rows)
+        return rollout
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with

@@ -23,6 +23,7 @@ from mmrl.core.advantages import combined_total
 from mmrl.core.policy import Policy
 from mmrl.core.scoring import compute_rewards, reward_columns, score_rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.train.eval_samples import MEDIA_COLUMNS
 from mmrl.train.tracking import Progress
 
 EVAL_SEED_SALT = 0xE7A1
@@ -57,10 +58,11 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
            weights: Mapping[str, float], group_size: int, seed: int, greedy: bool,
            prompts_per_call: int, combine: str, gates: Mapping[str, float] | None,
            evaluator: Evaluator | None = None, records: list[dict] | None = None,
-           show_progress: bool = False) -> dict[str, float]:
+           show_progress: bool = False, kept_rows: int | None = None) -> dict[str, float]:
     """Score `group_size` samples per row; with `records`, append each row's samples, rewards and
-    evaluator values to it ({"row", "completions", "rewards", "eval"}); with `show_progress`, a bar
-    over the rows."""
+    evaluator values to it ({"row", "completions", "rewards", "eval", and "columns": the rollout's
+    MEDIA_COLUMNS of the samples, e.g. a video's fps}) for the first `kept_rows` rows (None: all);
+    with `show_progress`, a bar over the rows."""
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
     judged: list[float] = []
@@ -84,11 +86,13 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
                                      reward_columns(kept), eval_counts)[evaluator.name].tolist()
             judged += values
         if records is not None:
-            for i, row in enumerate(chunk):
+            for i, row in enumerate(chunk[:None if kept_rows is None else max(kept_rows - start, 0)]):
                 span = slice(i * group_size, (i + 1) * group_size)
                 records.append({"row": row, "completions": list(kept.completions[span]),
                                 "rewards": total[span].tolist(),
-                                "eval": values[span] if values is not None else None})
+                                "eval": values[span] if values is not None else None,
+                                "columns": {k: list(kept.columns[k][span]) for k in MEDIA_COLUMNS
+                                            if k in kept.columns}})
         progress.update(start + len(chunk), {})
     progress.close()
     out = dict(zip(("reward_mean", "reward_mean_se"), _mean_se(totals, group_size)))
@@ -106,18 +110,20 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
              weights: Mapping[str, float], group_size: int, seed: int,
              prompts_per_call: int = 16, combine: str = "sum",
              gates: Mapping[str, float] | None = None, evaluator: Evaluator | None = None,
-             keep_samples: bool = False, show_progress: bool = False) -> dict[str, Any]:
-    """The scores; with `keep_samples`, also ``samples``: per row {"row", "completions",
-    "rewards", "eval" (the sampled ones), "greedy", "greedy_reward", "greedy_eval"}; with
+             keep_samples: bool = False, show_progress: bool = False,
+             kept_rows: int | None = None) -> dict[str, Any]:
+    """The scores; with `keep_samples`, also ``samples`` (of the first `kept_rows` rows, None: all;
+    a video's samples are large): per row {"row", "completions", "rewards", "eval", "columns" (the
+    sampled ones), "greedy", "greedy_reward", "greedy_eval", "greedy_columns"}; with
     `show_progress`, a bar over the rows of each pass."""
     if not rows:
         raise ValueError("evaluation needs held-out rows (data.eval_path or a data set with an eval split)")
     sampled_records: list[dict] | None = [] if keep_samples else None
     greedy_records: list[dict] | None = [] if keep_samples else None
     sampled = _score(policy, rows, reward_fns, weights, group_size, seed, False, prompts_per_call, combine, gates,
-                     evaluator, sampled_records, show_progress)
+                     evaluator, sampled_records, show_progress, kept_rows)
     greedy = _score(policy, rows, reward_fns, weights, 1, seed, True, prompts_per_call, combine, gates,
-                    evaluator, greedy_records, show_progress)
+                    evaluator, greedy_records, show_progress, kept_rows)
     out: dict[str, Any] = dict(sampled)
     out["greedy_reward_mean"] = greedy.pop("reward_mean")
     greedy.pop("reward_mean_se")
@@ -133,6 +139,7 @@ def evaluate(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Call
             out[f"{key}/{variant}"] = scores["eval_mean"]
     if keep_samples:
         out["samples"] = [{**s, "greedy": g["completions"][0], "greedy_reward": g["rewards"][0],
-                           "greedy_eval": g["eval"][0] if g["eval"] is not None else None}
+                           "greedy_eval": g["eval"][0] if g["eval"] is not None else None,
+                           "greedy_columns": g["columns"]}
                           for s, g in zip(sampled_records, greedy_records)]
     return out

@@ -22,13 +22,15 @@ from mmrl.data import Rows, load_data, reward_columns_needed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.registry import ADAPTERS
+from mmrl.serving.remote_reward import is_served, served_reward
 from mmrl.train.collect import StageInputs
 from mmrl.train.stages import Stage, StagePlan
 
 
 def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, float]]:
     """The recipe's rewards bound to their arguments and columns, and their weights (checked)."""
-    fns = {name: bind_reward(name, spec.args, spec.columns) for name, spec in cfg.rewards.items()}
+    fns = {name: served_reward(name, spec) if is_served(spec) else bind_reward(name, spec.args, spec.columns)
+           for name, spec in cfg.rewards.items()}
     weights = {name: spec.weight for name, spec in cfg.rewards.items()}
     if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in weights:
         raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "

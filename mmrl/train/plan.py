@@ -31,6 +31,7 @@ from mmrl.core.plain_rewards import is_plain_reward
 from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
+from mmrl.serving.remote_reward import remote_problems
 from mmrl.train.stages import StagePlan
 from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
 
@@ -52,8 +53,9 @@ _rule("algorithm.mu optim.prompts_per_step optim.micro_batch_size max_steps max_
 
 
 _rule("optim.lr save_every eval.every logging.plot_every logging.print_every warm_start.steps warm_start.warmup_steps optim.warmup_steps "
-      "optim.lora.r seed algorithm.eps algorithm.eps_low "
-      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay",
+      "optim.lora.r seed scoring.groups_per_call algorithm.eps algorithm.eps_low "
+      "algorithm.eps_high algorithm.beta algorithm.llds_coef algorithm.prune_threshold optim.weight_decay "
+      "algorithm.train_extremes",
       lambda v: v >= 0, "must be >= 0")
 
 
@@ -191,6 +193,7 @@ def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
             continue
         if not math.isfinite(spec.weight):
             problems.append(f"rewards.{name}.weight={spec.weight!r} must be a finite number")
+        problems += remote_problems(name, spec)
         params = inspect.signature(fn).parameters.values()
         accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
                     and p.name not in ("prompts", "completions")]
@@ -225,6 +228,10 @@ def _check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
     if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/core/advantages.py's median_advantages
         problems.append(f"algorithm.group_size={algo.group_size}: the median estimator (MC-GRPO) draws G+1 "
                         f"rollouts, an odd number, so that the median is one of them; use {algo.group_size + 1}")
+    if 2 * algo.train_extremes > algo.group_size:
+        problems.append(f"algorithm.train_extremes={algo.train_extremes}: the k highest and k lowest rows of a "
+                        f"group of algorithm.group_size={algo.group_size} overlap; use at most "
+                        f"{algo.group_size // 2}")
 
 
 def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:

@@ -152,8 +152,23 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Where a served reward's answers come from (rewards.NAME.url, ...): a resumed run may move its server.
+FREE_REWARD_KEYS = ("url", "client", "server", "record", "replay")
+
+
+def _served_setting(key: str) -> bool:
+    """Whether `key` is under a reward's url, client, server, record or replay (a reward's name may hold dots)."""
+    parts = key.split(".")
+    for part in parts[2:] if parts[0] == "rewards" else []:
+        if part in ("weight", "args", "columns"):
+            return False
+        if part in FREE_REWARD_KEYS:
+            return True
+    return False
+
+
 def _free(key: str) -> bool:
-    return any(key == name or key.startswith(name + ".") for name in FREE_ON_RESUME)
+    return _served_setting(key) or any(key == name or key.startswith(name + ".") for name in FREE_ON_RESUME)
 
 
 def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -> dict[str, tuple[Any, Any]]:

@@ -29,10 +29,12 @@ from mmrl.distributed import build_strategy
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
+from mmrl.serving.launch import LaunchedServers
 from mmrl.train import checkpoint as ckpt
 from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
+from mmrl.train.eval_samples import log_eval_samples
 from mmrl.train.evaluation import evaluate
 from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
@@ -76,6 +78,7 @@ class Trainer:
             self._build(cfg, claimed.resume_from, for_training)
             if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
                 run_dir.settle(self.output_dir, claimed)
+            self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
             acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
@@ -112,7 +115,10 @@ class Trainer:
         self.resumed = resume_from is not None
 
     def release_output_dir(self) -> None:
-        """Let another run use the output directory (at the end of `train`, or when building this run failed)."""
+        """Stop the servers the run launched; let another run use the output directory (at the end of
+        `train`, or when building this run failed)."""
+        if getattr(self, "servers", None) is not None:
+            self.servers.stop()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -231,7 +237,8 @@ class Trainer:
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
         if every and self.step % every == 0 and self.inputs.eval_rows:
-            scores = self.evaluate()
+            scores = self.evaluate(keep_samples=self.cfg.eval.log_samples > 0, kept_rows=self.cfg.eval.log_samples)
+            log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
 
@@ -253,14 +260,16 @@ class Trainer:
             raise RunInterrupted(f"stopped by {stop.name} after step {self.step}; checkpoint {path}; "
                                  "continue with the same command and resume=true", stop.received or 15)
 
-    def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False) -> dict:
-        """Held-out scores (`mmrl.train.evaluation.evaluate`), with `evaluator`'s beside the reward's."""
+    def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False,
+                 kept_rows: int | None = None) -> dict:
+        """Held-out scores (`mmrl.train.evaluation.evaluate`), with `evaluator`'s beside the reward's
+        (and the samples of the first `kept_rows` rows with `keep_samples`)."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]
         with self.collector.rollout_params():
             return evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
                             cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples,
+                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples, kept_rows=kept_rows,
                             show_progress=cfg.logging.progress and self.accelerator.is_main_process)
 
     def warm_start(self) -> float:

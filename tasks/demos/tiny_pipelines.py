@@ -133,3 +133,89 @@ def tiny_pixel_flow_unet(seed: int = 0, channels: tuple[int, ...] = (32, 64), si
                                     attention_head_dim=head_dim)
         return PixelFlowUNetPipeline(unet=unet, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
                                      text_encoder=_clip(tok), tokenizer=tok)
+
+
+def _umt5(tok, hidden=32):
+    from transformers import UMT5Config, UMT5EncoderModel
+    config = UMT5Config(vocab_size=len(tok), d_model=hidden, d_kv=8, d_ff=2 * hidden, num_layers=1, num_heads=2,
+                        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=0)
+    return UMT5EncoderModel(config).eval()
+
+
+def _wan_vae(z_dim=4):
+    """A Wan video VAE (causal 3D convolutions): 4x in time, 4x in space (two temporal downsamplings)."""
+    from diffusers import AutoencoderKLWan
+    return AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 1, 1], num_res_blocks=1, temperal_downsample=[True, True],
+                            latents_mean=[0.1 * i for i in range(z_dim)], latents_std=[1.0 + 0.2 * i for i in range(z_dim)],
+                            scale_factor_spatial=4, scale_factor_temporal=4).eval()
+
+
+def _wan_transformer(in_channels, layers, image_dim=None):
+    from diffusers import WanTransformer3DModel
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+                                 in_channels=in_channels, out_channels=4, text_dim=32, freq_dim=16, ffn_dim=32,
+                                 num_layers=layers, image_dim=image_dim, added_kv_proj_dim=image_dim and 16,
+                                 rope_max_seq_len=32)
+
+
+@TINY_MODELS.register("wan-t2v")
+def tiny_wan_t2v(seed: int = 0, layers: int = 1):
+    """A WanPipeline (Wan 2.1 text-to-video): a UMT5 encoder, a 1-layer Wan video transformer, a
+    Wan VAE (4x time, 4x space), the flow-matching Euler scheduler with Wan's shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = _tokenizer()
+        return WanPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
+                           transformer=_wan_transformer(4, layers), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+@TINY_MODELS.register("wan-i2v")
+def tiny_wan_i2v(seed: int = 0, layers: int = 1):
+    """A WanImageToVideoPipeline (Wan 2.1 image-to-video): as tiny:wan-t2v, plus a CLIP vision
+    encoder of the conditioning image; the transformer reads the noisy latents concatenated with
+    the first-frame mask and the image's latents (4 + 4 + 4 channels)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = _tokenizer()
+        vision = CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                  num_attention_heads=2, image_size=32, patch_size=8)).eval()
+        processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        return WanImageToVideoPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
+                                       transformer=_wan_transformer(12, layers, image_dim=16),
+                                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                                       image_processor=processor, image_encoder=vision)
+
+
+@TINY_MODELS.register("hunyuan-video")
+def tiny_hunyuan_video(seed: int = 0, layers: int = 1):
+    """A HunyuanVideoPipeline: a tiny Llama and CLIP text encoder, a HunyuanVideo transformer (one
+    dual- and one single-stream block, guidance embedding), its causal 3D VAE (4x time, 2x space)."""
+    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
+                           HunyuanVideoTransformer3DModel)
+    from transformers import LlamaConfig, LlamaModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = _tokenizer()
+        llama = LlamaModel(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                                       pad_token_id=tok.pad_token_id)).eval()
+        clip_tok = char_tokenizer()
+        clip = CLIPTextModel(CLIPTextConfig(vocab_size=len(clip_tok), hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77,
+                                            pad_token_id=clip_tok.pad_token_id, eos_token_id=clip_tok.eos_token_id,
+                                            bos_token_id=clip_tok.eos_token_id)).eval()
+        transformer = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                     attention_head_dim=8, num_layers=layers, num_single_layers=1,
+                                                     num_refiner_layers=1, patch_size=1, patch_size_t=1,
+                                                     text_embed_dim=32, pooled_projection_dim=32, rope_axes_dim=(2, 2, 4))
+        vae = AutoencoderKLHunyuanVideo(latent_channels=4, block_out_channels=(8, 8, 8), layers_per_block=1,
+                                        down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+                                        up_block_types=("HunyuanVideoUpBlock3D",) * 3, norm_num_groups=4,
+                                        spatial_compression_ratio=2, temporal_compression_ratio=4,
+                                        mid_block_add_attention=False).eval()
+        return HunyuanVideoPipeline(text_encoder=llama, tokenizer=tok, transformer=transformer, vae=vae,
+                                    scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=clip,
+                                    tokenizer_2=clip_tok)

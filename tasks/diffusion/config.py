@@ -21,7 +21,8 @@ class DiffusionConfig:
     # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
     model: str = field(default="", metadata={"help": (
         "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
-        "tiny:pixel-flow-unet (tiny random pipelines; the last two draw pixels directly, an MMDiT or a UNet).")})
+        "tiny:pixel-flow-unet / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video (tiny random pipelines; "
+        "pixel-flow draws pixels directly, an MMDiT or a UNet; the last three are video pipelines).")})
     tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (
@@ -29,8 +30,24 @@ class DiffusionConfig:
         "choices": "mmrl.tasks.model_loading:DTYPES"})
     device: str | None = field(default=None, metadata={"help": (
         "Move the pipeline to this device; null: leave placement to accelerate.")})
-    height: int = field(default=512, metadata={"help": "Image height in pixels."})
-    width: int = field(default=512, metadata={"help": "Image width in pixels."})
+    height: int = field(default=512, metadata={"help": "Image (video frame) height in pixels."})
+    width: int = field(default=512, metadata={"help": "Image (video frame) width in pixels."})
+    num_frames: int = field(default=1, metadata={"help": (
+        "Frames of a video (Wan, HunyuanVideo; 4k + 1 for their VAEs' 4x time compression); image families "
+        "ignore it.")})
+    fps: int | None = field(default=None, metadata={"help": (
+        "Frames per second of the generated videos, handed to video rewards as the `fps` column (motion per "
+        "second, VideoAlign's frame sampling); null: the family's (Wan 16, HunyuanVideo 15, as diffusers' "
+        "examples export them). Image families ignore it.")})
+    image_column: str | None = field(default=None, metadata={"help": (
+        "Image-to-video (Wan I2V): the data column holding each prompt's conditioning image (a path or a PIL "
+        "image); required by image-to-video pipelines, unused by the others.")})
+    flow_shift: float | None = field(default=None, metadata={"help": (
+        "The flow-matching scheduler's timestep shift (DanceGRPO's HunyuanVideo run: 5); null keeps the "
+        "pipeline's own. Not for schedulers with resolution-dependent shifting (FLUX).")})
+    vae_tiling: bool = field(default=False, metadata={"help": (
+        "Decode with the VAE's own tiling (spatial tiles, and temporal ones for video VAEs) to bound the "
+        "decoding memory of large frames and long videos.")})
     num_steps: int = field(default=10, metadata={"help": (
         "Denoising steps of training rollouts (Flow-GRPO 10 for SD3.5, 6 for FLUX).")})
     eval_num_steps: int = field(default=40, metadata={"help": (
@@ -56,7 +73,7 @@ class DiffusionConfig:
         "per sample (DiffusionNFT's timestep_fraction 0.99: 9 of 10).")})
     schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
         "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
-    decode_batch: int = field(default=8, metadata={"help": "Images decoded by the VAE per batch."})
+    decode_batch: int = field(default=8, metadata={"help": "Images (videos) decoded by the VAE per batch."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute the denoiser's activations in backward to save memory.")})
     cfg_dropout: float = field(default=0.1, metadata={"help": (

@@ -5,7 +5,11 @@ conditioning, the initial noise's shape, the step levels and model timesteps, on
     SD3 / SD3.5  StableDiffusion3Pipeline, FlowMatchEulerDiscreteScheduler: flow matching, CFG
     FLUX.1       FluxPipeline: flow matching on packed 2x2 latents, guidance as an embedding
     SD 1.5       StableDiffusionPipeline with DDIMScheduler: eps prediction, CFG
-Levels are sigmas s (flow) or cumulative alphas ab (eps models); `levels[k] -> levels[k + 1]` is
+    Wan 2.1/2.2  WanPipeline (text-to-video), WanImageToVideoPipeline (the conditioning image's latents
+                 and mask concatenated to the noisy latents, its CLIP embedding): flow matching on 5-D
+                 video latents [B, C, F, H, W], CFG as two denoiser calls as the pipelines make them
+    HunyuanVideo HunyuanVideoPipeline: flow matching on video latents, guidance as an embedding
+A video is a list of PIL frames. Levels are sigmas s (flow) or cumulative alphas ab (eps models); `levels[k] -> levels[k + 1]` is
 step k. Everything here runs the pipeline's own scheduler and encoders, so the ODE path equals
 the stock pipeline's output.
 """
@@ -32,16 +36,25 @@ class Family:
     pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
     uses_classifier_free_guidance = True
+    batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
+    conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
-    def __init__(self, pipe, size: tuple[int, int]):
+    def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
         self.pipe = pipe
         self.size = size  # image (height, width)
+        self.num_frames = num_frames  # frames of a video (video families)
 
     @property
     def denoiser(self) -> nn.Module:
         return self.pipe.transformer
 
     def encode(self, prompts: list[str], guided: bool) -> Cond:
+        raise NotImplementedError
+
+    def image_condition(self, images: list) -> Cond:
+        """Conditioning from one image per prompt (image-to-video families), under `pos/` keys: both
+        classifier-free guidance passes read it."""
         raise NotImplementedError
 
     def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:
@@ -76,6 +89,10 @@ class Family:
         """CFG as the pipelines do it: one batched call on [uncond, cond], u + g (c - u)."""
         if cond_neg is None:
             return run(x, cond_pos)
+        if not self.batched_guidance:
+            text = run(x, cond_pos)
+            uncond = run(x, cond_neg)
+            return uncond + guidance_scale * (text - uncond)
         joint = {k: torch.cat([cond_neg[k], cond_pos[k]]) for k in cond_pos}
         uncond, text = run(torch.cat([x, x]), joint).chunk(2)
         return uncond + guidance_scale * (text - uncond)
@@ -232,12 +249,12 @@ class SD15(Family):
         return self.pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[True] * len(image))
 
 
-def family_of(pipe, size: tuple[int, int]) -> Family:
+def family_of(pipe, size: tuple[int, int], num_frames: int = 1) -> Family:
     """The registered family serving the loaded pipeline's class (or one of its base classes)."""
     classes = [c.__name__ for c in type(pipe).__mro__]
     for _, fam in FAMILIES.items():
         if fam.pipeline in classes:
-            return fam(pipe, size)
+            return fam(pipe, size, num_frames)
     served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
     raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
 

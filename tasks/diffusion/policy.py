@@ -1,4 +1,5 @@
-"""Diffusion and flow-matching text-to-image models as policies over denoising steps.
+"""Diffusion and flow-matching text-to-image and text/image-to-video models as policies over
+denoising steps (families: `families.py`, `video_families.py`).
 
 The unit is one step x_k -> x_{k+1}; its log-prob is the Gaussian log density of the sampler's
 step (`samplers.py`), fp32, mean over latent dims. A group shares one initial noise (DanceGRPO)
@@ -10,7 +11,8 @@ backpropagates step by step and memory does not grow with the number of steps.
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
 `stochastic` [N, U] (the steps each rollout took by SDE; a `random_window` differs per group),
-and the prompt conditioning (`pos/...`, `neg/...` when CFG is on). The
+and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
+the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 
 With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
@@ -44,6 +46,7 @@ from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
+from .video_families import VideoFamily
 
 NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
 
@@ -80,7 +83,10 @@ class DiffusionPolicy(TurningPointRewards):
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
         self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
-        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width))
+        self.family: Family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
+        self._check_video_settings()
+        if cfg.flow_shift is not None:
+            self._set_flow_shift(cfg.flow_shift)
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
@@ -100,10 +106,50 @@ class DiffusionPolicy(TurningPointRewards):
         self.model.requires_grad_(True)
         if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
             self.model.enable_gradient_checkpointing()
+        if cfg.vae_tiling:
+            self.pipe.vae.enable_tiling()
         if cfg.device:
             self.pipe.to(cfg.device)
         self.training_step = 0
         self._counts: dict[str, float] = {}
+
+    def _check_video_settings(self) -> None:
+        cfg, name = self.cfg, type(self.family).__name__
+        if isinstance(self.family, VideoFamily):
+            factor = self.pipe.vae_scale_factor_temporal
+            if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
+                raise ValueError(f"policy.num_frames={cfg.num_frames}: {name} needs {factor}k + 1 frames "
+                                 f"(its VAE compresses time {factor}x)")
+        if self.family.conditioning_image and not cfg.image_column:
+            raise ValueError(f"policy.image_column is not set: {name} conditions each prompt on an image; name the "
+                             "data column that holds it")
+        if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
+            raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    def _set_flow_shift(self, shift: float) -> None:
+        sched = self.pipe.scheduler
+        if self.family.kind != "flow" or "shift" not in sched.config:
+            raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
+                             "is not a flow-matching scheduler with a shift")
+        if sched.config.get("use_dynamic_shifting", False):
+            raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
+                             "resolution (use_dynamic_shifting); a fixed shift would be ignored")
+        self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
+
+    @classmethod
+    def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
+        from ..lm.vlm import check_image
+        return {cfg.image_column: check_image} if cfg.image_column else {}
+
+    def _condition_images(self, prompts: Sequence[Any]) -> list:
+        """The conditioning image of each prompt row (`policy.image_column`: a path or an image)."""
+        from ..lm.vlm import load_image
+        column, images = self.cfg.image_column, []
+        for i, row in enumerate(prompts):
+            if not isinstance(row, dict) or row.get(column) is None:
+                raise ValueError(f"policy.image_column={column!r}: prompt row {i} has no image in that column")
+            images.append(load_image(row[column]))
+        return images
 
     # ----- the contract ------------------------------------------------------------------------
     @classmethod
@@ -140,7 +186,10 @@ class DiffusionPolicy(TurningPointRewards):
         sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
-        cond = {k: v.repeat_interleave(group_size, 0) for k, v in self.family.encode(texts, cfg.classifier_free_guidance).items()}
+        cond = self.family.encode(texts, cfg.classifier_free_guidance)
+        if self.family.conditioning_image:
+            cond.update(self.family.image_condition(self._condition_images(prompts)))
+        cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
         if cfg.units == "forward_process" and not greedy:  # DiffusionNFT: every sample from its own noise
             x = torch.cat([self._group_noise(derive_seed(r, FORWARD_SALT), 1) for r in row_seeds]).to(device)
@@ -184,7 +233,13 @@ class DiffusionPolicy(TurningPointRewards):
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps)
+                       unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
+                       columns=self._video_columns(n))
+
+    def _video_columns(self, n: int) -> dict[str, list]:
+        """The video reward contract's `fps` column (a video family's completions are frames)."""
+        fps = self.family.fps
+        return {} if fps is None else {"fps": [self.cfg.fps or fps] * n}
 
     def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
         """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
@@ -200,7 +255,7 @@ class DiffusionPolicy(TurningPointRewards):
                   **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=units, extras=extras)
+                       unit_mask=units, extras=extras, columns=self._video_columns(n))
 
     def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
         """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""

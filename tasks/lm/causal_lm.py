@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
+from .episodes import EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
 from .prefix_sharing import SHARED_ATTENTION, unsupported_reason
@@ -87,6 +88,9 @@ class CausalLMConfig:
         "after every optimizer step; see policy.vllm and docs/vllm.md).")})
     vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={"help": (
         "The vLLM engine's settings when rollout_engine is vllm.")})
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={"help": (
+        "Multi-turn, tool-using rollouts (episodes): the tools and the turn, token and image budgets "
+        "(docs/episodes.md). Off while episode.tools is empty.")})
 
 
 @ADAPTERS.register("causal_lm")
@@ -119,6 +123,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
                             f"{', '.join(cls.rollout_engines)}")
         elif cfg.rollout_engine == "vllm":
             problems.extend(vllm_config_problems(cfg.vllm))
+        if cfg.episode.tools:
+            problems.extend(episode_problems(cfg))
         return problems
 
     @classmethod
@@ -134,6 +140,7 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             cfg.prefix_sharing = "on" if cfg.prefix_sharing else "off"
         self.cfg = cfg
         self._vllm: VLLMEngine | None = None  # built on the first rollout with rollout_engine vllm
+        self._episodes = EpisodeRunner(self) if cfg.episode.tools else None
         self._load(cfg)
         pad_on_the_left(self.tokenizer)
         if cfg.prefix_sharing == "on" and (reason := unsupported_reason(self.model.config)) is not None:
@@ -160,7 +167,7 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
 
     @property
     def max_units(self) -> int:
-        return self.cfg.max_new_tokens
+        return self.cfg.episode.max_tokens if self._episodes else self.cfg.max_new_tokens
 
     def suppressed_tokens(self) -> list[int]:
         """Token ids never sampled (a text model: none)."""
@@ -169,7 +176,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
     # ----- prompts -------------------------------------------------------------------------
     def prompt_text(self, prompt: Any) -> str:
         """A string prompt as is; a list of chat messages through the chat template."""
-        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt)
+        return prompt_text(self.tokenizer, prompt, self.cfg.chat_template, self.cfg.system_prompt,
+                           self._episodes.schemas if self._episodes else None)
 
     def _encode_prompts(self, prompts: Sequence[Any]) -> dict[str, Any]:
         """Per-prompt model inputs: left-padded `prompt_ids` / `prompt_mask` (keys starting with
@@ -196,6 +204,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         if completion_ids is None:
             return {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
         input_ids = torch.cat([input_ids, completion_ids], dim=1).to(device)
+        if "completion_context_mask" in rows:  # an episode: its tool turns are context too
+            completion_mask = rows["completion_context_mask"][:, :completion_ids.shape[1]]
         attention = torch.cat([attention, completion_mask.to(attention.dtype)], dim=1).to(device)
         return {"input_ids": input_ids, "attention_mask": attention,
                 "position_ids": (attention.cumsum(-1) - 1).clamp(min=0)}
@@ -219,3 +229,18 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
     def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
         model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+
+def episode_problems(cfg: CausalLMConfig) -> list[str]:
+    """What an episode recipe (policy.episode.tools set) cannot run with, tools resolved before any model loads."""
+    problems = episode_config_problems(cfg.episode)
+    if cfg.rollout_engine != "hf":
+        problems.append(f"policy.episode: episodes roll out with policy.rollout_engine=hf, not {cfg.rollout_engine!r}")
+    if cfg.prefix_sharing in ("on", True):
+        problems.append("policy.prefix_sharing=on: an episode's tool turns break the one-prompt layout; set auto or off")
+    try:
+        from .tools import resolve_tools
+        resolve_tools(cfg.episode.tools, cfg.episode.tool_modules)
+    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
+        problems.append(str(e).strip('"'))
+    return problems

@@ -18,9 +18,11 @@ def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[
     return messages
 
 
-def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None) -> str:
+def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_prompt: str | None,
+                tools: list[dict] | None = None) -> str:
     """A string prompt as is; a list of chat messages (or, with `chat_template` true, a string as
-    the user's message) through the tokenizer's chat template, `system_prompt` first if given."""
+    the user's message) through the tokenizer's chat template, `system_prompt` first if given,
+    the `tools`' JSON schemas given to the template (an episode's)."""
     use_template = chat_template
     if use_template is None:
         use_template = not isinstance(prompt, str)
@@ -30,7 +32,7 @@ def prompt_text(tokenizer: Any, prompt: Any, chat_template: bool | None, system_
         return prompt
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     messages = with_system_prompt(messages, system_prompt)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
 
 def cut_prompts_left(ids: Tensor, mask: Tensor, max_tokens: int) -> tuple[Tensor, Tensor]:

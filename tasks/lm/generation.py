@@ -53,8 +53,11 @@ class GroupSeededSampler(LogitsProcessor):
     divided by the temperature, restricted to the top-k / top-p set and renormalised there."""
 
     def __init__(self, seeds: Sequence[int], group_size: int, temperature: float, top_k: int, top_p: float,
-                 eos_ids: Sequence[int] = (), min_new_tokens: int = 0):
-        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+                 eos_ids: Sequence[int] = (), min_new_tokens: int = 0,
+                 generators: Sequence[torch.Generator] | None = None):
+        # `generators`: one per group, given instead of `seeds` (an episode's turn: one per row)
+        self.generators = list(generators) if generators is not None else [
+            torch.Generator().manual_seed(int(s)) for s in seeds]
         self.group_size = group_size
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.eos_ids = torch.tensor(list(eos_ids)) if len(eos_ids) else None  # banned while min_new_tokens lasts
@@ -101,7 +104,8 @@ class TokenRollouts(Policy):
     """The rollout half of a token policy (`CausalLMPolicy` builds on it): `rollout` with either
     engine (`policy.rollout_engine`), the completion mask (eos, stop strings), `concat`. It reads
     the subclass's `cfg` (a `CausalLMConfig`), `model`, `tokenizer`, `_vllm` (the engine or None)
-    and its prompt encoding: `_prompt_parts`, `_encode_parts`, `_model_inputs`, `suppressed_tokens`."""
+    and its prompt encoding: `_prompt_parts`, `_encode_parts`, `_model_inputs`, `suppressed_tokens`;
+    with `policy.episode.tools`, `_episodes` (an `EpisodeRunner`) runs the rollouts instead."""
 
     @staticmethod
     def _expand(enc: dict[str, Any], group_size: int) -> dict[str, Any]:
@@ -119,6 +123,8 @@ class TokenRollouts(Policy):
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
         cfg = self.cfg
+        if self._episodes is not None:  # multi-turn, tool-using rollouts (episodes.py)
+            return self._episodes.rollout(prompts, group_size, seeds, greedy)
         parts = self._prompt_parts(prompts)
         encoded = self._encode_parts(parts)
         self._check_prompt_lengths(encoded["prompt_mask"], prompts)
@@ -156,6 +162,11 @@ class TokenRollouts(Policy):
         completion_ids = sequences[:, rows["prompt_ids"].shape[1]:].clone()  # an ordinary tensor, fit for autograd
         rollout_logp = sampler.sampled_logp(completion_ids.shape[1]) if sampler is not None else None
         return self._rollout_record(prompts, group_size, rows, completion_ids, rollout_logp)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """An episode policy's counts of its last rollouts: episodes, turns, tool calls per tool,
+        tool errors, truncated episodes."""
+        return self._episodes.pop_metrics() if self._episodes is not None else {}
 
     def _rollout_record(self, prompts: Sequence[Any], group_size: int, rows: dict[str, Any], completion_ids: Tensor,
                         rollout_logp: Tensor | None) -> Rollout:

@@ -109,7 +109,9 @@ class MultimodalPolicy(CausalLMPolicy):
         """A row's prompt as chat text (one slot per medium) and the processor's media inputs."""
         content, media = self._media(row)
         messages = with_system_prompt(place_media(self.prompt_of(row), content), self.cfg.system_prompt)
-        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), media
+        tools = self._episodes.schemas if self._episodes else None
+        return self.processor.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=True), media
 
     def _vllm_engine(self) -> VLLMEngine:
         cfg = self.cfg
@@ -160,7 +162,10 @@ class MultimodalPolicy(CausalLMPolicy):
         width = 0 if completion_ids is None else completion_ids.shape[1]
         for key, value in rows.items():
             if key.startswith("prompt_") and key not in ("prompt_ids", "prompt_mask"):
-                inputs[key[len("prompt_"):]] = nn.functional.pad(value, (0, width)).to(self.device)
+                name = key[len("prompt_"):]
+                tail = rows.get(f"completion_{name}")  # an episode's tool turns: their own values
+                tail = value.new_zeros(value.shape[0], width) if tail is None else tail[:, :width]
+                inputs[name] = torch.cat([value, tail.to(value.dtype)], 1).to(self.device)
         inputs.update(self._joined(rows))
         return inputs
 
@@ -169,7 +174,7 @@ class MultimodalPolicy(CausalLMPolicy):
         device, dtype = self.device, next(self.model.parameters()).dtype
         out = {}
         for key, value in prefix.items():
-            if key.startswith("prompt_") or key == "completion_ids":
+            if key.startswith(("prompt_", "completion_")):
                 continue
             joined = torch.cat(list(value), dim=0).to(device)
             if len(joined):  # else no row of the batch has this input

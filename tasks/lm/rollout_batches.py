@@ -36,7 +36,8 @@ def units_before(end: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 def concat_padded(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     """Join token rollouts: prompt tensors (`prompt_*` extras) padded on the left to a common
-    width (ids with `pad_token_id`, the others with 0), completion ids, the unit mask and the
+    width (ids with `pad_token_id`, the others with 0), completion tensors (`completion_*` extras:
+    ids with `pad_token_id`, an episode's turns with -1, the others with 0), the unit mask and the
     rollout log-probs on the right."""
     p_width = max(r.extras["prompt_ids"].shape[1] for r in parts)
     c_width = max(r.num_units for r in parts)
@@ -47,7 +48,9 @@ def concat_padded(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         for key, value in r.extras.items():
             if key.startswith("prompt_") and isinstance(value, Tensor):
                 extras[key] = nn.functional.pad(value, (dp, 0), value=pad_token_id if key == "prompt_ids" else 0)
-        extras["completion_ids"] = nn.functional.pad(r.extras["completion_ids"], (0, dc), value=pad_token_id)
+            elif key.startswith("completion_") and isinstance(value, Tensor):  # ids, an episode's per-token extras
+                fill = {"completion_ids": pad_token_id, "completion_turn": -1}.get(key, 0)
+                extras[key] = nn.functional.pad(value, (0, dc), value=fill)
         logp = nn.functional.pad(r.rollout_logp, (0, dc)) if r.rollout_logp is not None else None
         fixed.append(replace(r, unit_mask=nn.functional.pad(r.unit_mask, (0, dc)), extras=extras,
                              rollout_logp=logp))
@@ -55,8 +58,10 @@ def concat_padded(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
 
 
 def used_width(unit_mask: Tensor) -> int:
-    """The columns some row of the batch uses (at least 1): the all-padding tail is not scored."""
-    return max(int(unit_mask.sum(1).max()), 1)
+    """The columns up to the last one some row of the batch uses (at least 1): the all-padding
+    tail is not scored (an episode's tool tokens between its units are)."""
+    used = unit_mask.any(0).nonzero()
+    return max(int(used[-1]) + 1 if len(used) else 0, 1)
 
 
 def full_width(logp: Tensor, entropy: Tensor | None, width: int,

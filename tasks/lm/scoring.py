@@ -74,7 +74,7 @@ class TokenScoring(Policy):
         (`policy.prefix_sharing`), else None. The choice depends on the micro-batch alone, so the
         old, reference and training passes over it take the same path."""
         mode = self.cfg.prefix_sharing
-        if mode == "off":
+        if mode == "off" or "completion_context_mask" in batch.extras:  # an episode: tool turns inside
             return None
         reason = unsupported_reason(self.model.config)
         if reason is not None:

@@ -1,0 +1,116 @@
+"""How a remote call is sent, whatever it carries: JSON bodies posted to one or several urls (in
+turn), a bounded number at once, each with a timeout and a bounded number of retries with
+exponential backoff on the named statuses, timeouts and connection errors; answers cached by the
+content hash of the request, and recorded to or replayed from a file (`recording`). What is sent
+and how an answer is read belong to the caller (the remote reward, a judge)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from mmrl.config.remote import ClientSettings
+from mmrl.serving.recording import Recording
+from mmrl.serving.wire import content_hash, dumps
+
+
+@dataclass
+class Answer:
+    """A request's decoded JSON answer and where it came from (a url, ``cache`` or the replay file)."""
+
+    source: str
+    value: Any
+
+
+@dataclass
+class Failure:
+    """A request that got no usable answer: where it went, what came back (``HTTP 500``, ``timed out
+    after 5s``, ``connection refused``), and whether retries were spent on it."""
+
+    url: str
+    status: str
+    attempts: int = 1
+    fatal: bool = False  # a failure no policy may skip (a request a replay file does not hold)
+
+    def describe(self) -> str:
+        tries = f" after {self.attempts} attempts" if self.attempts > 1 else ""
+        return f"{self.url} answered {self.status}{tries}"
+
+
+class Transport:
+    """Posts request bodies as `ClientSettings` say; see the module docstring."""
+
+    def __init__(self, urls: list[str], settings: ClientSettings, record: str | None = None,
+                 replay: str | None = None):
+        self.urls, self.settings = [u.rstrip("/") for u in urls], settings
+        self.recording = Recording(record, replay) if record or replay else None
+        self._cache: dict[str, Any] = {}
+        self._turn = itertools.count()
+
+    def send(self, path: str, bodies: list[Any]) -> list[Answer | Failure]:
+        """Each body's answer (decoded JSON) or its `Failure`, in order."""
+        if len(bodies) <= 1 or self.settings.concurrency <= 1:
+            return [self._answer(path, body) for body in bodies]
+        with ThreadPoolExecutor(min(self.settings.concurrency, len(bodies))) as pool:
+            return list(pool.map(lambda body: self._answer(path, body), bodies))
+
+    def _answer(self, path: str, body: Any) -> Answer | Failure:
+        data = dumps(body)
+        key = content_hash(data)
+        if self.recording is not None and self.recording.replaying:
+            found = self.recording.answer(key)
+            return (Answer(f"replay file {self.recording.replay}", found) if found is not None
+                    else Failure(self.recording.replay, "no recorded answer", fatal=True))
+        if self.settings.cache and key in self._cache:
+            return Answer("cache", self._cache[key])
+        answer = self._post_with_retries(path, data)
+        if not isinstance(answer, Failure):
+            if self.settings.cache:
+                self._cache[key] = answer.value
+            if self.recording is not None:
+                self.recording.write(key, answer.value)
+        return answer
+
+    def _post_with_retries(self, path: str, data: bytes) -> Answer | Failure:
+        s = self.settings
+        first = next(self._turn)
+        for attempt in range(s.retries + 1):
+            url = self.urls[(first + attempt) % len(self.urls)] + path  # a retry goes to the next url
+            answer, retry = self._post(url, data)
+            if not retry or attempt == s.retries:
+                if isinstance(answer, Failure):
+                    answer.attempts = attempt + 1
+                return answer
+            time.sleep(s.backoff_s * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _post(self, url: str, data: bytes) -> tuple[Answer | Failure, bool]:
+        """(the answer or its failure, whether the failure may be retried)."""
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
+                text = response.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:200].decode(errors="replace").strip()
+            status = f"HTTP {e.code}" + (f" ({detail})" if detail else "")
+            return Failure(url, status), e.code in self.settings.retry_statuses
+        except (TimeoutError, socket.timeout):
+            return Failure(url, f"no answer (timed out after {self.settings.timeout_s:g}s)"), True
+        except urllib.error.URLError as e:
+            reason = e.reason
+            if isinstance(reason, (TimeoutError, socket.timeout)):
+                return Failure(url, f"no answer (timed out after {self.settings.timeout_s:g}s)"), True
+            return Failure(url, f"a connection error ({reason})"), True
+        except (ConnectionError, OSError) as e:
+            return Failure(url, f"a connection error ({e})"), True
+        try:
+            return Answer(url, json.loads(text)), False
+        except ValueError:
+            return Failure(url, f"an answer that is not JSON ({text[:80]!r})"), False

@@ -1,0 +1,163 @@
+"""Held-out samples where users look: at each evaluation the samples of the first
+`eval.log_samples` prompts, with their prompts and rewards, go to TensorBoard and W&B.
+
+Each completion becomes one medium by what it is (`medium`): text; an image (a PIL image); a
+video (a [T, C, H, W] tensor or array, float in [0, 1] or uint8, or a list of PIL frames; its
+frame rate from the row's `fps` column, else 8); audio (a 1-D float array, or {"array",
+"sampling_rate"}; the rate from the row's `sampling_rate` column, else 16000). TensorBoard gets
+``samples/<p>/<k>`` per medium (images; videos as animated GIFs in the images tab, encoded here,
+so no moviepy is needed; audio) and ``samples/<p>`` a text table of the prompt, each sample's
+reward and, for text, the sample. W&B gets one table ``samples`` per evaluation (step, prompt,
+sample index, reward, the sample as text or ``wandb.Image`` / ``wandb.Video`` /
+``wandb.Audio``).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+MEDIA_COLUMNS = ("fps", "sampling_rate")  # the rollout columns a sample's medium reads
+SAMPLES_PER_PROMPT = 4  # the sampled completions logged per prompt, beside the greedy one
+DEFAULT_FPS, DEFAULT_SAMPLE_RATE = 8.0, 16000
+
+
+@dataclass
+class Medium:
+    """kind: text | image | video | audio; data: str, uint8 [H, W, 3], uint8 [T, H, W, 3], or float
+    [S] in [-1, 1]; rate: frames or samples per second (video, audio)."""
+
+    kind: str
+    data: Any
+    rate: float | None = None
+
+
+def _uint8_frames(frames: Any) -> np.ndarray:
+    """[T, H, W, 3] uint8 from a [T, C, H, W] tensor / array (float in [0, 1] or uint8) or PIL frames."""
+    if isinstance(frames, (list, tuple)):
+        return np.stack([np.asarray(f.convert("RGB")) for f in frames])
+    if hasattr(frames, "detach"):
+        frames = frames.detach().cpu()
+        frames = frames if frames.dtype == torch.uint8 else frames.float()
+    array = np.asarray(frames)
+    if array.dtype != np.uint8:
+        array = (np.clip(array, 0, 1) * 255).round().astype(np.uint8)
+    array = array.transpose(0, 2, 3, 1)
+    return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array
+
+
+def medium(completion: Any, columns: dict[str, Any]) -> Medium:
+    """The medium of one completion (module docstring); `columns` its row's column values."""
+    if isinstance(completion, str):
+        return Medium("text", completion)
+    if hasattr(completion, "convert") and hasattr(completion, "size"):
+        return Medium("image", np.asarray(completion.convert("RGB")))
+    if isinstance(completion, dict) and "array" in completion:
+        return Medium("audio", np.asarray(completion["array"], dtype=np.float32).reshape(-1),
+                      float(completion.get("sampling_rate", DEFAULT_SAMPLE_RATE)))
+    shape = getattr(completion, "shape", None)
+    if isinstance(completion, (list, tuple)) or (shape is not None and len(shape) == 4):
+        return Medium("video", _uint8_frames(completion), float(columns.get("fps") or DEFAULT_FPS))
+    if shape is not None and len(shape) == 1:
+        samples = completion.detach().cpu().float().numpy() if hasattr(completion, "detach") else completion
+        return Medium("audio", np.asarray(samples, dtype=np.float32),
+                      float(columns.get("sampling_rate") or DEFAULT_SAMPLE_RATE))
+    return Medium("text", str(completion))
+
+
+@dataclass
+class LoggedSample:
+    """One completion to log: its prompt's index and text, its index among them (0 = greedy), reward."""
+
+    prompt_index: int
+    prompt: str
+    name: str
+    reward: float | None
+    medium: Medium
+
+
+def logged_samples(samples: Sequence[dict], prompts: int) -> list[LoggedSample]:
+    """The greedy and the first SAMPLES_PER_PROMPT sampled completions of the first `prompts`
+    evaluation samples (`mmrl.train.evaluation.evaluate`'s ``samples``)."""
+    out = []
+    for p, sample in enumerate(samples[:prompts]):
+        row = sample["row"]
+        prompt = str(row.get("prompt", "")) if isinstance(row, dict) else str(row)
+        columns = sample.get("columns") or {}
+        greedy_columns = {k: v[0] for k, v in (sample.get("greedy_columns") or {}).items()}
+        out.append(LoggedSample(p, prompt, "greedy", sample["greedy_reward"], medium(sample["greedy"], greedy_columns)))
+        for k, (completion, reward) in enumerate(zip(sample["completions"][:SAMPLES_PER_PROMPT], sample["rewards"])):
+            row_columns = {name: values[k] for name, values in columns.items()}
+            out.append(LoggedSample(p, prompt, f"sample {k}", reward, medium(completion, row_columns)))
+    return out
+
+
+def gif_bytes(frames: np.ndarray, fps: float) -> bytes:
+    """An animated GIF of uint8 frames [T, H, W, 3], looping."""
+    from PIL import Image
+    images = [Image.fromarray(f) for f in frames]
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return buffer.getvalue()
+
+
+def _fmt(reward: float | None) -> str:
+    return "None" if reward is None or reward != reward else f"{reward:.4g}"
+
+
+def write_tensorboard(writer, step: int, logged: Sequence[LoggedSample]) -> None:
+    """Each medium under ``samples/<p>/<name>`` and a text table per prompt under ``samples/<p>``."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    tables: dict[int, list[str]] = {}
+    for s in logged:
+        tag = f"samples/{s.prompt_index}/{s.name.replace(' ', '_')}"
+        text = s.medium.data.replace("\n", " ").replace("|", "\\|") if s.medium.kind == "text" else f"({s.medium.kind})"
+        tables.setdefault(s.prompt_index, [f"**prompt:** {s.prompt}", "", "| sample | reward | completion |",
+                                           "|---|---|---|"]).append(f"| {s.name} | {_fmt(s.reward)} | {text} |")
+        if s.medium.kind == "image":
+            writer.add_image(tag, s.medium.data, step, dataformats="HWC")
+        elif s.medium.kind == "video":
+            t, h, w, c = s.medium.data.shape
+            image = Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=gif_bytes(s.medium.data,
+                                                                                                  s.medium.rate))
+            writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        elif s.medium.kind == "audio":
+            writer.add_audio(tag, np.clip(s.medium.data, -1, 1)[None], step, sample_rate=int(s.medium.rate))
+    for p, lines in tables.items():
+        writer.add_text(f"samples/{p}", "\n".join(lines), step)
+
+
+def wandb_table(wandb, step: int, logged: Sequence[LoggedSample]):
+    """A ``wandb.Table`` of the samples (module docstring)."""
+    table = wandb.Table(columns=["step", "prompt", "sample", "reward", "completion"])
+    for s in logged:
+        table.add_data(step, s.prompt, s.name, s.reward, _wandb_value(wandb, s.medium))
+    return table
+
+
+def _wandb_value(wandb, m: Medium):
+    if m.kind == "image":
+        return wandb.Image(m.data)
+    if m.kind == "video":  # wandb.Video takes [T, C, H, W]
+        return wandb.Video(m.data.transpose(0, 3, 1, 2), fps=int(round(m.rate)), format="gif")
+    if m.kind == "audio":
+        return wandb.Audio(m.data, sample_rate=int(m.rate))
+    return m.data
+
+
+def log_eval_samples(tracker, step: int, samples: Sequence[dict], prompts: int) -> None:
+    """The first `prompts` evaluation samples to the tracker's TensorBoard writer and W&B run
+    (`mmrl.train.tracking.Tracker`), where it has them."""
+    if not tracker.enabled or prompts <= 0 or (tracker.writer is None and tracker.wandb is None):
+        return
+    logged = logged_samples(samples, prompts)
+    if tracker.writer is not None:
+        write_tensorboard(tracker.writer, step, logged)
+        tracker.writer.flush()
+    if tracker.wandb is not None:
+        import wandb
+        tracker.wandb.log({"samples": wandb_table(wandb, step, logged)}, step=step)

@@ -1,0 +1,164 @@
+"""The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video,
+HunyuanVideo text-to-video, through the stock diffusers pipelines (`families.py` for the interface).
+Latents are [B, C, F, H, W] with F = (num_frames - 1) // temporal factor + 1; a unit is still one
+denoising step, so every sampler, schedule and the closed-form KL apply unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .families import FAMILIES, Family, _split
+
+
+class VideoFamily(Family):
+    """What the video pipelines share: 5-D noise in float32, the Euler flow scheduler's levels,
+    VAE decoding to frames (`pipe.video_processor`)."""
+
+    batched_guidance = False
+    fps = 16  # frames per second the family's videos are exported at (diffusers' examples)
+
+    def _noise_channels(self) -> int:
+        return self.denoiser.config.in_channels
+
+    def noise(self, generator, height, width):
+        frames = (self.num_frames - 1) // self.pipe.vae_scale_factor_temporal + 1
+        f = self.pipe.vae_scale_factor_spatial
+        shape = (1, self._noise_channels(), frames, height // f, width // f)
+        return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+    def levels(self, num_steps, latent_shape):
+        self.pipe.scheduler.set_timesteps(num_steps, device="cpu")
+        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+
+    def image_latents(self, pixels):
+        raise ValueError("the supervised warm start trains on target images; a video family has no image targets")
+
+    def _frames(self, video: Tensor) -> list:
+        return self.pipe.video_processor.postprocess_video(video, output_type="pil")
+
+
+def with_euler_flow_scheduler(pipe) -> None:
+    """The Wan checkpoints ship UniPC (a multistep solver, no one-step Gaussian policy): rollouts use
+    the flow-matching Euler scheduler instead, with the checkpoint's flow shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    if not isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler):
+        config = pipe.scheduler.config
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=config.get("num_train_timesteps", 1000),
+                                                         shift=config.get("flow_shift") or 1.0)
+
+
+def _check_one_wan_transformer(pipe) -> None:
+    if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
+        raise ValueError(f"{type(pipe).__name__} has two expert transformers (Wan 2.2 A14B, boundary_ratio): mmrl "
+                         "trains one denoiser; use Wan 2.1 or Wan 2.2 TI2V-5B")
+
+
+@FAMILIES.register("wan")
+class Wan(VideoFamily):
+    pipeline = "WanPipeline"
+    max_sequence_length = 512  # the pipelines' default prompt length
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        _check_one_wan_transformer(pipe)
+        with_euler_flow_scheduler(pipe)
+
+    def encode(self, prompts, guided):
+        pe, npe = self.pipe.encode_prompt(prompt=prompts, negative_prompt=[""] * len(prompts) if guided else None,
+                                          do_classifier_free_guidance=guided, num_videos_per_prompt=1,
+                                          max_sequence_length=self.max_sequence_length, device=self.device)
+        return {"pos/embeds": pe.to(self.dtype), **({"neg/embeds": npe.to(self.dtype)} if guided else {})}
+
+    def _inputs(self, x: Tensor, cond: dict) -> tuple[Tensor, dict]:
+        return x, {}
+
+    def predict(self, model, x, t, cond, guidance_scale, guided):
+        pos, neg = _split(cond)
+
+        def run(h, c):
+            hidden, extra = self._inputs(h, pos)  # the image conditioning is the same for both CFG passes
+            # one timestep per video: Wan 2.2 TI2V-5B's text-to-video gives each token the same value
+            return model(hidden_states=hidden.to(self.dtype), timestep=t.expand(h.shape[0]).to(h.device),
+                         encoder_hidden_states=c["embeds"], return_dict=False, **extra)[0]
+        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
+
+    def decode(self, latents, height, width):
+        vae = self.pipe.vae
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, vae.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, vae.dtype)
+        video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
+        return self._frames(video)
+
+
+@FAMILIES.register("wan_i2v")
+class WanImageToVideo(Wan):
+    """The prompt's image (`policy.image_column`) conditions every step: the VAE latents of the
+    image followed by black frames, with a mask of the first frame, are concatenated to the noisy
+    latents on the channel axis; Wan 2.1 I2V also cross-attends to the image's CLIP embedding."""
+
+    pipeline = "WanImageToVideoPipeline"
+    conditioning_image = True
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        if pipe.config.get("expand_timesteps", False):
+            raise ValueError("WanImageToVideoPipeline with expand_timesteps (Wan 2.2 TI2V-5B image-to-video) is not "
+                             "supported; its text-to-video mode is (WanPipeline)")
+
+    def _noise_channels(self) -> int:
+        return self.pipe.vae.config.z_dim
+
+    def image_condition(self, images):
+        pipe, (height, width) = self.pipe, self.size
+        out: dict[str, list[Tensor]] = {"condition": [], "image_embeds": []}
+        for image in images:
+            pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, torch.float32)
+            shape = (1, pipe.vae.config.z_dim, (self.num_frames - 1) // pipe.vae_scale_factor_temporal + 1,
+                     height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
+            _, condition = pipe.prepare_latents(pixels, 1, shape[1], height, width, self.num_frames, torch.float32,
+                                                self.device, latents=torch.zeros(shape, device=self.device))
+            out["condition"].append(condition)
+            if self.denoiser.config.image_dim is not None:
+                out["image_embeds"].append(pipe.encode_image(image, self.device).to(self.dtype))
+        return {f"pos/{k}": torch.cat(v) for k, v in out.items() if v}  # kept once, read by both CFG passes
+
+    def _inputs(self, x, cond):
+        extra = {"encoder_hidden_states_image": cond["image_embeds"]} if "image_embeds" in cond else {}
+        return torch.cat([x, cond["condition"].to(x.dtype)], dim=1), extra
+
+
+@FAMILIES.register("hunyuan_video")
+class HunyuanVideo(VideoFamily):
+    pipeline = "HunyuanVideoPipeline"
+    uses_classifier_free_guidance = False  # guidance-distilled: the scale enters as an embedding (x 1000)
+    max_sequence_length = 256
+    fps = 15
+
+    def encode(self, prompts, guided):
+        if guided:
+            raise ValueError("HunyuanVideo takes the guidance scale as an embedding: set "
+                             "policy.classifier_free_guidance=false")
+        pe, pooled, mask = self.pipe.encode_prompt(prompt=prompts, device=self.device,
+                                                   max_sequence_length=self.max_sequence_length)
+        return {"pos/embeds": pe.to(self.dtype), "pos/pooled": pooled.to(self.dtype), "pos/mask": mask.to(self.dtype)}
+
+    def levels(self, num_steps, latent_shape):
+        sigmas = np.linspace(1.0, 0.0, num_steps + 1)[:-1]
+        self.pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu")
+        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+
+    def predict(self, model, x, t, cond, guidance_scale, guided):
+        pos, _ = _split(cond)
+        n = x.shape[0]
+        guidance = torch.full((n,), guidance_scale, dtype=self.dtype, device=x.device) * 1000.0
+        return model(hidden_states=x.to(self.dtype), timestep=t.expand(n).to(x.device, torch.float32),
+                     encoder_hidden_states=pos["embeds"], encoder_attention_mask=pos["mask"],
+                     pooled_projections=pos["pooled"], guidance=guidance, return_dict=False)[0]
+
+    def decode(self, latents, height, width):
+        vae = self.pipe.vae
+        video = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]
+        return self._frames(video)

@@ -1,0 +1,331 @@
+"""Episodes: rollouts that alternate model turns and tool turns (docs/episodes.md).
+
+An episode is still one `Rollout` row. Its completion is every token after the prompt: the
+model's turns and the tool turns between them, in order. The units are those tokens; the tool
+turns' have unit_mask 0, so they are context the model reads but take no part in the loss, the
+KL or the aggregation. `extras["completion_context_mask"]` [N, T] marks every episode token
+(attended to), `extras["completion_turn"]` [N, T] the model turn of each unit (-1: a tool token
+or padding). A multimodal policy's per-token processor outputs of the tool turns are
+`extras["completion_<key>"]`, and the images tools returned join the row's own per-row media
+(pixel_values, image_grid_thw): each row keeps its images with their own grids.
+
+Each turn, the unfinished episodes of the batch continue with one HF ``generate`` over their
+whole context (left-padded); each row samples from its own generator (seeded from its group's
+seed and its place in the group), so a group's episodes depend on its prompt and seed only.
+An episode ends when the model answers (a turn without a tool call), and is truncated when a
+turn reaches policy.max_new_tokens, or the turn, token or image budget runs out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import GenerationConfig, LogitsProcessorList
+
+from mmrl.core.rollout import Rollout
+from mmrl.core.seeding import derive_seed
+
+from .rollout_batches import eos_token_ids
+from .tools import EpisodeView, ToolCall, parse_tool_calls, resolve_tools, run_tool, tool_schema
+
+EPISODE_SALT = 0xE915
+TURN_MARK = "MMRL_TURN_CONTENT"  # a stand-in assistant message, to find what a template writes around it
+
+
+@dataclass
+class EpisodeConfig:
+    tools: list[str] = field(default_factory=list, metadata={"help": (
+        "Tools the model may call (episodes are on when this is not empty): built-in or registered names "
+        "(zoom, crop, select_frames, python), or FILE.py:FUNCTION / module:FUNCTION for a plain typed function "
+        "with a docstring. See docs/episodes.md.")})
+    tool_modules: list[str] = field(default_factory=list, metadata={"help": (
+        "Python files or modules imported first, whose @register_tool functions tools may then name.")})
+    max_turns: int = field(default=4, metadata={"help": (
+        "The most model turns of an episode; an episode still calling tools in its last turn is truncated.")})
+    max_tokens: int = field(default=1024, metadata={"help": (
+        "The most tokens after the prompt (model and tool turns together); reaching it truncates the episode.")})
+    max_images: int = field(default=8, metadata={"help": (
+        "The most images tools may return in an episode; a call that would exceed it truncates the episode.")})
+
+
+def episode_config_problems(cfg: EpisodeConfig) -> list[str]:
+    problems = [f"policy.episode.{name}={getattr(cfg, name)} must be at least 1"
+                for name in ("max_turns", "max_tokens") if getattr(cfg, name) < 1]
+    if cfg.max_images < 0:
+        problems.append(f"policy.episode.max_images={cfg.max_images} must be >= 0")
+    return problems
+
+
+@dataclass
+class EpisodeState:
+    """One episode while it runs. `ids` / `units` / `turn` / `logp`: per token after the prompt
+    (units: 1 model, 0 tool; turn: the model turn, -1 a tool token); `token_keys`: per-token
+    processor outputs of those tokens; `media`: the row's per-row processor outputs (prompt's
+    first, then each tool turn's)."""
+
+    prompt_ids: list[int]
+    prompt_keys: dict[str, list[int]]
+    media: dict[str, list[Tensor]]
+    view: EpisodeView
+    ids: list[int] = field(default_factory=list)
+    units: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    token_keys: dict[str, list[int]] = field(default_factory=dict)
+    calls: list[dict] = field(default_factory=list)
+    turn_texts: list[str] = field(default_factory=list)
+    images_returned: int = 0
+    done: bool = False
+    truncated: bool = False
+
+    def append(self, ids: list[int], unit: int, turn: int, logp: list[float], keys: dict[str, list[int]]) -> None:
+        self.ids += ids
+        self.units += [unit] * len(ids)
+        self.turn += [turn] * len(ids)
+        self.logp += logp
+        for key in set(self.token_keys) | set(keys):
+            done = len(self.ids) - len(ids)
+            self.token_keys.setdefault(key, [0] * done).extend(keys.get(key, [0] * len(ids)))
+
+    def stop(self, truncated: bool) -> None:
+        self.done, self.truncated = True, truncated
+
+
+class EpisodeRunner:
+    """Runs the episodes of a token policy (`TokenRollouts`): it reads the policy's `cfg`,
+    `model`, `tokenizer` (and `processor` for a multimodal one) and its prompt encoding."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        cfg = policy.cfg.episode
+        self.cfg = cfg
+        self.tools = resolve_tools(cfg.tools, cfg.tool_modules)
+        self.schemas = [tool_schema(fn, name) for name, fn in self.tools.items()]
+        self.counts: Counter = Counter()
+
+    # ----- the episode loop ------------------------------------------------------------------
+    def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int], greedy: bool) -> Rollout:
+        """1. encode the prompts; 2. run model turns and tool turns until every episode ends;
+        3. the Rollout record."""
+        policy = self.policy
+        if policy.parallel.lockstep:
+            raise ValueError("policy.episode: episodes do not run on sharded parameters (ZeRO-3, FSDP's sharded "
+                             "rollouts) yet")
+        parts = policy._prompt_parts(prompts)
+        encoded = policy._encode_parts(parts)
+        policy._check_prompt_lengths(encoded["prompt_mask"], prompts)
+        states = [self._start(parts[g], encoded, g, prompts[g]) for g in range(len(prompts)) for _ in range(group_size)]
+        row_seeds = [derive_seed(seeds[g], EPISODE_SALT, j) for g in range(len(prompts)) for j in range(group_size)]
+        for turn in range(self.cfg.max_turns):
+            active = [i for i, s in enumerate(states) if not s.done]
+            if not active:
+                break
+            self._model_turn([states[i] for i in active], [row_seeds[i] for i in active], turn, greedy)
+        for s in states:
+            if not s.done:
+                s.stop(truncated=True)
+        self._count(states)
+        return self._record(prompts, group_size, policy._expand(encoded, group_size), states, greedy)
+
+    def _start(self, part: Any, encoded: dict[str, Any], g: int, row: Any) -> EpisodeState:
+        keep = encoded["prompt_mask"][g].bool()
+        keys = {k[len("prompt_"):]: v[g][keep].tolist() for k, v in encoded.items()
+                if k.startswith("prompt_") and k not in ("prompt_ids", "prompt_mask")}
+        media = {k: [v[g]] for k, v in encoded.items() if isinstance(v, list)}
+        decoded = part[1] if isinstance(part, tuple) else {}
+        view = EpisodeView(images=list(decoded.get("images") or []), videos=list(decoded.get("videos") or []),
+                           row=row if isinstance(row, dict) else {})
+        return EpisodeState(encoded["prompt_ids"][g][keep].tolist(), keys, media, view)
+
+    def _model_turn(self, states: list[EpisodeState], row_seeds: list[int], turn: int, greedy: bool) -> None:
+        """One model turn of the unfinished episodes, then their tool turns. Each row samples from a
+        generator of its own seed and the turn, so no other row's turn lengths change its draws."""
+        generators = [torch.Generator().manual_seed(derive_seed(seed, turn)) for seed in row_seeds]
+        rooms = [min(self.policy.cfg.max_new_tokens, self.cfg.max_tokens - len(s.ids)) for s in states]
+        new, ended, logp = self._generate(states, generators, max(rooms), greedy)
+        tokenizer, eos_ids = self.policy.tokenizer, eos_token_ids(self.policy.model, self.policy.tokenizer)
+        for r, s in enumerate(states):
+            tokens = new[r, :min(int(ended[r]), rooms[r])].tolist()
+            s.append(tokens, 1, turn, logp[r, :len(tokens)].tolist(), {})
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            s.turn_texts.append(text)
+            if ended[r] > rooms[r]:  # the turn did not end within policy.max_new_tokens or the token budget
+                s.stop(truncated=True)
+                continue
+            calls = parse_tool_calls(text)
+            if not calls:
+                s.stop(truncated=False)
+            elif turn == self.cfg.max_turns - 1:
+                s.stop(truncated=True)  # no turn is left to read the results
+            else:
+                eos_text = tokenizer.decode(tokens[-1:]) if tokens and tokens[-1] in eos_ids else None
+                self._tool_turn(s, calls, turn, eos_text)
+
+    def _generate(self, states: list[EpisodeState], generators: list[torch.Generator], width: int,
+                  greedy: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(new tokens [B, W <= width], each row's end (1 + its last token; W + 1: it did not end),
+        their sampler log-probs [B, W]) of one turn of `states`."""
+        from .generation import GroupSeededSampler
+        policy, cfg = self.policy, self.policy.cfg
+        rows = self._context_rows(states)
+        eos = policy.model.generation_config.eos_token_id or policy.tokenizer.eos_token_id
+        gen_cfg = GenerationConfig(max_new_tokens=max(1, width), do_sample=False,
+                                   min_new_tokens=cfg.min_new_tokens if greedy else None,
+                                   pad_token_id=policy.tokenizer.pad_token_id, eos_token_id=eos,
+                                   stop_strings=cfg.stop_strings or None,
+                                   suppress_tokens=policy.suppressed_tokens() or None)
+        sampler = None
+        if not greedy:
+            sampler = GroupSeededSampler([], 1, cfg.temperature, cfg.top_k, cfg.top_p,
+                                         eos_ids=[eos] if isinstance(eos, int) else list(eos or []),
+                                         min_new_tokens=cfg.min_new_tokens or 0, generators=generators)
+        was_training = policy.model.training
+        policy.model.eval()
+        with torch.inference_mode():
+            sequences = policy.model.generate(
+                **policy._model_inputs(rows), generation_config=gen_cfg,
+                logits_processor=LogitsProcessorList([sampler] if sampler else []),
+                tokenizer=policy.tokenizer if cfg.stop_strings else None)
+        policy.model.train(was_training)
+        new = sequences[:, rows["prompt_ids"].shape[1]:].clone().cpu()
+        mask, running = policy._completion_mask(new)
+        ended = torch.where(running, new.shape[1] + 1, mask.sum(1).long())
+        logp = sampler.sampled_logp(new.shape[1]) if sampler else torch.zeros(new.shape, dtype=torch.float32)
+        return new, ended, logp
+
+    def _context_rows(self, states: list[EpisodeState]) -> dict[str, Any]:
+        """The policy's prompt inputs for each episode's whole context (prompt and turns so far),
+        left-padded; per-row media joined in order."""
+        ids = [torch.tensor(s.prompt_ids + s.ids) for s in states]
+        width = max(len(x) for x in ids)
+        left = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v) for x in xs])  # noqa: E731
+        rows: dict[str, Any] = {"prompt_ids": left(ids, self.policy.tokenizer.pad_token_id),
+                                "prompt_mask": left([torch.ones(len(x), dtype=torch.long) for x in ids], 0)}
+        for key in states[0].prompt_keys:
+            rows[f"prompt_{key}"] = left([torch.tensor(s.prompt_keys[key] + s.token_keys.get(key, [0] * len(s.ids)))
+                                          for s in states], 0)
+        rows.update(joined_media(states))
+        return rows
+
+    # ----- tool turns ----------------------------------------------------------------------
+    def _tool_turn(self, s: EpisodeState, calls: list[ToolCall], turn: int, eos_text: str | None) -> None:
+        """Run the calls, then append their tool turn (mask 0) unless a budget ends the episode."""
+        for call in calls:
+            run_tool(call, self.tools, s.view)
+            if call.images and not hasattr(self.policy, "processor"):
+                call.error, call.images = "the policy takes no images", []
+            s.calls.append(call.record(turn))
+        images = [im for c in calls for im in c.images]
+        if s.images_returned + len(images) > self.cfg.max_images:
+            s.stop(truncated=True)
+            return
+        ids, keys, media = self._encode_tool_turn(calls, images, eos_text)
+        if len(s.ids) + len(ids) >= self.cfg.max_tokens:
+            s.stop(truncated=True)
+            return
+        s.append(ids, 0, -1, [0.0] * len(ids), keys)
+        s.images_returned += len(images)
+        s.view.images.extend(images)
+        for key, value in media.items():
+            s.media.setdefault(key, []).append(value)
+
+    def _encode_tool_turn(self, calls: list[ToolCall], images: list, eos_text: str | None
+                          ) -> tuple[list[int], dict[str, list[int]], dict[str, Tensor]]:
+        """(ids, per-token processor outputs, per-row media) of the text between the model's turn and
+        its next one: the end of its turn (less the eos it sampled), the tool messages, the
+        generation prompt, as the chat template writes them."""
+        policy = self.policy
+        processor = getattr(policy, "processor", None)
+        messages = [tool_message(c, processor is not None) for c in calls]
+        text = tool_turn_text(processor.apply_chat_template if processor else policy.tokenizer.apply_chat_template,
+                              messages, eos_text)
+        if processor is None:
+            return policy.tokenizer(text, add_special_tokens=False)["input_ids"], {}, {}
+        enc = processor(text=[text], images=images or None, return_tensors="pt")
+        ids = enc["input_ids"][0].tolist()
+        keys = {k: v[0].tolist() for k, v in enc.items()
+                if k not in ("input_ids", "attention_mask") and v.dim() == 2 and v.shape == enc["input_ids"].shape}
+        media = {k: v for k, v in enc.items() if k not in keys and k not in ("input_ids", "attention_mask")}
+        return ids, keys, media
+
+    # ----- the record ----------------------------------------------------------------------
+    def _record(self, prompts: Sequence[Any], group_size: int, rows: dict[str, Any], states: list[EpisodeState],
+                greedy: bool) -> Rollout:
+        policy = self.policy
+        width = max(1, max(len(s.ids) for s in states))
+        pad = lambda xs, v, dtype=torch.long: torch.stack([  # noqa: E731
+            nn.functional.pad(torch.tensor(x, dtype=dtype), (0, width - len(x)), value=v) for x in xs])
+        completion_ids = pad([s.ids for s in states], policy.tokenizer.pad_token_id)
+        unit_mask = pad([s.units for s in states], 0, torch.float32)
+        if policy.cfg.mask_truncated:
+            unit_mask = unit_mask * torch.tensor([not s.truncated for s in states])[:, None]
+        extras = {**rows, "completion_ids": completion_ids,
+                  "completion_context_mask": pad([[1] * len(s.ids) for s in states], 0),
+                  "completion_turn": pad([s.turn for s in states], -1)}
+        for key in set(states[0].prompt_keys) | {k for s in states for k in s.token_keys}:
+            extras[f"completion_{key}"] = pad([s.token_keys.get(key, [0] * len(s.ids)) for s in states], 0)
+        extras.update(joined_media(states))
+        return Rollout(
+            group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
+            prompts=[policy.prompt_of(p) for p in prompts for _ in range(group_size)],
+            completions=[s.turn_texts[-1] if s.turn_texts else "" for s in states],
+            unit_mask=unit_mask,
+            truncated=torch.tensor([s.truncated for s in states]),
+            columns={"completion_ids": [[t for t, u in zip(s.ids, s.units) if u] for s in states],
+                     "tool_calls": [s.calls for s in states], "turns": [len(s.turn_texts) for s in states],
+                     "turn_texts": [s.turn_texts for s in states]},
+            extras=extras,
+            rollout_logp=None if greedy else pad([s.logp for s in states], 0.0, torch.float32) * unit_mask,
+        )
+
+    def _count(self, states: list[EpisodeState]) -> None:
+        self.counts["episodes"] += len(states)
+        self.counts["episode_turns"] += sum(len(s.turn_texts) for s in states)
+        self.counts["truncated_episodes"] += sum(s.truncated for s in states)
+        for s in states:
+            for call in s.calls:
+                self.counts[f"tool_calls/{call['name'] or '<unreadable>'}"] += 1
+                self.counts["tool_errors"] += call["error"] is not None
+
+    def pop_metrics(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.counts.items()}
+        self.counts.clear()
+        return out
+
+
+def joined_media(states: list[EpisodeState]) -> dict[str, list[Tensor]]:
+    """Each row's per-row media (its prompt's, then its tool turns'), joined; a row without an input
+    that another row has gets 0 rows of it."""
+    out = {}
+    for key in {k for s in states for k in s.media}:
+        empty = next(s.media[key][0][:0] for s in states if key in s.media)
+        out[key] = [torch.cat(s.media[key], 0) if key in s.media else empty for s in states]
+    return out
+
+
+def tool_message(call: ToolCall, with_media: bool) -> dict[str, Any]:
+    """The chat message of one call's result (or its error)."""
+    text = f"error: {call.error}" if call.error is not None else call.result
+    if not with_media:
+        return {"role": "tool", "content": text}
+    return {"role": "tool", "content": [{"type": "image"} for _ in call.images] + [{"type": "text", "text": text}]}
+
+
+def tool_turn_text(render: Callable[..., str], messages: list[dict], eos_text: str | None) -> str:
+    """What the chat template writes after an assistant turn's content up to the next assistant
+    turn's content, given the tool `messages` between them; less `eos_text` where the model
+    sampled it as its turn's last token."""
+    head = [{"role": "user", "content": "MMRL_USER"}, {"role": "assistant", "content": TURN_MARK}]
+    before = render(head, tokenize=False)
+    after = render(head + messages, tokenize=False, add_generation_prompt=True)
+    if not after.startswith(before):
+        raise ValueError("the chat template writes the turns before a tool message differently once it follows; "
+                         "episodes need a template that appends each turn")
+    closing = before[before.rindex(TURN_MARK) + len(TURN_MARK):]
+    if eos_text and closing.startswith(eos_text):
+        closing = closing[len(eos_text):]
+    return closing + after[len(before):]
