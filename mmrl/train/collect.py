@@ -21,7 +21,7 @@ from torch import Tensor
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import combined_total, group_variance_mask
 from mmrl.core.policy import Policy
-from mmrl.core.rollout import Rollout
+from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
@@ -107,6 +107,7 @@ class RolloutCollector:
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in groups]
         with self.clock.phase("generate"):
             rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+        rollout.stamp_version(step - 1)  # drawn by the weights after step - 1 updates (synchronous)
         self.idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + groups.start + attempt * len(indices)
         rollout.add_data_columns(rows)
@@ -138,7 +139,10 @@ class RolloutCollector:
             local_parts.append(draws[-1].rollout.select([]))
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
-        return Collected(local, rewards, torch.cat(gid_parts), self._stats(inputs, draws, kept))
+        stats = self._stats(inputs, draws, kept)
+        versions = gather_objects(self.strategy.acc, local.weights_version.tolist())
+        stats.update(staleness_metrics(torch.tensor([v for part in versions for v in part]), step - 1))
+        return Collected(local, rewards, torch.cat(gid_parts), stats)
 
     def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
         """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with
