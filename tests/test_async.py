@@ -42,3 +42,43 @@ def test_every_row_carries_the_weights_it_was_drawn_by_and_the_step_logs_stalene
     batch = t.prepare_batch(2)  # drawn by the weights after one update
     assert batch.rollout.weights_version.tolist() == [1] * len(batch.rollout)
     assert batch.metrics["rollout/staleness_max"] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["tis", "mis"])
+def test_decoupled_loss_against_a_hand_computed_reference(kind):
+    """Two rows of two units drawn by stale weights (behaviour), the proximal log-probs of the
+    weights before the update, the current ones: the clip is on theta / proximal, the weight
+    proximal / behaviour, capped at 2 (TIS) or dropped above it (MIS)."""
+    cfg = AlgorithmConfig(eps_low=0.2, eps_high=0.2)
+    logp = torch.tensor([[-1.0, -0.5], [-2.0, -0.3]])
+    proximal = torch.tensor([[-1.2, -0.5], [-1.8, -0.3]])
+    behaviour = torch.tensor([[-1.0, -1.6], [-1.8, -0.2]])
+    adv, mask, weights = torch.tensor([1.0, -0.5]), torch.ones(2, 2), torch.full((2, 2), 0.25)
+    w, capped = importance_weights(proximal, behaviour, kind, 2.0)
+    terms = policy_loss(logp, proximal, adv, mask, weights, cfg, is_weight=w)
+    # row 0 (A = 1): unit 0 ratio e^0.2 > 1.2, clipped: -1.2, weight e^-0.2;
+    #                unit 1 ratio 1: -1, weight e^1.1 > 2 (TIS: 2, MIS: 0)
+    # row 1 (A = -0.5): unit 0 ratio e^-0.2 < 0.8, unclipped side larger: 0.5 e^-0.2, weight 1;
+    #                   unit 1 ratio 1: 0.5, weight e^-0.1
+    second = -2.0 if kind == "tis" else 0.0
+    expected = (-1.2 * math.exp(-0.2) + second + 0.5 * math.exp(-0.2) + 0.5 * math.exp(-0.1)) / 4
+    assert terms.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert capped.tolist() == [[False, True], [False, False]]
+
+
+def test_the_clip_of_stale_rows_is_against_the_current_weights(tmp_path):
+    """A batch drawn before an update and trained after it: the proximal log-probs are the
+    updated weights' (recomputed), so the logged gap to the behaviour log-probs is the staleness's,
+    measured here with the policy's own forward."""
+    t = trainer(tmp_path, "algorithm.rollout_correction=tis", "algorithm.mu=2", "optim.lr=0.05")
+    stale = t.prepare_batch(1)
+    t.updater.update(t.prepare_batch(1))  # the weights move one step
+    rows = (stale.row_mask & (stale.advantages != 0)).nonzero().flatten()
+    r = stale.rollout.select(rows)
+    with torch.no_grad():
+        current, _ = t.policy.logprobs(t.model, r, slice(None))
+    gap = (current.float() - r.rollout_logp).abs()[r.unit_mask.bool()]
+    assert gap.max() > 1e-3  # the update moved the log-probs: the comparison can fail
+    metrics = t.updater.update(stale)
+    assert metrics["rollout/logp_diff_mean"] == pytest.approx(float(gap.mean()), rel=1e-3)
+    assert metrics["rollout/logp_diff_max"] == pytest.approx(float(gap.max()), rel=1e-3)
