@@ -1,17 +1,21 @@
 """Asynchronous rollouts (docs/async.md): each row's weights version and the staleness statistics,
 the decoupled (proximal) objective against hand-written references."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import TINY_RECIPE
 
 from mmrl.config.algorithm import AlgorithmConfig
-from mmrl.config.parse import parse_config
+from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
+from mmrl.train.rollout_worker import RolloutWorkerDied
+from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
 
@@ -82,3 +86,51 @@ def test_the_clip_of_stale_rows_is_against_the_current_weights(tmp_path):
     metrics = t.updater.update(stale)
     assert metrics["rollout/logp_diff_mean"] == pytest.approx(float(gap.mean()), rel=1e-3)
     assert metrics["rollout/logp_diff_max"] == pytest.approx(float(gap.max()), rel=1e-3)
+
+
+def run(tmp_path, name, *overrides, steps=3):
+    out = tmp_path / name
+    t = Trainer(parse_config(TINY_RECIPE, [f"output_dir={out}", f"max_steps={steps}", "algorithm.rollout_correction=tis",
+                                           *overrides]))
+    t.train()
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return t, lines
+
+
+def test_one_step_off_at_staleness_0_is_the_synchronous_run(tmp_path):
+    """The worker waits for the newest weights: the same rollouts (lengths, rewards), losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync")
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=one_step_off", "rollout.max_staleness=0")
+    for a, b in zip(sync_lines, worker_lines, strict=True):
+        for key in ("reward_mean", "reward/accuracy", "reward/digit_share", "completion_length", "loss"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+        assert b["rollout/staleness_max"] == 0.0
+    for (name, p), q in zip(sync.unwrapped.named_parameters(), worker.unwrapped.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
+    t, lines = run(tmp_path, "worker", "rollout.mode=one_step_off")
+    assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 1.0]  # the first step's rows: the initial weights
+    assert not t.collector.worker.process.is_alive()
+
+
+def test_a_dead_worker_stops_the_run_after_a_checkpoint_and_resume_starts_a_new_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMRL_TEST_KILL_WORKER_AT", "2")  # during step 2's scoring
+    killer = [f"reward_modules=[{TINY_RECIPE['reward_modules'][0]},{Path(__file__).parent / 'worker_killer_reward.py'}]",
+              "rewards.worker_killer.weight=0.0"]
+    with pytest.raises(RolloutWorkerDied, match="rollout worker .* exited") as err:
+        run(tmp_path, "worker", "rollout.mode=one_step_off", "save_every=10", *killer, steps=4)
+    assert any("after step 2, which is saved" in note for note in err.value.__notes__)
+    monkeypatch.setenv("MMRL_TEST_KILL_WORKER_AT", "0")
+    t, lines = run(tmp_path, "worker", "rollout.mode=one_step_off", "resume=true", *killer, steps=4)
+    assert t.step == 4 and [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert lines[2]["rollout/staleness_max"] == 0.0  # step 3 redrawn by the new worker from the checkpoint's weights
+
+
+def test_one_step_off_refuses_what_it_cannot_run_before_any_model_loads(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
+                                            "rollout.max_staleness=2", "optim.lora.r=4", "sampling.dynamic=true"]))
+    text = str(err.value)
+    assert "rollout.max_staleness=2" in text and "optim.lora.r=4" in text and "sampling.dynamic=true" in text
