@@ -10,6 +10,7 @@ Messages to the worker: ("weights", version, state dict), ("rollout", key, rows,
 from __future__ import annotations
 
 import queue
+import signal
 import traceback
 from typing import Any
 
@@ -49,6 +50,8 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
 
 def _serve(recipe: dict, requests: mp.Queue, results: mp.Queue) -> None:
     """The worker process: build the policy, then answer messages until ("stop",)."""
+    for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
+        signal.signal(stop, signal.SIG_IGN)
     try:
         torch.set_num_threads(1)
         from mmrl.config.parse import parse_config
