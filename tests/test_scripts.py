@@ -255,3 +255,11 @@ def test_make_vllm_env_checks_without_building(tmp_path):
                              env={**os.environ, "TORCH_SOURCE": "nightly"})
     assert refused.returncode == 2 and "TORCH_SOURCE=nightly" in refused.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_bench_async(tmp_path):
+    report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
+                   "--hidden", "32", "--layers", "1")
+    assert_finite(report, "sync.samples_per_s", "one_step_off.samples_per_s", "samples_per_s_ratio",
+                  "one_step_off.rollout_tokens_per_s")
+    assert report["sync"]["staleness_mean"] == 0.0 and report["one_step_off"]["staleness_mean"] == 1.0

@@ -32,6 +32,7 @@ from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.serving.remote_reward import remote_problems
+from mmrl.train.rollout_worker import rollout_mode_problems
 from mmrl.train.stages import StagePlan
 from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
 
@@ -315,6 +316,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
     _check_ranges(cfg, problems)
+    problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)
     if len(problems) == 1:
         raise ConfigError(problems[0])
