@@ -1,0 +1,133 @@
+"""The judge rewards (rewards/judge.py) against a real OpenAI-compatible HTTP server
+(tests/openai_judge_app.py) serving a tiny random Qwen2 saved to disk: regex scores and P(Yes) equal
+what the same model gives in process, unreadable answers stop or are skipped and counted, pairwise
+win rates follow Pref-GRPO's counting over the group's pairs."""
+
+import math
+import re
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from served import HERE, free_port, running
+
+from mmrl.config.remote import ClientSettings
+from mmrl.core.scoring import compute_rewards, metric_logger
+from mmrl.errors import UserError
+from mmrl.registry import load_plugins
+from mmrl.rewards.judge import judge, judge_pairwise
+from mmrl.rewards.win_rate import win_rates
+from mmrl.serving.remote_reward import RemoteRewardError
+from mmrl.serving.transport import Transport
+from mmrl.tasks.demos.tiny_models import char_tokenizer_with, chat_template, tiny_qwen2
+
+PROMPTS = ["1+1=", "2+2=", "3+1="]
+COMPLETIONS = ["2", "5", "4"]
+
+
+@pytest.fixture(scope="module")
+def judge_server(tmp_path_factory):
+    load_plugins()
+    path = tmp_path_factory.mktemp("judge_model")
+    tokenizer = char_tokenizer_with([], chat_template())
+    model = tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    port = free_port()
+    command = [sys.executable, str(HERE / "openai_judge_app.py"), str(path), str(port)]
+    with running(command, port) as (url, _):  # compared with the model as the server loads it
+        yield url, AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def in_process(model, tokenizer, text, max_tokens):
+    """The greedy answer and the first token's probabilities of the model in process."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True)
+    return tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True), out.scores[0][0].softmax(-1)
+
+
+def transport(url, **client):
+    return Transport([url], ClientSettings(**client))
+
+
+def test_regex_scores_are_the_served_models_answers(judge_server):
+    """Rows whose greedy answer has a digit score its last digit; the others are unreadable: skipped
+    and counted."""
+    url, model, tokenizer = judge_server
+    template = "Rate: {prompt} {completion}"
+    answers = [in_process(model, tokenizer, template.format(prompt=p, completion=c), 8)[0]
+               for p, c in zip(PROMPTS, COMPLETIONS)]
+    expected = [float(re.findall(r"\d", a)[-1]) if re.search(r"\d", a) else None for a in answers]
+    metrics = {}
+    got = judge(PROMPTS, COMPLETIONS, template, pattern=r"(\d)", max_tokens=8,
+                transport=transport(url, on_failure="skip"), log_metric=metric_logger(metrics))
+    assert got == expected
+    assert metrics == {"sent_rows": 3, "failed_rows": 0, "unparsed_rows": expected.count(None)}
+    scored = [v for v in expected if v is not None]
+    if scored:  # the named range check: a score outside it is unreadable, never clipped
+        got = judge(PROMPTS, COMPLETIONS, template, pattern=r"(\d)", max_tokens=8, score_range=[min(scored) + 0.5, 10],
+                    transport=transport(url, on_failure="skip"))
+        assert got == [v if v is not None and v > min(scored) else None for v in expected]
+
+
+def test_yes_probability_is_the_models_softmax(judge_server):
+    url, model, tokenizer = judge_server
+    template = "Is {completion} right for {prompt}? Say Y or N."
+    got = judge(PROMPTS, COMPLETIONS, template, parse="yes_probability", yes_tokens=["Y", "y"],
+                no_tokens=["N", "n"], top_logprobs=len(tokenizer), transport=transport(url))
+    for p, c, value in zip(PROMPTS, COMPLETIONS, got):
+        probs = in_process(model, tokenizer, template.format(prompt=p, completion=c), 1)[1]
+        yes = sum(probs[tokenizer.convert_tokens_to_ids(t)] for t in "Yy")
+        no = sum(probs[tokenizer.convert_tokens_to_ids(t)] for t in "Nn")
+        assert value == pytest.approx(float(yes / (yes + no)), rel=1e-4)
+
+
+def test_prose_answers_are_never_numbers(judge_server):
+    url, model, tokenizer = judge_server
+    template = "Rate: {prompt} {completion}"
+    answers = [in_process(model, tokenizer, template.format(prompt=p, completion=c), 8)[0]
+               for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert not any(re.search(r"score: \d", a) for a in answers)  # prose, as far as this pattern reads
+    with pytest.raises(RemoteRewardError, match=r"reward 'judge': http://127\.0\.0\.1:\d+/v1/chat/completions answered "
+                                                r".* for rows 0-0 of 3, which rewards\.judge\.args cannot read"):
+        judge(PROMPTS, COMPLETIONS, template, pattern=r"score: (\d)", max_tokens=8, transport=transport(url))
+    metrics = {}
+    got = compute_rewards({"judge": lambda prompts, completions, log_metric=None: judge(
+        prompts, completions, template, pattern=r"score: (\d)", max_tokens=8, log_metric=log_metric,
+        transport=transport(url, on_failure="skip"))}, PROMPTS, COMPLETIONS, {}, metrics)
+    assert torch.isnan(got["judge"]).all()
+    assert metrics["reward/judge/unparsed_rows"] == 3 and metrics["reward/judge/sent_rows"] == 3
+
+
+def test_pairwise_win_rates_over_the_groups_pairs(judge_server):
+    """Each pair's verdict is the model's greedy answer in process; the win rates are Pref-GRPO's."""
+    url, model, tokenizer = judge_server
+    template = "Which is better for {prompt}: 1) {completion_a} or 2) {completion_b}?"
+    verdicts = {}
+    for i in range(3):
+        for j in range(3):
+            if i != j:
+                text = template.format(prompt=PROMPTS[0], completion_a=COMPLETIONS[i], completion_b=COMPLETIONS[j])
+                verdicts[i, j] = in_process(model, tokenizer, text, 1)[0]
+    labels = {v: 1.0 for v in verdicts.values()}  # every first character the model answers counts 1 ...
+    first = verdicts[0, 1]
+    labels[first] = 0.0  # ... except the answer to (0, 1), which counts 0: both kinds occur
+    prompts = [PROMPTS[0]] * 3
+    for pairs in ("once", "both"):
+        got = judge_pairwise(prompts, COMPLETIONS, template, pattern=r"^(.)", verdicts=labels, max_tokens=1,
+                             pairs=pairs, transport=transport(url))
+        expected = win_rates(range(3), lambda a, b: labels[verdicts[a, b]], pairs)
+        assert got == pytest.approx(expected)
+
+
+def test_a_judge_without_a_server_or_with_bad_arguments_says_which_key(judge_server):
+    with pytest.raises(UserError, match=r"rewards\.judge\.url"):
+        judge(PROMPTS, COMPLETIONS, "{completion}")
+    with pytest.raises(UserError, match=r"rewards\.judge\.args\.score_range"):
+        judge(PROMPTS, COMPLETIONS, "{completion}", score_range=[3, 1], transport=transport(judge_server[0]))
+    with pytest.raises(UserError, match=r"template names \{answer\}"):
+        judge(PROMPTS, COMPLETIONS, "{answer}", transport=transport(judge_server[0]))
