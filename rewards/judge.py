@@ -25,7 +25,6 @@ import base64
 import io
 import math
 import re
-import string
 from itertools import combinations
 from typing import Any, Literal, Sequence
 

@@ -3,7 +3,6 @@
 what the same model gives in process, unreadable answers stop or are skipped and counted, pairwise
 win rates follow Pref-GRPO's counting over the group's pairs."""
 
-import math
 import re
 import sys
 
