@@ -12,12 +12,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from served import HERE, free_port, running
 
 from mmrl.config.remote import ClientSettings
+from mmrl.config.sections import RewardSpec
 from mmrl.core.scoring import compute_rewards, metric_logger
 from mmrl.errors import UserError
 from mmrl.registry import load_plugins
 from mmrl.rewards.judge import judge, judge_pairwise
 from mmrl.rewards.win_rate import win_rates
-from mmrl.serving.remote_reward import RemoteRewardError
+from mmrl.serving.remote_reward import RemoteRewardError, remote_problems, served_reward
 from mmrl.serving.transport import Transport
 from mmrl.tasks.demos.tiny_models import char_tokenizer_with, chat_template, tiny_qwen2
 
@@ -130,3 +131,20 @@ def test_a_judge_without_a_server_or_with_bad_arguments_says_which_key(judge_ser
         judge(PROMPTS, COMPLETIONS, "{completion}", score_range=[3, 1], transport=transport(judge_server[0]))
     with pytest.raises(UserError, match=r"template names \{answer\}"):
         judge(PROMPTS, COMPLETIONS, "{answer}", transport=transport(judge_server[0]))
+
+
+def test_a_recipes_judge_scores_groups_through_the_engine(judge_server):
+    """rewards.judge_pairwise with a url, as a run builds it: the engine calls it per prompt group
+    and each group's win rates are those of the judge asked about that group alone."""
+    url, _, _ = judge_server
+    args = {"template": "{prompt}: 1) {completion_a} 2) {completion_b}", "pattern": r"^(.)", "max_tokens": 1,
+            "verdicts": {c: float(ord(c) % 2) for c in map(chr, range(32, 127))}}
+    fn = served_reward("judge_pairwise", RewardSpec(url=url, args=args))
+    prompts, completions = ["1+1="] * 3 + ["2+2="] * 2, ["2", "5", "4", "4", "x"]
+    metrics = {}
+    got = compute_rewards({"judge_pairwise": fn}, prompts, completions, {"group_id": [0, 0, 0, 1, 1]}, metrics)
+    alone = [v for rows in ([0, 1, 2], [3, 4]) for v in judge_pairwise(
+        [prompts[i] for i in rows], [completions[i] for i in rows], transport=transport(url), **args)]
+    assert got["judge_pairwise"].tolist() == pytest.approx(alone)
+    assert metrics["reward/judge_pairwise/sent_rows"] == 5
+    assert "rewards.judge_pairwise.url" in " ".join(remote_problems("judge_pairwise", RewardSpec()))
