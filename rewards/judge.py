@@ -22,9 +22,12 @@ reward. docs/rewards.md#judges."""
 from __future__ import annotations
 
 import base64
+import functools
+import inspect
 import io
 import math
 import re
+import string
 from itertools import combinations
 from typing import Any, Literal, Sequence
 
@@ -38,6 +41,7 @@ from .win_rate import win_rates
 
 CHAT_PATH = "/v1/chat/completions"
 NUMBER = r"(-?\d+(?:\.\d+)?)"
+FIRST_OR_SECOND = {"1": 1.0, "2": 0.0}  # judge_pairwise's default verdicts: the matched text -> p(first wins)
 Parse = Literal["regex", "yes_probability"]
 
 
@@ -191,8 +195,7 @@ def judge_pairwise(prompts, completions, template: str, model: str = "judge", pa
                    log_metric=None, **columns):
     """Each completion's win rate within its prompt group, the judge asked about each pair (the
     module docstring); `template` fills {completion_a} and {completion_b}."""
-    if parse == "regex" and verdicts is None:
-        verdicts = {"1": 1.0, "2": 0.0}
+    verdicts = FIRST_OR_SECOND if parse == "regex" and verdicts is None else verdicts
     reading = Reading("judge_pairwise", parse, pattern, None, verdicts, yes_tokens, no_tokens)
     n = len(completions)
     if n < 2:
@@ -226,5 +229,23 @@ def count_rows(log_metric, outcomes: list[float | str]) -> None:
         log_metric("unparsed_rows", outcomes.count("unparsed"))
 
 
+def args_problems(reward: str, defaults: dict[str, Any], args: dict[str, Any]) -> list[str]:
+    """What is wrong with ``rewards.NAME.args`` of a judge, found before any model loads."""
+    given = {**defaults, **args}
+    if "template" not in args:
+        return [f"rewards.{reward}.args.template is missing: the judge's user message"]
+    try:
+        Reading(reward, given["parse"], given["pattern"], given.get("score_range"), given.get("verdicts"),
+                given["yes_tokens"], given["no_tokens"])
+        list(string.Formatter().parse(args["template"]))  # a ValueError for a malformed template
+    except UserError as e:
+        return [str(e)]
+    except ValueError as e:
+        return [f"rewards.{reward}.args.template={args['template']!r} is not a template: {e}"]
+    return []
+
+
 for _judge in (judge, judge_pairwise):
     setattr(_judge, SENDS_OWN_REQUESTS, True)
+    _defaults = {k: p.default for k, p in inspect.signature(_judge).parameters.items() if p.default is not p.empty}
+    _judge.args_problems = functools.partial(args_problems, _judge.__name__, _defaults)

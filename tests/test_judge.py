@@ -148,3 +148,17 @@ def test_a_recipes_judge_scores_groups_through_the_engine(judge_server):
     assert got["judge_pairwise"].tolist() == pytest.approx(alone)
     assert metrics["reward/judge_pairwise/sent_rows"] == 5
     assert "rewards.judge_pairwise.url" in " ".join(remote_problems("judge_pairwise", RewardSpec()))
+
+
+def test_a_judges_bad_arguments_are_plan_problems():
+    """Found before any model loads, each naming its key."""
+    load_plugins()
+    spec = RewardSpec(url="http://127.0.0.1:1", args={"template": "{prompt", "score_range": [1]})
+    assert remote_problems("judge", spec) == ["rewards.judge.args.score_range=[1]: give [low, high] with low < high"]
+    spec.args = {"template": "{prompt", "parse": "regex"}
+    assert "rewards.judge.args.template='{prompt' is not a template" in remote_problems("judge", spec)[0]
+    spec.args = {"parse": "yes_probability"}
+    assert remote_problems("judge_pairwise", spec) == ["rewards.judge_pairwise.args.template is missing: the "
+                                                       "judge's user message"]
+    spec.args = {"template": "{completion_a}", "verdicts": {"1": 2.0}}
+    assert "rewards.judge_pairwise.args.verdicts" in remote_problems("judge_pairwise", spec)[0]

@@ -139,8 +139,10 @@ def remote_problems(name: str, spec: Any) -> list[str]:
         problems.append(f"{key}: record and replay are both set; record writes a file that replay reads later")
     if spec.record and not spec.url:
         problems.append(f"{key}.record needs {key}.url (the server whose answers are recorded)")
-    if sends_own_requests(get_reward(name)) and not is_served(spec):
-        problems.append(f"{key}.url: the judge needs the url of an OpenAI-compatible server (or {key}.replay)")
+    if sends_own_requests(get_reward(name)):
+        if not is_served(spec):
+            problems.append(f"{key}.url: the judge needs the url of an OpenAI-compatible server (or {key}.replay)")
+        problems += get_reward(name).args_problems(spec.args)
     if spec.server is not None and not spec.url:
         problems.append(f"{key}.server needs {key}.url (where the launched server listens)")
     if spec.server is not None and not spec.server.command.strip():
