@@ -1,14 +1,16 @@
 """A small OpenAI-compatible chat server for the judge tests (a real HTTP server in a subprocess):
 ``python tests/openai_judge_app.py MODEL_DIR PORT`` serves the causal LM saved in MODEL_DIR on
 ``/v1/chat/completions`` (greedy; with ``logprobs`` the first answer token's ``top_logprobs`` from
-the model's softmax) and ``/health``. It stands in for `transformers serve`, which needs the
+the model's softmax) and ``/health``; with the environment variable JUDGE_TEST_KEY set, a chat
+request without ``Authorization: Bearer <its value>`` is answered 401. It stands in for `transformers serve`, which needs the
 `openai` package this environment lacks."""
 
+import os
 import sys
 
 import torch
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Header, HTTPException
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model_dir, port = sys.argv[1], int(sys.argv[2])
@@ -23,7 +25,10 @@ def health():
 
 
 @app.post("/v1/chat/completions")
-def chat(body: dict):
+def chat(body: dict, authorization: str | None = Header(default=None)):
+    key = os.environ.get("JUDGE_TEST_KEY")
+    if key and authorization != f"Bearer {key}":
+        raise HTTPException(401, "a wrong or missing API key")
     ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, return_tensors="pt",
                                         return_dict=True)["input_ids"]
     with torch.no_grad():

@@ -3,6 +3,7 @@
 what the same model gives in process, unreadable answers stop or are skipped and counted, pairwise
 win rates follow Pref-GRPO's counting over the group's pairs."""
 
+import os
 import re
 import sys
 
@@ -35,6 +36,7 @@ def judge_server(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     port = free_port()
+    os.environ["JUDGE_TEST_KEY"] = "judge-secret"  # the server requires it, the transports send it
     command = [sys.executable, str(HERE / "openai_judge_app.py"), str(path), str(port)]
     with running(command, port) as (url, _):  # compared with the model as the server loads it
         yield url, AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
@@ -51,7 +53,7 @@ def in_process(model, tokenizer, text, max_tokens):
 
 
 def transport(url, **client):
-    return Transport([url], ClientSettings(**client))
+    return Transport([url], ClientSettings(api_key_env="JUDGE_TEST_KEY", **client))
 
 
 def test_regex_scores_are_the_served_models_answers(judge_server):
@@ -124,6 +126,14 @@ def test_pairwise_win_rates_over_the_groups_pairs(judge_server):
         assert got == pytest.approx(expected)
 
 
+def test_the_api_key_comes_from_the_named_environment_variable(judge_server):
+    url = judge_server[0]
+    with pytest.raises(RemoteRewardError, match=r"/v1/chat/completions answered HTTP 401 .* for rows 0-0 of 3"):
+        judge(PROMPTS, COMPLETIONS, "{completion}", transport=Transport([url], ClientSettings()))
+    with pytest.raises(UserError, match=r"client\.api_key_env='JUDGE_NO_SUCH_KEY': the environment variable"):
+        Transport([url], ClientSettings(api_key_env="JUDGE_NO_SUCH_KEY"))
+
+
 def test_a_judge_without_a_server_or_with_bad_arguments_says_which_key(judge_server):
     with pytest.raises(UserError, match=r"rewards\.judge\.url"):
         judge(PROMPTS, COMPLETIONS, "{completion}")
@@ -139,7 +149,7 @@ def test_a_recipes_judge_scores_groups_through_the_engine(judge_server):
     url, _, _ = judge_server
     args = {"template": "{prompt}: 1) {completion_a} 2) {completion_b}", "pattern": r"^(.)", "max_tokens": 1,
             "verdicts": {c: float(ord(c) % 2) for c in map(chr, range(32, 127))}}
-    fn = served_reward("judge_pairwise", RewardSpec(url=url, args=args))
+    fn = served_reward("judge_pairwise", RewardSpec(url=url, args=args, client=ClientSettings(api_key_env="JUDGE_TEST_KEY")))
     prompts, completions = ["1+1="] * 3 + ["2+2="] * 2, ["2", "5", "4", "4", "x"]
     metrics = {}
     got = compute_rewards({"judge_pairwise": fn}, prompts, completions, {"group_id": [0, 0, 0, 1, 1]}, metrics)

@@ -1,7 +1,8 @@
 """How a remote call is sent, whatever it carries: JSON bodies posted to one or several urls (in
 turn), a bounded number at once, each with a timeout and a bounded number of retries with
 exponential backoff on the named statuses, timeouts and connection errors; answers cached by the
-content hash of the request, and recorded to or replayed from a file (`recording`). What is sent
+content hash of the request, and recorded to or replayed from a file (`recording`); an API key
+from the environment variable ``client.api_key_env`` is sent as a Bearer token. What is sent
 and how an answer is read belong to the caller (the remote reward, a judge)."""
 
 from __future__ import annotations
