@@ -3,10 +3,13 @@
 what the same model gives in process, unreadable answers stop or are skipped and counted, pairwise
 win rates follow Pref-GRPO's counting over the group's pairs."""
 
+import base64
+import io
 import os
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -17,7 +20,7 @@ from mmrl.config.sections import RewardSpec
 from mmrl.core.scoring import compute_rewards, metric_logger
 from mmrl.errors import UserError
 from mmrl.registry import load_plugins
-from mmrl.rewards.judge import judge, judge_pairwise
+from mmrl.rewards.judge import judge, judge_pairwise, user_message
 from mmrl.rewards.win_rate import win_rates
 from mmrl.serving.remote_reward import RemoteRewardError, remote_problems, served_reward
 from mmrl.serving.transport import Transport
@@ -172,3 +175,21 @@ def test_a_judges_bad_arguments_are_plan_problems():
                                                        "judge's user message"]
     spec.args = {"template": "{completion_a}", "verdicts": {"1": 2.0}}
     assert "rewards.judge_pairwise.args.verdicts" in remote_problems("judge_pairwise", spec)[0]
+
+
+def test_images_and_frames_go_as_png_data_urls_before_the_text():
+    """The generated image (a PIL image) and a column's video frames (an array [F, H, W, C]) come
+    back pixel for pixel from the message's data URLs, images first, then the filled template."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(2, 4, 5, 3), dtype=np.uint8)
+    image = Image.fromarray(rng.integers(0, 256, size=(6, 3, 3), dtype=np.uint8))
+    message = user_message("judge", "{prompt} / {completion_name}", {"prompt": "a cat", "completion_name": "x"},
+                           [image, frames])
+    parts = message["content"]
+    assert [p["type"] for p in parts] == ["image_url"] * 3 + ["text"] and parts[-1]["text"] == "a cat / x"
+    decoded = [np.asarray(Image.open(io.BytesIO(base64.b64decode(p["image_url"]["url"].split(",", 1)[1]))))
+               for p in parts[:3]]
+    assert all(p["image_url"]["url"].startswith("data:image/png;base64,") for p in parts[:3])
+    assert np.array_equal(decoded[0], np.asarray(image))
+    assert np.array_equal(decoded[1], frames[0]) and np.array_equal(decoded[2], frames[1])
