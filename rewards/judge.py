@@ -155,16 +155,22 @@ def unreadable(reward: str, on_failure: str, answer: Answer, span: list[int], to
     choice = answer.value["choices"][0]
     text = (choice.get("message") or {}).get("content")
     raise RemoteRewardError(f"reward {reward!r}: {answer.source} answered {str(text)[:80]!r} for rows "
-                            f"{min(span)}-{max(span)} of {total}, which rewards.{reward}.args cannot read as a "
-                            f"score, so the step did not train (rewards.{reward}.client.on_failure=stop; skip "
-                            "trains those rows without this reward)")
+                            f"{min(span)}-{max(span)} of {total}, which rewards.{reward}.args (parse, pattern, "
+                            "score_range, verdicts, yes_tokens / no_tokens) cannot read as a score, so the step "
+                            f"did not train (rewards.{reward}.client.on_failure=stop; skip trains those rows "
+                            "without this reward)")
 
 
 def template_fields(prompts, completions, columns: dict[str, Sequence[Any]], i: int) -> dict[str, Any]:
     return {**{k: v[i] for k, v in columns.items()}, "prompt": prompts[i], "completion": completions[i]}
 
 
-def row_images(images: Sequence[str], completions, columns, i: int) -> list[Any]:
+def row_images(reward: str, images: Sequence[str], completions, columns, i: int) -> list[Any]:
+    """Row i's images: the completion's, or a column's (an absent column is an error naming it)."""
+    missing = [name for name in images if name != "completion" and name not in columns]
+    if missing:
+        raise UserError(f"rewards.{reward}.args.images names {missing[0]!r}, which is neither 'completion' nor a "
+                        f"column of the rows ({', '.join(sorted(columns))})")
     return [completions[i] if name == "completion" else columns[name][i] for name in images]
 
 
@@ -178,7 +184,7 @@ def judge(prompts, completions, template: str, model: str = "judge", parse: Pars
     reading = Reading("judge", parse, pattern, score_range, None, yes_tokens, no_tokens)
     head = [{"role": "system", "content": system}] if system else []
     bodies = [reading.body(model, [*head, user_message("judge", template, template_fields(
-        prompts, completions, columns, i), row_images(images, completions, columns, i))],
+        prompts, completions, columns, i), row_images("judge", images, completions, columns, i))],
         max_tokens, temperature, top_logprobs) for i in range(len(completions))]
     answers = ask("judge", transport, reading, bodies, [[i] for i in range(len(completions))], len(completions),
                   columns.get("group_id"))
@@ -207,7 +213,8 @@ def judge_pairwise(prompts, completions, template: str, model: str = "judge", pa
     for i, j in asked:
         fields = {**template_fields(prompts, completions, columns, i), "completion_a": completions[i],
                   "completion_b": completions[j]}
-        shown = row_images(images, completions, columns, i) + row_images(images, completions, columns, j)
+        shown = [*row_images("judge_pairwise", images, completions, columns, i),
+                 *row_images("judge_pairwise", images, completions, columns, j)]
         bodies.append(reading.body(model, [*head, user_message("judge_pairwise", template, fields, shown)],
                                    max_tokens, temperature, top_logprobs))
     answers = ask("judge_pairwise", transport, reading, bodies, [list(pair) for pair in asked], n,

@@ -98,7 +98,8 @@ def test_prose_answers_are_never_numbers(judge_server):
                for p, c in zip(PROMPTS, COMPLETIONS)]
     assert not any(re.search(r"score: \d", a) for a in answers)  # prose, as far as this pattern reads
     with pytest.raises(RemoteRewardError, match=r"reward 'judge': http://127\.0\.0\.1:\d+/v1/chat/completions answered "
-                                                r".* for rows 0-0 of 3, which rewards\.judge\.args cannot read"):
+                                                r".* for rows 0-0 of 3, which rewards\.judge\.args \(parse, pattern, score_range, "
+                                                r"verdicts, yes_tokens / no_tokens\) cannot read as a score"):
         judge(PROMPTS, COMPLETIONS, template, pattern=r"score: (\d)", max_tokens=8, transport=transport(url))
     metrics = {}
     got = compute_rewards({"judge": lambda prompts, completions, log_metric=None: judge(
@@ -142,6 +143,8 @@ def test_a_judge_without_a_server_or_with_bad_arguments_says_which_key(judge_ser
         judge(PROMPTS, COMPLETIONS, "{completion}")
     with pytest.raises(UserError, match=r"rewards\.judge\.args\.score_range"):
         judge(PROMPTS, COMPLETIONS, "{completion}", score_range=[3, 1], transport=transport(judge_server[0]))
+    with pytest.raises(UserError, match=r"args\.images names 'frames', which is neither 'completion' nor a column"):
+        judge(PROMPTS, COMPLETIONS, "{completion}", images=["frames"], transport=transport(judge_server[0]))
     with pytest.raises(UserError, match=r"template names \{answer\}"):
         judge(PROMPTS, COMPLETIONS, "{answer}", transport=transport(judge_server[0]))
 
