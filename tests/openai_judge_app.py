@@ -2,8 +2,9 @@
 ``python tests/openai_judge_app.py MODEL_DIR PORT`` serves the causal LM saved in MODEL_DIR on
 ``/v1/chat/completions`` (greedy; with ``logprobs`` the first answer token's ``top_logprobs`` from
 the model's softmax) and ``/health``; with the environment variable JUDGE_TEST_KEY set, a chat
-request without ``Authorization: Bearer <its value>`` is answered 401. It stands in for `transformers serve`, which needs the
-`openai` package this environment lacks."""
+request without ``Authorization: Bearer <its value>`` is answered 401. It stands in for `transformers serve` where
+that server cannot answer: its chat completions refuse ``logprobs`` / ``top_logprobs`` (the P(Yes)
+parse), and it takes no API key."""
 
 import os
 import sys

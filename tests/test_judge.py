@@ -8,6 +8,7 @@ import io
 import os
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +197,30 @@ def test_images_and_frames_go_as_png_data_urls_before_the_text():
     assert all(p["image_url"]["url"].startswith("data:image/png;base64,") for p in parts[:3])
     assert np.array_equal(decoded[0], np.asarray(image))
     assert np.array_equal(decoded[1], frames[0]) and np.array_equal(decoded[2], frames[1])
+
+
+def test_a_judge_behind_transformers_serve(tmp_path):
+    """The judge against `transformers serve` itself (transformers' OpenAI-compatible server, as a
+    subprocess): the tiny model's prose answer is unreadable as a score, so the step stops naming the
+    server and the answer, which holds the model's greedy answer in process (the server's text also
+    echoes the template's last special token: the char tokenizer has no newline); with skip the row
+    gets no value and is counted."""
+    tokenizer = char_tokenizer_with([], chat_template())
+    tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path).eval(), AutoTokenizer.from_pretrained(tmp_path)
+    template = "Rate: {prompt} {completion}"
+    expected = in_process(model, tokenizer, template.format(prompt=PROMPTS[0], completion=COMPLETIONS[0]), 8)[0]
+    assert expected.strip()
+    port = free_port()
+    serve = [str(Path(sys.executable).with_name("transformers")), "serve", str(tmp_path), "--port", str(port)]
+    with running(serve, port) as (url, _):
+        with pytest.raises(RemoteRewardError, match=re.escape(url)) as stopped:
+            judge(PROMPTS[:1], COMPLETIONS[:1], template, model=str(tmp_path), pattern=r"SCORE=(\d)", max_tokens=8,
+                  transport=Transport([url], ClientSettings()))
+        assert expected in str(stopped.value)
+        metrics = {}
+        assert judge(PROMPTS[:1], COMPLETIONS[:1], template, model=str(tmp_path), pattern=r"SCORE=(\d)", max_tokens=8,
+                     transport=Transport([url], ClientSettings(on_failure="skip")),
+                     log_metric=metric_logger(metrics)) == [None]
+        assert metrics == {"sent_rows": 1, "failed_rows": 0, "unparsed_rows": 1}
