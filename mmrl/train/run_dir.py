@@ -192,7 +192,7 @@ def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -
         saved = _flat(_as_read_now(json.loads(saved_path.read_text())))
     except ValueError as e:
         raise UserError(f"{saved_path} is not readable JSON ({e}); resume needs the saved run's settings") from None
-    new = _flat(json.loads(json.dumps(recipe, default=str)))
+    new = _flat(_as_read_now(json.loads(json.dumps(recipe, default=str))))
     absent = "(absent)"
     changes = {k: (saved.get(k, absent), new.get(k, absent)) for k in sorted({*saved, *new})
                if saved.get(k, absent) != new.get(k, absent) and not _free(k)}
