@@ -81,6 +81,7 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
         f"reward_modules=[{','.join(modules)}]",
         f"optim.prompts_per_step={args.prompts}", f"algorithm.group_size={args.group}",
         f"optim.micro_batch_size={args.prompts * args.group}", "logging.report_to=[none]", "logging.progress=false",
+        f"policy.max_new_tokens={args.new_tokens}", f"policy.min_new_tokens={args.new_tokens}",
         *extra])) for mode, extra in modes.items()}
     steps: dict[str, list[dict]] = {mode: [] for mode in modes}
     for k in range(args.warmup + args.steps):
@@ -92,8 +93,8 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
                      for key in ("time_step_s", "time_generate_s", "time_reward_s")} for mode, runs in steps.items()}
     report["overlap_step_time_ratio"] = report["overlapped"]["time_step_s"] / report["serial"]["time_step_s"]
     report["setup"] = {k: getattr(args, k) for k in ("latency", "request_rows", "groups_per_call", "prompts", "group",
-                                                     "steps", "warmup", "threads")}
-    report["setup"]["model"] = "text_demo (tiny:qwen2-char, hidden 128, 2 layers, 24 new tokens)"
+                                                     "steps", "warmup", "threads", "new_tokens")}
+    report["setup"]["model"] = "text_demo (tiny:qwen2-char, hidden 128, 2 layers)"
     return report
 
 
@@ -165,6 +166,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="--overlap: timed steps per mode")
     parser.add_argument("--warmup", type=int, default=1, help="--overlap: untimed steps per mode first")
     parser.add_argument("--threads", type=int, default=2, help="--overlap: torch threads")
+    parser.add_argument("--new-tokens", type=int, default=24, help=(
+        "--overlap: tokens of every completion (min = max new tokens; the text demo's 24 by default): "
+        "the longer, the more generation there is to hide the reward's latency behind"))
     args = parser.parse_args()
     if args.overlap or args.served:
         emit(served_report(args) if args.served else overlap_report(args), args.json)
