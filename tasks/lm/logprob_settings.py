@@ -20,12 +20,12 @@ from .output_head import OutputHead
 LOGPROB_SOURCES = ("hidden_states", "logits")
 
 
-def logprobs_from_field() -> Any:
-    return field(default="hidden_states", metadata={"help": (
+def logprobs_from_field(default: str = "hidden_states", note: str = "") -> Any:
+    return field(default=default, metadata={"help": (
         "Where log-probs come from: hidden_states (the model runs without its output head, which projects the "
         "scored positions' hidden states a chunk of tokens at a time in the forward and the backward, so the "
         "logits are never whole), or logits (the model's logits, log-softmax a chunk of rows at a time). Models the "
-        "first cannot serve (logit soft-capping, sharded parameters) take the second, with a warning.")})
+        "first cannot serve (logit soft-capping, sharded parameters) take the second, with a warning." + note)})
 
 
 def logprob_chunk_tokens_field() -> Any:
