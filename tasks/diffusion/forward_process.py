@@ -15,7 +15,6 @@ the objective `nft` (mmrl/core/objectives.py) weighs them by the normalised rewa
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 ADAPTIVE_WEIGHT_MIN = 1e-5  # the authors' clip of the adaptive weight
