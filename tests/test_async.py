@@ -116,13 +116,14 @@ def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
 
 
 def test_a_dead_worker_stops_the_run_after_a_checkpoint_and_resume_starts_a_new_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("MMRL_TEST_KILL_WORKER_AT", "2")  # during step 2's scoring
-    killer = [f"reward_modules=[{TINY_RECIPE['reward_modules'][0]},{Path(__file__).parent / 'worker_killer_reward.py'}]",
-              "rewards.worker_killer.weight=0.0"]
+    monkeypatch.setenv("MMRL_TEST_KILL_AT", "2")  # during step 2's scoring
+    monkeypatch.setenv("MMRL_TEST_KILL_SIGNAL", "children")
+    killer = [f"reward_modules=[{TINY_RECIPE['reward_modules'][0]},{Path(__file__).parent / 'kill_reward.py'}]",
+              "rewards.killer.weight=0.0"]
     with pytest.raises(RolloutWorkerDied, match="rollout worker .* exited") as err:
         run(tmp_path, "worker", "rollout.mode=one_step_off", "save_every=10", *killer, steps=4)
     assert any("after step 2, which is saved" in note for note in err.value.__notes__)
-    monkeypatch.setenv("MMRL_TEST_KILL_WORKER_AT", "0")
+    monkeypatch.setenv("MMRL_TEST_KILL_AT", "0")
     t, lines = run(tmp_path, "worker", "rollout.mode=one_step_off", "resume=true", *killer, steps=4)
     assert t.step == 4 and [x["step"] for x in lines] == [1, 2, 3, 4]
     assert lines[2]["rollout/staleness_max"] == 0.0  # step 3 redrawn by the new worker from the checkpoint's weights
