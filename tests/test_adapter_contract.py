@@ -80,6 +80,13 @@ class TestDiffusionGuard(TestDiffusion):
     recipe = {**TestDiffusion.recipe, "algorithm": {**TestDiffusion.recipe["algorithm"], "ratio_norm": "grpo_guard"}}
 
 
+class TestDiffusionDPPO(TestDiffusion):
+    """FlowDPPO: the KL-ADV mask in place of the ratio clip, two update passes from the old step
+    means kept before the first (algorithm.trust_region: dppo)."""
+    recipe = {**TestDiffusion.recipe, "algorithm": {**TestDiffusion.recipe["algorithm"], "trust_region": "dppo",
+                                                    "mu": 2}}
+
+
 class TestDiffusionNFT(TestDiffusion):
     """DiffusionNFT's forward-process units (policy.units: forward_process, algorithm.objective: nft):
     a unit is a (final sample, noise level) pair, and there are no sampler log-probs."""
