@@ -144,7 +144,8 @@ def test_pref_grpo_advantages_match_the_authors_code():
             verdicts.update({(k, r["first_index"], r["second_index"]): r["verdict"] for r in responses})
             theirs_w += authors_pairwise_win_rate(g, responses)
             ours_w += win_rates([(k, i) for i in range(g)],
-                                lambda a, b: {1: 1.0, 2: 0.0}.get(verdicts[(a[0], a[1], b[1])], 0.5), decimals=3)
+                                lambda a, b, seen=verdicts: {1: 1.0, 2: 0.0}.get(seen[(a[0], a[1], b[1])], 0.5),
+                                decimals=3)
         assert ours_w == pytest.approx(theirs_w, abs=1e-12)
         pointwise = [rng.random() for _ in range(g * groups)]
         gdpo = trial % 2 == 1
