@@ -215,3 +215,20 @@ def test_dppo_trains_other_families_and_samplers(model, sampler, tmp_path):
 def test_dppo_recipe_errors_name_the_field(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *overrides]))
+
+
+def test_dppo_trains_a_video_family(tmp_path):
+    """Text-to-video (tiny Wan 2.1): the old means are the latent video's [N, U, C, F, H, W] step
+    means, and a two-pass step runs and moves the denoiser."""
+    t = Trainer(parse_config({**RECIPE, "rewards": {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}},
+                              "reward_modules": []},
+                             [f"output_dir={tmp_path}", "policy.model=tiny:wan-t2v", "policy.num_frames=5",
+                              "policy.num_steps=3", "policy.eval_num_steps=3"]))
+    batch = t.prepare_batch(1)
+    _, old_means = t.updater.old_logprobs_and_means(batch, t.updater.micro_batches(batch))
+    assert old_means.shape[:2] == batch.rollout.unit_mask.shape
+    assert old_means.shape[2:] == batch.rollout.extras["latents"].shape[2:] and old_means.dim() == 6
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())
