@@ -123,6 +123,25 @@ class Policy(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
                                   "choose algorithm.kl_estimator among k1, k2, k3")
 
+    @classmethod
+    def divergence_problem(cls, cfg: Any) -> str | None:
+        """Why this adapter under config `cfg` gives no exact per-unit divergence from the old policy
+        (`algorithm.trust_region: dppo`), or None where it does."""
+        return f"the {cls.__name__} adapter computes no exact per-unit divergence from the old policy"
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """`logprobs` [B, u] and each unit's distribution mean [B, u, ...] under `model`: the old
+        policy's, taken before the first update pass and kept for `algorithm.trust_region: dppo`."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """(log-probs, entropies when asked, the closed-form KL to the reference when `reference` is
+        given, each unit's KL(pi_old || pi_theta) [B, u] from the old means `old_means` [B, u, ...]
+        of `logprobs_and_means`), under grad."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
     def apply_stage_settings(self, changes: dict[str, Any]) -> None:
         """Take a training stage's new values of `stage_fields` (typed, by field name) without
         reloading the model. The default replaces them in `self.cfg`, the adapter's `Config`;

@@ -140,6 +140,28 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
         _check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
     if cfg.algorithm.ratio_norm != "none":
         _check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
+    if cfg.algorithm.trust_region == "dppo":
+        _check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+
+
+def _check_dppo(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """FlowDPPO's mask: in place of the clip objective's per-unit ratio clip, over several update
+    passes (with one the policy is the old one and nothing is ever masked), from the adapter's
+    exact per-unit divergence."""
+    algo = cfg.algorithm
+    name = "algorithm.trust_region='dppo'"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if algo.objective != "clip" or algo.ratio_level != "unit" or algo.ratio_norm != "none" or algo.dual_clip:
+        problems.append(f"{name} replaces the clip of the clip objective's per-unit ratio (algorithm.objective: clip, "
+                        f"ratio_level: unit, ratio_norm: none, dual_clip: null), not objective={algo.objective!r}, "
+                        f"ratio_level={algo.ratio_level!r}, ratio_norm={algo.ratio_norm!r}, "
+                        f"dual_clip={algo.dual_clip!r}")
+    if algo.mu < 2:
+        problems.append(f"{name} masks units that moved away from the old policy, which needs algorithm.mu >= 2 "
+                        f"update passes (UniRL's FlowDPPO recipe: 2); with mu={algo.mu} nothing is ever masked")
+    if not algo.dppo_threshold > 0:
+        problems.append(f"algorithm.dppo_threshold={algo.dppo_threshold!r} must be > 0 (UniRL's default 1e-5)")
 
 
 def _check_ratio_norm(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -49,6 +50,30 @@ from .turning_point import TurningPointRewards
 from .video_families import VideoFamily
 
 NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
+
+
+@dataclass
+class StepTerms:
+    """Per trained step of a batch, in step order: log-probs [B], constant entropies, detached
+    means [B, ...], KLs to the reference [B] and divergences from the old means [B]."""
+
+    logps: list[Tensor] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    means: list[Tensor] = field(default_factory=list)
+    kls: list[Tensor] = field(default_factory=list)
+    divergences: list[Tensor] = field(default_factory=list)
+
+    def logp(self) -> Tensor:
+        return torch.stack(self.logps, 1)
+
+    def entropy(self) -> Tensor:
+        logp = self.logp()
+        return torch.tensor(self.entropies, device=logp.device).expand_as(logp)
+
+    @staticmethod
+    def stacked(values: list[Tensor]) -> Tensor | None:
+        """[B, u, ...] of the steps' values, or None where none was computed."""
+        return torch.stack(values, 1) if values else None
 
 
 @ADAPTERS.register("diffusion")
@@ -317,23 +342,27 @@ class DiffusionPolicy(TurningPointRewards):
         return kl
 
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
-               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):
-        logps, ents, kls = [], [], []
-        for k in list(range(batch.num_units))[units]:
+               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+               old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
+        terms = StepTerms()
+        for j, k in enumerate(list(range(batch.num_units))[units]):
             mean, std = self._step_means(model, batch, k)
             if std > 0:
-                logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+                terms.logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
-                logps.append(mean.flatten(1)[:, 0] * 0.0)
+                terms.logps.append(mean.flatten(1)[:, 0] * 0.0)
             # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
-            ents.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            terms.entropies.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            if keep_means:
+                terms.means.append(mean.detach())
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
                     ref_mean, _ = self._step_means(ref, batch, k)
-                kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else logps[-1] * 0.0)
-        logp = torch.stack(logps, 1)
-        entropy = torch.tensor(ents, device=logp.device).expand_as(logp) if with_entropy else None
-        return logp, entropy, (torch.stack(kls, 1) if reference is not None else None)
+                terms.kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else terms.logps[-1] * 0.0)
+            if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
+                old = old_means[:, j].to(mean.device)
+                terms.divergences.append(gaussian_mean_kl(old, mean, std) if std > 0 else terms.logps[-1] * 0.0)
+        return terms
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -343,8 +372,8 @@ class DiffusionPolicy(TurningPointRewards):
             scores = [-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1)
                       for v, _, x0, eps, _ in self._forward_units(model, batch, units)]
             return torch.stack(scores, 1), None
-        logp, entropy, _ = self._units(model, batch, units, with_entropy)
-        return logp, entropy
+        terms = self._units(model, batch, units, with_entropy)
+        return terms.logp(), terms.entropy() if with_entropy else None
 
     def _forward_units(self, model: nn.Module, batch: Rollout, units: slice):
         """Per unit k of `units`: (v_theta at x_t [B, ...], x_t, x0, eps, t) with x_t the final sample
@@ -385,7 +414,30 @@ class DiffusionPolicy(TurningPointRewards):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims (`policy.kl_form`:
         exact, or Flow-GRPO's, |dt| times that for flow_sde)."""
-        return self._units(model, batch, units, with_entropy, reference)
+        terms = self._units(model, batch, units, with_entropy, reference)
+        return terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls)
+
+    @classmethod
+    def divergence_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.units == "steps":
+            return None
+        return (f"FlowDPPO's divergence is that of the sampler's Gaussian steps (policy.units: steps), "
+                f"not of policy.units={cfg.units!r}")
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """Step log-probs and the step means [B, u, ...] (fp32), kept as the old policy's for FlowDPPO."""
+        terms = self._units(model, batch, units, with_entropy=False, keep_means=True)
+        return terms.logp(), terms.stacked(terms.means)
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """Step log-probs, entropies, the closed-form KL to the reference (with `reference`) and each
+        step's KL(N(mu_old, std^2) || N(mu_theta, std^2)) = mean_d (mu_theta - mu_old)^2 / (2 std^2),
+        UniRL's FlowDPPO divergence (the exact KL of the step Gaussians, `samplers.gaussian_mean_kl`)."""
+        terms = self._units(model, batch, units, with_entropy, reference, old_means)
+        return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
+                terms.stacked(terms.divergences))
 
     # ----- warm start -------------------------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
