@@ -167,12 +167,12 @@ class Trainer:
         self.clock.start()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
-        worker = self.collector.worker
-        if worker is not None and self.cfg.rollout.max_staleness == 1 and step < self.cfg.max_steps:
-            self.collector.prefetch(self.inputs, step + 1)  # generated while this step trains
+        worker, ro = self.collector.worker, self.cfg.rollout
+        if worker is not None:  # the next max_staleness steps' rollouts, generated while this step trains
+            self.collector.prefetch_after(self.inputs, step, min(step + ro.max_staleness, self.cfg.max_steps))
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
-        if worker is not None:
+        if worker is not None and step % ro.weights_every == 0:
             worker.send_weights(self.unwrapped, step)
         self._phase = None
         metrics = {**batch.metrics, **update}
@@ -198,7 +198,7 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
-        if cfg.rollout.mode == "one_step_off":  # a fresh worker with the run's (or the checkpoint's) weights
+        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
             self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
@@ -330,8 +330,8 @@ class Trainer:
         return final
 
     def _sampler_state(self) -> dict:
-        """The data sampler's state after the last collected step (before a draw made ahead for the worker)."""
-        return self.collector.sampler_state_before_prefetch or self.inputs.sampler.state_dict()
+        """The data sampler's state after the last collected step (before the draws made ahead for the worker)."""
+        return self.collector.sampler_state_before(self.inputs, self.step + 1)
 
     def load_checkpoint(self, path: Path) -> None:
         try:
