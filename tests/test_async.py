@@ -119,7 +119,8 @@ def test_a_worker_at_staleness_0_is_the_synchronous_run(tmp_path, mode):
 
 DIFFUSION_RECIPE = {
     "task": "diffusion", "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4,
-                                    "eval_num_steps": 4, "noise_level": 0.7},
+                                    "eval_num_steps": 4, "noise_level": 0.7,
+                                    "schedule": {"kind": "sliding_window", "size": 1, "shift_every": 1}},
     "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
     "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
     "algorithm": {"group_size": 3}, "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 3},
@@ -127,8 +128,9 @@ DIFFUSION_RECIPE = {
 
 
 def test_async_diffusion_at_staleness_0_is_the_synchronous_run(tmp_path):
-    """The worker builds the same pipeline from the recipe (its frozen parts too) and samples each
-    group from its seed: the same images' rewards, losses and denoiser weights."""
+    """The worker builds the same pipeline from the recipe and samples each group from its seed, with
+    the SDE window of the step it is asked for (it moves every step): the same images' rewards,
+    losses and denoiser weights."""
     sync, sync_lines = run(tmp_path, "sync", recipe=DIFFUSION_RECIPE, steps=2)
     worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
                                recipe=DIFFUSION_RECIPE, steps=2)

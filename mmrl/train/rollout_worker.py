@@ -73,7 +73,7 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
 
 
 def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the policy as the trainer does, then answer messages until ("stop",);
+    """The worker process: build the policy from the recipe, then answer messages until ("stop",);
     with `newest_weights`, every waiting message is read before each generation."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
         signal.signal(stop, signal.SIG_IGN)
@@ -84,7 +84,6 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
         from mmrl.train.parts import build_policy
         load_plugins()
         cfg = parse_config(recipe, [])
-        torch.manual_seed(cfg.seed)  # the parts the trainer does not send (a pipeline's frozen ones) built alike
         policy = build_policy(cfg)
         policy.prompt_column = cfg.data.prompt_column
         policy.model.eval()
