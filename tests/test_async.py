@@ -15,7 +15,7 @@ from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
 from mmrl.registry import import_user_module
-from mmrl.train.rollout_worker import RolloutWorkerDied
+from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
 from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
@@ -144,6 +144,30 @@ def test_async_keeps_every_row_within_max_staleness(tmp_path):
     assert [x["rollout/staleness_max"] <= min(x["step"] - 1, 2) for x in lines] == [True] * 4
     assert [x["rollout/stale_dropped"] for x in lines] == [0.0] * 4
     assert not t.collector.worker.process.is_alive() and not t.collector.prefetched
+
+
+def test_async_asks_max_staleness_steps_ahead_and_a_resumed_run_draws_the_same_prompts(tmp_path):
+    """max_staleness 2: after step k the prompts of steps k+1 and k+2 are drawn and asked for (none
+    beyond max_steps). A run resumed from step 2's checkpoint holds the prompts drawn ahead and the
+    sampler's state (the outcomes of every collected step learnt), and draws step 5 as the run does."""
+    t = trainer(tmp_path, "rollout.mode=async", "rollout.max_staleness=2", "max_steps=4", "save_every=0")
+    t.collector.worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        for ahead in ([2, 3], [3, 4]):
+            t.train_step()
+            assert sorted(t.collector.prefetched) == ahead
+            assert [s for s in range(6) if t.collector.worker.asked_for(s)] == ahead
+        t.save_checkpoint()
+        t.release_output_dir()
+        resumed = trainer(tmp_path, "rollout.mode=async", "rollout.max_staleness=2", "max_steps=4", "resume=true")
+        assert resumed.step == 2 and resumed.collector.prefetched == t.collector.prefetched
+        assert resumed.inputs.sampler.state_dict() == t.inputs.sampler.state_dict()
+        assert resumed.inputs.sampler.draw(5, 4) == t.inputs.sampler.draw(5, 4)
+        resumed.release_output_dir()
+        t.train_step()
+        assert sorted(t.collector.prefetched) == [4]  # step 5 is beyond max_steps
+    finally:
+        t.collector.worker.stop()
 
 
 @pytest.mark.parametrize("stale_rows", ["drop", "keep"])

@@ -57,8 +57,7 @@ class RolloutCollector:
         self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
         self.worker: RolloutWorker | None = None  # rollout.mode one_step_off / async: who generates
-        self.prefetched: dict[int, tuple[list[int], dict]] = {}  # step -> its prompts drawn ahead for the worker,
-        #                                                          and the sampler's state before that draw
+        self.prefetched: dict[int, list[int]] = {}  # step -> its prompts, drawn ahead for the worker
 
     def rollout_params(self):
         """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
@@ -78,7 +77,7 @@ class RolloutCollector:
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
         prefetched = self.prefetched.pop(step, None) if attempt == 0 else None
-        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched[0]
+        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched
         local = self._local_groups(len(indices))
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
@@ -121,27 +120,19 @@ class RolloutCollector:
         rollout.add_data_columns(rows)
         return rollout
 
-    def sampler_state_before(self, inputs: StageInputs, step: int) -> dict:
-        """The data sampler's state before `step`'s draw (made ahead for the worker, or not yet made):
-        what a checkpoint of step - 1 keeps, so that a resumed run draws the same prompts."""
-        return self.prefetched[step][1] if step in self.prefetched else inputs.sampler.state_dict()
-
     def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
         """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and
-        ask the worker for their rollouts, generated while the trainer trains."""
+        ask the worker for the rollouts of those it was not asked for (a resumed run's drawn-ahead
+        steps included); they are generated while the trainer trains."""
+        cfg = inputs.cfg
         for step in range(collected + 1, last + 1):
             if step not in self.prefetched:
-                self.prefetch(inputs, step)
-
-    def prefetch(self, inputs: StageInputs, step: int) -> None:
-        """Draw `step`'s prompts now and ask the worker for their rollouts."""
-        cfg = inputs.cfg
-        state = inputs.sampler.state_dict()
-        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
-        self.prefetched[step] = (indices, state)
-        for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
-            self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
-                            cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
+                self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
+            if not self.worker.asked_for(step):
+                indices = self.prefetched[step]
+                for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
+                    self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
+                                    cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with

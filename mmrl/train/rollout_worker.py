@@ -133,6 +133,10 @@ class RolloutWorker:
         self.requests.put(("rollout", key, rows, group_size, seeds))
         self.asked.add(key)
 
+    def asked_for(self, step: int) -> bool:
+        """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""
+        return any(key[0] == step for key in self.asked)
+
     def take(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> Rollout:
         """The rollouts asked for under `key` (asked for now if they were not), once they arrive."""
         if key not in self.asked:
