@@ -225,6 +225,9 @@ def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_p
     text = str(err.value)
     assert "task='vlm' (the rollout worker runs causal_lm and diffusion)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
+    with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
+        validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",
+                                                 "policy.units=forward_process"]))
     with pytest.raises(ConfigError, match=r"rollout.weights_every=2 is async's \(rollout.mode=one_step_off\)"):
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
                                             "rollout.weights_every=2"]))

@@ -89,8 +89,9 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
         policy.model.eval()
         version, pending = 0, deque()
         while True:
+            read = newest_weights or not pending  # one_step_off: each request generated as it is read
             try:
-                message = requests.get(block=not pending) if newest_weights or not pending else None
+                message = requests.get(block=not pending) if read else None
             except queue.Empty:
                 message = None
             if message is None:
