@@ -172,19 +172,20 @@ def test_async_asks_max_staleness_steps_ahead_and_a_resumed_run_draws_the_same_p
 
 @pytest.mark.parametrize("stale_rows", ["drop", "keep"])
 def test_rows_older_than_max_staleness_are_dropped_or_kept(tmp_path, stale_rows):
-    """max_staleness 0, weights every 2 updates: step 2's rows are drawn by the initial weights, one
-    step older than allowed (step 3's by those after step 2): drop leaves all 16 out, keep trains them."""
-    t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", "rollout.weights_every=2",
-                   f"rollout.stale_rows={stale_rows}", steps=3)
+    """max_staleness 0, weights every 4 updates: steps 2-4's rows are drawn by the initial weights, 1-3
+    steps older than allowed: drop leaves all 16 of each out (three steps in a row that train nothing,
+    which is not a reward that never applies), keep trains them."""
+    t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", "rollout.weights_every=4",
+                   f"rollout.stale_rows={stale_rows}", steps=4)
     rows = 4 * 4  # prompts_per_step x group_size
     if stale_rows == "drop":
-        assert [x["rollout/stale_dropped"] for x in lines] == [0.0, rows, 0.0]
-        assert lines[1]["sampling/groups"] == 0.0 and lines[1]["loss"] == 0.0
-        assert [x.get("rollout/staleness_max", 0.0) for x in lines] == [0.0, 0.0, 0.0]
+        assert [x["rollout/stale_dropped"] for x in lines] == [0.0, rows, rows, rows]
+        assert [x["sampling/groups"] for x in lines] == [4.0, 0.0, 0.0, 0.0]
+        assert [x["loss"] for x in lines[1:]] == [0.0] * 3
     else:
-        assert [x["rollout/stale_dropped"] for x in lines] == [0.0, 0.0, 0.0]
-        assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 0.0]
-        assert lines[1]["loss"] != 0.0
+        assert [x["rollout/stale_dropped"] for x in lines] == [0.0] * 4
+        assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 2.0, 3.0]
+        assert all(x["loss"] != 0.0 for x in lines[1:])
 
 
 def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
