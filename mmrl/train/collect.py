@@ -56,9 +56,8 @@ class RolloutCollector:
     def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module, clock: StepClock):
         self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
-        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off: who generates
+        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off / async: who generates
         self.prefetched: dict[int, list[int]] = {}  # step -> its prompts, drawn ahead for the worker
-        self.sampler_state_before_prefetch: dict | None = None  # the sampler's state after the last collected step
 
     def rollout_params(self):
         """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
@@ -77,11 +76,8 @@ class RolloutCollector:
            to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
-        indices = self.prefetched.pop(step, None) if attempt == 0 else None
-        if indices is None:
-            indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
-        else:
-            self.sampler_state_before_prefetch = None
+        prefetched = self.prefetched.pop(step, None) if attempt == 0 else None
+        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched
         local = self._local_groups(len(indices))
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
@@ -124,15 +120,19 @@ class RolloutCollector:
         rollout.add_data_columns(rows)
         return rollout
 
-    def prefetch(self, inputs: StageInputs, step: int) -> None:
-        """Draw `step`'s prompts now and ask the worker for their rollouts (generated while the
-        current step trains); the sampler's state before this draw is what a checkpoint keeps."""
+    def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
+        """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and
+        ask the worker for the rollouts of those it was not asked for (a resumed run's drawn-ahead
+        steps included); they are generated while the trainer trains."""
         cfg = inputs.cfg
-        self.sampler_state_before_prefetch = inputs.sampler.state_dict()
-        indices = self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
-        for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
-            self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
-                            cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
+        for step in range(collected + 1, last + 1):
+            if step not in self.prefetched:
+                self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
+            if not self.worker.asked_for(step):
+                indices = self.prefetched[step]
+                for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
+                    self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
+                                    cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -141,13 +141,15 @@ class RolloutCollector:
         cfg, samp = inputs.cfg, inputs.cfg.sampling
         need, group_size = cfg.optim.prompts_per_step, cfg.algorithm.group_size
         local_parts, reward_parts, gid_parts, draws = [], [], [], []
-        kept = 0
+        kept = dropped = 0
         for attempt in range(samp.dynamic_max_tries if samp.dynamic else 1):
             draw = self.draw(inputs, step, attempt)
             draws.append(draw)
             offset = attempt * len(draw.indices)
             draw_gid = torch.arange(len(draw.indices)).repeat_interleave(group_size)
-            keep = self._kept_groups(inputs, draw, draw_gid, need - kept)
+            stale = self._stale_groups(cfg, draw, offset, step)
+            dropped += int(stale.sum()) * group_size
+            keep = self._kept_groups(inputs, draw, draw_gid, need - kept) & ~stale
             local_part = draw.rollout.select(keep[draw.rollout.group_id - offset].nonzero().flatten())
             if len(local_part):
                 local_parts.append(local_part)
@@ -161,9 +163,22 @@ class RolloutCollector:
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
         stats = self._stats(inputs, draws, kept)
+        if cfg.rollout.mode == "async":
+            stats["rollout/stale_dropped"] = float(dropped)
         versions = gather_objects(self.strategy.acc, local.weights_version.tolist())
         stats.update(staleness_metrics(torch.tensor([v for part in versions for v in part]), step - 1))
         return Collected(local, rewards, torch.cat(gid_parts), stats)
+
+    @staticmethod
+    def _stale_groups(cfg: TrainConfig, draw: Draw, offset: int, step: int) -> Tensor:
+        """bool [groups]: the draw's groups that `rollout.stale_rows: drop` leaves out, those drawn by
+        weights more than `rollout.max_staleness` steps older than the step's (async; one process)."""
+        stale = torch.zeros(len(draw.indices), dtype=torch.bool)
+        ro = cfg.rollout
+        if ro.mode == "async" and ro.stale_rows == "drop":
+            too_old = draw.rollout.weights_version < step - 1 - ro.max_staleness
+            stale[draw.rollout.group_id[too_old] - offset] = True
+        return stale
 
     def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
         """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with
