@@ -142,6 +142,12 @@ class Policy(ABC):
         `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
         return None
 
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} derived from the rollouts' own rewards {name: [N]} (e.g.
+        BranchGRPO's tree: a step's reward is the mean over the leaves under its node), or None.
+        Called in training after `step_rewards` returned None; the result replaces the rewards."""
+        return None
+
     def pop_metrics(self) -> dict[str, float]:
         """Counts the adapter reports about its last rollouts (summed over processes), logged as
         ``policy/<key>``; reading them resets them."""
