@@ -251,6 +251,18 @@ def test_a_pruned_depth_is_not_trained_and_settings_are_checked():
         ode_split.rollout(["red circle"], 2, seeds=[1])
 
 
+def test_the_plan_names_a_group_size_that_is_not_the_trees_before_loading(tmp_path):
+    from mmrl.config.parse import ConfigError, load_recipe
+    from mmrl.registry import RECIPES
+    from mmrl.train.plan import validate
+    cfg = load_recipe(RECIPES.get("t2i_branchgrpo"), [f"output_dir={tmp_path}", "algorithm.group_size=8",
+                                                      "policy.branching.at=[0,7]"])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, 1)
+    assert "algorithm.group_size=8: policy.branching gives 2 ** 2 = 4 leaves" in str(err.value)
+    assert "policy.branching.at=[0, 7]: a split step must be < policy.num_steps=6" in str(err.value)
+
+
 def test_the_recipe_trains_a_step_on_tree_advantages(tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES

@@ -84,6 +84,12 @@ class Policy(ABC):
         before anything loads."""
         return []
 
+    @classmethod
+    def group_size_problems(cls, cfg: Any, group_size: int) -> list[str]:
+        """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
+        a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
+        return []
+
     @property
     def max_units(self) -> int | None:
         """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""

@@ -68,18 +68,22 @@ class Branching:
     def on(self) -> bool:
         return bool(self.at)
 
-    def problems(self, num_steps: int, group_size: int | None = None) -> list[str]:
-        """What does not fit `num_steps` and the group size, one message per problem."""
+    def problems(self, num_steps: int) -> list[str]:
+        """What does not fit `num_steps`, one message per problem."""
         out = []
         if any(k >= num_steps for k in self.at):
             out.append(f"policy.branching.at={self.at}: a split step must be < policy.num_steps={num_steps}")
         if any(not 1 <= d <= num_steps for d in self.depth_pruning):
             out.append(f"policy.branching.depth_pruning={self.depth_pruning}: depths are 1 .. policy.num_steps="
                        f"{num_steps}")
-        if group_size is not None and self.on and group_size != self.factor ** len(self.at):
-            out.append(f"algorithm.group_size={group_size}: policy.branching gives {self.factor} ** {len(self.at)} = "
-                       f"{self.factor ** len(self.at)} leaves per group")
         return out
+
+    def group_size_problems(self, group_size: int) -> list[str]:
+        """The leaves of the tree are the group: group_size = factor ** len(at)."""
+        if self.on and group_size != self.factor ** len(self.at):
+            return [f"algorithm.group_size={group_size}: policy.branching gives {self.factor} ** {len(self.at)} = "
+                    f"{self.factor ** len(self.at)} leaves per group"]
+        return []
 
     def widths(self, num_steps: int) -> list[int]:
         """Nodes per group at depths 0 .. num_steps."""

@@ -165,6 +165,10 @@ class DiffusionPolicy(TurningPointRewards):
         return problems
 
     @classmethod
+    def group_size_problems(cls, cfg: DiffusionConfig, group_size: int) -> list[str]:
+        return cfg.branching.group_size_problems(group_size)
+
+    @classmethod
     def unit_terms(cls, cfg: DiffusionConfig) -> str:
         return "implicit_velocity" if cfg.units == "forward_process" else "logprobs"
 
@@ -268,7 +272,7 @@ class DiffusionPolicy(TurningPointRewards):
         """Nodes per group at depths 0 .. steps: the tree's (BranchGRPO), or one per row."""
         if tree is None:
             return [group_size] * (steps + 1)
-        problems = tree.problems(steps, group_size)
+        problems = tree.problems(steps) + tree.group_size_problems(group_size)
         if problems:
             raise ValueError("; ".join(problems))
         if not stochastic[:, tree.at].all():
