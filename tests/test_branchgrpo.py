@@ -26,12 +26,13 @@ def make(model, sampler, guided, **kw):
 
 
 def count_rows(model, calls):
-    return model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs["hidden_states"].shape[0]),
-                                       with_kwargs=True)
+    return model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append((kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).shape[0]),
+        with_kwargs=True)
 
 
 @pytest.mark.parametrize("model,sampler,guided", [("tiny:sd3", "flow_sde", True), ("tiny:flux", "dance", False),
-                                                  ("tiny:sd3", "cps", False)])
+                                                  ("tiny:sd3", "cps", False), ("tiny:sd15", "ddim", True)])
 def test_tree_rollout_runs_each_node_once_and_each_leaf_follows_its_noise(model, sampler, guided):
     tree = Branching(at=[0, 2], factor=2)
     policy = make(model, sampler, guided, branching=tree)
@@ -61,7 +62,7 @@ def test_tree_rollout_runs_each_node_once_and_each_leaf_follows_its_noise(model,
                                           {key: c[row:row + 1] for key, c in cond.items()}, 4.5, guided).float()
             mean, std = step(x.float(), v, levels[k], levels[k + 1], 0.7)
             x = mean + std * noise
-            assert torch.allclose(latents[row, k + 1], x[0], atol=1e-5), (row, k)
+            assert torch.allclose(latents[row, k + 1], x[0], rtol=1e-4, atol=1e-5), (row, k)  # float32 batching
             if std > 0:  # (CPS's last step, to sigma 0, is deterministic)
                 assert math.isclose(float(batch.rollout_logp[row, k]), float(gaussian_logprob(x, mean, std)),
                                     rel_tol=1e-5, abs_tol=1e-5)
