@@ -15,6 +15,11 @@ and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
 the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 
+With `policy.branching` (BranchGRPO, `branching.py`) a group is a tree: its rows share their
+latents up to the depth where their node splits, the denoiser runs once per node (on its first
+row) and a node's rows take its first row's step noise; each edge is a trained unit of that first
+row only, and `unit_rewards` gives each unit its node's reward.
+
 With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
 (final sample, noise level) pair: unit k re-noises the final sample at level k with noise drawn
 from the row's seed and k. Rollout extras then hold `clean` [N, ...] (the final samples),
