@@ -84,6 +84,12 @@ class Policy(ABC):
         before anything loads."""
         return []
 
+    @classmethod
+    def group_size_problems(cls, cfg: Any, group_size: int) -> list[str]:
+        """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
+        a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
+        return []
+
     @property
     def max_units(self) -> int | None:
         """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""
@@ -159,6 +165,12 @@ class Policy(ABC):
         scores extra completions, completion j standing for row rows[j] (its prompt and data
         columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
         `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        return None
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} derived from the rollouts' own rewards {name: [N]} (e.g.
+        BranchGRPO's tree: a step's reward is the mean over the leaves under its node), or None.
+        Called in training after `step_rewards` returned None; the result replaces the rewards."""
         return None
 
     def pop_metrics(self) -> dict[str, float]:

@@ -91,6 +91,8 @@ class RolloutCollector:
                 self.clock.phase("reward"):
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 inputs.reward_fns, rollout, picked, completions, counts))
+        if per_unit is None:  # per-unit rewards the adapter derives from the rollout rewards (BranchGRPO)
+            per_unit = self.policy.unit_rewards(rollout, rewards)
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
         counts.update({f"policy/{k}": v for k, v in self.policy.pop_metrics().items()})

@@ -136,6 +136,9 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
     check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
     if check is not None:
         problems += check(policy_cfg)
+    group_check = getattr(adapter, "group_size_problems", None)
+    if group_check is not None:
+        problems += group_check(policy_cfg, cfg.algorithm.group_size)
     if cfg.algorithm.objective in OBJECTIVES.names():
         _check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
     if cfg.algorithm.ratio_norm != "none":

@@ -15,6 +15,11 @@ and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
 the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
 
+With `policy.branching` (BranchGRPO, `branching.py`) a group is a tree: its rows share their
+latents up to the depth where their node splits, the denoiser runs once per node (on its first
+row) and a node's rows take its first row's step noise; each edge is a trained unit of that first
+row only, and `unit_rewards` gives each unit its node's reward.
+
 With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
 (final sample, noise level) pair: unit k re-noises the final sample at level k with noise drawn
 from the row's seed and k. Rollout extras then hold `clean` [N, ...] (the final samples),
@@ -40,6 +45,7 @@ from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
+from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
 from .forward_process import implicit_velocity_losses, renoised
@@ -104,6 +110,9 @@ class DiffusionPolicy(TurningPointRewards):
         if not 0 < cfg.forward_fraction <= 1 or int(cfg.num_steps * cfg.forward_fraction) < 1:
             raise ValueError(f"policy.forward_fraction={cfg.forward_fraction} must be in (0, 1] and keep at least "
                              f"one of the {cfg.num_steps} noise levels")
+        problems = self.config_problems(cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
@@ -178,6 +187,18 @@ class DiffusionPolicy(TurningPointRewards):
 
     # ----- the contract ------------------------------------------------------------------------
     @classmethod
+    def config_problems(cls, cfg: DiffusionConfig) -> list[str]:
+        problems = cfg.branching.problems(cfg.num_steps)
+        if cfg.branching.on and (cfg.turning_points or cfg.units != "steps"):
+            problems.append("policy.branching: a tree of rollouts is trained by its steps; it does not go with "
+                            "policy.turning_points or policy.units=forward_process")
+        return problems
+
+    @classmethod
+    def group_size_problems(cls, cfg: DiffusionConfig, group_size: int) -> list[str]:
+        return cfg.branching.group_size_problems(group_size)
+
+    @classmethod
     def unit_terms(cls, cfg: DiffusionConfig) -> str:
         return "implicit_velocity" if cfg.units == "forward_process" else "logprobs"
 
@@ -227,24 +248,39 @@ class DiffusionPolicy(TurningPointRewards):
                                                     torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
                                for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
         step_fn = SAMPLERS.get(sampler)
+        tree = cfg.branching if cfg.branching.on and not greedy else None
+        widths = self._tree_widths(tree, group_size, steps, stochastic)
         trajectory = [x.float().cpu()]
         logps = torch.zeros(n, steps)
         noisy = torch.zeros(n, steps, dtype=torch.bool)
         for k in range(steps):
-            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
+            # the denoiser runs once per node: on its first row, the rows under it taking the result
+            reps, index = representatives(first_rows(group_size, len(texts), widths[k]))
+            at_nodes = x[reps].float() if widths[k] < group_size else x.float()
+            node_cond = {key: v[reps] for key, v in cond.items()} if widths[k] < group_size else cond
+            pred = self.family.predict(self.model, at_nodes, timesteps[k], node_cond, cfg.guidance_scale,
+                                       cfg.classifier_free_guidance).float()
             rows = stochastic[:, k].nonzero().flatten().tolist()
-            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1], strength if rows else 0.0)
+            mean, std = step_fn(at_nodes, pred, levels[k], levels[k + 1], strength if rows else 0.0)
+            mean = mean[index]
             if std > 0:  # the SDE on this step's stochastic rows (each drawing its own noise), the ODE on the others
-                sde = mean[rows] + std * torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i])
-                                                      for i in rows]).to(device)
+                noise = torch.zeros(n, *x.shape[1:])
+                noise[rows] = torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i]) for i in rows])
+                # rows under one node after the step take that node's noise (its first row's)
+                noise = noise[first_rows(group_size, len(texts), widths[k + 1])[rows]]
+                scale = tree.noise_scale if tree is not None and k in tree.at else 1.0
+                sde = mean[rows] + scale * std * noise.to(device)
                 logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
                 noisy[rows, k] = True
-                x = mean if len(rows) == n else step_fn(x.float(), pred.float(), levels[k], levels[k + 1], 0.0)[0]
+                x = mean if len(rows) == n else step_fn(at_nodes, pred, levels[k], levels[k + 1], 0.0)[0][index]
                 x[rows] = sde  # (in place: `mean` is not used after this)
             else:
                 x = mean
             if not greedy and cfg.units == "steps":
                 trajectory.append(x.float().cpu())
+        if tree is not None:  # each edge of the tree trained once, on its first row; pruned depths not at all
+            trained &= edge_owners(tree, group_size, len(texts), steps)
+            trained &= ~pruned_units(tree, self.training_step, steps)
         trained &= noisy  # a step that drew no noise (strength 0) has no log-prob
         images = self._decode(x)
         extras: dict[str, Any] = {}
@@ -260,6 +296,28 @@ class DiffusionPolicy(TurningPointRewards):
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
                        unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
                        columns=self._video_columns(n))
+
+    @staticmethod
+    def _tree_widths(tree, group_size: int, steps: int, stochastic: Tensor) -> list[int]:
+        """Nodes per group at depths 0 .. steps: the tree's (BranchGRPO), or one per row."""
+        if tree is None:
+            return [group_size] * (steps + 1)
+        problems = tree.problems(steps) + tree.group_size_problems(group_size)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if not stochastic[:, tree.at].all():
+            raise ValueError(f"policy.branching.at={tree.at}: every split step must be a stochastic (SDE) step of "
+                             "every rollout under policy.schedule (a split at an ODE step would give equal children)")
+        return tree.widths(steps)
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """BranchGRPO: each unit's reward is the mean over the leaves under its tree node, on the row
+        that carries the edge, NaN on the rows sharing it (`branching.node_rewards`)."""
+        tree = self.cfg.branching
+        if not tree.on:
+            return None
+        group_size = tree.factor ** len(tree.at)
+        return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}
 
     def _video_columns(self, n: int) -> dict[str, list]:
         """The video reward contract's `fps` column (a video family's completions are frames)."""
