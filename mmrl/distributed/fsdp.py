@@ -217,6 +217,26 @@ class FullyShardedView(ParallelView):
     def weights_in_turn(self, model: nn.Module) -> Iterator[tuple[list[str], bool]]:
         return gathered_in_turn(model)
 
+    @contextmanager
+    def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
+        """A sharded parameter (its unit resharded after the forward) all-gathered; one that is not
+        (its unit still gathered) as it is."""
+        if self.is_whole(param):
+            yield param
+            return
+        with torch.no_grad():
+            gathered = param.full_tensor()
+        yield gathered
+
+    def whole_gradient(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Averaged over the processes and reduce-scattered into `param`'s shard, as FSDP reduces its
+        units' gradients (a DTensor, which autograd accumulates into the shard's gradient)."""
+        if self.is_whole(param):
+            return grad
+        from torch.distributed.tensor import DTensor, Partial
+        return DTensor.from_local(grad, param.device_mesh, [Partial("avg")]).redistribute(
+            param.device_mesh, param.placements)
+
     def is_whole(self, tensor: torch.Tensor) -> bool:
         from torch.distributed.tensor import DTensor
         return not isinstance(tensor, DTensor)

@@ -1,0 +1,73 @@
+"""`policy.logprobs_from: hidden_states` with the parameters sharded over 2 CPU processes (gloo):
+the output head's weight is gathered whole for the fused log-probs' forward and backward, and its
+gradient reduced into the shards. On each process's own micro-batch, the log-probs, entropies and
+every parameter's gradient shard equal those of the logits path (the model's head, as FSDP runs
+it), and the head computed no logits; the tied head (the embedding) gets both gradients.
+
+Tolerances: both paths compute in fp32 on the same shards; they differ by the order of fp32 sums
+(~1e-7 relative), as in test_logprobs_from_hidden_states.py. The 1-vs-2-process weight equality
+with hidden_states (the default) is test_sharding.py's."""
+
+from test_zero3 import run_script
+from test_sharding import LM, write
+
+TOL, GRAD_TOL = 1e-5, 1e-4
+
+PATHS_CHECK = r"""
+import json, sys, torch
+from mmrl.config.parse import load_recipe
+from mmrl.train.trainer import Trainer
+t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
+rollout = t.prepare_batch(1).rollout
+rows = rollout.select(list(range(min(3, len(rollout.unit_mask)))))
+head = t.policy.model.get_output_embeddings()
+calls, gathered = [], []
+head.register_forward_hook(lambda m, a, out: calls.append("logits" if out.shape[-1] == head.out_features else "hidden"))
+params = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
+t.policy.cfg.logprob_check = False
+
+def run(source):
+    t.policy.cfg.logprobs_from = source
+    calls.clear()
+    logp, ent = t.policy.logprobs(t.model, rows, with_entropy=True)
+    gathered.append(t.strategy.view().is_whole(head.weight))  # False: the head was resharded after the forward
+    weights = torch.linspace(-1, 1, rows.unit_mask.numel()).view_as(rows.unit_mask)
+    loss = (logp * weights).sum() - 0.1 * (ent * rows.unit_mask).sum()
+    loss.backward()
+    grads = {n: t.strategy.view().local(p.grad).clone() for n, p in params}
+    for _, p in params:
+        p.grad = None
+    return logp.detach(), (ent * rows.unit_mask).detach(), grads, sorted(set(calls))
+
+fused, plain = run("hidden_states"), run("logits")
+report = {"calls": [fused[3], plain[3]], "head_whole_after_forward": gathered, "sharded": t.strategy.view().is_sharded(t.model),
+          "logp": float((fused[0] - plain[0]).abs().max()), "entropy": float((fused[1] - plain[1]).abs().max()),
+          "entropy_size": float(fused[1].abs().max()),
+          "grads": {n: float((fused[2][n] - plain[2][n]).abs().max()) for n in fused[2]},
+          "grad_sizes": {n: float(plain[2][n].abs().max()) for n in plain[2]}}
+reports = [None] * torch.distributed.get_world_size()
+torch.distributed.all_gather_object(reports, report)
+if t.accelerator.is_main_process:
+    print(json.dumps({"reports": reports}))
+from mmrl.cli.main import exit_without_teardown
+exit_without_teardown(0)
+"""
+
+
+def assert_paths_equal(reports):
+    for report in reports:  # each process, on its own micro-batch
+        assert report["sharded"] and report["head_whole_after_forward"] == [False, False]  # gathered for the log-probs
+        assert report["calls"] == [["hidden"], ["logits"]]  # the fused path computed no logits
+        assert report["logp"] <= TOL and report["entropy"] <= TOL and report["entropy_size"] > 0
+        assert report["grads"].keys() == report["grad_sizes"].keys() and report["grads"]
+        for name, diff in report["grads"].items():
+            assert diff <= GRAD_TOL, name
+        assert report["grad_sizes"]["lm_head.weight" if "lm_head.weight" in report["grads"]
+                                    else "model.embed_tokens.weight"] > 0
+
+
+def test_fsdp_hidden_state_logprobs_equal_the_logits_path(tmp_path):
+    recipe = write(tmp_path, LM)
+    reports = run_script(tmp_path, PATHS_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}",
+                         "distributed.strategy=fsdp")
+    assert_paths_equal(reports["reports"])
