@@ -8,7 +8,7 @@ Tolerances: both paths compute in fp32 on the same shards; they differ by the or
 (~1e-7 relative), as in test_logprobs_from_hidden_states.py. The 1-vs-2-process weight equality
 with hidden_states (the default) is test_sharding.py's."""
 
-from test_zero3 import run_script
+from test_zero3 import needs_deepspeed, run_script
 from test_sharding import LM, write
 
 TOL, GRAD_TOL = 1e-5, 1e-4
@@ -71,3 +71,24 @@ def test_fsdp_hidden_state_logprobs_equal_the_logits_path(tmp_path):
     reports = run_script(tmp_path, PATHS_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}",
                          "distributed.strategy=fsdp")
     assert_paths_equal(reports["reports"])
+
+
+
+
+@needs_deepspeed
+def test_zero3_keeps_the_logits_path_with_a_warning(caplog):
+    """ZeRO-3 is not served yet: a model whose parameters it partitioned (each keeps a `ds_id`)
+    takes the logits path, and the run says why."""
+    import logging
+
+    from mmrl.distributed.zero3 import ZeroThreeView
+    from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+    from mmrl.tasks.lm.logprob_settings import output_head_for
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=4))
+    log = logging.getLogger("test_zero3_head")
+    assert output_head_for(policy.model, policy.cfg, ZeroThreeView(), log) is not None  # nothing partitioned
+    for index, param in enumerate(policy.model.parameters()):
+        param.ds_id = index  # as deepspeed.initialize marks the parameters it partitions
+    with caplog.at_level(logging.WARNING):
+        assert output_head_for(policy.model, policy.cfg, ZeroThreeView(), log) is None
+    assert "partitioned by ZeRO-3" in caplog.text

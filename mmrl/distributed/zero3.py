@@ -121,6 +121,9 @@ class ZeroThreeView(ParallelView):
     """What an adapter sees of a ZeRO-3 run: every forward gathers its layers, so rollouts run in lockstep."""
 
     lockstep = True
+    # not yet: a partitioned output head read after its forward (log-probs from the hidden states)
+    # also needs DeepSpeed's backward hooks and gradient buckets to see its gradient once
+    gathers_outside_forward = False
 
     def is_sharded(self, model: nn.Module) -> bool:
         """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a
