@@ -1,15 +1,18 @@
 """`policy.logprobs_from: hidden_states` with the parameters sharded over 2 CPU processes (gloo):
 the output head's weight is gathered whole for the fused log-probs' forward and backward, and its
 gradient reduced into the shards. On each process's own micro-batch, the log-probs, entropies and
-every parameter's gradient shard equal those of the logits path (the model's head, as FSDP runs
-it), and the head computed no logits; the tied head (the embedding) gets both gradients.
+every parameter's gradient equal those of the logits path (the model's head, as FSDP2 or ZeRO-3
+runs it), and the head computed no logits; the tied head (the embedding) gets both gradients. A
+run trains to the same metrics and weights either way. The 1-vs-2-process weight equality with
+hidden_states (the default) is test_sharding.py's and test_zero3.py's.
 
 Tolerances: both paths compute in fp32 on the same shards; they differ by the order of fp32 sums
-(~1e-7 relative), as in test_logprobs_from_hidden_states.py. The 1-vs-2-process weight equality
-with hidden_states (the default) is test_sharding.py's."""
+(~1e-7 relative), as in test_logprobs_from_hidden_states.py; runs are compared as in
+test_sharding.py (2e-5)."""
 
+import pytest
+from test_sharding import LM, assert_same, exported, launch, write
 from test_zero3 import needs_deepspeed, run_script
-from test_sharding import LM, write
 
 TOL, GRAD_TOL = 1e-5, 1e-4
 
@@ -26,21 +29,27 @@ head.register_forward_hook(lambda m, a, out: calls.append("logits" if out.shape[
 params = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
 t.policy.cfg.logprob_check = False
 
+def whole_grad(param):
+    if hasattr(param, "ds_id"):  # ZeRO-3: the averaged gradient, gathered from the partitions
+        from deepspeed.utils import safe_get_full_grad
+        return safe_get_full_grad(param).clone()
+    return t.strategy.view().local(param.grad).clone()  # FSDP: this process's shard of the averaged gradient
+
 def run(source):
     t.policy.cfg.logprobs_from = source
     calls.clear()
     logp, ent = t.policy.logprobs(t.model, rows, with_entropy=True)
-    gathered.append(t.strategy.view().is_whole(head.weight))  # False: the head was resharded after the forward
+    # the head's weight is sharded again after the forward: the log-probs gathered it
+    gathered.append(t.strategy.view().local(head.weight).numel() < head.in_features * head.out_features)
     weights = torch.linspace(-1, 1, rows.unit_mask.numel()).view_as(rows.unit_mask)
     loss = (logp * weights).sum() - 0.1 * (ent * rows.unit_mask).sum()
-    loss.backward()
-    grads = {n: t.strategy.view().local(p.grad).clone() for n, p in params}
-    for _, p in params:
-        p.grad = None
+    t.strategy.backward(t.model, loss, last=True)
+    grads = {n: whole_grad(p) for n, p in params}
+    t.strategy.drop_gradients(t.model, t.optimizer, [p for _, p in params])
     return logp.detach(), (ent * rows.unit_mask).detach(), grads, sorted(set(calls))
 
 fused, plain = run("hidden_states"), run("logits")
-report = {"calls": [fused[3], plain[3]], "head_whole_after_forward": gathered, "sharded": t.strategy.view().is_sharded(t.model),
+report = {"calls": [fused[3], plain[3]], "head_sharded_after_forward": gathered, "sharded": t.strategy.view().is_sharded(t.model),
           "logp": float((fused[0] - plain[0]).abs().max()), "entropy": float((fused[1] - plain[1]).abs().max()),
           "entropy_size": float(fused[1].abs().max()),
           "grads": {n: float((fused[2][n] - plain[2][n]).abs().max()) for n in fused[2]},
@@ -56,14 +65,14 @@ exit_without_teardown(0)
 
 def assert_paths_equal(reports):
     for report in reports:  # each process, on its own micro-batch
-        assert report["sharded"] and report["head_whole_after_forward"] == [False, False]  # gathered for the log-probs
+        assert report["sharded"] and report["head_sharded_after_forward"] == [True, True]  # gathered for the log-probs
         assert report["calls"] == [["hidden"], ["logits"]]  # the fused path computed no logits
         assert report["logp"] <= TOL and report["entropy"] <= TOL and report["entropy_size"] > 0
         assert report["grads"].keys() == report["grad_sizes"].keys() and report["grads"]
         for name, diff in report["grads"].items():
             assert diff <= GRAD_TOL, name
-        assert report["grad_sizes"]["lm_head.weight" if "lm_head.weight" in report["grads"]
-                                    else "model.embed_tokens.weight"] > 0
+        head = [n for n in report["grads"] if n.endswith(("lm_head.weight", "embed_tokens.weight"))]
+        assert head and all(report["grad_sizes"][n] > 0 for n in head)  # the (tied) head trained
 
 
 def test_fsdp_hidden_state_logprobs_equal_the_logits_path(tmp_path):
@@ -73,22 +82,18 @@ def test_fsdp_hidden_state_logprobs_equal_the_logits_path(tmp_path):
     assert_paths_equal(reports["reports"])
 
 
-
-
 @needs_deepspeed
-def test_zero3_keeps_the_logits_path_with_a_warning(caplog):
-    """ZeRO-3 is not served yet: a model whose parameters it partitioned (each keeps a `ds_id`)
-    takes the logits path, and the run says why."""
-    import logging
+def test_zero3_hidden_state_logprobs_equal_the_logits_path(tmp_path):
+    recipe = write(tmp_path, LM)
+    reports = run_script(tmp_path, PATHS_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}",
+                         "distributed.strategy=zero3")
+    assert_paths_equal(reports["reports"])
 
-    from mmrl.distributed.zero3 import ZeroThreeView
-    from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
-    from mmrl.tasks.lm.logprob_settings import output_head_for
-    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=4))
-    log = logging.getLogger("test_zero3_head")
-    assert output_head_for(policy.model, policy.cfg, ZeroThreeView(), log) is not None  # nothing partitioned
-    for index, param in enumerate(policy.model.parameters()):
-        param.ds_id = index  # as deepspeed.initialize marks the parameters it partitions
-    with caplog.at_level(logging.WARNING):
-        assert output_head_for(policy.model, policy.cfg, ZeroThreeView(), log) is None
-    assert "partitioned by ZeRO-3" in caplog.text
+
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("zero3", marks=needs_deepspeed)])
+def test_sharded_runs_train_the_same_from_the_hidden_states_and_the_logits(tmp_path, strategy):
+    recipe = write(tmp_path, dict(LM, max_steps=2))
+    fused = launch(recipe, tmp_path / "fused", f"distributed.strategy={strategy}")
+    plain = launch(recipe, tmp_path / "plain", f"distributed.strategy={strategy}", "policy.logprobs_from=logits")
+    assert any(r["loss"] != 0 for r in fused)
+    assert_same(fused, plain, exported(tmp_path / "fused", 2), exported(tmp_path / "plain", 2))

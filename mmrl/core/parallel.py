@@ -19,8 +19,6 @@ class ParallelView:
     """Whole weights, no collective in a forward."""
 
     lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
-    # `whole` and `whole_gradient` serve a parameter used outside its module's forward
-    gathers_outside_forward: bool = True
 
     def is_sharded(self, model: nn.Module) -> bool:
         """Whether `model`'s parameters are split over the processes."""

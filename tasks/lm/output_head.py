@@ -10,9 +10,8 @@ active adapter when the head is a LoRA layer, computed under autograd so that th
 `unsupported_reason` names what this cannot reproduce; the adapters then take the logits path:
 a model that transforms its logits after the head (Gemma 2's soft-capping, Cohere's logit scale),
 a head that is not a linear layer, a LoRA head with dropout while training, bias or a variant
-(DoRA), a LoRA head whose parameters are sharded over processes, and parameters partitioned by
-ZeRO-3. A plain head sharded over the
-processes by FSDP2 is gathered whole for the log-probs' forward and backward
+(DoRA), and a LoRA head whose parameters are sharded over processes. A plain head sharded over the
+processes (FSDP2, ZeRO-3) is gathered whole for the log-probs' forward and backward
 (`hidden_logprobs.py`, `ParallelView.whole`).
 """
 
@@ -71,8 +70,6 @@ class OutputHead:
     def sharded_reason(model: nn.Module, parallel: ParallelView) -> str | None:
         """Why log-probs of `model`, whose parameters `parallel` shards, cannot come from its hidden
         states (None when they can: a plain head is gathered whole)."""
-        if not parallel.gathers_outside_forward:
-            return "its parameters are partitioned by ZeRO-3 (distributed.strategy=fsdp gathers the output head)"
         head = inner_model(model).get_output_embeddings()
         if getattr(head, "base_layer", head) is not head:
             return "the output head is a LoRA layer and the parameters are sharded over the processes"
@@ -88,13 +85,18 @@ class OutputHead:
         own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
 
         def keep(hidden: Tensor, *args, **kwargs) -> Tensor:
-            self.hidden = hidden
             return hidden
 
+        def kept(head: nn.Module, args: tuple, output: Tensor) -> None:
+            # the head's output as its other hooks leave it (ZeRO-3 marks it for its backward hooks)
+            self.hidden = output
+
         module.forward = keep
+        hook = module.register_forward_hook(kept)
         try:
             yield self
         finally:
+            hook.remove()
             if own is None:
                 del module.forward
             else:
