@@ -97,3 +97,26 @@ def test_sharded_runs_train_the_same_from_the_hidden_states_and_the_logits(tmp_p
     plain = launch(recipe, tmp_path / "plain", f"distributed.strategy={strategy}", "policy.logprobs_from=logits")
     assert any(r["loss"] != 0 for r in fused)
     assert_same(fused, plain, exported(tmp_path / "fused", 2), exported(tmp_path / "plain", 2))
+
+
+@needs_deepspeed
+def test_a_sharded_lora_head_keeps_the_logits_path_with_a_warning(caplog):
+    """A LoRA output head is not gathered: with the parameters partitioned (each keeps a `ds_id`,
+    as `deepspeed.initialize` marks them) it takes the logits path, and the run says why, where the
+    plain head so partitioned goes through the hidden states."""
+    import logging
+
+    from peft import LoraConfig, get_peft_model
+
+    from mmrl.distributed.zero3 import ZeroThreeView
+    from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+    from mmrl.tasks.lm.logprob_settings import output_head_for
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=4))
+    log = logging.getLogger("test_sharded_lora_head")
+    for index, param in enumerate(policy.model.parameters()):
+        param.ds_id = index
+    assert output_head_for(policy.model, policy.cfg, ZeroThreeView(), log) is not None
+    lora = get_peft_model(policy.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
+    with caplog.at_level(logging.WARNING):
+        assert output_head_for(lora, policy.cfg, ZeroThreeView(), log) is None
+    assert "LoRA layer and the parameters are sharded" in caplog.text

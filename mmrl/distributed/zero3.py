@@ -130,7 +130,8 @@ class ZeroThreeView(ParallelView):
 
     @contextmanager
     def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
-        """A partitioned parameter gathered (DeepSpeed's `GatheredParameters`, read only) for the block."""
+        """A partitioned parameter gathered (DeepSpeed's `GatheredParameters`, read only) for the block;
+        the whole gradient returned for it is reduced into the partitions by DeepSpeed's gradient hooks."""
         if not hasattr(param, "ds_id"):
             yield param
             return

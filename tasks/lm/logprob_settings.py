@@ -68,7 +68,7 @@ def output_head_for(model: nn.Module, cfg: Any, parallel: ParallelView, log: log
         return None
     reason = OutputHead.unsupported_reason(model)
     if reason is None and parallel.is_sharded(model):
-        reason = OutputHead.sharded_reason(model, parallel)
+        reason = OutputHead.sharded_reason(model)
     if reason is not None:
         warn_once(log, f"policy.logprobs_from=hidden_states: {reason}; log-probs use the model's logits")
         return None

@@ -67,9 +67,9 @@ class OutputHead:
         return None
 
     @staticmethod
-    def sharded_reason(model: nn.Module, parallel: ParallelView) -> str | None:
-        """Why log-probs of `model`, whose parameters `parallel` shards, cannot come from its hidden
-        states (None when they can: a plain head is gathered whole)."""
+    def sharded_reason(model: nn.Module) -> str | None:
+        """Why log-probs of `model`, whose parameters are sharded over the processes, cannot come
+        from its hidden states (None when they can: a plain head is gathered whole)."""
         head = inner_model(model).get_output_embeddings()
         if getattr(head, "base_layer", head) is not head:
             return "the output head is a LoRA layer and the parameters are sharded over the processes"
@@ -117,7 +117,6 @@ class OutputHead:
                 if name in head.lora_A:
                     weight = weight + head.get_delta_weight(name).to(weight.dtype)
         return weight, base.bias
-
 
     @property
     def compute_dtype(self) -> torch.dtype:
