@@ -120,3 +120,30 @@ def test_a_sharded_lora_head_keeps_the_logits_path_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         assert output_head_for(lora, policy.cfg, ZeroThreeView(), log) is None
     assert "LoRA layer and the parameters are sharded" in caplog.text
+
+
+def test_fsdp_with_shards_offloaded_to_the_cpu_keeps_the_logits_path_with_a_warning(caplog):
+    """With `distributed.offload` on an accelerator the shards stay on the CPU, where `whole` would
+    gather them: the logits path, said once; the same sharded model otherwise uses its head."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from test_distributed import free_port
+
+    from mmrl.config.sections import DistributedConfig
+    from mmrl.distributed.fsdp import FullyShardedView, Sharding
+    from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
+    from mmrl.tasks.lm.logprob_settings import output_head_for
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=4))
+    log = logging.getLogger("test_fsdp_offloaded_head")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        Sharding(DistributedConfig(strategy="fsdp"), torch.device("cpu"), torch.float32).shard(policy.model)
+        assert output_head_for(policy.model, policy.cfg, FullyShardedView(lockstep=False), log) is not None
+        with caplog.at_level(logging.WARNING):
+            offloaded = FullyShardedView(lockstep=False, offloaded=True)
+            assert output_head_for(policy.model, policy.cfg, offloaded, log) is None
+        assert "distributed.offload keeps the shards on the CPU" in caplog.text
+    finally:
+        dist.destroy_process_group()

@@ -19,6 +19,7 @@ class ParallelView:
     """Whole weights, no collective in a forward."""
 
     lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
+    whole_unavailable: str | None = None  # why `whole` cannot gather a sharded parameter here (None: it can)
 
     def is_sharded(self, model: nn.Module) -> bool:
         """Whether `model`'s parameters are split over the processes."""

@@ -206,10 +206,13 @@ class Sharding:
 
 class FullyShardedView(ParallelView):
     """What an adapter sees of an FSDP2 run: rollouts in lockstep when they run on sharded
-    parameters (`distributed.rollout_params: sharded`), weights readable one shard unit at a time."""
+    parameters (`distributed.rollout_params: sharded`), weights readable one shard unit at a time.
+    `offloaded`: the shards live on the CPU while the model computes on an accelerator."""
 
-    def __init__(self, lockstep: bool):
+    def __init__(self, lockstep: bool, offloaded: bool = False):
         self.lockstep = lockstep
+        if offloaded:
+            self.whole_unavailable = "distributed.offload keeps the shards on the CPU"
 
     def is_sharded(self, model: nn.Module) -> bool:
         return is_sharded(model)
@@ -269,7 +272,8 @@ class FullySharded(Strategy):
         model.float()
 
     def view(self) -> ParallelView:
-        return FullyShardedView(lockstep=self.forwards_in_step)
+        return FullyShardedView(lockstep=self.forwards_in_step,
+                                offloaded=self.cfg.distributed.offload and self.acc.device.type != "cpu")
 
     def frozen(self, model: nn.Module) -> nn.Module:
         return self.sharding.shard(model, "the reference model")  # a frozen sharded copy, never a whole replica

@@ -25,9 +25,10 @@ def logprobs_from_field(default: str = "hidden_states", note: str = "") -> Any:
         "Where log-probs come from: hidden_states (the model runs without its output head, which projects the "
         "scored positions' hidden states a chunk of tokens at a time in the forward and the backward, so the "
         "logits are never whole), or logits (the model's logits, log-softmax a chunk of rows at a time). Models the "
-        "first cannot serve (logit soft-capping, a LoRA output head with sharded parameters) take the second, with a "
-        "warning. Under distributed.strategy fsdp or zero3, the sharded output head's weight is gathered whole for "
-        "the log-probs' forward and again for their backward, and its gradient averaged into the shards." + note)})
+        "first cannot serve (logit soft-capping, a LoRA output head with sharded parameters, fsdp with "
+        "distributed.offload on an accelerator) take the second, with a warning. Under distributed.strategy fsdp or "
+        "zero3, the sharded output head's weight is gathered whole for the log-probs' forward and again for their "
+        "backward, and its gradient averaged into the shards." + note)})
 
 
 def logprob_chunk_tokens_field() -> Any:
@@ -68,7 +69,7 @@ def output_head_for(model: nn.Module, cfg: Any, parallel: ParallelView, log: log
         return None
     reason = OutputHead.unsupported_reason(model)
     if reason is None and parallel.is_sharded(model):
-        reason = OutputHead.sharded_reason(model)
+        reason = parallel.whole_unavailable or OutputHead.sharded_reason(model)
     if reason is not None:
         warn_once(log, f"policy.logprobs_from=hidden_states: {reason}; log-probs use the model's logits")
         return None
