@@ -13,6 +13,11 @@ again for the backward, and freed in between; the backward's gradients of W and 
 their shards (`ParallelView.whole_gradient`) as the strategy reduces its modules'. A gathered fp32
 master weight projects in the hidden states' (compute) dtype, as the sharded model's head would.
 
+A frozen projection (LoRA on the other layers, a frozen head): only the hidden states take a
+gradient, and d log p(y) / dh and dH / dh [N, H] do not depend on the loss above them, so the
+forward computes them with each chunk's logits and the backward only scales them by the upstream
+gradients: one projection of logits in all, where the recomputing backward would take a second.
+
 The entropy is differentiable: dH/dz_j = -p_j (log p_j + H), so an entropy bonus trains.
 `banned` token ids get the lowest fp32 value (probability 0, no gradient), as the sampler bans them.
 """
@@ -45,20 +50,39 @@ class _HiddenStateLogProbs(torch.autograd.Function):
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logp = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if want_entropy else torch.zeros((), device=hidden.device)
+        frozen_projection = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3])
+        jacobians = (torch.empty_like(hidden), torch.empty_like(hidden) if want_entropy else None) \
+            if frozen_projection else None
         with whole_projection(parallel, weight, bias) as (whole_weight, whole_bias):
             w, b = projection(whole_weight, whole_bias, hidden.dtype)
             for start in range(0, n, chunk_tokens):
                 end = min(start + chunk_tokens, n)
                 z = chunk_logits(hidden[start:end], w, b, temperature, banned)
+                kept = z.clone() if frozen_projection and want_entropy else None  # block_stats overwrites z
                 lse[start:end], logp[start:end], chunk_entropy = block_stats(z, targets[start:end], want_entropy)
                 if want_entropy:
                     entropy[start:end] = chunk_entropy
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if want_entropy else None, banned)
+                if frozen_projection:
+                    source, z = (kept if want_entropy else z), None
+                    hidden_jacobians(source, lse[start:end], targets[start:end],
+                                     entropy[start:end] if want_entropy else None, w, temperature, banned,
+                                     [None if j is None else j[start:end] for j in jacobians])
+        if frozen_projection:
+            ctx.save_for_backward(*jacobians)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if want_entropy else None, banned)
+        ctx.frozen_projection = frozen_projection
         ctx.temperature, ctx.chunk_tokens, ctx.parallel = temperature, chunk_tokens, parallel
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor | None):
+        if ctx.frozen_projection:
+            jacobian_logp, jacobian_entropy = ctx.saved_tensors
+            grad = jacobian_logp.float() * grad_logp.float()[:, None]
+            if jacobian_entropy is not None and grad_entropy is not None:
+                grad.add_(jacobian_entropy.float() * grad_entropy.float()[:, None])
+            return grad.to(jacobian_logp.dtype), None, None, None, None, None, None, None, None
         hidden, weight, bias, targets, lse, entropy, banned = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         parallel = ctx.parallel
@@ -86,6 +110,17 @@ class _HiddenStateLogProbs(torch.autograd.Function):
         if need_bias:
             grad_bias = parallel.whole_gradient(bias, grad_bias)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def hidden_jacobians(z: Tensor, lse: Tensor, targets: Tensor, entropy: Tensor | None, w: Tensor,
+                     temperature: float, banned: Tensor | None, out: list[Tensor | None]) -> None:
+    """d log p(y) / dh, and dH / dh where `entropy` is given, of one chunk into `out` [n, H]
+    (z, the chunk's fp32 logits, is overwritten)."""
+    ones = torch.ones_like(lse)
+    if entropy is not None:
+        d_entropy = block_grad(z.clone(), lse, targets, torch.zeros_like(lse), (entropy, ones), temperature, banned)
+        torch.matmul(d_entropy.to(w.dtype), w, out=out[1])
+    torch.matmul(block_grad(z, lse, targets, ones, None, temperature, banned).to(w.dtype), w, out=out[0])
 
 
 @contextmanager
