@@ -29,18 +29,17 @@ CALC = '<tool_call>{"name": "python", "arguments": {"code": "2+3"}}</tool_call>'
 ZOOM = '<tool_call>{"name": "zoom", "arguments": {"bbox_2d": [0, 0, 28, 28]}}</tool_call>'
 
 
-def teach(policy, texts: list[str], replies: list[str], steps: int, lr: float, positions: bool) -> None:
-    """Supervised steps on `texts` (left-padded; `positions`: with position ids that skip the
-    padding), the loss on their last len(reply) tokens only."""
+def teach(policy, texts: list[str], replies: list[str], steps: int) -> None:
+    """Supervised steps on `texts` (left-padded, position ids skip the padding), the loss on their
+    last len(reply) tokens only."""
     enc = policy.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     target = mask.clone()
     for row, reply in enumerate(replies):
         target[row, :-len(policy.tokenizer(reply, add_special_tokens=False)["input_ids"])] = 0
-    optimizer = torch.optim.Adam(policy.model.parameters(), lr=lr)
-    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if positions else {}
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=3e-3)
     for _ in range(steps):
-        logits = policy.model(input_ids=ids, attention_mask=mask, **extra).logits
+        logits = policy.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
         logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
         loss = -(logp * target[:, 1:]).sum() / target[:, 1:].sum()
         optimizer.zero_grad()
@@ -63,7 +62,7 @@ def calculator():
     """A vLLM episode policy that calls python("2+3") for "2+3", then answers 5; and answers "4+3" with 7."""
     policy = calculator_policy("vllm")
     replies = [CALC + "<eos>t:5\n<eos>a:5<eos>", "7<eos>"]
-    teach(policy, [policy.prompt_text(p) + r for p, r in zip(["2+3", "4+3"], replies)], replies, 120, 3e-3, True)
+    teach(policy, [policy.prompt_text(p) + r for p, r in zip(["2+3", "4+3"], replies)], replies, 120)
     return policy
 
 
@@ -113,15 +112,25 @@ def test_greedy_vllm_episodes_are_the_hf_engines(calculator):
 
 @pytest.fixture(scope="module")
 def zoomer():
-    """A vLLM Qwen2.5-VL episode policy that zooms into its image for "z", then answers "y"; and
-    answers "n" with "n"."""
-    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", tiny_args=TINY, max_new_tokens=80, temperature=0.5,
+    """A vLLM Qwen2.5-VL episode policy that zooms into its image for "z" and answers "n" with "n":
+    taught row by row on the processor's inputs (the prompt's image expanded, its pixels given)."""
+    policy = VLMPolicy(VLMConfig(model="tiny:qwen2.5-vl-char", tiny_args=TINY, max_new_tokens=120, temperature=0.5,
                                  rollout_engine="vllm",
                                  episode=EpisodeConfig(tools=["zoom"], max_turns=3, max_tokens=400)))
     vllm_without_torchvision.use_processor(policy.processor)
-    rows = vl_rows()
-    replies = [ZOOM + "<eos>", "n<eos>"]
-    teach(policy, [policy._chat_and_media(r)[0] + t for r, t in zip(rows, replies)], replies, 150, 3e-3, False)
+    rows, replies = vl_rows(), [ZOOM + "<eos>", "n<eos>"]
+    inputs = [policy.processor(text=[policy._chat_and_media(r)[0] + t], images=[r["image"]], return_tensors="pt")
+              for r, t in zip(rows, replies)]
+    lengths = [len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in replies]
+    optimizer = torch.optim.Adam(policy.model.parameters(), lr=1e-3)
+    for _ in range(300):
+        loss = 0
+        for enc, n in zip(inputs, lengths):
+            logits = policy.model(**enc).logits[0, -n - 1:-1]
+            loss = loss - logits.log_softmax(-1).gather(-1, enc["input_ids"][0, -n:, None]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
     return policy
 
 
