@@ -64,6 +64,16 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     return points
 
 
+def _write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    """`rows` as a CSV file, written whole or not at all (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
 EVAL_STEP_FIELDS = ("cell", "seed", "step", "train_reward", "proxy", "gold")
 
 
@@ -91,12 +101,7 @@ def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict]) -> dict[int,
             for point in _eval_steps(out / "runs" / run.dirname):
                 records.append({"cell": run.cell, "seed": run.seed, **point})
                 by_cell.setdefault(run.cell, {}).setdefault(point["step"], []).append((point["proxy"], point["gold"]))
-    tmp = out / "sweep_evals.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=EVAL_STEP_FIELDS)
-        writer.writeheader()
-        writer.writerows(records)
-    os.replace(tmp, out / "sweep_evals.csv")
+    _write_csv(out / "sweep_evals.csv", EVAL_STEP_FIELDS, records)
     return {c: [(step, sum(p for p, _ in v) / len(v), sum(g for _, g in v) / len(v)) for step, v in sorted(steps.items())]
             for c, steps in by_cell.items()}
 
@@ -133,12 +138,7 @@ def write_reports(out: Path, runs: list[Run]) -> list[dict]:
                      "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
                      **{k: summary.get(k, math.nan) for k in EVAL_FIELDS},
                      "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
-    tmp = out / "sweep.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, out / "sweep.csv")
+    _write_csv(out / "sweep.csv", CSV_FIELDS, rows)
     cell_overrides = {run.cell: run.overrides for run in runs}
     curves = _write_eval_steps(out, runs, rows)
     (out / "sweep.md").write_text(_markdown(rows, cell_overrides) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
