@@ -106,6 +106,7 @@ def test_zero3_hidden_state_logprobs_equal_the_logits_path_with_a_head_of_its_ow
     assert all(any(n.endswith("lm_head.weight") for n in r["grads"]) for r in reports["reports"])
 
 
+@pytest.mark.slow  # two 2-process runs; the op's equality on 2 processes is tested above in the default run
 @pytest.mark.parametrize("strategy", ["fsdp", pytest.param("zero3", marks=needs_deepspeed)])
 def test_sharded_runs_train_the_same_from_the_hidden_states_and_the_logits(tmp_path, strategy):
     recipe = write(tmp_path, dict(LM, max_steps=2))
