@@ -26,15 +26,13 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
+from mmrl.registry import ADAPTERS
 
 POLL_S = 1.0  # how often a waiting trainer checks that the worker is alive
 
 
 class RolloutWorkerDied(UserError):
     """The rollout worker exited or failed; the run stops (after a checkpoint of the last step)."""
-
-
-WORKER_TASKS = ("causal_lm", "diffusion")  # adapters the worker builds from the recipe alone
 
 
 def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
@@ -58,10 +56,11 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
         problems.append("rollout.stale_rows=keep with algorithm.rollout_correction=none (kept stale rows are "
                         "weighted by tis or mis)")
     mode = f"rollout.mode={ro.mode}"
-    needs = {"task": (cfg.task in WORKER_TASKS, f"task={cfg.task!r} (the rollout worker runs "
-                                                 f"{' and '.join(WORKER_TASKS)})"),
-             "units": (cfg.policy.get("units", "steps") != "forward_process",
-                       "policy.units=forward_process (no behaviour log-probs to correct stale rows with)"),
+    workers = [name for name in ADAPTERS.names() if ADAPTERS.get(name).runs_in_rollout_worker]
+    adapter = ADAPTERS.get(cfg.task) if cfg.task in ADAPTERS else None
+    policy_problem = adapter.rollout_worker_problem(cfg.policy) if cfg.task in workers else None
+    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {' and '.join(workers)})"),
+             "policy": (policy_problem is None, policy_problem),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),

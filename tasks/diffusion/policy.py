@@ -84,6 +84,14 @@ class StepTerms:
 
 @ADAPTERS.register("diffusion")
 class DiffusionPolicy(TurningPointRewards):
+    runs_in_rollout_worker = True
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        if policy.get("units", "steps") == "forward_process":
+            return "policy.units=forward_process (no behaviour log-probs to correct stale rows with)"
+        return None
+
     Config = DiffusionConfig
 
     def __init__(self, cfg: DiffusionConfig, pipe=None):

@@ -106,6 +106,7 @@ class CausalLMConfig:
 
 @ADAPTERS.register("causal_lm")
 class CausalLMPolicy(TokenRollouts, TokenScoring):
+    runs_in_rollout_worker = True
     Config = CausalLMConfig
     # read at each rollout / log-prob pass, so a training stage may change them
     stage_fields = frozenset({"max_new_tokens", "min_new_tokens", "top_p", "top_k", "stop_strings",
