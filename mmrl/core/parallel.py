@@ -20,8 +20,8 @@ class ParallelView:
 
     lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
     whole_unavailable: str | None = None  # why `whole` cannot gather a sharded parameter here (None: it can)
-    # a module's parameters are whole only inside its own call (ZeRO-3's hooks gather them for its forward
-    # and backward, and DeepSpeed reduces their gradients then): code that projects with a module's
+    # a module's parameters are whole only inside its own call (the strategy's hooks gather them for its
+    # forward and backward, and reduce their gradients then): code that projects with a module's
     # parameters runs as that module's call
     gathers_in_module_calls: bool = False
 
