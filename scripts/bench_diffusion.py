@@ -151,7 +151,7 @@ MIXGRPO_SCHEDULE = {"kind": "sliding_window", "start": 0, "size": 4, "stride": 1
 
 
 def image_brightness(prompts, completions, **columns):
-    """The benchmark's reward: each image's mean pixel value in [0, 1] (distinct samples never tie)."""
+    """The benchmark's reward: each image's mean pixel value in [0, 1] (continuous: a group of distinct samples does not tie)."""
     import numpy as np
     return [float(np.asarray(image.convert("L"), dtype=np.float32).mean() / 255) for image in completions]
 
