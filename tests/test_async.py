@@ -3,6 +3,8 @@ the decoupled (proximal) objective against hand-written references."""
 
 import json
 import math
+import multiprocessing.queues
+import time
 from pathlib import Path
 
 import pytest
@@ -192,6 +194,63 @@ def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
     t, lines = run(tmp_path, "worker", "rollout.mode=one_step_off")
     assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 1.0]  # the first step's rows: the initial weights
     assert not t.collector.worker.process.is_alive()
+
+
+def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
+    """The worker, sent the weights after an update, draws the same completions with the same
+    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
+    weights draw other log-probs, so a transfer that missed the update would fail."""
+    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
+    rows, seeds, threads = [t.inputs.train_rows[i] for i in range(2)], [11, 12], torch.get_num_threads()
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    torch.set_num_threads(1)
+    try:
+        initial = t.policy.rollout(rows, 3, seeds)
+        t.train_step()  # synchronous: the test's worker is not the run's
+        worker.send_weights(t.unwrapped, 1)
+        drawn = worker.take((2, 0, 0), rows, 3, seeds)
+        t.policy.set_training_step(2)
+        trained = t.policy.rollout(rows, 3, seeds)
+    finally:
+        torch.set_num_threads(threads)
+        worker.stop()
+    assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
+    assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
+    assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
+
+
+def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
+    """The queue carries each transfer's version only; the weights are broadcast."""
+    sent, put = [], multiprocessing.queues.Queue.put
+    monkeypatch.setattr(multiprocessing.queues.Queue, "put",
+                        lambda queue, message, *args: (sent.append(message), put(queue, message, *args))[1])
+    t = trainer(tmp_path, "rollout.mode=async")
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        worker.send_weights(t.unwrapped, 1)
+    finally:
+        worker.stop()
+    assert sent == [("weights", 0), ("weights", 1), ("stop",)]
+
+
+def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
+    """The broadcast to a killed worker fails as its connection closes (not after the group's
+    timeout); the next transfer sees it and starts none, and the awaited rollouts raise it."""
+    t = trainer(tmp_path, "rollout.mode=async")
+    rows = [t.inputs.train_rows[0]]
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    worker.process.kill()
+    worker.process.join()
+    try:
+        for version in range(1, 100):  # 5 s at most
+            worker.send_weights(t.unwrapped, version)
+            if worker.transfer_error is not None:
+                break
+            time.sleep(0.05)
+        with pytest.raises(RolloutWorkerDied, match=r"exited with code -9 \(the weights transfer to it failed"):
+            worker.take((1, 0, 0), rows, 3, [0])
+    finally:
+        worker.stop()
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
