@@ -140,6 +140,24 @@ def test_async_diffusion_at_staleness_0_is_the_synchronous_run(tmp_path):
     assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/mean_red", "loss"))
 
 
+DLM_RECIPE = {
+    "task": "dlm", "policy": {"model": "tiny:dlm-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2},
+                              "gen_length": 8, "block_length": 4, "steps": 4},
+    "data": {"name": "arithmetic", "args": {"n_train": 32, "n_eval": 4, "digits": 1}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 4}, "optim": {"lr": 1e-3, "prompts_per_step": 3, "micro_batch_size": 12},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+def test_async_dlm_at_staleness_0_is_the_synchronous_run(tmp_path):
+    """The worker decodes each group from its seed with the newest weights and keeps the seeds of the
+    estimator's masks: the same completions' rewards, losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync", recipe=DLM_RECIPE)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", recipe=DLM_RECIPE)
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "loss"))
+
+
 def test_async_keeps_every_row_within_max_staleness(tmp_path):
     """Two steps asked ahead: step k's rows are at most min(k - 1, 2) steps old, none dropped."""
     t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=2", steps=4)
@@ -283,11 +301,13 @@ def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_p
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=vlm", "rollout.mode=async",
                                             "rollout.max_staleness=-1", "rollout.stale_rows=keep"]))
     text = str(err.value)
-    assert "task='vlm' (the rollout worker runs causal_lm and diffusion)" in text
+    assert "task='vlm' (the rollout worker runs causal_lm, diffusion, dlm)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
     with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
         validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",
                                                  "policy.units=forward_process"]))
+    with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.temperature=0 \(greedy decoding records"):
+        validate(parse_config(DLM_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async", "policy.temperature=0"]))
     with pytest.raises(ConfigError, match=r"rollout.weights_every=2 is async's \(rollout.mode=one_step_off\)"):
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
                                             "rollout.weights_every=2"]))

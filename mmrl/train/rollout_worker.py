@@ -63,7 +63,7 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     workers = [name for name in ADAPTERS.names() if ADAPTERS.get(name).runs_in_rollout_worker]
     adapter = ADAPTERS.get(cfg.task) if cfg.task in ADAPTERS else None
     policy_problem = adapter.rollout_worker_problem(cfg.policy) if cfg.task in workers else None
-    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {' and '.join(workers)})"),
+    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {', '.join(workers)})"),
              "policy": (policy_problem is None, policy_problem),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
