@@ -18,6 +18,7 @@ from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
 from mmrl.registry import import_user_module
 from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
+from mmrl.train.weights_broadcast import backend_for
 from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
@@ -249,6 +250,13 @@ def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
     finally:
         worker.stop()
     assert sent == [("weights", 0), ("weights", 1), ("stop",)]
+
+
+def test_the_weights_backend_is_nccl_only_between_two_cuda_devices():
+    """One CUDA device cannot be two NCCL ranks; a CPU side takes gloo."""
+    cases = {("cuda:0", "cuda:1"): "nccl", ("cuda:0", "cuda:0"): "gloo", ("cuda:0", "cpu"): "gloo",
+             ("cpu", "cuda:0"): "gloo", ("cpu", "cpu"): "gloo"}
+    assert {pair: backend_for(*map(torch.device, pair)) for pair in cases} == cases
 
 
 def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):

@@ -125,15 +125,15 @@ class RolloutWorker:
         context = mp.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.mode = cfg.rollout.mode
-        self.sender = WeightsSender()
-        weights = (self.sender.port, layout_of(model.state_dict()), model_device(model))
+        self.sender, device = WeightsSender(), model_device(model)
+        weights = (self.sender.port, layout_of(model.state_dict()), device)
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
         self.ready: dict[Any, Rollout] = {}
         self.asked: set = set()
         self.transfer_error: str | None = None  # why a weights transfer failed (raised when a rollout is awaited)
-        self.sender.connect(model_device(model), lambda: self._receive(JOIN_POLL_S))
+        self.sender.connect(device, lambda: self._receive(JOIN_POLL_S))
         self.send_weights(model, version)
 
     def send_weights(self, model: torch.nn.Module, version: int) -> None:
@@ -170,17 +170,15 @@ class RolloutWorker:
         try:
             message = self.results.get(timeout=timeout)
         except queue.Empty:
-            if not self.process.is_alive() or self.transfer_error is not None:
-                raise self._died(f"({self.transfer_error})" if self.transfer_error else "without an answer") from None
-            return
+            if self.process.is_alive() and self.transfer_error is None:
+                return
+            ended = "is alive" if self.process.is_alive() else f"exited with code {self.process.exitcode}"
+            why = f"({self.transfer_error})" if self.transfer_error else "without an answer"
+            raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) {ended} {why}; "
+                                    f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
             raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
         self.ready[message[1]] = message[2]
-
-    def _died(self, why: str) -> RolloutWorkerDied:
-        ended = "is alive" if self.process.is_alive() else f"exited with code {self.process.exitcode}"
-        return RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) {ended} {why}; "
-                                 f"rollout.mode={self.mode} cannot go on")
 
     def stop(self) -> None:
         if self.process.is_alive():
