@@ -1,13 +1,14 @@
 """The trained weights sent to the rollout worker over torch.distributed (docs/async.md): the trainer
 (rank 0) and the worker (rank 1) form a process group of their own, on a TCPStore of their own on a
 free local port, so the trainer's default process group, if it has one, is left alone. The backend
-is chosen from the two models' devices: NCCL between two CUDA devices, gloo (CPU copies) otherwise.
+is chosen from the two models' devices: NCCL between two different CUDA devices, gloo (CPU copies)
+otherwise. Only gloo is tested.
 
 A transfer is the state dict flattened into one buffer per dtype, broadcast from the trainer. The
-trainer's broadcast is asynchronous: it copies the weights into fresh buffers, starts the
+trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
 broadcast and goes on training; the worker receives the buffers when it reads the transfer's
 ("weights", version) message (mmrl/train/rollout_worker.py) and copies them into its model in
-place. Buffers whose broadcast completed are released at the next transfer; a failed one (the
+place. The buffers of a completed broadcast are reused by the next transfer; a failed one (the
 worker died: its connection closed) raises there.
 """
 
