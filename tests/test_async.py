@@ -3,6 +3,8 @@ the decoupled (proximal) objective against hand-written references."""
 
 import json
 import math
+import multiprocessing.queues
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
 from mmrl.registry import import_user_module
 from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
+from mmrl.train.weights_broadcast import backend_for
 from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
@@ -138,6 +141,24 @@ def test_async_diffusion_at_staleness_0_is_the_synchronous_run(tmp_path):
     assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/mean_red", "loss"))
 
 
+DLM_RECIPE = {
+    "task": "dlm", "policy": {"model": "tiny:dlm-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2},
+                              "gen_length": 8, "block_length": 4, "steps": 4},
+    "data": {"name": "arithmetic", "args": {"n_train": 32, "n_eval": 4, "digits": 1}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 4}, "optim": {"lr": 1e-3, "prompts_per_step": 3, "micro_batch_size": 12},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+def test_async_dlm_at_staleness_0_is_the_synchronous_run(tmp_path):
+    """The worker decodes each group from its seed with the newest weights and keeps the seeds of the
+    estimator's masks: the same completions' rewards, losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync", recipe=DLM_RECIPE)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", recipe=DLM_RECIPE)
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "loss"))
+
+
 def test_async_keeps_every_row_within_max_staleness(tmp_path):
     """Two steps asked ahead: step k's rows are at most min(k - 1, 2) steps old, none dropped."""
     t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=2", steps=4)
@@ -194,6 +215,70 @@ def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
     assert not t.collector.worker.process.is_alive()
 
 
+def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
+    """The worker, sent the weights after an update, draws the same completions with the same
+    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
+    weights draw other log-probs, so a transfer that missed the update would fail."""
+    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
+    rows, seeds, threads = [t.inputs.train_rows[i] for i in range(2)], [11, 12], torch.get_num_threads()
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    torch.set_num_threads(1)
+    try:
+        initial = t.policy.rollout(rows, 3, seeds)
+        t.train_step()  # synchronous: the test's worker is not the run's
+        worker.send_weights(t.unwrapped, 1)
+        drawn = worker.take((2, 0, 0), rows, 3, seeds)
+        t.policy.set_training_step(2)
+        trained = t.policy.rollout(rows, 3, seeds)
+    finally:
+        torch.set_num_threads(threads)
+        worker.stop()
+    assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
+    assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
+    assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
+
+
+def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
+    """The queue carries each transfer's version only; the weights are broadcast."""
+    sent, put = [], multiprocessing.queues.Queue.put
+    monkeypatch.setattr(multiprocessing.queues.Queue, "put",
+                        lambda queue, message, *args: (sent.append(message), put(queue, message, *args))[1])
+    t = trainer(tmp_path, "rollout.mode=async")
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        worker.send_weights(t.unwrapped, 1)
+    finally:
+        worker.stop()
+    assert sent == [("weights", 0), ("weights", 1), ("stop",)]
+
+
+def test_the_weights_backend_is_nccl_only_between_two_cuda_devices():
+    """One CUDA device cannot be two NCCL ranks; a CPU side takes gloo."""
+    cases = {("cuda:0", "cuda:1"): "nccl", ("cuda:0", "cuda:0"): "gloo", ("cuda:0", "cpu"): "gloo",
+             ("cpu", "cuda:0"): "gloo", ("cpu", "cpu"): "gloo"}
+    assert {pair: backend_for(*map(torch.device, pair)) for pair in cases} == cases
+
+
+def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
+    """The broadcast to a killed worker fails as its connection closes (not after the group's
+    timeout); the next transfer sees it and starts none, and the awaited rollouts raise it."""
+    t = trainer(tmp_path, "rollout.mode=async")
+    rows = [t.inputs.train_rows[0]]
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    worker.process.kill()
+    worker.process.join()
+    try:
+        for version in range(1, 100):  # 5 s at most
+            worker.send_weights(t.unwrapped, version)
+            if worker.transfer_error is not None:
+                break
+            time.sleep(0.05)
+        with pytest.raises(RolloutWorkerDied, match=r"exited with code -9 \(the weights transfer to it failed"):
+            worker.take((1, 0, 0), rows, 3, [0])
+    finally:
+        worker.stop()
+
+
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_a_dead_worker_stops_the_run_after_a_checkpoint_and_resume_starts_a_new_one(tmp_path, monkeypatch, mode):
     kill_reward = Path(__file__).parent / "kill_reward.py"
@@ -224,11 +309,13 @@ def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_p
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=vlm", "rollout.mode=async",
                                             "rollout.max_staleness=-1", "rollout.stale_rows=keep"]))
     text = str(err.value)
-    assert "task='vlm' (the rollout worker runs causal_lm and diffusion)" in text
+    assert "task='vlm' (the rollout worker runs causal_lm, diffusion, dlm)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
     with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
         validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",
                                                  "policy.units=forward_process"]))
+    with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.temperature=0 \(greedy decoding records"):
+        validate(parse_config(DLM_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async", "policy.temperature=0"]))
     with pytest.raises(ConfigError, match=r"rollout.weights_every=2 is async's \(rollout.mode=one_step_off\)"):
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
                                             "rollout.weights_every=2"]))

@@ -285,6 +285,13 @@ def test_make_vllm_env_checks_without_building(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+def test_bench_weights_transfer(tmp_path):
+    report = bench("bench_weights_transfer.py", tmp_path, "--repeats", "2", "--hidden", "32", "--layers", "1")
+    assert_finite(report, "state_dict_mb", *(f"{transport}.{key}" for transport in ("queue", "broadcast")
+                                             for key in ("send_ms", "latency_ms")))
+    assert report["broadcast"]["latency_ms"] >= report["broadcast"]["send_ms"] > 0
+
+
 def test_bench_async(tmp_path):
     report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
                    "--hidden", "32", "--layers", "1")

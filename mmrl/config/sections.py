@@ -103,7 +103,7 @@ class RolloutConfig:
         "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
         "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
         "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
-        "at max_staleness + 1 steps of prompt groups). Both: causal_lm or diffusion, one process, no LoRA, no "
+        "at max_staleness + 1 steps of prompt groups). Both: causal_lm, diffusion or dlm, one process, no LoRA, no "
         "dynamic sampling, no stages; keep algorithm.rollout_correction tis or mis on (docs/async.md).")})
     max_staleness: int = field(default=1, metadata={"help": (
         "one_step_off (0 or 1) and async (0 or more): how many optimizer steps behind the trained weights the "

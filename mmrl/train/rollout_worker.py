@@ -6,9 +6,11 @@ it collects it: at most max_staleness + 1 steps of prompt groups are asked for a
 one_step_off answers in the order asked, with the weights received before each request; async
 reads every waiting message before each generation, so it generates from the newest weights it has.
 
-Messages to the worker: ("weights", version, state dict), ("rollout", key, rows, group_size, seeds)
-with key = (step, attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with
-its weights version) or ("error", text).
+The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
+carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
+receives when it reads it, ("rollout", key, rows, group_size, seeds) with key = (step, attempt,
+first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version) or
+("error", text).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
+from mmrl.train.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
 
 POLL_S = 1.0  # how often a waiting trainer checks that the worker is alive
+JOIN_POLL_S = 0.05  # how often, while the worker starts, the trainer checks whether it has joined
 
 
 class RolloutWorkerDied(UserError):
@@ -59,7 +63,7 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     workers = [name for name in ADAPTERS.names() if ADAPTERS.get(name).runs_in_rollout_worker]
     adapter = ADAPTERS.get(cfg.task) if cfg.task in ADAPTERS else None
     policy_problem = adapter.rollout_worker_problem(cfg.policy) if cfg.task in workers else None
-    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {' and '.join(workers)})"),
+    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {', '.join(workers)})"),
              "policy": (policy_problem is None, policy_problem),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
@@ -71,9 +75,11 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     return problems
 
 
-def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the policy from the recipe, then answer messages until ("stop",);
-    with `newest_weights`, every waiting message is read before each generation."""
+def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue,
+           weights: tuple[int, Layout, torch.device]) -> None:
+    """The worker process: build the policy from the recipe, join the trainer's weights group
+    (`weights`: its port, the trainer's state dict layout and device), then answer messages until
+    ("stop",); with `newest_weights`, every waiting message is read before each generation."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
         signal.signal(stop, signal.SIG_IGN)
     try:
@@ -86,6 +92,8 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
         policy = build_policy(cfg)
         policy.prompt_column = cfg.data.prompt_column
         policy.model.eval()
+        port, layout, trainer_device = weights
+        receiver = WeightsReceiver(port, layout, policy.model, trainer_device)
         version, pending = 0, deque()
         while True:
             read = newest_weights or not pending  # one_step_off: each request generated as it is read
@@ -102,8 +110,8 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
             elif message[0] == "stop":
                 return
             elif message[0] == "weights":
-                _, version, state = message
-                policy.model.load_state_dict(state)
+                version = message[1]
+                receiver.receive()
             else:
                 pending.append(message[1:])
     except BaseException:  # the trainer raises it as RolloutWorkerDied
@@ -117,17 +125,29 @@ class RolloutWorker:
         context = mp.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.mode = cfg.rollout.mode
+        self.sender, device = WeightsSender(), model_device(model)
+        weights = (self.sender.port, layout_of(model.state_dict()), device)
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
-                                                            self.results), daemon=True)
+                                                            self.results, weights), daemon=True)
         self.process.start()
         self.ready: dict[Any, Rollout] = {}
         self.asked: set = set()
+        self.transfer_error: str | None = None  # why a weights transfer failed (raised when a rollout is awaited)
+        self.sender.connect(device, lambda: self._receive(JOIN_POLL_S))
         self.send_weights(model, version)
 
     def send_weights(self, model: torch.nn.Module, version: int) -> None:
-        """The worker generates from these weights (after `version` optimizer steps) from now on."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        self.requests.put(("weights", version, state))
+        """The worker generates from these weights (after `version` optimizer steps) from now on: their
+        broadcast starts, and its message follows the requests sent before it. After a failed transfer
+        (the worker died: its connection closed) none starts; the next rollout awaited raises."""
+        if self.transfer_error is not None:
+            return
+        try:
+            self.sender.send(model)
+        except RuntimeError as err:
+            self.transfer_error = f"the weights transfer to it failed: {err}"
+            return
+        self.requests.put(("weights", version))
 
     def ask(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> None:
         self.requests.put(("rollout", key, rows, group_size, seeds))
@@ -146,15 +166,16 @@ class RolloutWorker:
         self.asked.discard(key)
         return self.ready.pop(key)
 
-    def _receive(self) -> None:
+    def _receive(self, timeout: float = POLL_S) -> None:
         try:
-            message = self.results.get(timeout=POLL_S)
+            message = self.results.get(timeout=timeout)
         except queue.Empty:
-            if not self.process.is_alive():
-                raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) exited with code "
-                                        f"{self.process.exitcode} without an answer; rollout.mode={self.mode} "
-                                        "cannot go on") from None
-            return
+            if self.process.is_alive() and self.transfer_error is None:
+                return
+            ended = "is alive" if self.process.is_alive() else f"exited with code {self.process.exitcode}"
+            why = f"({self.transfer_error})" if self.transfer_error else "without an answer"
+            raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) {ended} {why}; "
+                                    f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
             raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
         self.ready[message[1]] = message[2]
@@ -165,3 +186,4 @@ class RolloutWorker:
             self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
+        self.sender.close()
