@@ -67,9 +67,10 @@ class PolicyUpdate:
         algo = self.cfg.algorithm
         if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
             return [(slice(None), None)]
-        if algo.ratio_level == "chunk":
+        if algo.ratio_level == "chunk":  # the chunks a row of the micro-batch trains (else the first)
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
-            return [(s, [slice(0, s.stop - s.start)]) for s in segs]
+            trained = [s for s in segs if mb.unit_mask[:, s].any()] or segs[:1]
+            return [(s, [slice(0, s.stop - s.start)]) for s in trained]
         return [(s, None) for s in self.policy.unit_slices(mb)]
 
     def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
