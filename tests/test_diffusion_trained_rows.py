@@ -11,6 +11,7 @@ import torch
 from helpers import assert_grads_close
 
 from mmrl.config.parse import load_recipe
+from mmrl.core.parallel import ParallelView
 from mmrl.core.regularisers import closed_form_kl
 from mmrl.registry import RECIPES
 from mmrl.train.trainer import Trainer
@@ -89,3 +90,38 @@ def test_each_step_is_forwarded_on_the_rows_that_train_it(method, tmp_path):
     # a denoiser row per (row, trained step), twice under CFG, and as many again for the reference's KL
     per_unit = (2 if t.policy.cfg.classifier_free_guidance else 1) * (2 if closed_form_kl(t.cfg.algorithm) else 1)
     assert whole_rows == int(mask.sum()) * per_unit
+
+
+class ShardedEverywhere(ParallelView):
+    """A view whose every model is split over the processes (every forward is a collective)."""
+
+    def is_sharded(self, model):
+        return True
+
+
+def test_a_sharded_model_forwards_every_unit_of_a_slice(tmp_path):
+    """Where the denoiser is sharded every process must run as many forwards: a unit of a chunk that
+    no row of the micro-batch trains is forwarded on one row (its value masked), not skipped."""
+    recipe, overrides = METHODS["chunk"]
+    t = Trainer(load_recipe(RECIPES.get(recipe), [f"output_dir={tmp_path}", *COMMON, *overrides]))
+    batch = t.prepare_batch(1)
+    t.cfg.optim.micro_batch_size = len(batch.rollout)
+    mb = batch.rollout.select(torch.cat(t.updater.micro_batches(batch)))
+    chunks = [units for units, _ in t.updater.unit_slices(mb)]
+    mask = torch.cat([mb.unit_mask[:, units] for units in chunks], 1).bool()
+    untrained = int((~mask.any(0)).sum())
+    assert untrained > 0
+    rows, logps = {}, {}
+    for view in (ParallelView(), ShardedEverywhere()):
+        t.policy.use_parallel(view)
+        count = [0]
+        handles = count_rows([t.policy.family.denoiser], count)
+        with torch.no_grad():
+            logps[view] = torch.cat([t.policy.logprobs(t.model, mb, units)[0] for units in chunks], 1)
+        for h in handles:
+            h.remove()
+        rows[type(view)] = count[0]
+    whole, sharded = logps.values()
+    assert torch.equal(whole[mask], sharded[mask])
+    assert rows[ParallelView] == int(mask.sum())
+    assert rows[ShardedEverywhere] == int(mask.sum()) + untrained

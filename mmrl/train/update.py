@@ -67,10 +67,11 @@ class PolicyUpdate:
         algo = self.cfg.algorithm
         if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
             return [(slice(None), None)]
-        if algo.ratio_level == "chunk":  # the chunks a row of the micro-batch trains (else the first)
+        if algo.ratio_level == "chunk":
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
-            trained = [s for s in segs if mb.unit_mask[:, s].any()] or segs[:1]
-            return [(s, [slice(0, s.stop - s.start)]) for s in trained]
+            if not self.strategy.lockstep:  # the chunks a row trains (else the first); lockstep: all, as many passes
+                segs = [s for s in segs if mb.unit_mask[:, s].any()] or segs[:1]
+            return [(s, [slice(0, s.stop - s.start)]) for s in segs]
         return [(s, None) for s in self.policy.unit_slices(mb)]
 
     def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:

@@ -397,15 +397,18 @@ class DiffusionPolicy(TurningPointRewards):
         strength = self.cfg.noise_level if bool(ex["stochastic"][rows, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
-    @staticmethod
-    def _unit_rows(batch: Rollout, units: slice) -> list[tuple[int, Tensor]]:
+    def _unit_rows(self, model: nn.Module, batch: Rollout, units: slice) -> list[tuple[int, Tensor]]:
         """(unit k, the rows whose `unit_mask` trains k) for each unit of `units`: the training forward
-        of a unit takes those rows only. Where no row trains any of the units, the first unit on the
-        first row, so that the backward has a graph (its value is masked out)."""
+        of a unit takes those rows only. A unit no row trains takes none, except the first unit where
+        none of them is trained (the backward needs a graph) and every unit where `model` is sharded
+        (every process runs as many forwards): there the first row, its value masked out."""
         ks = list(range(batch.num_units))[units]
         rows = [batch.unit_mask[:, k].nonzero().flatten() for k in ks]
-        if ks and len(batch) and not any(len(r) for r in rows):
-            rows[0] = torch.tensor([0])
+        first = torch.tensor([0])
+        if self.parallel.is_sharded(model):
+            rows = [r if len(r) else first for r in rows]
+        elif ks and not any(len(r) for r in rows):
+            rows[0] = first
         return list(zip(ks, rows))
 
     def _on_rows(self, values: Tensor, rows: Tensor, n: int) -> Tensor:
@@ -436,7 +439,7 @@ class DiffusionPolicy(TurningPointRewards):
                old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
         """The terms of each unit, computed on the rows that train it (`_unit_rows`), 0 elsewhere."""
         terms, n = StepTerms(), len(batch)
-        for j, (k, rows) in enumerate(self._unit_rows(batch, units)):
+        for j, (k, rows) in enumerate(self._unit_rows(model, batch, units)):
             if not len(rows):
                 self._add_untrained(terms, batch, keep_means, reference is not None, old_means is not None)
                 continue
@@ -479,7 +482,7 @@ class DiffusionPolicy(TurningPointRewards):
         log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
         if self.cfg.units == "forward_process":
             scores = []
-            for k, rows in self._unit_rows(batch, units):
+            for k, rows in self._unit_rows(model, batch, units):
                 if not len(rows):
                     scores.append(self._untrained(len(batch)))
                     continue
@@ -508,7 +511,7 @@ class DiffusionPolicy(TurningPointRewards):
         detached (the policy at the step's start: one update pass), and with `reference` the
         authors' KL, mean_d (v_theta - v_ref)^2; each unit computed on the rows that train it, 0 elsewhere."""
         positives, negatives, kls, n = [], [], [], len(batch)
-        for k, rows in self._unit_rows(batch, units):
+        for k, rows in self._unit_rows(model, batch, units):
             if not len(rows):
                 positives.append(self._untrained(n))
                 negatives.append(self._untrained(n))
