@@ -5,6 +5,7 @@ steps only, the old computation and the new alike), and calls the denoiser on as
 there are trained (row, step) pairs, per forward of the policy and of the reference."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,23 @@ def test_a_sharded_model_forwards_every_unit_of_a_slice(tmp_path):
     assert torch.equal(whole[mask], sharded[mask])
     assert rows[ParallelView] == int(mask.sum())
     assert rows[ShardedEverywhere] == int(mask.sum()) + untrained
+
+
+def test_chunk_grpo_trains_sharded_on_two_processes_as_on_one(tmp_path):
+    """FSDP (lockstep: every forward a collective) with chunks drawn per row, so that the processes'
+    micro-batches train different steps: every process runs as many forwards, and the run equals
+    one process's."""
+    from test_sharding import assert_same, exported, launch, write
+    recipe = write(tmp_path, {
+        "task": "diffusion",
+        "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4,
+                   "noise_level": 0.7, "schedule": {"kind": "chunks", "sizes": [2, 2], "sample": 1}},
+        "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+        "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
+        "algorithm": {"group_size": 3, "ratio_level": "chunk", "chunks": [2, 2]},
+        "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
+        "logging": {"report_to": ["none"], "progress": False}, "max_steps": 2})
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two", "distributed.strategy=fsdp")
+    assert any(r["loss"] != 0 for r in one)
+    assert_same(one, two, exported(tmp_path / "one", 2), exported(tmp_path / "two", 2))
