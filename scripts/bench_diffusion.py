@@ -24,9 +24,10 @@ Trainer on the same tiny model, step count, prompts per step, group size and mic
 off, full fine-tuning, with only the method's switches taken from its recipe (tasks/recipes/t2i_*.yaml;
 MixGRPO: DanceGRPO's with a sliding window). The reward is the images' mean brightness (Pref-GRPO:
 its win rate), so that no group ties and every row trains. After one warm-up step, the median of
-`--repeats` steps: denoiser forwards (forward hooks on the policy's and the reference's denoiser,
-rollout and update apart), time, the saved-for-backward peak (on CUDA also max_memory_allocated),
-the final samples a step trains, and each against DanceGRPO's (`*_vs_dance`).
+`--repeats` steps: denoiser forwards and the rows they took (forward hooks on the policy's and the
+reference's denoiser, rollout and update apart; rows: each call's batch size, summed), time, the
+saved-for-backward peak (on CUDA also max_memory_allocated), the final samples a step trains, and
+each against DanceGRPO's (`*_vs_dance`).
 
     python scripts/bench_diffusion.py --methods all --json scripts/results/bench_diffusion_methods.json
 """
@@ -193,14 +194,21 @@ def method_switches(method: str, steps: int) -> tuple[dict, dict, dict]:
 
 
 class ForwardCounter:
-    """Calls of the denoiser modules, counted per phase of a step ("rollout" or "update")."""
+    """Calls of the denoiser modules and the rows they took (each call's batch size, summed),
+    counted per phase of a step ("rollout" or "update")."""
 
     def __init__(self, modules):
-        self.phase, self.counts = "rollout", {"rollout": 0, "update": 0}
-        self.handles = [m.register_forward_hook(self._count) for m in {id(m): m for m in modules}.values()]
+        self.phase = "rollout"
+        self.reset()
+        self.handles = [m.register_forward_hook(self._count, with_kwargs=True) for m in {id(m): m for m in modules}.values()]
 
-    def _count(self, module, args, output):
+    def reset(self) -> None:
+        self.counts, self.rows = {"rollout": 0, "update": 0}, {"rollout": 0, "update": 0}
+
+    def _count(self, module, args, kwargs, output):
         self.counts[self.phase] += 1
+        latents = kwargs.get("hidden_states", kwargs.get("sample", args[0] if args else None))
+        self.rows[self.phase] += latents.shape[0]
 
     def in_phase(self, phase: str, fn):
         def run(*a, **k):
@@ -246,7 +254,7 @@ def _timed_steps(t, repeats: int) -> dict:
     t.strategy.backward = backward_then_reset
     runs = []
     for _ in range(repeats + 1):
-        counter.counts = {"rollout": 0, "update": 0}
+        counter.reset()
         saved.current = saved.peak = 0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -254,7 +262,8 @@ def _timed_steps(t, repeats: int) -> dict:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             t.train_step()
         run = {"time_s": time.perf_counter() - t0, "forwards_rollout": counter.counts["rollout"],
-               "forwards_update": counter.counts["update"], "peak_activation_bytes": saved.peak,
+               "forwards_update": counter.counts["update"], "rows_rollout": counter.rows["rollout"],
+               "rows_update": counter.rows["update"], "peak_activation_bytes": saved.peak,
                **_trained(batches[-1])}
         if torch.cuda.is_available():
             run["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated()
@@ -266,6 +275,7 @@ def _timed_steps(t, repeats: int) -> dict:
     out["forwards"] = out["forwards_rollout"] + out["forwards_update"]
     out["time_s_per_trained_sample"] = out["time_s"] / out["samples_trained"]
     out["forwards_each"] = [[r["forwards_rollout"], r["forwards_update"]] for r in measured]
+    out["rows_each"] = [[r["rows_rollout"], r["rows_update"]] for r in measured]
     return out
 
 

@@ -179,6 +179,10 @@ def test_bench_diffusion_methods_counts_forwards(tmp_path):
             assert rollout == steps
             if name in expected_update:
                 assert update == expected_update[name], name
+        for rollout, update in cost["rows_each"]:  # one micro-batch row per update forward
+            assert rollout == steps * rows
+            if name in expected_update:
+                assert update == expected_update[name], name
     assert methods["dancegrpo"]["forwards_vs_dance"] == 1.0
     assert methods["flowgrpo_fast"]["forwards"] < methods["flowgrpo"]["forwards"]
 

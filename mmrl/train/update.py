@@ -69,6 +69,8 @@ class PolicyUpdate:
             return [(slice(None), None)]
         if algo.ratio_level == "chunk":
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
+            if not self.strategy.lockstep:  # the chunks a row trains (else the first); lockstep: all, as many passes
+                segs = [s for s in segs if mb.unit_mask[:, s].any()] or segs[:1]
             return [(s, [slice(0, s.stop - s.start)]) for s in segs]
         return [(s, None) for s in self.policy.unit_slices(mb)]
 
