@@ -128,18 +128,23 @@ def test_a_sharded_model_forwards_every_unit_of_a_slice(tmp_path):
     assert rows[ShardedEverywhere] == int(mask.sum()) + untrained
 
 
-def test_chunk_grpo_trains_sharded_on_two_processes_as_on_one(tmp_path):
-    """FSDP (lockstep: every forward a collective) with chunks drawn per row, so that the processes'
-    micro-batches train different steps: every process runs as many forwards, and the run equals
-    one process's."""
+@pytest.mark.parametrize("method", ["chunk", "random_steps"])
+def test_rows_training_different_steps_train_sharded_on_two_processes_as_on_one(tmp_path, method):
+    """FSDP (lockstep: every forward a collective) with chunks (Chunk-GRPO) or steps (DanceGRPO's
+    random fraction) drawn per row, so that the processes' micro-batches train different steps:
+    every process runs as many forwards, and the run equals one process's (both hung before)."""
     from test_sharding import assert_same, exported, launch, write
+    schedule, algorithm = {
+        "chunk": ({"kind": "chunks", "sizes": [2, 2], "sample": 1}, {"ratio_level": "chunk", "chunks": [2, 2]}),
+        "random_steps": ({"kind": "random_fraction", "fraction": 0.34}, {}),
+    }[method]
     recipe = write(tmp_path, {
         "task": "diffusion",
         "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4,
-                   "noise_level": 0.7, "schedule": {"kind": "chunks", "sizes": [2, 2], "sample": 1}},
+                   "noise_level": 0.7, "schedule": schedule},
         "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
         "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
-        "algorithm": {"group_size": 3, "ratio_level": "chunk", "chunks": [2, 2]},
+        "algorithm": {"group_size": 3, **algorithm},
         "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
         "logging": {"report_to": ["none"], "progress": False}, "max_steps": 2})
     one = launch(recipe, tmp_path / "one", processes=1)
