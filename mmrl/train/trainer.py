@@ -108,6 +108,8 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
+        # a held-out judge that is never a reward (a demo's), scored beside the reward at every `eval.every`
+        self.held_out_evaluator = None
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
         self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
@@ -247,7 +249,8 @@ class Trainer:
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
         if every and self.step % every == 0 and self.inputs.eval_rows:
-            scores = self.evaluate(keep_samples=self.cfg.eval.log_samples > 0, kept_rows=self.cfg.eval.log_samples)
+            scores = self.evaluate(evaluator=self.held_out_evaluator, keep_samples=self.cfg.eval.log_samples > 0,
+                                   kept_rows=self.cfg.eval.log_samples)
             log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
