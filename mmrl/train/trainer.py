@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
@@ -55,6 +56,7 @@ class NonFiniteError(UserError):
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
+REFERENCE_FILE = "reference.safetensors"  # a checkpoint's KL reference, where it is a warm start's
 
 
 class Trainer:
@@ -110,6 +112,8 @@ class Trainer:
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
         # a held-out judge that is never a reward (a demo's), scored beside the reward at every `eval.every`
         self.held_out_evaluator = None
+        # the reference holds weights of its own (a warm start's), saved in checkpoints (REFERENCE_FILE)
+        self.reference_is_own = False
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
         self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
@@ -290,9 +294,24 @@ class Trainer:
         `warm_start.steps` is 0); returns its last loss."""
         loss = warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
                           self.accelerator.is_main_process)
-        if self.cfg.warm_start.steps > 0 and self.accelerator.is_main_process:
-            print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
+        if self.cfg.warm_start.steps > 0:
+            self.reference_from_policy()
+            if self.accelerator.is_main_process:
+                print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
         return loss
+
+    def reference_from_policy(self) -> None:
+        """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
+        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
+        if self.reference is None:
+            return
+        mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())
+        if mine.keys() != theirs.keys():
+            raise RuntimeError("the reference's parameters are not the policy's: cannot copy the warm start into it")
+        with torch.no_grad():
+            for name, param in mine.items():
+                param.copy_(theirs[name])
+        self.reference_is_own = True
 
     # ----- checkpoints ------------------------------------------------------------------------
     def _failure_checkpoint(self) -> str:
@@ -321,6 +340,8 @@ class Trainer:
         acc.wait_for_everyone()
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+            if acc.is_main_process and self.reference_is_own:
+                save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
             if acc.is_main_process:
                 position = self._data_position() if data_position is None else data_position
                 state = {"step": self.step, **position, "bad_steps": self.bad_steps}
@@ -347,6 +368,12 @@ class Trainer:
             first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
             raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
                             "settings it was saved with (the run's config.json)") from None
+        if (path / REFERENCE_FILE).is_file():
+            if self.reference is None:
+                raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
+                                "run has none (algorithm.beta); resume with the settings it was saved with")
+            load_model(self.reference, str(path / REFERENCE_FILE))
+            self.reference_is_own = True
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
