@@ -16,7 +16,8 @@ from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
-from mmrl.registry import import_user_module
+from mmrl.registry import ADAPTERS, import_user_module
+from mmrl.tasks.lm.causal_lm import CausalLMPolicy
 from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
 from mmrl.train.weights_broadcast import backend_for
 from mmrl.train.plan import validate
@@ -157,6 +158,49 @@ def test_async_dlm_at_staleness_0_is_the_synchronous_run(tmp_path):
     worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", recipe=DLM_RECIPE)
     assert any(x["loss"] != 0 for x in sync_lines)
     assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "loss"))
+
+
+VLM_RECIPE = {
+    "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2,
+                                                                         "vision_hidden": 16},
+                              "max_new_tokens": 6},
+    "data": {"name": "shapes", "args": {"n_train": 16, "n_eval": 2, "size": 56}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+AUDIO_RECIPE = {
+    "task": "audio_lm", "policy": {"model": "tiny:qwen2-audio-char",
+                                   "tiny_args": {"hidden": 32, "layers": 1, "heads": 2, "audio_hidden": 16,
+                                                 "max_seconds": 1},
+                                   "max_new_tokens": 6},
+    "data": {"name": "tones", "args": {"n_train": 16, "n_eval": 2}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The trainer on one torch thread, as the worker: the audio tower's multithreaded forward gives
+    behaviour log-probs that differ from a one-thread forward's in the last bits (1e-6), and the
+    rollout correction's weights with them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("recipe", [VLM_RECIPE, AUDIO_RECIPE], ids=["vlm", "audio_lm"])
+def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, one_torch_thread):
+    """The worker builds the model and its processor from the recipe and is sent each row with its
+    image (a PIL image) or clip (a sample array): the same completions' rewards, losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync", recipe=recipe, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
+                               recipe=recipe, steps=2)
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines,
+                    ("reward_mean", "reward/digit_share", "completion_length", "loss"))
 
 
 def test_async_keeps_every_row_within_max_staleness(tmp_path):
@@ -304,12 +348,18 @@ def test_one_step_off_refuses_what_it_cannot_run_before_any_model_loads(tmp_path
     assert "rollout.max_staleness=2" in text and "optim.lora.r=4" in text and "sampling.dynamic=true" in text
 
 
-def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_path):
+class TrainerOnlyLM(CausalLMPolicy):
+    """A plugin adapter that leaves `runs_in_rollout_worker` at the Policy's default."""
+    runs_in_rollout_worker = False
+
+
+def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(ADAPTERS._items, "trainer_only_lm", TrainerOnlyLM)
     with pytest.raises(ConfigError) as err:
-        validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=vlm", "rollout.mode=async",
+        validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=trainer_only_lm", "rollout.mode=async",
                                             "rollout.max_staleness=-1", "rollout.stale_rows=keep"]))
     text = str(err.value)
-    assert "task='vlm' (the rollout worker runs causal_lm, diffusion, dlm)" in text
+    assert "task='trainer_only_lm' (the rollout worker runs audio_lm, causal_lm, diffusion, dlm, vlm)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
     with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
         validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",
