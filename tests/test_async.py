@@ -203,6 +203,18 @@ def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe
                     ("reward_mean", "reward/digit_share", "completion_length", "loss"))
 
 
+def test_an_episode_policy_in_the_worker_logs_its_counts_as_the_synchronous_run(tmp_path, one_torch_thread):
+    """The episodes, turns and tool calls are counted by the policy that generates (the worker's) and
+    logged with the step that takes its rollouts: the same `policy/*` counts as the synchronous run."""
+    tools = ["policy.model=tiny:qwen2-chat-char", f"policy.episode.tools=[{Path(__file__).parent}/episode_tools.py:add]",
+             "policy.episode.max_turns=2", "policy.episode.max_tokens=16"]
+    sync, sync_lines = run(tmp_path, "sync", *tools, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", *tools, "rollout.mode=async", "rollout.max_staleness=0", steps=2)
+    assert sync_lines[0]["policy/episodes"] == 16
+    assert_same_run(sync, sync_lines, worker, worker_lines,
+                    ("reward_mean", "loss", "policy/episodes", "policy/episode_turns", "policy/truncated_episodes"))
+
+
 def test_async_keeps_every_row_within_max_staleness(tmp_path):
     """Two steps asked ahead: step k's rows are at most min(k - 1, 2) steps old, none dropped."""
     t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=2", steps=4)
