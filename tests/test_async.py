@@ -180,6 +180,18 @@ AUDIO_RECIPE = {
     "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
 
 
+VIDEO_RECIPE = {  # T-GRPO: each group with a video is followed by auxiliary rows drawn with its frames shuffled
+    "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2,
+                                                                         "vision_hidden": 16},
+                              "max_new_tokens": 6, "num_frames": 4, "shuffled_rollouts": 2,
+                              "video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56},
+    "data": {"name": "moving_dot", "args": {"n_train": 16, "n_eval": 2, "frames": 6, "size": 56}},
+    "rewards": {"digit_share": {"weight": 1.0}, "t_grpo": {"weight": 1.0, "args": {"accuracy_args": {"mode": "choice"}}}},
+    "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
 @pytest.fixture
 def one_torch_thread():
     """The trainer on one torch thread, as the worker: the audio tower's multithreaded forward gives
@@ -191,16 +203,19 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("recipe", [VLM_RECIPE, AUDIO_RECIPE], ids=["vlm", "audio_lm"])
-def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, one_torch_thread):
+@pytest.mark.parametrize("recipe, keys", [(VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
+                                           (VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"))],
+                         ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
+def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, keys, one_torch_thread):
     """The worker builds the model and its processor from the recipe and is sent each row with its
-    image (a PIL image) or clip (a sample array): the same completions' rewards, losses and weights."""
+    image (a PIL image), clip (a sample array) or video (frames): the same completions' rewards (the
+    shuffled rows' too), losses and weights."""
     sync, sync_lines = run(tmp_path, "sync", recipe=recipe, steps=2)
     worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
                                recipe=recipe, steps=2)
     assert any(x["loss"] != 0 for x in sync_lines)
     assert_same_run(sync, sync_lines, worker, worker_lines,
-                    ("reward_mean", "reward/digit_share", "completion_length", "loss"))
+                    ("reward_mean", "reward/digit_share", "completion_length", "loss", *keys))
 
 
 def test_an_episode_policy_in_the_worker_logs_its_counts_as_the_synchronous_run(tmp_path, one_torch_thread):
