@@ -16,6 +16,7 @@ from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS, import_user_module
 from mmrl.tasks.lm.causal_lm import CausalLMPolicy
 from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
@@ -278,6 +279,22 @@ def test_rows_older_than_max_staleness_are_dropped_or_kept(tmp_path, stale_rows)
         assert [x["rollout/stale_dropped"] for x in lines] == [0.0] * 4
         assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 2.0, 3.0]
         assert all(x["loss"] != 0.0 for x in lines[1:])
+
+
+def test_a_row_that_cannot_be_sent_to_the_worker_is_an_error_not_a_wait(tmp_path):
+    """A row with an open file in its image column cannot pickle: asking for it fails at once, naming
+    the step (the queue's feeder thread would drop the request, and the trainer would wait forever)."""
+    t = trainer(tmp_path, "rollout.mode=async")
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        with open(__file__) as image, pytest.raises(UserError, match=r"the data rows of step 3 \(groups from 0\) "
+                                                                  r"cannot be sent to the rollout worker: TypeError"):
+            worker.ask((3, 0, 0), [{**t.inputs.train_rows[0], "image": image}], 4, [1])
+        drawn = worker.take((3, 0, 0), [t.inputs.train_rows[0]], 4, [1])  # the worker still serves the next request
+        assert len(drawn) == 4
+    finally:
+        worker.stop()
+    t.release_output_dir()
 
 
 def test_one_step_off_trains_on_rows_one_step_old(tmp_path):

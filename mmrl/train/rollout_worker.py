@@ -8,13 +8,14 @@ reads every waiting message before each generation, so it generates from the new
 
 The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
 carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
-receives when it reads it, ("rollout", key, rows, group_size, seeds) with key = (step, attempt,
-first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version, the policy's counts
+receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
+attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version, the policy's counts
 of that generation: `Policy.pop_metrics`) or ("error", text).
 """
 
 from __future__ import annotations
 
+import pickle
 import queue
 import signal
 import traceback
@@ -113,7 +114,8 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
                 version = message[1]
                 receiver.receive()
             else:
-                pending.append(message[1:])
+                key, rows, group_size, seeds = message[1:]
+                pending.append((key, pickle.loads(rows), group_size, seeds))
     except BaseException:  # the trainer raises it as RolloutWorkerDied
         results.put(("error", traceback.format_exc()))
 
@@ -151,8 +153,18 @@ class RolloutWorker:
         self.requests.put(("weights", version))
 
     def ask(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> None:
-        self.requests.put(("rollout", key, rows, group_size, seeds))
+        self.requests.put(("rollout", key, self._pickled(key, rows), group_size, seeds))
         self.asked.add(key)
+
+    def _pickled(self, key, rows: list[dict]) -> bytes:
+        """The rows as they travel, pickled here: a row that cannot be (a file object, a lambda) would
+        otherwise be dropped by the queue's feeder thread, and the trainer would wait for its answer forever."""
+        try:
+            return pickle.dumps(rows)
+        except Exception as err:
+            raise UserError(f"rollout.mode={self.mode}: the data rows of step {key[0]} (groups from {key[2]}) cannot "
+                            f"be sent to the rollout worker: {type(err).__name__}: {err}; its rows must pickle "
+                            "(paths, PIL images, arrays, text)") from None
 
     def asked_for(self, step: int) -> bool:
         """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""
