@@ -9,8 +9,8 @@ reads every waiting message before each generation, so it generates from the new
 The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
 carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
 receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
-attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version, the policy's counts
-of that generation: `Policy.pop_metrics`) or ("error", text).
+attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
+version, the policy's counts of that generation: `Policy.pop_metrics`) or ("error", text).
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ class RolloutWorker:
 
     def _pickled(self, key, rows: list[dict]) -> bytes:
         """The rows as they travel, pickled here: a row that cannot be (a file object, a lambda) would
-        otherwise be dropped by the queue's feeder thread, and the trainer would wait for its answer forever."""
+        otherwise be dropped by the queue's feeder thread, and the trainer would wait for its answer
+        forever."""
         try:
             return pickle.dumps(rows)
         except Exception as err:
