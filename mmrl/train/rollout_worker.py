@@ -8,13 +8,14 @@ reads every waiting message before each generation, so it generates from the new
 
 The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
 carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
-receives when it reads it, ("rollout", key, rows, group_size, seeds) with key = (step, attempt,
-first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version) or
-("error", text).
+receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
+attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
+version, the policy's counts of that generation: `Policy.pop_metrics`) or ("error", text).
 """
 
 from __future__ import annotations
 
+import pickle
 import queue
 import signal
 import traceback
@@ -106,14 +107,15 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
                 policy.set_training_step(key[0])
                 rollout = policy.rollout(rows, group_size, seeds)
                 rollout.stamp_version(version)
-                results.put(("rollout", key, rollout))
+                results.put(("rollout", key, rollout, policy.pop_metrics()))
             elif message[0] == "stop":
                 return
             elif message[0] == "weights":
                 version = message[1]
                 receiver.receive()
             else:
-                pending.append(message[1:])
+                key, rows, group_size, seeds = message[1:]
+                pending.append((key, pickle.loads(rows), group_size, seeds))
     except BaseException:  # the trainer raises it as RolloutWorkerDied
         results.put(("error", traceback.format_exc()))
 
@@ -130,7 +132,8 @@ class RolloutWorker:
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
-        self.ready: dict[Any, Rollout] = {}
+        self.ready: dict[Any, tuple[Rollout, dict[str, float]]] = {}
+        self.counts: dict[str, float] = {}  # the worker's policy's counts of the rollouts taken (`pop_metrics`)
         self.asked: set = set()
         self.transfer_error: str | None = None  # why a weights transfer failed (raised when a rollout is awaited)
         self.sender.connect(device, lambda: self._receive(JOIN_POLL_S))
@@ -150,8 +153,19 @@ class RolloutWorker:
         self.requests.put(("weights", version))
 
     def ask(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> None:
-        self.requests.put(("rollout", key, rows, group_size, seeds))
+        self.requests.put(("rollout", key, self._pickled(key, rows), group_size, seeds))
         self.asked.add(key)
+
+    def _pickled(self, key, rows: list[dict]) -> bytes:
+        """The rows as they travel, pickled here: a row that cannot be (a file object, a lambda) would
+        otherwise be dropped by the queue's feeder thread, and the trainer would wait for its answer
+        forever."""
+        try:
+            return pickle.dumps(rows)
+        except Exception as err:
+            raise UserError(f"rollout.mode={self.mode}: the data rows of step {key[0]} (groups from {key[2]}) cannot "
+                            f"be sent to the rollout worker: {type(err).__name__}: {err}; its rows must pickle "
+                            "(paths, PIL images, arrays, text)") from None
 
     def asked_for(self, step: int) -> bool:
         """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""
@@ -164,7 +178,16 @@ class RolloutWorker:
         while key not in self.ready:
             self._receive()
         self.asked.discard(key)
-        return self.ready.pop(key)
+        rollout, counts = self.ready.pop(key)
+        for name, value in counts.items():
+            self.counts[name] = self.counts.get(name, 0.0) + value
+        return rollout
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The counts the worker's policy reported about the rollouts taken since the last call, summed
+        (an episode policy's episodes, turns and tool calls); reading them resets them."""
+        out, self.counts = self.counts, {}
+        return out
 
     def _receive(self, timeout: float = POLL_S) -> None:
         try:
@@ -178,7 +201,7 @@ class RolloutWorker:
                                     f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
             raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
-        self.ready[message[1]] = message[2]
+        self.ready[message[1]] = message[2], message[3]
 
     def stop(self) -> None:
         if self.process.is_alive():

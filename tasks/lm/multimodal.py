@@ -39,9 +39,6 @@ VLLM_MEDIA = ("images", "videos", "video_metadata", "videos_kwargs")
 class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
-    runs_in_rollout_worker = False  # the worker builds no processor or media inputs
-
-
     rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/lm/vllm_engine.py)
 
     @classmethod
