@@ -11,6 +11,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+from bench_report import emit
 
 RUNS = {"sync": ("sync", 0), "one_step_off": ("one_step_off", 1), "async_1": ("async", 1),
         "async_2": ("async", 2)}  # name: (rollout.mode, rollout.max_staleness)
@@ -56,10 +57,7 @@ def main() -> None:
         report = {name: run_mode(name, args, Path(folder)) for name in RUNS}
     for name in RUNS:
         report[name]["samples_per_s_ratio"] = report[name]["samples_per_s"] / report["sync"]["samples_per_s"]
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":
