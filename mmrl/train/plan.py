@@ -324,17 +324,18 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
 
 def _check_warm_start(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
     """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
-    (Trainer.reference_from_policy): whole weights on one process, not an adapter switched off."""
+    (Trainer.reference_from_policy): whole weights on every process (ddp), not an adapter switched off."""
     if cfg.warm_start.steps <= 0 or not regulariser_needs(cfg.algorithm, "reference"):
         return
     if cfg.optim.lora.r > 0:
         problems.append(f"warm_start.steps={cfg.warm_start.steps} with optim.lora.r={cfg.optim.lora.r} and a KL "
                         f"(algorithm.beta={cfg.algorithm.beta}): the LoRA reference is the adapter switched off, "
                         "the model before the warm start; train without LoRA, or without the KL")
-    if num_processes > 1:
+    if num_processes > 1 and cfg.distributed.strategy != "ddp":
         problems.append(f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) "
-                        f"on {num_processes} processes: the warm-started reference is copied on one process only; "
-                        "warm-start on one process, or start from a warm-started checkpoint (warm_start.steps: 0)")
+                        f"and distributed.strategy={cfg.distributed.strategy!r} on {num_processes} processes: the "
+                        "warm-started reference is kept whole (ddp, or one process); start from a warm-started "
+                        "checkpoint (warm_start.steps: 0) instead")
 
 
 def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
