@@ -204,9 +204,10 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("recipe, keys", [(VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
-                                           (VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"))],
-                         ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
+@pytest.mark.parametrize("recipe, keys", [  # the video case is slow (the image and audio cases cover the worker's media)
+    (VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
+    pytest.param(VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"), marks=pytest.mark.slow)],
+    ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
 def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, keys, one_torch_thread):
     """The worker builds the model and its processor from the recipe and is sent each row with its
     image (a PIL image), clip (a sample array) or video (frames): the same completions' rewards (the
