@@ -112,8 +112,6 @@ class Trainer:
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
         # a held-out judge that is never a reward (a demo's), scored beside the reward at every `eval.every`
         self.held_out_evaluator = None
-        # the reference holds weights of its own (a warm start's), saved in checkpoints (REFERENCE_FILE)
-        self.reference_is_own = False
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
         self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
@@ -311,7 +309,6 @@ class Trainer:
         with torch.no_grad():
             for name, param in mine.items():
                 param.copy_(theirs[name])
-        self.reference_is_own = True
 
     # ----- checkpoints ------------------------------------------------------------------------
     def _failure_checkpoint(self) -> str:
@@ -340,7 +337,8 @@ class Trainer:
         acc.wait_for_everyone()
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
-            if acc.is_main_process and self.reference_is_own:
+            if acc.is_main_process and self.reference is not None and self.cfg.warm_start.steps > 0:
+                # the reference is the warm start's, which the run's model source does not rebuild
                 save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
             if acc.is_main_process:
                 position = self._data_position() if data_position is None else data_position
@@ -373,7 +371,6 @@ class Trainer:
                 raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
                                 "run has none (algorithm.beta); resume with the settings it was saved with")
             load_model(self.reference, str(path / REFERENCE_FILE))
-            self.reference_is_own = True
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
