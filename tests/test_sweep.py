@@ -206,3 +206,33 @@ def test_a_grid_value_that_is_not_a_registered_name_fails_before_any_run(tmp_pat
                                           r"'grpoo' is not a registered advantage estimator"):
         sweep("text", [f"algorithm.estimator={good},grpoo"], 1, tmp_path, TINY, say=lambda *_: None)
     assert not (tmp_path / "runs").exists()
+
+
+def test_held_out_reward_names_one_component(tmp_path):
+    """A cell trained on a win rate has a combined reward of 0.5 by construction; the table then
+    compares every cell on the named component, before and after, greedy and in the evaluations."""
+    runs = plan([("a=1",), ("a=2",)], 1)
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        detail = {when: {"reward_mean": 0.5, "reward/shape": 0.2 + 0.1 * run.cell + (0.3 if when == "after" else 0.0),
+                         "reward/win_rate": 0.5, "greedy/shape": 0.7, "greedy/win_rate": None}
+                  for when in ("before", "after")}
+        (d / "summary.json").write_text(json.dumps({
+            "before": 0.5, "after": 0.5, "greedy_before": 0.0, "greedy_after": 0.0, "wall_s": 1.0,
+            "before_detail": detail["before"], "after_detail": detail["after"]}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "reward_mean": 0.5, "eval/reward_mean": 0.5,
+                                                     "eval/reward/shape": 0.4, "eval/eval_mean": 0.6}) + "\n")
+    rows = write_reports(tmp_path, runs, held_out_reward="shape")
+    got = [v for r in rows for v in (r["before"], r["after"], r["greedy_after"])]
+    assert got == pytest.approx([0.2, 0.5, 0.7, 0.3, 0.6, 0.7])
+    assert "reward component `shape`" in (tmp_path / "sweep.md").read_text()
+    assert {r["proxy"] for r in csv.DictReader(open(tmp_path / "sweep_evals.csv"))} == {"0.4"}
+    with pytest.raises(UserError, match=r"--held-out-reward colour.*reward components: \['shape', 'win_rate'\]"):
+        write_reports(tmp_path, runs, held_out_reward="colour")
+
+
+def test_held_out_reward_must_be_a_reward_of_every_cell(tmp_path):
+    with pytest.raises(UserError, match=r"--held-out-reward nope: cell algorithm.estimator=grpo has no such reward"):
+        sweep("text", ["algorithm.estimator=grpo,rloo"], 1, tmp_path, TINY, say=lambda *_: None, held_out_reward="nope")
+    assert not (tmp_path / "sweep.json").exists()

@@ -4,7 +4,11 @@
 reward and the held-out evaluator, the gold judge that is never a reward) and ``sweep.png``
 (held-out reward bars, each cell's training reward curve and, where the runs have an evaluator and
 `eval.every`, the proxy against the gold per cell: a line that goes right and down is a method that
-keeps raising the reward while the judge falls)."""
+keeps raising the reward while the judge falls).
+
+The held-out reward is the run's combined reward (`reward_mean`) unless the sweep names one reward
+component (`--held-out-reward NAME`): then every cell is compared on that component, which cells
+that train on another reward (a win rate, a zero-weighted term) still compute and log."""
 
 from __future__ import annotations
 
@@ -15,12 +19,32 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmrl.errors import UserError
+
 if TYPE_CHECKING:
     from mmrl.train.sweep import Run
 
 SUMMARY = "summary.json"
 
 EVAL_FIELDS = ("eval_before", "eval_after", "greedy_eval_before", "greedy_eval_after")  # NaN without an evaluator
+
+
+def _held_out(summary: dict, component: str | None, run_dir: Path) -> dict[str, float]:
+    """The run's held-out reward before and after, sampled and greedy: the combined reward, or the
+    named component from the summary's evaluation details."""
+    if component is None:
+        return {k: summary[k] for k in ("before", "after", "greedy_before", "greedy_after")}
+    values = {}
+    for when in ("before", "after"):
+        detail = summary.get(f"{when}_detail", {})
+        for prefix, key in (("reward/", when), ("greedy/", f"greedy_{when}")):
+            if prefix + component not in detail:
+                known = sorted(k.partition("/")[2] for k in detail if k.startswith("reward/"))
+                raise UserError(f"mmrl sweep --held-out-reward {component}: {run_dir / SUMMARY} has no "
+                                f"{when}_detail[{prefix + component!r}]; its reward components: {known}")
+            value = detail[prefix + component]
+            values[key] = math.nan if value is None else float(value)
+    return values
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -77,28 +101,34 @@ def _write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
 EVAL_STEP_FIELDS = ("cell", "seed", "step", "train_reward", "proxy", "gold")
 
 
-def _eval_steps(run_dir: Path) -> list[dict]:
+def _eval_steps(run_dir: Path, component: str | None) -> list[dict]:
     """The run's periodic evaluations (`eval.every`) that scored the evaluator: step, the step's
-    training reward, the held-out proxy reward (`eval/reward_mean`), the gold (`eval/eval_mean`)."""
+    training reward, the held-out proxy reward (`eval/reward_mean`, or `eval/reward/COMPONENT`),
+    the gold (`eval/eval_mean`)."""
+    proxy_key = "eval/reward_mean" if component is None else f"eval/reward/{component}"
     points = []
     try:
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
             if "eval/eval_mean" in row and "step" in row:
                 points.append({"step": int(row["step"]), "train_reward": row.get("reward_mean", math.nan),
-                               "proxy": float(row["eval/reward_mean"]), "gold": float(row["eval/eval_mean"])})
+                               "proxy": float(row[proxy_key]), "gold": float(row["eval/eval_mean"])})
     except (OSError, ValueError):
         pass
+    except KeyError:
+        raise UserError(f"mmrl sweep --held-out-reward {component}: {run_dir / 'metrics.jsonl'} has evaluations "
+                        f"without {proxy_key!r}") from None
     return points
 
 
-def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict]) -> dict[int, list[tuple[int, float, float]]]:
+def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict],
+                      component: str | None) -> dict[int, list[tuple[int, float, float]]]:
     """``sweep_evals.csv``; per cell, the (step, proxy, gold) means over the seeds that finished."""
     finished = {(r["cell"], r["seed"]) for r in rows}
     records, by_cell = [], {}
     for run in runs:
         if (run.cell, run.seed) in finished:
-            for point in _eval_steps(out / "runs" / run.dirname):
+            for point in _eval_steps(out / "runs" / run.dirname, component):
                 records.append({"cell": run.cell, "seed": run.seed, **point})
                 by_cell.setdefault(run.cell, {}).setdefault(point["step"], []).append((point["proxy"], point["gold"]))
     _write_csv(out / "sweep_evals.csv", EVAL_STEP_FIELDS, records)
@@ -127,27 +157,28 @@ def _proxy_gold_lines(curves: dict[int, list[tuple[int, float, float]]], cell_ov
     return lines
 
 
-def write_reports(out: Path, runs: list[Run]) -> list[dict]:
+def write_reports(out: Path, runs: list[Run], held_out_reward: str | None = None) -> list[dict]:
+    """Every report from the complete runs; `held_out_reward` names the reward component the
+    held-out columns and the proxy report (None: the combined reward)."""
     rows = []
     for run in runs:
         summary = read_summary(out / "runs" / run.dirname)
         if summary is None:
             continue
         rows.append({"cell": run.cell, "overrides": " ".join(run.overrides), "seed": run.seed,
-                     "before": summary["before"], "after": summary["after"],
-                     "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
+                     **_held_out(summary, held_out_reward, out / "runs" / run.dirname),
                      **{k: summary.get(k, math.nan) for k in EVAL_FIELDS},
                      "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
     _write_csv(out / "sweep.csv", CSV_FIELDS, rows)
     cell_overrides = {run.cell: run.overrides for run in runs}
-    curves = _write_eval_steps(out, runs, rows)
-    (out / "sweep.md").write_text(_markdown(rows, cell_overrides) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
+    curves = _write_eval_steps(out, runs, rows, held_out_reward)
+    (out / "sweep.md").write_text(_markdown(rows, cell_overrides, held_out_reward) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
                                   + ("\n" if curves else ""))
     _figure(out, rows, cell_overrides, runs, curves)
     return rows
 
 
-def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> str:
+def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], held_out_reward: str | None) -> str:
     by_cell = {c: [r for r in rows if r["cell"] == c] for c in cell_overrides}
     first = by_cell[0] if by_cell else []
     lines = ["| cell | runs | held-out before | held-out after | after - before | greedy after | after - cell 0 (paired by seed) "
@@ -162,9 +193,10 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> s
                      f"{_fmt(*_mean_se([r['after'] for r in rs]))} | {_fmt(*gain)} | "
                      f"{_fmt(*_mean_se([r['greedy_after'] for r in rs]))} | {'-' if c == 0 else _fmt(*diff)} | "
                      f"{_fmt(*_mean_se([r['eval_before'] for r in rs]))} | {_fmt(*_mean_se([r['eval_after'] for r in rs]))} |")
-    lines += ["", ("Mean ± standard error over seeds (sample std / sqrt(n)); held-out: the demo's metric "
-                   "(mean reward of the eval samples per held-out prompt); after - cell 0 is the mean over the "
-                   "seeds both cells finished of (after - cell 0's after), with its standard error; evaluator: the demo's "
+    metric = ("the demo's metric (mean reward of the eval samples per held-out prompt)" if held_out_reward is None
+              else f"the reward component `{held_out_reward}` of the eval samples (mean per held-out prompt)")
+    lines += ["", ("Mean ± standard error over seeds (sample std / sqrt(n)); held-out: " + metric + "; after - cell 0 "
+                   "is the mean over the seeds both cells finished of (after - cell 0's after), with its standard error; evaluator: the demo's "
                    "held-out evaluator (a second judge, never a reward) on the same samples, n/a without one.")]
     return "\n".join(lines) + "\n"
 
