@@ -1,4 +1,4 @@
-"""The vLLM rollout engine in the rollout worker (`rollout.mode: one_step_off | async`,
+"""The vLLM rollout engine in the rollout worker (`rollout.mode: one_step_off | async`; causal_lm and vlm,
 docs/async.md): the worker builds the policy's colocated engine, the trainer builds none, and the
 weights the worker receives reach its engine before its next rollout. Needs vLLM: run in the venv of
 scripts/make_vllm_env.sh as ``DIR/bin/python -m pytest -q -m vllm tests/test_vllm_async.py``.
@@ -7,11 +7,12 @@ Tolerances as tests/test_vllm.py (TOL: vLLM's log-probs against the training for
 tests/test_async.py (`assert_same_run`: a worker run against the synchronous run)."""
 
 import copy
+import importlib.util
 
 import pytest
 import torch
 from helpers import TINY_RECIPE
-from test_async import assert_same_run, run
+from test_async import VLM_RECIPE, assert_same_run, run
 from test_vllm import PROMPTS, TINY, TOL, max_gap, perturb
 
 pytest.importorskip("vllm")
@@ -49,6 +50,30 @@ def test_vllm_in_the_worker_at_staleness_0_is_the_synchronous_run(tmp_path, sync
     assert sync.policy._vllm is not None and worker.policy._vllm is None
     assert any(x["loss"] != 0 for x in sync_lines)
     assert_same_run(sync, sync_lines, worker, worker_lines, KEYS)
+    assert all(x["rollout/logp_diff_max"] <= TOL for x in worker_lines), [x["rollout/logp_diff_max"]
+                                                                          for x in worker_lines]
+
+
+VLLM_VLM_RECIPE = {**VLM_RECIPE, "policy": {**VLM_RECIPE["policy"], "tiny_args": TINY, "rollout_engine": "vllm"}}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                    reason="the worker process has none of tests/vllm_without_torchvision.py's shims")
+def test_vllm_vlm_in_the_worker_at_staleness_0_is_the_synchronous_run(tmp_path):
+    """The worker's engine is given its policy's processor and each row's image (a PIL image, as the
+    trainer sent it): the same completions, rewards, losses and weights as the synchronous run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the trainer on one torch thread, as the worker (the vision tower's forward)
+    try:
+        sync, sync_lines = run(tmp_path, "sync", recipe=VLLM_VLM_RECIPE, steps=2)
+        worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
+                                   recipe=VLLM_VLM_RECIPE, steps=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert sync.policy._vllm is not None and worker.policy._vllm is None
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "completion_length",
+                                                             "loss"))
     assert all(x["rollout/logp_diff_max"] <= TOL for x in worker_lines), [x["rollout/logp_diff_max"]
                                                                           for x in worker_lines]
 
