@@ -8,11 +8,12 @@ tests/test_async.py (`assert_same_run`: a worker run against the synchronous run
 
 import copy
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import TINY_RECIPE
-from test_async import VLM_RECIPE, assert_same_run, run
+from test_async import VLM_RECIPE, assert_same_run, one_torch_thread, run  # noqa: F401 (a fixture)
 from test_vllm import PROMPTS, TINY, TOL, max_gap, perturb
 
 pytest.importorskip("vllm")
@@ -54,22 +55,33 @@ def test_vllm_in_the_worker_at_staleness_0_is_the_synchronous_run(tmp_path, sync
                                                                           for x in worker_lines]
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # the trainer on one torch thread, as the worker
+def test_vllm_episodes_in_the_worker_are_the_synchronous_run(tmp_path):
+    """Multi-turn episodes, each turn one call of the worker's engine: the same rewards, losses and
+    episode counts as the synchronous run."""
+    tools = ["policy.model=tiny:qwen2-chat-char", f"policy.episode.tools=[{Path(__file__).parent}/episode_tools.py:add]",
+             "policy.episode.max_turns=2", "policy.episode.max_tokens=16"]
+    sync, sync_lines = run(tmp_path, "sync", *tools, recipe=VLLM_RECIPE, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", *tools, "rollout.mode=async", "rollout.max_staleness=0",
+                               recipe=VLLM_RECIPE, steps=2)
+    assert sync.policy._vllm is not None and worker.policy._vllm is None
+    assert sync_lines[0]["policy/episodes"] == 16
+    assert_same_run(sync, sync_lines, worker, worker_lines,
+                    ("reward_mean", "loss", "policy/episodes", "policy/episode_turns", "policy/truncated_episodes"))
+
+
 VLLM_VLM_RECIPE = {**VLM_RECIPE, "policy": {**VLM_RECIPE["policy"], "tiny_args": TINY, "rollout_engine": "vllm"}}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
                     reason="the worker process has none of tests/vllm_without_torchvision.py's shims")
+@pytest.mark.usefixtures("one_torch_thread")  # the vision tower's forward, as in test_async
 def test_vllm_vlm_in_the_worker_at_staleness_0_is_the_synchronous_run(tmp_path):
     """The worker's engine is given its policy's processor and each row's image (a PIL image, as the
     trainer sent it): the same completions, rewards, losses and weights as the synchronous run."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the trainer on one torch thread, as the worker (the vision tower's forward)
-    try:
-        sync, sync_lines = run(tmp_path, "sync", recipe=VLLM_VLM_RECIPE, steps=2)
-        worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
-                                   recipe=VLLM_VLM_RECIPE, steps=2)
-    finally:
-        torch.set_num_threads(threads)
+    sync, sync_lines = run(tmp_path, "sync", recipe=VLLM_VLM_RECIPE, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
+                               recipe=VLLM_VLM_RECIPE, steps=2)
     assert sync.policy._vllm is not None and worker.policy._vllm is None
     assert any(x["loss"] != 0 for x in sync_lines)
     assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "completion_length",
