@@ -70,8 +70,9 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
              "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
-             "engine": (cfg.policy.get("rollout_engine", "hf") == "hf",
-                        f"policy.rollout_engine={cfg.policy.get('rollout_engine')!r} (the worker runs hf)")}
+             "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),
+                      f"eval.every={cfg.eval.every} and policy.rollout_engine=vllm (an evaluation samples in the "
+                      "trainer's process, which builds no vLLM engine; evaluate the checkpoints with mmrl eval)")}
     problems += [f"{mode} with {why}" for ok, why in needs.values() if not ok]
     return problems
 
