@@ -18,7 +18,7 @@ from mmrl.config.parse import load_recipe
 from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES
 from mmrl.train.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
-from mmrl.train.sweep_report import write_reports
+from mmrl.train.sweep_report import _curve, write_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 # the text demo shrunk to seconds per run
@@ -221,13 +221,14 @@ def test_held_out_reward_names_one_component(tmp_path):
         (d / "summary.json").write_text(json.dumps({
             "before": 0.5, "after": 0.5, "greedy_before": 0.0, "greedy_after": 0.0, "wall_s": 1.0,
             "before_detail": detail["before"], "after_detail": detail["after"]}))
-        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "reward_mean": 0.5, "eval/reward_mean": 0.5,
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "reward_mean": 0.5, "reward/shape": 0.3, "eval/reward_mean": 0.5,
                                                      "eval/reward/shape": 0.4, "eval/eval_mean": 0.6}) + "\n")
     rows = write_reports(tmp_path, runs, held_out_reward="shape")
     got = [v for r in rows for v in (r["before"], r["after"], r["greedy_after"])]
     assert got == pytest.approx([0.2, 0.5, 0.7, 0.3, 0.6, 0.7])
     assert "reward component `shape`" in (tmp_path / "sweep.md").read_text()
     assert {r["proxy"] for r in csv.DictReader(open(tmp_path / "sweep_evals.csv"))} == {"0.4"}
+    assert _curve(tmp_path / "runs" / runs[0].dirname, "shape") == [(2, 0.3)]  # sweep.png's training curve
     with pytest.raises(UserError, match=r"--held-out-reward colour.*reward components: \['shape', 'win_rate'\]"):
         write_reports(tmp_path, runs, held_out_reward="colour")
 

@@ -76,13 +76,15 @@ def _fmt(mean: float, se: float) -> str:
     return f"{mean:.3f}" if math.isnan(se) else f"{mean:.3f} ± {se:.3f}"
 
 
-def _curve(run_dir: Path) -> list[tuple[int, float]]:
+def _curve(run_dir: Path, component: str | None) -> list[tuple[int, float]]:
+    """The run's training reward per RL step: `reward_mean`, or the component `reward/COMPONENT`."""
+    key = "reward_mean" if component is None else f"reward/{component}"
     points = []
     try:
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
-            if "reward_mean" in row and "step" in row:
-                points.append((int(row["step"]), float(row["reward_mean"])))
+            if row.get(key) is not None and "step" in row:
+                points.append((int(row["step"]), float(row[key])))
     except (OSError, ValueError):
         pass
     return points
@@ -174,7 +176,7 @@ def write_reports(out: Path, runs: list[Run], held_out_reward: str | None = None
     curves = _write_eval_steps(out, runs, rows, held_out_reward)
     (out / "sweep.md").write_text(_markdown(rows, cell_overrides, held_out_reward) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
                                   + ("\n" if curves else ""))
-    _figure(out, rows, cell_overrides, runs, curves)
+    _figure(out, rows, cell_overrides, runs, curves, held_out_reward)
     return rows
 
 
@@ -201,8 +203,14 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], held
     return "\n".join(lines) + "\n"
 
 
+def _colour(cell: int) -> tuple:
+    """Cell `cell`'s colour in every panel: 20 distinct ones (matplotlib's tab20, dark shades first)."""
+    from matplotlib import colormaps
+    return colormaps["tab20"](2 * cell % 20 + cell // 10 % 2)
+
+
 def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run],
-            proxy_gold: dict[int, list[tuple[int, float, float]]]) -> None:
+            proxy_gold: dict[int, list[tuple[int, float, float]]], held_out_reward: str | None) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     panels = 3 if proxy_gold else 2
@@ -216,27 +224,28 @@ def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ..
         rs = [r for r in rows if r["cell"] == c]
         for offset, key, alpha in ((-0.2, "before", 0.4), (0.2, "after", 1.0)):
             mean, se = _mean_se([r[key] for r in rs])
-            bars.bar(c + offset, 0 if math.isnan(mean) else mean, width=0.4, alpha=alpha, color=f"C{c % 10}",
+            bars.bar(c + offset, 0 if math.isnan(mean) else mean, width=0.4, alpha=alpha, color=_colour(c),
                      yerr=None if math.isnan(se) else se, capsize=3, label=key if c == 0 else None)
         steps: dict[int, list[float]] = {}
         for run in runs:
             if run.cell == c and any(r["cell"] == c and r["seed"] == run.seed for r in rs):
-                for step, value in _curve(out / "runs" / run.dirname):
+                for step, value in _curve(out / "runs" / run.dirname, held_out_reward):
                     steps.setdefault(step, []).append(value)
         if steps:
             xs = sorted(steps)
             stats = [_mean_se(steps[x]) for x in xs]
             ys = [m for m, _ in stats]
             ses = [0.0 if math.isnan(s) else s for _, s in stats]
-            curves.plot(xs, ys, color=f"C{c % 10}", label=label)
+            curves.plot(xs, ys, color=_colour(c), label=label)
             curves.fill_between(xs, [y - s for y, s in zip(ys, ses)], [y + s for y, s in zip(ys, ses)],
-                                color=f"C{c % 10}", alpha=0.2)
+                                color=_colour(c), alpha=0.2)
     bars.set_xticks(list(cell_overrides), [str(c) for c in cell_overrides])
     bars.set_xlabel("cell")
     bars.set_ylabel("held-out reward (mean ± SE over seeds)")
     bars.legend(fontsize=7)
     curves.set_xlabel("RL step")
-    curves.set_ylabel("training reward_mean (mean ± SE over seeds)")
+    curves.set_ylabel(f"training {'reward_mean' if held_out_reward is None else 'reward/' + held_out_reward} "
+                      "(mean ± SE over seeds)")
     # the cells' full settings under the plots, one line each (numbered as the bars and sweep.md)
     handles = curves.get_lines()
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=1, fontsize=7, frameon=False)
@@ -248,9 +257,9 @@ def _proxy_gold_panel(ax, proxy_gold: dict[int, list[tuple[int, float, float]]])
     """Per cell, the evaluations in step order: proxy on x, gold on y, the last one marked."""
     for c, points in proxy_gold.items():
         xs, ys = [p for _, p, _ in points], [g for _, _, g in points]
-        ax.plot(xs, ys, "-o", color=f"C{c % 10}", markersize=3)
-        ax.annotate(str(c), (xs[-1], ys[-1]), color=f"C{c % 10}", fontsize=8, xytext=(3, 3), textcoords="offset points")
-        ax.plot(xs[-1:], ys[-1:], "s", color=f"C{c % 10}", markersize=7)
+        ax.plot(xs, ys, "-o", color=_colour(c), markersize=3)
+        ax.annotate(str(c), (xs[-1], ys[-1]), color=_colour(c), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        ax.plot(xs[-1:], ys[-1:], "s", color=_colour(c), markersize=7)
     ax.set_xlabel("proxy: held-out reward (mean over seeds)")
     ax.set_ylabel("gold: held-out evaluator (mean over seeds)")
     ax.set_title("proxy against gold per evaluation (square: the last)", fontsize=9)
