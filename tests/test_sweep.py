@@ -104,14 +104,15 @@ def test_proxy_against_gold_at_every_evaluation(tmp_path):
         (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": 0.5, "greedy_before": 0.0,
                                                     "greedy_after": 0.5, "wall_s": 1.0}))
         shift = 0.02 * run.seed  # the seeds differ; the table shows their mean (+0.01)
-        lines = [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)]
-        lines += [{"step": 2 * (i + 1), "reward_mean": 0.2, "eval/reward_mean": proxy + shift,
+        lines = [{"step": s, "reward_mean": 0.1, "time_step_s": 0.5} for s in (1, 2, 3)]
+        lines += [{"step": 2 * (i + 1), "reward_mean": 0.2, "time_step_s": 1.0, "eval/reward_mean": proxy + shift,
                    "eval/eval_mean": gold + shift} for i, (proxy, gold) in enumerate(evals[run.cell])]
         (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
     write_reports(tmp_path, runs)
     with open(tmp_path / "sweep_evals.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12 and {r["step"] for r in rows} == {"2", "4", "6"}
+    assert [float(r["train_s"]) for r in rows[:3]] == [2.5, 3.5, 4.5]  # the steps' times summed up to each evaluation
     md = (tmp_path / "sweep.md").read_text()
     assert "| 0 | 0.510 -> 0.710 | 0.410 -> 0.610 | 0.610 (6) | +0.000, +0.000 |" in md
     assert "| 1 | 0.510 -> 0.910 | 0.410 -> 0.310 | 0.610 (4) | +0.200, -0.300 |" in md

@@ -100,20 +100,23 @@ def _write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-EVAL_STEP_FIELDS = ("cell", "seed", "step", "train_reward", "proxy", "gold")
+EVAL_STEP_FIELDS = ("cell", "seed", "step", "train_s", "train_reward", "proxy", "gold")
 
 
 def _eval_steps(run_dir: Path, component: str | None) -> list[dict]:
-    """The run's periodic evaluations (`eval.every`) that scored the evaluator: step, the step's
-    training reward, the held-out proxy reward (`eval/reward_mean`, or `eval/reward/COMPONENT`),
-    the gold (`eval/eval_mean`)."""
+    """The run's periodic evaluations (`eval.every`) that scored the evaluator: step, the training
+    time up to it (the steps' `time_step_s` summed, evaluations left out: what runs in different
+    rollout modes are compared at), the step's training reward, the held-out proxy reward
+    (`eval/reward_mean`, or `eval/reward/COMPONENT`), the gold (`eval/eval_mean`)."""
     proxy_key = "eval/reward_mean" if component is None else f"eval/reward/{component}"
-    points = []
+    points, train_s = [], 0.0
     try:
         for line in (run_dir / "metrics.jsonl").read_text().splitlines():
             row = json.loads(line)
+            train_s += row.get("time_step_s") or 0.0
             if "eval/eval_mean" in row and "step" in row:
-                points.append({"step": int(row["step"]), "train_reward": row.get("reward_mean", math.nan),
+                points.append({"step": int(row["step"]), "train_s": round(train_s, 3),
+                               "train_reward": row.get("reward_mean", math.nan),
                                "proxy": float(row[proxy_key]), "gold": float(row["eval/eval_mean"])})
     except (OSError, ValueError):
         pass
