@@ -333,7 +333,6 @@ def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
                         "the model before the warm start; train without LoRA, or without the KL")
 
 
-
 def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
