@@ -327,6 +327,21 @@ def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
     assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
 
 
+def test_a_cpu_trainer_gives_the_worker_one_of_its_threads_while_it_runs(tmp_path):
+    """The worker's one thread and the trainer's together use the trainer's cores: the trainer runs
+    one thread less while its worker runs, and its own number again once the worker has stopped."""
+    t, threads = trainer(tmp_path, "rollout.mode=async"), torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+        during = torch.get_num_threads()
+        worker.stop()
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert (during, after) == (2, 3)
+
+
 def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
     """The queue carries each transfer's version only; the weights are broadcast."""
     sent, put = [], multiprocessing.queues.Queue.put

@@ -130,6 +130,12 @@ class RolloutWorker:
         self.mode = cfg.rollout.mode
         self.sender, device = WeightsSender(), model_device(model)
         weights = (self.sender.port, layout_of(model.state_dict()), device)
+        # The worker computes on one torch thread. On the CPU the trainer gives it one of its threads'
+        # cores back while it runs (restored by `stop`): with the trainer's threads on every core
+        # besides, the two processes oversubscribe the cores and both slow down.
+        self.trainer_threads = torch.get_num_threads()
+        if device.type == "cpu" and self.trainer_threads > 1:
+            torch.set_num_threads(self.trainer_threads - 1)
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
@@ -211,3 +217,4 @@ class RolloutWorker:
         if self.process.is_alive():
             self.process.kill()
         self.sender.close()
+        torch.set_num_threads(self.trainer_threads)
