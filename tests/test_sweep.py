@@ -119,6 +119,31 @@ def test_proxy_against_gold_at_every_evaluation(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_cells_compared_at_equal_training_time(tmp_path):
+    """Cell 1 trains twice as fast: at T = 3 s (its last evaluation) cell 0 is halfway between its
+    evaluations at 2 s and 4 s, cell 1 at its last; each value is the mean over seeds (+0.01) ± SE."""
+    runs = plan([("a=1",), ("a=2",)], 2)
+    step_s, evals = {0: 1.0, 1: 0.5}, {0: [(0.2, 0.1), (0.4, 0.2), (0.6, 0.3)], 1: [(0.3, 0.2), (0.5, 0.3), (0.9, 0.5)]}
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": 0.5, "greedy_before": 0.0,
+                                                    "greedy_after": 0.5, "wall_s": 1.0}))
+        lines = []
+        for step in range(1, 7):
+            row = {"step": step, "reward_mean": 0.1, "time_step_s": step_s[run.cell]}
+            if step % 2 == 0:
+                proxy, gold = evals[run.cell][step // 2 - 1]
+                row.update({"eval/reward_mean": proxy + 0.02 * run.seed, "eval/eval_mean": gold + 0.02 * run.seed})
+            lines.append(row)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
+    write_reports(tmp_path, runs)
+    md = (tmp_path / "sweep.md").read_text()
+    assert "T = 3.0 s" in md
+    assert "| 0 | 1.000 | 1.00x | 3 | 0.310 ± 0.010 | 0.160 ± 0.010 |" in md
+    assert "| 1 | 0.500 | 2.00x | 6 | 0.910 ± 0.010 | 0.510 ± 0.010 |" in md
+
+
 def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
     out = tmp_path / "sweep"
     rc = sweep("text", ["algorithm.estimator=grpo,dr_grpo", "optim.lr=1e-4,1e-3"], 2, out, TINY, parallel=2,

@@ -1,5 +1,7 @@
 """The reports of a sweep, rewritten from every complete run: ``sweep.csv`` (one row per run), ``sweep.md``
-(mean and standard error over seeds per cell, the difference to the first cell paired by seed),
+(mean and standard error over seeds per cell, the difference to the first cell paired by seed; the
+proxy against the gold per evaluation; the cells at equal training time, for cells that train at
+different speeds),
 ``sweep_evals.csv`` (every evaluation step of every run: the training reward, the held-out proxy
 reward and the held-out evaluator, the gold judge that is never a reward) and ``sweep.png``
 (held-out reward bars, each cell's training reward curve and, where the runs have an evaluator and
@@ -127,8 +129,8 @@ def _eval_steps(run_dir: Path, component: str | None) -> list[dict]:
 
 
 def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict],
-                      component: str | None) -> dict[int, list[tuple[int, float, float]]]:
-    """``sweep_evals.csv``; per cell, the (step, proxy, gold) means over the seeds that finished."""
+                      component: str | None) -> tuple[list[dict], dict[int, list[tuple[int, float, float]]]]:
+    """``sweep_evals.csv``; its records, and per cell the (step, proxy, gold) means over the seeds that finished."""
     finished = {(r["cell"], r["seed"]) for r in rows}
     records, by_cell = [], {}
     for run in runs:
@@ -137,7 +139,7 @@ def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict],
                 records.append({"cell": run.cell, "seed": run.seed, **point})
                 by_cell.setdefault(run.cell, {}).setdefault(point["step"], []).append((point["proxy"], point["gold"]))
     _write_csv(out / "sweep_evals.csv", EVAL_STEP_FIELDS, records)
-    return {c: [(step, sum(p for p, _ in v) / len(v), sum(g for _, g in v) / len(v)) for step, v in sorted(steps.items())]
+    return records, {c: [(step, sum(p for p, _ in v) / len(v), sum(g for _, g in v) / len(v)) for step, v in sorted(steps.items())]
             for c, steps in by_cell.items()}
 
 
@@ -162,6 +164,47 @@ def _proxy_gold_lines(curves: dict[int, list[tuple[int, float, float]]], cell_ov
     return lines
 
 
+def _at_time(points: list[dict], t: float) -> dict[str, float] | None:
+    """The step, proxy and gold at training time `t`, linear between the two evaluations around it
+    (None before the first: nothing is extrapolated)."""
+    for a, b in zip(points, points[1:]):
+        if a["train_s"] <= t <= b["train_s"]:
+            w = (t - a["train_s"]) / (b["train_s"] - a["train_s"]) if b["train_s"] > a["train_s"] else 1.0
+            return {k: a[k] + w * (b[k] - a[k]) for k in ("step", "proxy", "gold")}
+    last = points[-1]
+    return {k: last[k] for k in ("step", "proxy", "gold")} if last["train_s"] == t else None
+
+
+def _equal_time_lines(records: list[dict], cell_overrides) -> list[str]:
+    """sweep.md's table at equal training time: cells that train at different speeds (rollout modes,
+    methods of different step costs) compared after the same seconds of training, T, the earliest
+    any run's last evaluation came; per cell the seconds per step, the speed relative to cell 0 and,
+    at T, the steps taken, the proxy and the gold, each interpolated per run, mean ± SE over seeds."""
+    by_run: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        by_run.setdefault((r["cell"], r["seed"]), []).append(r)
+    if len({cell for cell, _ in by_run}) < 2:
+        return []
+    for points in by_run.values():
+        points.sort(key=lambda r: r["train_s"])
+    t = min(points[-1]["train_s"] for points in by_run.values())
+    pace = {c: _mean_se([p[-1]["train_s"] / p[-1]["step"] for (cell, _), p in by_run.items() if cell == c])[0]
+            for c in cell_overrides}
+    lines = ["", f"At equal training time, T = {t:.1f} s (the earliest last evaluation of any run; training time: the "
+             "steps' `time_step_s` summed, evaluations left out), interpolated per run between its evaluations, "
+             "mean ± SE over seeds; speed: steps per second relative to cell 0 (compare only runs that ran alone on "
+             "the same machine):", "",
+             "| cell | s per step | speed vs cell 0 | steps by T | proxy at T | gold at T |", "|---|---|---|---|---|---|"]
+    for c in cell_overrides:
+        at = [v for (cell, _), p in by_run.items() if cell == c and (v := _at_time(p, t)) is not None]
+        if not at:
+            continue
+        stats = {k: _mean_se([v[k] for v in at]) for k in ("step", "proxy", "gold")}
+        lines.append(f"| {c} | {pace[c]:.3f} | {pace.get(0, math.nan) / pace[c]:.2f}x | {stats['step'][0]:.0f} | "
+                     f"{_fmt(*stats['proxy'])} | {_fmt(*stats['gold'])} |")
+    return lines
+
+
 def write_reports(out: Path, runs: list[Run], held_out_reward: str | None = None) -> list[dict]:
     """Every report from the complete runs; `held_out_reward` names the reward component the
     held-out columns and the proxy report (None: the combined reward)."""
@@ -176,8 +219,9 @@ def write_reports(out: Path, runs: list[Run], held_out_reward: str | None = None
                      "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
     _write_csv(out / "sweep.csv", CSV_FIELDS, rows)
     cell_overrides = {run.cell: run.overrides for run in runs}
-    curves = _write_eval_steps(out, runs, rows, held_out_reward)
-    (out / "sweep.md").write_text(_markdown(rows, cell_overrides, held_out_reward) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
+    records, curves = _write_eval_steps(out, runs, rows, held_out_reward)
+    (out / "sweep.md").write_text(_markdown(rows, cell_overrides, held_out_reward)
+                                  + "\n".join(_proxy_gold_lines(curves, cell_overrides) + _equal_time_lines(records, cell_overrides))
                                   + ("\n" if curves else ""))
     _figure(out, rows, cell_overrides, runs, curves, held_out_reward)
     return rows
