@@ -183,10 +183,11 @@ def _equal_time_lines(records: list[dict], cell_overrides) -> list[str]:
     by_run: dict[tuple[int, int], list[dict]] = {}
     for r in records:
         by_run.setdefault((r["cell"], r["seed"]), []).append(r)
-    if len({cell for cell, _ in by_run}) < 2:
-        return []
     for points in by_run.values():
         points.sort(key=lambda r: r["train_s"])
+    by_run = {run: points for run, points in by_run.items() if points[-1]["train_s"] > 0}  # runs that logged step times
+    if len({cell for cell, _ in by_run}) < 2:
+        return []
     t = min(points[-1]["train_s"] for points in by_run.values())
     pace = {c: _mean_se([p[-1]["train_s"] / p[-1]["step"] for (cell, _), p in by_run.items() if cell == c])[0]
             for c in cell_overrides}
