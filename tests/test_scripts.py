@@ -308,6 +308,7 @@ def test_bench_async(tmp_path):
 
 
 
+@pytest.mark.slow  # 20 s: a served reward and three runs, two with a worker
 def test_bench_async_with_a_served_reward(tmp_path):
     """The slow served reward is scored in the trainer's step when the trainer scores, and not when
     the worker does."""
