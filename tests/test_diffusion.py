@@ -318,7 +318,7 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 
-@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point"])
+@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2v_demo"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
