@@ -75,7 +75,7 @@ def _normalise(s: str) -> str:
     return " ".join(s.split()).casefold()
 
 
-def _mode_for(truth: str) -> str:
+def mode_for(truth: str) -> str:
     """auto: numeric for a number (but not a digit string with a leading zero, like '0123', which
     is compared exactly), choice for one letter (optionally in parentheses), else exact."""
     if _parse(truth) is not None and not re.match(r"^[+-]?0\d", truth.strip()):
@@ -121,18 +121,21 @@ def accuracy_reward(prompts, completions, answer, mode: str = "auto", tolerance:
             out.append(None)
             continue
         truth = str(truth)
-        m = _mode_for(truth) if mode == "auto" else mode
+        m = mode_for(truth) if mode == "auto" else mode
         if m == "numeric" and _parse(truth) is None:
             raise ValueError(f"accuracy: mode='numeric' but answer[{i}]={truth!r} is not a number")
         if m == "choice" and choice_letter(truth) is None:
             raise ValueError(f"accuracy: mode='choice' but answer[{i}]={truth!r} has no option letter")
         predicted = extract_answer(completion_text(completion), tag)
-        if predicted is None:
-            out.append(0.0)
-        elif m == "numeric":
-            out.append(1.0 if numbers_match(predicted, truth, tolerance) else 0.0)
-        elif m == "choice":
-            out.append(1.0 if choice_letter(predicted) == choice_letter(truth) else 0.0)
-        else:
-            out.append(1.0 if _normalise(predicted) == _normalise(truth) else 0.0)
+        out.append(0.0 if predicted is None else float(answer_matches(predicted, truth, m, tolerance)))
     return out
+
+
+def answer_matches(predicted: str, truth: str, mode: str, tolerance: float = 1e-6) -> bool:
+    """Whether the answer `predicted` matches `truth` under `mode` (numeric, choice or exact; as
+    `accuracy_reward`, whose `auto` picks the mode from the ground truth: `mode_for`)."""
+    if mode == "numeric":
+        return numbers_match(predicted, truth, tolerance)
+    if mode == "choice":
+        return choice_letter(predicted) == choice_letter(truth)
+    return _normalise(predicted) == _normalise(truth)

@@ -14,16 +14,15 @@ from __future__ import annotations
 import functools
 import io
 import os
-import resource
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
+
+from mmrl.sandbox import Limits, run_limited
 
 PREAMBLE = r"""\documentclass[12pt]{article}
 \usepackage{amsmath,amssymb}
@@ -54,34 +53,12 @@ def wrap_document(snippet: str, kind: str, max_pages: int) -> str:
     return PREAMBLE % {"max_pages": max_pages} + body + "\n\\end{document}\n"
 
 
-def _limits(cpu_s: int, memory_mb: int, file_mb: int):
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
 def _run(cmd: list[str], cwd: str, timeout: float, memory_mb: int, file_mb: int) -> tuple[int | None, str]:
-    """Run in its own process group under resource limits; kill the group on timeout."""
+    """Run TeX's `cmd` in `cwd` under `mmrl.sandbox`'s limits, with TeX's file-access settings."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd, "TEXMFOUTPUT": cwd,
            "openin_any": "p", "openout_any": "p", "shell_escape": "f", "TEXMFVAR": cwd, "TEXMFCONFIG": cwd,
            "LC_ALL": "C"}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_limits(int(timeout) + 1, memory_mb, file_mb))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out.decode(errors="replace")
-    except subprocess.TimeoutExpired:
-        return None, "timeout"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the group outlives the call
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    return run_limited(cmd, cwd, env, Limits(timeout=timeout, memory_mb=memory_mb, file_mb=file_mb))
 
 
 def resolve_renderer(renderer: str = "auto") -> str:

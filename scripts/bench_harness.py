@@ -88,6 +88,28 @@ def trl_grpo_config(args):
         lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
 
 
+def peak_bytes(fn) -> int:
+    """Most bytes allocated at once while `fn` runs, beyond those allocated before it (CUDA's
+    allocator, or on a CPU the profiler's allocation events)."""
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

@@ -63,3 +63,37 @@ def test_a_group_reward_sees_whole_groups_on_two_processes(tmp_path):
         for key in ("reward/win_rate", "reward_std", "advantage_std", "loss"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
     assert single[0]["reward_std"] > 0
+
+
+def test_episodes_agree_on_one_and_two_processes(tmp_path):
+    """Episodes with tool calls (a warm start teaches the tiny model to call `add` for "2+3"): the
+    same turns, tool calls, truncations, rewards, loss and weights on 1 and 2 processes."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    rows = [{"prompt": "2+3", "answer": "5", "target": call + "<eos>t:5<eos>a:<answer>5</answer>"},
+            {"prompt": "4+3", "answer": "7", "target": "<answer>7</answer>"}] * 2
+    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "task": "causal_lm", "seed": 0, "save_every": 3,
+        "policy": {"model": "tiny:qwen2-chat-char", "tiny_args": {"hidden": 64, "layers": 2, "heads": 2},
+                   "max_new_tokens": 80, "temperature": 1.0, "chat_template": True,
+                   "episode": {"tools": [f"{os.path.dirname(__file__)}/episode_tools.py:add"], "max_turns": 3,
+                               "max_tokens": 200}},
+        "data": {"path": str(tmp_path / "rows.jsonl")},
+        "warm_start": {"steps": 150, "lr": 1e-2, "batch_size": 4},
+        "rewards": {"accuracy": {"weight": 1.0}},
+        "algorithm": {"group_size": 4, "beta": 0.04},
+        "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4},
+        "logging": {"report_to": ["none"], "progress": False}}))
+    single = run_cli([sys.executable], recipe, tmp_path / "one", 3)
+    double = run_cli([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_addr", "127.0.0.1", "--master_port", str(free_port())], recipe, tmp_path / "two", 3)
+    assert sum(r.get("policy/tool_calls/add", 0) for r in single) > 0  # episodes with tool turns happened
+    for a, b in zip(single, double):
+        for key in ("policy/episodes", "policy/episode_turns", "policy/tool_calls/add", "policy/tool_errors",
+                    "policy/truncated_episodes", "reward/accuracy", "advantage_std", "loss", "kl"):
+            assert a.get(key) == pytest.approx(b.get(key), abs=1e-6), (a["step"], key)
+    w1 = load_file(tmp_path / "one" / "checkpoints" / "step-000003" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "checkpoints" / "step-000003" / "model" / "model.safetensors")
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=1e-6), name

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "mmrl"
 # lowest first; a module may import its own layer and any layer before it
-LAYERS = [("mmrl.errors", "mmrl.registry"), ("mmrl.config",), ("mmrl.core",), ("mmrl.data",),
+LAYERS = [("mmrl.errors", "mmrl.registry", "mmrl.sandbox"), ("mmrl.config",), ("mmrl.core",), ("mmrl.data",),
           ("mmrl.distributed",), ("mmrl.serving",), ("mmrl.train",), ("mmrl.cli",)]
 ENTRY = ("mmrl", "mmrl.__main__")  # the package's lazy public names and `python -m mmrl` may import any layer
 

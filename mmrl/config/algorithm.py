@@ -100,8 +100,21 @@ class AlgorithmConfig:
         "Update passes (optimizer steps) over each batch of rollouts (GRPO's mu; d1 uses 12). With mu > 1 the old "
         "log-probs are kept from before the first pass and the ratio departs from 1.")})
     objective: str = field(default="clip", metadata={"help": (
-        "The surrogate loss: clip (PPO/GRPO clipped ratio) or wd1 (ratio-free weighted likelihood, Tang et al. "
-        "2025, softmax of advantages per group)."), "choices": "mmrl.core.objectives:OBJECTIVES"})
+        "The surrogate loss: clip (PPO/GRPO clipped ratio), wd1 (ratio-free weighted likelihood, Tang et al. "
+        "2025, softmax of advantages per group) or nft (DiffusionNFT: reward-weighted positive / negative "
+        "denoising losses on the forward process; needs policy.units: forward_process)."),
+        "choices": "mmrl.core.objectives:OBJECTIVES"})
+    nft_beta: float = field(default=1.0, metadata={"stage": True, "help": (
+        "objective nft: the implicit policies' step beta, v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - "
+        "beta v; the loss is divided by it (DiffusionNFT's config.beta: 1.0, 0.1 for OCR).")})
+    nft_adv_clip: float = field(default=5.0, metadata={"stage": True, "help": (
+        "objective nft: advantages are clipped to [-c, c] and mapped to r = A / (2 c) + 1/2, and the loss is "
+        "scaled by c (DiffusionNFT's adv_clip_max: 5).")})
+    ratio_norm: Literal["none", "grpo_guard"] = field(default="none", metadata={"help": (
+        "Per-step ratio normalisation of a diffusion step (clip objective, unit ratios): grpo_guard = GRPO-Guard's "
+        "log-ratio times the step's std (its normalised ratio, one update pass) and each step's clipped loss "
+        "divided by its |dt| (the gradient reweighting); needs the adapter's step scales (flow_sde or dance "
+        "samplers). none: the plain ratio.")})
     rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
         "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
         "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "

@@ -95,6 +95,21 @@ class ScoringConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """Who generates a step's rollouts, and when (docs/async.md#modes-rolloutmode)."""
+
+    mode: Literal["sync", "one_step_off"] = field(default="sync", metadata={"help": (
+        "sync: the trainer generates each step's rollouts with the weights it is about to update. one_step_off: "
+        "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
+        "trains, from the weights it received after step k-1's update (causal_lm, one process, no LoRA, no "
+        "dynamic sampling, no stages); keep algorithm.rollout_correction tis or mis on.")})
+    max_staleness: int = field(default=1, metadata={"help": (
+        "one_step_off: how many optimizer steps behind the trained weights the rollout worker's may be. 1: "
+        "generation overlaps the update; 0: the worker waits for the newest weights (no overlap: exactly the "
+        "synchronous run's rollouts, rewards and weights).")})
+
+
+@dataclass
 class DataConfig:
     name: str | None = field(default=None, metadata={"stage": True, "help": (
         "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
@@ -120,7 +135,8 @@ class DataConfig:
         "help": "directory that relative media paths resolve against (default: the data file's directory)"})
     columns: dict[str, str] = field(default_factory=dict, metadata={
         "help": "renames {source: target} applied to every row before anything reads it, e.g. "
-                "{problem: prompt, solution: answer}"})
+                "{problem: prompt, solution: answer}; a dotted source reads a field of a nested column (copied), "
+                "e.g. {reward_model.ground_truth: answer} for verl's rows"})
     extract: dict[str, str] = field(default_factory=dict, metadata={
         "help": "{column: regex}: the column becomes the first group of the regex's last match, e.g. "
                 "{answer: '#### (.*)'} for GSM8K or {answer: '<answer>(.*?)</answer>'}; a row without a match "
@@ -277,6 +293,8 @@ class TrainConfig:
         "Optimizer, learning rate and batch sizes.")})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": (
         "How the prompts of a step are drawn.")})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": (
+        "Who generates the rollouts and when: the trainer, or a rollout worker overlapping the update.")})
     scoring: ScoringConfig = field(default_factory=ScoringConfig, metadata={"help": (
         "When the rollouts are scored: after the whole rollout, or while the next groups generate.")})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": (

@@ -54,6 +54,30 @@ class Policy(ABC):
         `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @classmethod
+    def unit_terms(cls, cfg: Any) -> str:
+        """What a unit gives the objective under adapter config `cfg` (`Objective.unit_terms`):
+        'logprobs', or 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`)."""
+        return "logprobs"
+
+    def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
+                                 reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
+                                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """DiffusionNFT's positive and negative losses [B, u] of each unit under grad, the old
+        policy being `model` at the step's start, and with `reference` the velocity KL [B, u]
+        (an adapter whose `unit_terms` is 'implicit_velocity' implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no implicit-velocity units")
+
+    @classmethod
+    def step_scale_problem(cls, cfg: Any) -> str | None:
+        """Why the adapter under config `cfg` has no `step_scales` (None: it has them)."""
+        return f"the {cls.__name__} adapter has no per-step scales"
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """(ratio scale, loss scale) [B, u] of each unit for `algorithm.ratio_norm: grpo_guard`: a
+        denoising step's std and 1 / |dt|."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-step scales")
+
+    @classmethod
     def config_problems(cls, cfg: Any) -> list[str]:
         """What is wrong with `cfg` (this adapter's `Config`) that is known without loading a model,
         one message per problem naming ``policy.<field>``; the engine checks it with the whole recipe

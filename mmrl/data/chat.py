@@ -1,7 +1,9 @@
 """Conversations as prompts: OpenAI-style ``messages`` (``role`` / ``content``) or LLaVA-style
 ``conversations`` (``from`` / ``value``, ``human`` / ``gpt``).
 
-The prompt is the conversation up to its last user turn. A conversation that ends with an
+The prompt is the conversation up to its last user turn; earlier turns may include tool calls
+(an assistant message's ``tool_calls``, kept for the chat template) and ``tool`` messages, as
+in TRL's conversational rows with tools. A conversation that ends with an
 assistant turn holds the answer: with ``data.answer_from_conversation`` it becomes the row's
 answer column, without it the row is refused (a model trained on such prompts would be shown
 the answer). The prompt stays a list of ``{"role", "content"}`` messages, a single user turn
@@ -17,15 +19,17 @@ import re
 from typing import Any
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
-         "model": "assistant", "system": "system"}
+         "model": "assistant", "system": "system", "tool": "tool"}
 PLACEHOLDERS = {"<image>": "image", "<video>": "video", "<audio>": "audio"}
 _PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))
 
 
 def is_conversation(value: Any) -> bool:
-    """A non-empty list of dicts with ``role``/``content`` or ``from``/``value``."""
+    """A non-empty list of dicts with ``role``/``content`` (or an assistant's ``tool_calls``) or
+    ``from``/``value``."""
     return (isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
-            and all(("role" in m and "content" in m) or ("from" in m and "value" in m) for m in value))
+            and all(("role" in m and ("content" in m or "tool_calls" in m)) or ("from" in m and "value" in m)
+                    for m in value))
 
 
 def _message(turn: dict, k: int) -> dict:
@@ -33,7 +37,11 @@ def _message(turn: dict, k: int) -> dict:
     role = ROLES.get(str(speaker).lower())
     if role is None:
         raise ValueError(f"turn {k} has speaker {speaker!r}; expected one of {', '.join(ROLES)}")
-    return {"role": role, "content": turn.get("content", turn.get("value"))}
+    message = {"role": role, "content": turn.get("content", turn.get("value"))}
+    if turn.get("tool_calls"):  # an assistant turn that called tools (OpenAI / TRL), for the chat template
+        message["tool_calls"] = turn["tool_calls"]
+        message["content"] = message["content"] or ""
+    return message
 
 
 def _text(content: Any) -> Any:
@@ -52,15 +60,16 @@ def _text(content: Any) -> Any:
 
 
 def split_conversation(value: list, answer_from_conversation: bool, column: str) -> tuple[Any, str | None]:
-    """(prompt, answer): the prompt up to the last user turn as a message list, the final
-    assistant turn's text or None. Raises ValueError naming
+    """(prompt, answer): the prompt up to the last user turn (the whole conversation when it ends
+    with a tool turn) as a message list, the final assistant turn's text or None. Raises ValueError naming
     `column` for a conversation without a user turn, or one that ends with an answer that
     nothing says what to do with."""
     messages = [_message(t, k) for k, t in enumerate(value)]
     users = [k for k, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise ValueError(f"column {column!r}: the conversation has no user turn")
-    last = users[-1]
+    # a conversation that ends with a tool turn is all prompt: the model's turn reads the tool's result
+    last = len(messages) - 1 if messages[-1]["role"] == "tool" else users[-1]
     answer = None
     tail = messages[last + 1:]
     if tail:
@@ -69,7 +78,7 @@ def split_conversation(value: list, answer_from_conversation: bool, column: str)
                              f"set data.answer_from_conversation=true to use it as the reference answer, "
                              f"or drop it from the prompt")
         answer = _text(tail[-1]["content"])
-    return [{"role": m["role"], "content": _text(m["content"])} for m in messages[:last + 1]], answer
+    return [{**m, "content": _text(m["content"])} for m in messages[:last + 1]], answer
 
 
 def split_placeholders(text: str) -> list[dict]:

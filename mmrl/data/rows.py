@@ -25,7 +25,8 @@ class RowError(ValueError):
 @dataclass
 class RowTransform:
     """What the ``data`` section asks of every row, in this order: rename columns (`columns`,
-    source -> target), keep the last match's first group of a regex in a column (`extract`),
+    source -> target; a dotted source that is not a column reads a field of nested dicts, which
+    stay as they are), keep the last match's first group of a regex in a column (`extract`),
     replace an index by that item of a list column (`pick`: column -> list column),
     turn a conversation in the prompt column into a prompt (and the answer column), fill the
     prompt column from `prompt_template`, and make relative paths in `media_columns` absolute
@@ -54,6 +55,10 @@ class RowTransform:
         for source, target in self.columns.items():
             if source in row:
                 row[target] = row.pop(source)
+            elif "." in source:
+                found, value = nested_field(row, source)
+                if found:
+                    row[target] = value
         for column, pattern in self._patterns.items():
             value = row.get(column)
             if isinstance(value, str):
@@ -86,6 +91,16 @@ class RowTransform:
                 if column in row:
                     row[column] = resolve_media(row[column], self.media_root)
         return row
+
+
+def nested_field(row: dict, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted name inside nested dicts (verl's `reward_model.ground_truth`)."""
+    value: Any = row
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value
 
 
 class _RowFormatter(string.Formatter):

@@ -122,6 +122,11 @@ class ZeroThreeView(ParallelView):
 
     lockstep = True
 
+    def is_sharded(self, model: nn.Module) -> bool:
+        """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a
+        wrapped module's forward (an output head's weight) is this process's partition, not the tensor."""
+        return any(hasattr(p, "ds_id") for p in model.parameters())
+
 
 @STRATEGIES.register("zero3")
 class ZeroThree(Strategy):

@@ -21,13 +21,14 @@ from torch import Tensor
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import combined_total, group_variance_mask
 from mmrl.core.policy import Policy
-from mmrl.core.rollout import Rollout
+from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.train.chunk_scoring import ChunkScorer
 from mmrl.train.records import Collected, Draw, add_counts, gather_objects
+from mmrl.train.rollout_worker import RolloutWorker
 from mmrl.train.step_clock import StepClock
 
 
@@ -55,6 +56,9 @@ class RolloutCollector:
     def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module, clock: StepClock):
         self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
+        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off: who generates
+        self.prefetched: dict[int, list[int]] = {}  # step -> its prompts, drawn ahead for the worker
+        self.sampler_state_before_prefetch: dict | None = None  # the sampler's state after the last collected step
 
     def rollout_params(self):
         """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
@@ -73,7 +77,11 @@ class RolloutCollector:
            to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
-        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
+        indices = self.prefetched.pop(step, None) if attempt == 0 else None
+        if indices is None:
+            indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
+        else:
+            self.sampler_state_before_prefetch = None
         local = self._local_groups(len(indices))
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
@@ -106,11 +114,25 @@ class RolloutCollector:
         rows = [inputs.train_rows[indices[g]] for g in groups]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in groups]
         with self.clock.phase("generate"):
-            rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+            if self.worker is not None:  # stamped by the worker with the version of its weights
+                rollout = self.worker.take((step, attempt, groups.start), rows, cfg.algorithm.group_size, seeds)
+            else:
+                rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+                rollout.stamp_version(step - 1)  # drawn by the weights after step - 1 updates
         self.idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + groups.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         return rollout
+
+    def prefetch(self, inputs: StageInputs, step: int) -> None:
+        """Draw `step`'s prompts now and ask the worker for their rollouts (generated while the
+        current step trains); the sampler's state before this draw is what a checkpoint keeps."""
+        cfg = inputs.cfg
+        self.sampler_state_before_prefetch = inputs.sampler.state_dict()
+        indices = self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
+        for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
+            self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
+                            cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -138,7 +160,10 @@ class RolloutCollector:
             local_parts.append(draws[-1].rollout.select([]))
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
-        return Collected(local, rewards, torch.cat(gid_parts), self._stats(inputs, draws, kept))
+        stats = self._stats(inputs, draws, kept)
+        versions = gather_objects(self.strategy.acc, local.weights_version.tolist())
+        stats.update(staleness_metrics(torch.tensor([v for part in versions for v in part]), step - 1))
+        return Collected(local, rewards, torch.cat(gid_parts), stats)
 
     def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
         """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with

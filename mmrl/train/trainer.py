@@ -40,6 +40,7 @@ from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
+from mmrl.train.rollout_worker import RolloutWorker
 from mmrl.train.signals import RunInterrupted, StopSignals
 from mmrl.train.stages import Stage
 from mmrl.train.step_clock import StepClock
@@ -160,14 +161,19 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
         step = self.step + 1
-        self._sampler_before_step = self.inputs.sampler.state_dict()
+        self._sampler_before_step = self._sampler_state()
         self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
         self.clock.start()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
+        worker = self.collector.worker
+        if worker is not None and self.cfg.rollout.max_staleness == 1 and step < self.cfg.max_steps:
+            self.collector.prefetch(self.inputs, step + 1)  # generated while this step trains
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
+        if worker is not None:
+            worker.send_weights(self.unwrapped, step)
         self._phase = None
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
@@ -192,6 +198,8 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
+        if cfg.rollout.mode == "one_step_off":  # a fresh worker with the run's (or the checkpoint's) weights
+            self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
                 while self.step < cfg.max_steps:
@@ -205,6 +213,8 @@ class Trainer:
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
         finally:
+            if self.collector.worker is not None:
+                self.collector.worker.stop()
             progress.close()
             self.tracker.close()
             self.release_output_dir()
@@ -309,7 +319,7 @@ class Trainer:
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
             if acc.is_main_process:
-                sampler = self.inputs.sampler.state_dict() if sampler_state is None else sampler_state
+                sampler = self._sampler_state() if sampler_state is None else sampler_state
                 state = {"step": self.step, "sampler": sampler, "bad_steps": self.bad_steps}
                 if self.last_eval is not None and self.last_eval[0] == self.step:
                     state["eval_reward_mean"] = self.last_eval[1]
@@ -318,6 +328,10 @@ class Trainer:
             ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
+
+    def _sampler_state(self) -> dict:
+        """The data sampler's state after the last collected step (before a draw made ahead for the worker)."""
+        return self.collector.sampler_state_before_prefetch or self.inputs.sampler.state_dict()
 
     def load_checkpoint(self, path: Path) -> None:
         try:

@@ -101,6 +101,8 @@ class PolicyUpdate:
         """Forward and loss of rows `idx` over `units` (the mismatch sums added to `sums`)."""
         algo = self.cfg.algorithm
         mb = batch.rollout.select(idx)
+        if self.objective.unit_terms == "implicit_velocity":
+            return self._implicit_velocity_terms(batch, idx, mb, units)
         want_entropy = with_entropy or regulariser_needs(algo, "entropy")
         kl = None
         if closed_form_kl(algo):
@@ -124,7 +126,20 @@ class PolicyUpdate:
             logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
             batch.weights[idx][:, units].to(device), algo, segments=segs,
             ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
+            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
+            **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
+               if algo.ratio_norm != "none" else {}))
+
+    def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
+        """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""
+        algo = self.cfg.algorithm
+        reference = self.reference_model if closed_form_kl(algo) else None
+        positive, negative, kl = self.policy.implicit_velocity_losses(self.model, mb, units, algo.nft_beta,
+                                                                     reference)
+        device = positive.device
+        mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
+        return self.objective.loss(positive, negative, batch.advantages[idx].to(device), mask,
+                                   batch.weights[idx][:, units].to(device), algo, kl=kl)
 
     def _check_rollout_logp(self, local: Rollout) -> dict[str, float]:
         """The mismatch sums to report (none without sampler log-probs), or a clear error where the

@@ -10,9 +10,17 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
+`stochastic` [N, U] (the steps each rollout took by SDE; a `random_window` differs per group),
+and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
 the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
+
+With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
+(final sample, noise level) pair: unit k re-noises the final sample at level k with noise drawn
+from the row's seed and k. Rollout extras then hold `clean` [N, ...] (the final samples),
+`levels`, `timesteps`, `noise_seeds` [N] and the conditioning; no trajectory, no sampler log-probs.
+Each of its rollouts starts from noise of its own (a deterministic sampler would otherwise give a
+group of equal samples).
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ from mmrl.registry import ADAPTERS
 from ..model_loading import DTYPES
 from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
+from .forward_process import implicit_velocity_losses, renoised
+from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
 from .video_families import VideoFamily
 
-NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
+NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
 
 
 @ADAPTERS.register("diffusion")
@@ -61,6 +71,14 @@ class DiffusionPolicy(TurningPointRewards):
             raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is the CPS sampler's; policy.sampler is {cfg.sampler!r}")
         if cfg.tp_consistent_steps not in ("all", "first"):
             raise ValueError(f"policy.tp_consistent_steps={cfg.tp_consistent_steps!r} is not one of ('all', 'first')")
+        if cfg.units not in ("steps", "forward_process"):
+            raise ValueError(f"policy.units={cfg.units!r} is not one of ('steps', 'forward_process')")
+        if cfg.units == "forward_process" and cfg.classifier_free_guidance:
+            raise ValueError("policy.units=forward_process trains the CFG-free model (DiffusionNFT): set "
+                             "policy.classifier_free_guidance=false")
+        if not 0 < cfg.forward_fraction <= 1 or int(cfg.num_steps * cfg.forward_fraction) < 1:
+            raise ValueError(f"policy.forward_fraction={cfg.forward_fraction} must be in (0, 1] and keep at least "
+                             f"one of the {cfg.num_steps} noise levels")
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
@@ -72,6 +90,12 @@ class DiffusionPolicy(TurningPointRewards):
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
+        if cfg.turning_points and cfg.schedule.kind == "random_window":
+            raise ValueError("policy.turning_points needs one window for the whole batch; policy.schedule.kind="
+                             "random_window draws one per group (use window or sliding_window)")
+        if cfg.units == "forward_process" and self.family.kind != "flow":
+            raise ValueError(f"policy.units=forward_process re-noises samples on the flow-matching forward process; "
+                             f"a {type(self.family).__name__} model predicts eps (use a flow model)")
         if cfg.classifier_free_guidance and not self.family.uses_classifier_free_guidance:
             raise ValueError(f"policy.classifier_free_guidance=true: {type(self.family).__name__} takes guidance as an "
                              "embedding; set policy.classifier_free_guidance=false")
@@ -128,6 +152,10 @@ class DiffusionPolicy(TurningPointRewards):
         return images
 
     # ----- the contract ------------------------------------------------------------------------
+    @classmethod
+    def unit_terms(cls, cfg: DiffusionConfig) -> str:
+        return "implicit_velocity" if cfg.units == "forward_process" else "logprobs"
+
     @property
     def max_units(self) -> int:
         return self.cfg.num_steps
@@ -162,40 +190,46 @@ class DiffusionPolicy(TurningPointRewards):
         if self.family.conditioning_image:
             cond.update(self.family.image_condition(self._condition_images(prompts)))
         cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
-        x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
-        levels, timesteps = self.family.levels(steps, tuple(x.shape))
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
+        if cfg.units == "forward_process" and not greedy:  # DiffusionNFT: every sample from its own noise
+            x = torch.cat([self._group_noise(derive_seed(r, FORWARD_SALT), 1) for r in row_seeds]).to(device)
+        else:
+            x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
+        levels, timesteps = self.family.levels(steps, tuple(x.shape))
         noise_gens = [torch.Generator().manual_seed(r) for r in row_seeds]
-        stochastic = (torch.zeros(steps, dtype=torch.bool) if greedy
-                      else cfg.schedule.stochastic(steps, self.training_step))
+        stochastic = self._stochastic_rows(seeds, group_size, steps, greedy)
         trained = torch.stack([cfg.schedule.trained(steps, self.training_step,
                                                     torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
                                for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
         step_fn = SAMPLERS.get(sampler)
         trajectory = [x.float().cpu()]
         logps = torch.zeros(n, steps)
-        noisy = torch.zeros(steps, dtype=torch.bool)
+        noisy = torch.zeros(n, steps, dtype=torch.bool)
         for k in range(steps):
             pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
-            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1],
-                                strength if stochastic[k] else 0.0)
-            if std > 0:
-                eps = torch.stack([torch.randn(x.shape[1:], generator=g) for g in noise_gens]).to(device)
-                x = mean + std * eps
-                noisy[k] = True
-                logps[:, k] = self._logprob(x, mean, std).cpu()
+            rows = stochastic[:, k].nonzero().flatten().tolist()
+            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1], strength if rows else 0.0)
+            if std > 0:  # the SDE on this step's stochastic rows (each drawing its own noise), the ODE on the others
+                sde = mean[rows] + std * torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i])
+                                                      for i in rows]).to(device)
+                logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
+                noisy[rows, k] = True
+                x = mean if len(rows) == n else step_fn(x.float(), pred.float(), levels[k], levels[k + 1], 0.0)[0]
+                x[rows] = sde  # (in place: `mean` is not used after this)
             else:
                 x = mean
-            if not greedy:
+            if not greedy and cfg.units == "steps":
                 trajectory.append(x.float().cpu())
         trained &= noisy  # a step that drew no noise (strength 0) has no log-prob
         images = self._decode(x)
         extras: dict[str, Any] = {}
+        if not greedy and cfg.units == "forward_process":
+            return self._forward_process_rollout(texts, group_size, images, x, levels, timesteps, cond, row_seeds)
         if not greedy:
             extras = {"latents": torch.stack(trajectory, 1),
                       "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
                       "timesteps": timesteps.float().expand(n, -1).clone(),
-                      "stochastic": noisy.expand(n, -1).clone(),
+                      "stochastic": noisy,
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
@@ -206,6 +240,48 @@ class DiffusionPolicy(TurningPointRewards):
         """The video reward contract's `fps` column (a video family's completions are frames)."""
         fps = self.family.fps
         return {} if fps is None else {"fps": [self.cfg.fps or fps] * n}
+
+    def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
+        """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
+        levels, drawn from its seed (DiffusionNFT)."""
+        n, steps = len(row_seeds), len(timesteps)
+        keep = int(steps * self.cfg.forward_fraction)
+        units = torch.zeros(n, steps)
+        for i, r in enumerate(row_seeds):
+            units[i, torch.randperm(steps, generator=torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))[:keep]] = 1
+        extras = {"clean": x.float().cpu(), "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
+                  "timesteps": timesteps.float().expand(n, -1).clone(),
+                  "noise_seeds": torch.tensor([derive_seed(r, FORWARD_SALT) for r in row_seeds]),
+                  **{k: v.cpu() for k, v in cond.items()}}
+        return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
+                       prompts=[t for t in texts for _ in range(group_size)], completions=images,
+                       unit_mask=units, extras=extras, columns=self._video_columns(n))
+
+    def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
+        """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""
+        schedule, n = self.cfg.schedule, len(seeds) * group_size
+        if greedy:
+            return torch.zeros(n, steps, dtype=torch.bool)
+        if schedule.kind != "random_window":
+            return schedule.stochastic(steps, self.training_step).expand(n, -1).clone()
+        return torch.stack([schedule.stochastic(steps, self.training_step,
+                                                torch.Generator().manual_seed(derive_seed(s, WINDOW_SALT)))
+                            for s in seeds]).repeat_interleave(group_size, 0)
+
+    @classmethod
+    def step_scale_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.sampler in GUARD_SAMPLERS and cfg.units == "steps":
+            return None
+        return (f"GRPO-Guard's step scales are those of the Gaussian SDE steps {GUARD_SAMPLERS} "
+                f"(policy.sampler={cfg.sampler!r}, policy.units={cfg.units!r})")
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """GRPO-Guard's (step std, 1 / |dt|) [B, u] (`grpo_guard.py`)."""
+        levels = batch.extras["levels"][0].tolist()
+        ks = list(range(batch.num_units))[units]
+        scales = torch.tensor([guard_step_scales(self.cfg.sampler, levels[k], levels[k + 1], self.cfg.noise_level)
+                               for k in ks], dtype=torch.float32)
+        return scales[:, 0].expand(len(batch), -1), scales[:, 1].expand(len(batch), -1)
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
@@ -224,7 +300,8 @@ class DiffusionPolicy(TurningPointRewards):
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
         pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
-        strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
+        # rows that took the ODE at step k are never trained there: their SDE mean is masked out
+        strength = self.cfg.noise_level if bool(ex["stochastic"][:, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
     def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
@@ -260,8 +337,47 @@ class DiffusionPolicy(TurningPointRewards):
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Step log-probs; under `units: forward_process` the flow-matching surrogate of each unit's
+        log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
+        if self.cfg.units == "forward_process":
+            scores = [-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1)
+                      for v, _, x0, eps, _ in self._forward_units(model, batch, units)]
+            return torch.stack(scores, 1), None
         logp, entropy, _ = self._units(model, batch, units, with_entropy)
         return logp, entropy
+
+    def _forward_units(self, model: nn.Module, batch: Rollout, units: slice):
+        """Per unit k of `units`: (v_theta at x_t [B, ...], x_t, x0, eps, t) with x_t the final sample
+        re-noised at level k by the noise of (row seed, k)."""
+        ex, device = batch.extras, self.device
+        x0 = ex["clean"].to(device)
+        cond = self._pos_cond(batch)
+        for k in list(range(batch.num_units))[units]:
+            eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
+                               for s in ex["noise_seeds"]]).to(device)
+            t = ex["levels"][:, k].to(device=device, dtype=torch.float32)
+            xt = renoised(x0, eps, t)
+            yield self.family.predict(model, xt, ex["timesteps"][0, k], cond, 1.0, False), xt, x0, eps, t
+
+    def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
+                                 reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
+                                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """DiffusionNFT's (L+, L-) [B, u] (`forward_process.py`), the old velocity being `model`'s own,
+        detached (the policy at the step's start: one update pass), and with `reference` the
+        authors' KL, mean_d (v_theta - v_ref)^2."""
+        positives, negatives, kls = [], [], []
+        for k, (v, xt, x0, _, t) in zip(list(range(batch.num_units))[units], self._forward_units(model, batch, units)):
+            pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta)
+            positives.append(pos)
+            negatives.append(neg)
+            if reference is not None:
+                with torch.no_grad(), reference() as ref:
+                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch), 1.0, False)
+                kls.append((v.float() - v_ref.float()).pow(2).flatten(1).mean(1))
+        return torch.stack(positives, 1), torch.stack(negatives, 1), torch.stack(kls, 1) if kls else None
+
+    def _pos_cond(self, batch: Rollout) -> dict[str, Tensor]:
+        return {key: v.to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
 
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),

@@ -3,4 +3,4 @@
 sharing, the colocated vLLM engine, and the token helpers `dlm` shares (chat prompts, rollout
 batches, token log-probs)."""
 
-from . import audio_lm, causal_lm, vlm  # noqa: F401  (registration)
+from . import audio_lm, causal_lm, image_tools, python_tool, vlm  # noqa: F401  (registration)

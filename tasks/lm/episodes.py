@@ -28,6 +28,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.rewards.box_frames import FRAMES
 
 from .rollout_batches import eos_token_ids
 from .tools import EpisodeView, ToolCall, parse_tool_calls, resolve_tools, run_tool, tool_schema
@@ -50,6 +51,10 @@ class EpisodeConfig:
         "The most tokens after the prompt (model and tool turns together); reaching it truncates the episode.")})
     max_images: int = field(default=8, metadata={"help": (
         "The most images tools may return in an episode; a call that would exceed it truncates the episode.")})
+    box_frame: str = field(default="image", metadata={"help": (
+        "The frame the crop / zoom tools read boxes in: image (the original image's pixels), input (pixels of the "
+        "image as the processor resized it, Qwen2.5-VL), normalized_1000 (0-1000, Qwen3-VL); as the iou reward's "
+        "frame.")})
 
 
 def episode_config_problems(cfg: EpisodeConfig) -> list[str]:
@@ -57,6 +62,8 @@ def episode_config_problems(cfg: EpisodeConfig) -> list[str]:
                 for name in ("max_turns", "max_tokens") if getattr(cfg, name) < 1]
     if cfg.max_images < 0:
         problems.append(f"policy.episode.max_images={cfg.max_images} must be >= 0")
+    if cfg.box_frame not in FRAMES:
+        problems.append(f"policy.episode.box_frame={cfg.box_frame!r} is not one of {', '.join(FRAMES)}")
     return problems
 
 
@@ -137,8 +144,11 @@ class EpisodeRunner:
                 if k.startswith("prompt_") and k not in ("prompt_ids", "prompt_mask")}
         media = {k: [v[g]] for k, v in encoded.items() if isinstance(v, list)}
         decoded = part[1] if isinstance(part, tuple) else {}
-        view = EpisodeView(images=list(decoded.get("images") or []), videos=list(decoded.get("videos") or []),
-                           row=row if isinstance(row, dict) else {})
+        images = list(decoded.get("images") or [])
+        view = EpisodeView(images=images, input_sizes=self._input_sizes(media.get("image_grid_thw", [None])[0], images),
+                           videos=list(decoded.get("videos") or []),
+                           video_metadata=list(decoded.get("video_metadata") or []),
+                           row=row if isinstance(row, dict) else {}, box_frame=self.cfg.box_frame)
         return EpisodeState(encoded["prompt_ids"][g][keep].tolist(), keys, media, view)
 
     def _model_turn(self, states: list[EpisodeState], row_seeds: list[int], turn: int, greedy: bool) -> None:
@@ -211,6 +221,14 @@ class EpisodeRunner:
         rows.update(joined_media(states))
         return rows
 
+    def _input_sizes(self, grids: Tensor | None, images: list) -> list[list[int] | None]:
+        """Each image's [width, height] as the processor resized it: its patch grid times the patch
+        size (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); None where the processor has no grid."""
+        patch = getattr(getattr(getattr(self.policy, "processor", None), "image_processor", None), "patch_size", None)
+        if grids is None or not patch or len(grids) != len(images):
+            return [None] * len(images)
+        return [[int(w) * patch, int(h) * patch] for _, h, w in grids.tolist()]
+
     # ----- tool turns ----------------------------------------------------------------------
     def _tool_turn(self, s: EpisodeState, calls: list[ToolCall], turn: int, eos_text: str | None) -> None:
         """Run the calls, then append their tool turn (mask 0) unless a budget ends the episode."""
@@ -230,6 +248,7 @@ class EpisodeRunner:
         s.append(ids, 0, -1, [0.0] * len(ids), keys)
         s.images_returned += len(images)
         s.view.images.extend(images)
+        s.view.input_sizes.extend(self._input_sizes(media.get("image_grid_thw"), images))
         for key, value in media.items():
             s.media.setdefault(key, []).append(value)
 

@@ -32,11 +32,17 @@ def register_tool(name: str) -> Callable:
 @dataclass
 class EpisodeView:
     """What a tool sees of its episode: `images` (PIL, the prompt's then those tools returned, in
-    order), `videos` (each a list of frames), `row` (the data row, e.g. verl's `tools_kwargs`)."""
+    order), `input_sizes` (each image's [width, height] as the processor resized it, None where
+    unknown), `videos` (each an array of frames) with their `video_metadata` (fps, frame
+    indices), `row` (the data row, e.g. verl's `tools_kwargs`), `box_frame` (the frame boxes are
+    given in, `policy.episode.box_frame`)."""
 
     images: list[Any] = field(default_factory=list)
-    videos: list[list[Any]] = field(default_factory=list)
+    input_sizes: list[Any] = field(default_factory=list)
+    videos: list[Any] = field(default_factory=list)
+    video_metadata: list[Any] = field(default_factory=list)
     row: dict[str, Any] = field(default_factory=dict)
+    box_frame: str = "image"
 
 
 @dataclass
