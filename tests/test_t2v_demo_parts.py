@@ -9,7 +9,7 @@ import torch
 from mmrl.rewards.video_motion import mean_flow
 from mmrl.rewards.video_frames import frame_tensor
 from mmrl.tasks.demos.clip_judge import clip_match, train_judge
-from mmrl.tasks.demos.synthetic.colour_shapes import COLOURS, SHAPES
+from mmrl.tasks.demos.synthetic.colour_shapes import BACKGROUND, COLOURS, SHAPES
 from mmrl.tasks.demos.synthetic.moving_shapes import DIRECTIONS, SPEED, draw_clip, moving_shapes
 
 
@@ -21,6 +21,33 @@ def test_a_clip_moves_its_direction_by_its_speed(direction):
         flow = mean_flow(frame_tensor(clip))  # [T-1, (dx, dy)] by phase correlation
         expected = torch.tensor(DIRECTIONS[direction], dtype=torch.float32) * SPEED
         assert torch.allclose(flow, expected.expand_as(flow), atol=0.3), (direction, flow)
+
+
+def _margins(frame):
+    """(left, right, top, bottom): the background columns / rows on each side of the shape."""
+    import numpy as np
+    ink = (np.asarray(frame).astype(int) - np.array(BACKGROUND)).__abs__().sum(-1) > 0
+    cols, rows = np.flatnonzero(ink.any(0)), np.flatnonzero(ink.any(1))
+    return cols[0], ink.shape[1] - 1 - cols[-1], rows[0], ink.shape[0] - 1 - rows[-1]
+
+
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+def test_a_jitter_of_0_centres_the_path_and_none_does_not(direction):
+    rng = random.Random(3)
+    off_centre = []
+    for jitter in (0, None):
+        for _ in range(20):
+            clip = draw_clip("blue", "square", direction, 16, 4, rng, jitter=jitter)
+            first, last = _margins(clip[0]), _margins(clip[-1])
+            # the path's margins: left of its leftmost frame vs right of its rightmost, top vs bottom
+            left, right = min(first[0], last[0]), min(first[1], last[1])
+            top, bottom = min(first[2], last[2]), min(first[3], last[3])
+            worst = max(abs(left - right), abs(top - bottom))
+            if jitter == 0:
+                assert worst <= 1, (direction, first, last)
+            else:
+                off_centre.append(worst > 1)
+    assert any(off_centre)
 
 
 def test_the_data_names_each_row_and_cycles_the_held_out_triples():

@@ -17,9 +17,11 @@ FPS = 8  # the clips' frames per second (GIFs, the rows' `fps`)
 
 
 def draw_clip(colour: str, shape: str, direction: str | None, size: int, frames: int, rng: random.Random,
-              speed: int = SPEED) -> list:
+              speed: int = SPEED, jitter: int | None = None) -> list:
     """`frames` PIL images of `size` x `size`: one `colour` `shape` of random side (size // 3 to
-    size // 2) and start, moving `speed` pixels per frame towards `direction` (None: still)."""
+    size // 2) and start, moving `speed` pixels per frame towards `direction` (None: still). The
+    start is any that keeps the path in the frame, or with `jitter` k within k pixels of the start
+    that centres the path."""
     from PIL import Image, ImageDraw
     dx, dy = DIRECTIONS[direction] if direction is not None else (0, 0)
     side = rng.randint(size // 3, size // 2)
@@ -29,6 +31,9 @@ def draw_clip(colour: str, shape: str, direction: str | None, size: int, frames:
 
     def start(d: int) -> int:  # the range along an axis that keeps the whole path in the frame
         low, high = (travel, size - side) if d < 0 else (0, size - side - travel * abs(d))
+        if jitter is not None:
+            centre = (low + high) // 2
+            low, high = max(low, centre - jitter), min(high, centre + jitter)
         return rng.randint(low, high)
     x0, y0 = start(dx), start(dy)
     clip = []
@@ -44,16 +49,17 @@ def draw_clip(colour: str, shape: str, direction: str | None, size: int, frames:
 
 @DATASETS.register("moving_shapes")
 def moving_shapes(n_train: int = 2000, n_eval: int = 64, size: int = 16, frames: int = 4,
-                  seed: int = 0) -> dict[str, list[dict]]:
+                  seed: int = 0, jitter: int | None = None) -> dict[str, list[dict]]:
     """Rows {prompt: "red circle moving right", colour, shape, direction, clip (PIL frames)};
-    held-out rows cycle through every colour-shape-direction triple."""
+    held-out rows cycle through every colour-shape-direction triple. `jitter` (training clips
+    only): each start within that many pixels of the one that centres the path (None: anywhere)."""
     rng = random.Random(seed)
     triples = [(c, s, d) for c in COLOURS for s in SHAPES for d in DIRECTIONS]
 
-    def row(colour, shape, direction):
+    def row(colour, shape, direction, jitter=None):
         return {"prompt": f"{colour} {shape} moving {direction}", "colour": colour, "shape": shape,
-                "direction": direction, "clip": draw_clip(colour, shape, direction, size, frames, rng)}
-    train = [row(*rng.choice(triples)) for _ in range(n_train)]
+                "direction": direction, "clip": draw_clip(colour, shape, direction, size, frames, rng, jitter=jitter)}
+    train = [row(*rng.choice(triples), jitter=jitter) for _ in range(n_train)]
     held_out = [row(*triples[i % len(triples)]) for i in range(n_eval)]
     return {"train": train, "eval": held_out}
 
