@@ -1,8 +1,9 @@
 """Asynchronous against synchronous rollouts (docs/async.md): the text demo's recipe trained from
-its random model for --steps steps with `rollout.mode: sync` and `one_step_off` (max_staleness 1),
-the trainer with one torch thread and the rollout worker with its own; after --warmup steps, each
-mode's trained samples / s and rollout tokens / s from the steps' own times (`time_step_s`), and
-`samples_per_s_ratio` = one_step_off / sync. Each mode runs in this process, one after the other."""
+its random model for --steps steps with `rollout.mode: sync`, `one_step_off` (max_staleness 1) and
+`async` at max_staleness 1 and 2, the trainer with one torch thread and the rollout worker with its
+own; after --warmup steps, each run's trained samples / s and rollout tokens / s from the steps' own
+times (`time_step_s`), and its `samples_per_s_ratio` = its samples / s over sync's. Each run is made
+in this process, one after the other."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ import json
 import tempfile
 from pathlib import Path
 
-MODES = ("sync", "one_step_off")
+RUNS = {"sync": ("sync", 0), "one_step_off": ("one_step_off", 1), "async_1": ("async", 1),
+        "async_2": ("async", 2)}  # name: (rollout.mode, rollout.max_staleness)
 
 
-def run_mode(mode: str, args: argparse.Namespace, folder: Path) -> dict:
-    """One mode's run; its throughput over the steps after the warm-up."""
+def run_mode(name: str, args: argparse.Namespace, folder: Path) -> dict:
+    """One run of RUNS; its throughput over the steps after the warm-up."""
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES, load_plugins
     from mmrl.train.trainer import Trainer
     load_plugins()
-    out = folder / mode
+    out, (mode, staleness) = folder / name, RUNS[name]
     cfg = load_recipe(RECIPES.get("text_demo"), [
-        f"output_dir={out}", f"max_steps={args.steps}", f"rollout.mode={mode}", "rollout.max_staleness=1",
+        f"output_dir={out}", f"max_steps={args.steps}", f"rollout.mode={mode}", f"rollout.max_staleness={staleness}",
         "algorithm.rollout_correction=tis", f"optim.prompts_per_step={args.prompts}",
         f"policy.max_new_tokens={args.tokens}", f"policy.tiny_args.hidden={args.hidden}",
         f"policy.tiny_args.layers={args.layers}", "eval.every=0", "save_every=0", "logging.report_to=[none]",
@@ -51,8 +53,9 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)  # the trainer's one core; the worker sets its own
     with tempfile.TemporaryDirectory() as folder:
-        report = {mode: run_mode(mode, args, Path(folder)) for mode in MODES}
-    report["samples_per_s_ratio"] = report["one_step_off"]["samples_per_s"] / report["sync"]["samples_per_s"]
+        report = {name: run_mode(name, args, Path(folder)) for name in RUNS}
+    for name in RUNS:
+        report[name]["samples_per_s_ratio"] = report[name]["samples_per_s"] / report["sync"]["samples_per_s"]
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -10,6 +10,9 @@ the model's logits: the operator alone, then a whole GRPO step beside TRL's GRPO
    `time_ratio` fused / today's (goal <= 1.1), `max_logp_diff` (goal <= 1e-5 in fp32) and the
    largest |difference| of the gradients of the hidden states and of the projection (<= 1e-4).
    `--frozen-head`: the projection takes no gradient (LoRA on the other layers).
+   On a GPU where `liger_kernel` imports, Liger's fused linear cross-entropy (reduction "none", its
+   per-token log-probs negated) is a third contender on the same inputs: `liger_peak_memory_ratio`
+   and `liger_time_ratio` (mmrl's fused / Liger's) and `liger_max_logp_diff` against today's path.
 2. Whole GRPO steps of a tiny Qwen2 whose output layer spans `--vocab` tokens, each contender in
    a fresh process: mmrl with `policy.logprobs_from: hidden_states` and with `logits`, and TRL's
    GRPOTrainer (`--trl`), same prompts, G completions of exactly `--step-tokens` tokens, beta 0,
@@ -60,6 +63,9 @@ def log_prob_pass(path: str, h, w, targets, weights, chunk: int) -> torch.Tensor
     h.grad = w.grad = None
     if path == "fused":
         logp, _ = hidden_state_logprobs(h, w, targets, chunk_tokens=chunk)
+    elif path == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        logp = -LigerFusedLinearCrossEntropyLoss(reduction="none")(w, h, targets)
     else:
         logp, _ = selective_log_softmax(F.linear(h, w), targets, chunk)
     (logp * weights).sum().backward()
@@ -76,10 +82,22 @@ def seconds(fn, device: str) -> float:
     return time.perf_counter() - start
 
 
+def liger_available(device: str) -> bool:
+    """Liger's kernels are Triton kernels: a contender on a GPU where the package imports."""
+    if device != "cuda":
+        return False
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def compare_operator(hidden: int, vocab: int, tokens: int, args, device: str) -> dict:
     h, w, targets, weights = operator_inputs(hidden, vocab, tokens, DTYPES[args.dtype], device, args.frozen_head)
     out, peaks, times = {}, {}, {}
-    for path in ("fused", "today"):
+    paths = ("fused", "today") + (("liger",) if liger_available(device) else ())
+    for path in paths:
         logp = log_prob_pass(path, h, w, targets, weights, args.chunk)  # warm-up, and the values compared
         out[path] = (logp, h.grad, w.grad)
         peaks[path] = peak_bytes(lambda: log_prob_pass(path, h, w, targets, weights, args.chunk))  # noqa: B023
@@ -87,13 +105,19 @@ def compare_operator(hidden: int, vocab: int, tokens: int, args, device: str) ->
                                                 device) for _ in range(args.repeats))
     diff = [float((a.float() - b.float()).abs().max()) if a is not None else 0.0
             for a, b in zip(out["fused"], out["today"])]
-    return {"hidden": hidden, "vocab": vocab, "tokens": tokens, "dtype": args.dtype, "chunk_tokens": args.chunk,
+    row = {"hidden": hidden, "vocab": vocab, "tokens": tokens, "dtype": args.dtype, "chunk_tokens": args.chunk,
             "frozen_head": args.frozen_head,
             "fused_peak_mb": round(peaks["fused"] / 2**20, 2), "today_peak_mb": round(peaks["today"] / 2**20, 2),
             "peak_memory_ratio": round(peaks["fused"] / peaks["today"], 4),
             "fused_s": round(times["fused"], 5), "today_s": round(times["today"], 5),
             "time_ratio": round(times["fused"] / times["today"], 4),
             "max_logp_diff": diff[0], "grad_hidden_max_diff": diff[1], "grad_weight_max_diff": diff[2]}
+    if "liger" in paths:
+        row.update({"liger_peak_mb": round(peaks["liger"] / 2**20, 2), "liger_s": round(times["liger"], 5),
+                    "liger_peak_memory_ratio": round(peaks["fused"] / peaks["liger"], 4),
+                    "liger_time_ratio": round(times["fused"] / times["liger"], 4),
+                    "liger_max_logp_diff": float((out["liger"][0].float() - out["today"][0].float()).abs().max())})
+    return row
 
 
 # ----- whole GRPO steps, one contender per process ---------------------------------------------
@@ -159,7 +183,8 @@ def compare_steps(args) -> dict:
     runs = {}
     for name in names:
         done = subprocess.run([sys.executable, __file__, "--worker", name, *options], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                  os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])]))})
         if done.returncode != 0:
             sys.exit(f"the {name} worker failed:\n{done.stderr[-4000:]}")
         runs[name] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -220,8 +245,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     load = os.getloadavg()[0]
-    report = {"operator": [compare_operator(h, args.vocab, n, args, device)
-                           for h in args.hidden for n in args.operator_tokens]}
+    report = {"operator": []}
+    for h in args.hidden:
+        for n in args.operator_tokens:
+            report["operator"].append(compare_operator(h, args.vocab, n, args, device))
+            print(json.dumps(report["operator"][-1]), file=sys.stderr, flush=True)  # kept if a later part fails
     if args.step:
         report["step"] = compare_steps(args)
     report.update({"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",

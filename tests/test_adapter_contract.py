@@ -1,5 +1,7 @@
 """Every registered adapter runs the shared contract (tests/adapter_contract.py) on a tiny model."""
 
+from pathlib import Path
+
 import torch
 from adapter_contract import AdapterContract
 from helpers import on_policy_step_changes
@@ -78,6 +80,23 @@ class TestDiffusionFast(TestDiffusion):
 class TestDiffusionGuard(TestDiffusion):
     """GRPO-Guard: per-step normalised ratios and 1 / |dt| loss weights (algorithm.ratio_norm)."""
     recipe = {**TestDiffusion.recipe, "algorithm": {**TestDiffusion.recipe["algorithm"], "ratio_norm": "grpo_guard"}}
+
+
+class TestDiffusionDPPO(TestDiffusion):
+    """FlowDPPO: the KL-ADV mask in place of the ratio clip, two update passes from the old step
+    means kept before the first (algorithm.trust_region: dppo)."""
+    recipe = {**TestDiffusion.recipe, "algorithm": {**TestDiffusion.recipe["algorithm"], "trust_region": "dppo",
+                                                    "mu": 2}}
+
+
+class TestDiffusionPrefGRPO(TestDiffusion):
+    """Pref-GRPO: each image's win rate in its group under a pairwise judge (rounded as the authors),
+    group-normalised with eps 1e-8, GDPO's batch renormalisation, the advantage clip."""
+    recipe = {**TestDiffusion.recipe,
+              "rewards": {"win_rate": {"weight": 1.0, "args": {
+                  "prefer": f"{Path(__file__).parent / 'image_reward.py'}:redder", "decimals": 3}}},
+              "algorithm": {**TestDiffusion.recipe["algorithm"], "eps": 1e-8, "batch_renorm": True,
+                            "clip_advantage": 5.0}}
 
 
 class TestDiffusionNFT(TestDiffusion):

@@ -138,3 +138,34 @@ def test_at_most_one_chunk_of_logits_exists_in_the_forward_and_the_backward():
         ref, ref_ent = plain(hidden, weight, None, targets, 1.0)
         (ref.sum() + ref_ent.sum()).backward()
     assert whole.largest == n * V  # the probe sees the plain computation's whole logits
+
+
+class LogitProducts(TorchDispatchMode):
+    """How many matrix products return a chunk of logits (a tensor whose last dimension is V)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and out.shape[-1] == V:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_a_frozen_projection_projects_each_chunk_once_in_forward_and_backward(with_entropy):
+    """With the head frozen the hidden states' gradients come from the forward's logits: one logit
+    product per chunk in all (a trained head's backward recomputes them: two), same gradients."""
+    hidden, weight, bias, targets = inputs(torch.float32)
+    chunks = -(-N // 8)
+    for frozen, products in ((True, chunks), (False, 2 * chunks)):
+        w, b = (weight.detach(), bias.detach()) if frozen else (weight, bias)
+        with LogitProducts() as counted:
+            logp, ent = hidden_state_logprobs(hidden, w, targets, b, 0.7, chunk_tokens=8, with_entropy=with_entropy)
+            got = grads(logp, ent if with_entropy else torch.zeros(N), [hidden])[0]
+        assert counted.count == products
+        ref, ref_ent = plain(hidden, w, b, targets, 0.7)
+        want = grads(ref, ref_ent if with_entropy else torch.zeros(N), [hidden])[0]
+        assert (got - want).abs().max() <= 1e-5

@@ -93,6 +93,31 @@ def test_report_means_standard_errors_and_paired_differences(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_proxy_against_gold_at_every_evaluation(tmp_path):
+    """Cell 1 keeps raising the proxy while its gold falls after step 2: the table says so per cell,
+    with the means over seeds; sweep_evals.csv holds every evaluation of every run."""
+    runs = plan([("a=1",), ("a=2",)], 2)
+    evals = {0: [(0.5, 0.4), (0.6, 0.5), (0.7, 0.6)], 1: [(0.5, 0.4), (0.7, 0.6), (0.9, 0.3)]}
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": 0.5, "greedy_before": 0.0,
+                                                    "greedy_after": 0.5, "wall_s": 1.0}))
+        shift = 0.02 * run.seed  # the seeds differ; the table shows their mean (+0.01)
+        lines = [{"step": s, "reward_mean": 0.1} for s in (1, 2, 3)]
+        lines += [{"step": 2 * (i + 1), "reward_mean": 0.2, "eval/reward_mean": proxy + shift,
+                   "eval/eval_mean": gold + shift} for i, (proxy, gold) in enumerate(evals[run.cell])]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
+    write_reports(tmp_path, runs)
+    with open(tmp_path / "sweep_evals.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {r["step"] for r in rows} == {"2", "4", "6"}
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 0 | 0.510 -> 0.710 | 0.410 -> 0.610 | 0.610 (6) | +0.000, +0.000 |" in md
+    assert "| 1 | 0.510 -> 0.910 | 0.410 -> 0.310 | 0.610 (4) | +0.200, -0.300 |" in md
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
 def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
     out = tmp_path / "sweep"
     rc = sweep("text", ["algorithm.estimator=grpo,dr_grpo", "optim.lr=1e-4,1e-3"], 2, out, TINY, parallel=2,

@@ -26,6 +26,10 @@ class AlgorithmConfig:
         "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
     clip_advantage: float | None = field(default=None, metadata={"stage": True, "help": (
         "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
+    batch_renorm: bool = field(default=False, metadata={"stage": True, "help": (
+        "GDPO's second normalisation (Pref-GRPO's --apply_gdpo, on in all the authors' scripts): after the "
+        "estimator (and reward_combine) give the advantages, standardise them over the whole batch, "
+        "A <- (A - mean A) / (std A + eps), unbiased std over the rows that train, before clip_advantage.")})
     drop_zero_variance: bool = field(default=False, metadata={"stage": True, "help": (
         "Groups whose rewards are all equal take no part in the loss (DAPO's zero-variance filter); see "
         "sampling.dynamic to draw replacements.")})
@@ -115,6 +119,16 @@ class AlgorithmConfig:
         "log-ratio times the step's std (its normalised ratio, one update pass) and each step's clipped loss "
         "divided by its |dt| (the gradient reweighting); needs the adapter's step scales (flow_sde or dance "
         "samplers). none: the plain ratio.")})
+    trust_region: Literal["clip", "dppo"] = field(default="clip", metadata={"help": (
+        "How the clip objective keeps a unit near the old policy: clip (PPO's ratio clip, eps_low / eps_high) or "
+        "dppo (FlowDPPO, UniRL: no clip; the unit's loss -A rho is dropped where its exact divergence from the old "
+        "policy, KL of the two step Gaussians, reaches algorithm.dppo_threshold and the ratio moves the way the "
+        "advantage pushes it). dppo needs mu > 1 and an adapter with Gaussian steps (task diffusion, units: steps); "
+        "the old step means are kept from before the first pass.")})
+    dppo_threshold: float = field(default=1e-5, metadata={"stage": True, "help": (
+        "trust_region dppo: the divergence at or above which a unit pushed further in its advantage's direction is "
+        "dropped; the divergence is the mean over latent dims of (mu_theta - mu_old)^2 / (2 std^2) "
+        "(UniRL's kl_mask_threshold, default 1e-5).")})
     rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
         "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
         "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "

@@ -6,6 +6,7 @@ Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio lev
     rho = exp(mean_{u in row} l)       sequence (GSPO)
     pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))      (DAPO clip-higher)
     pg  = min(pg, -c A) where A < 0                                  (dual clip, c > 1)
+    pg  = 0 if KL_old,u >= tau and rho moves with A, else -A rho     (trust_region dppo: FlowDPPO)
     loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u   (REGULARISERS)
 and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the aggregation
 over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
@@ -103,7 +104,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
                 kl: Tensor | None = None, is_weight: Tensor | None = None,
-                step_scales: tuple[Tensor, Tensor] | None = None) -> LossTerms:
+                step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -113,6 +114,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     regularisers are added (`algorithm.rollout_correction`, mmrl/core/rollout_correction.py).
     `step_scales` (ratio scale, loss scale) [B, u], under `algorithm.ratio_norm: grpo_guard`, multiply
     each unit's log-ratio and its clipped surrogate (GRPO-Guard: the step's std and 1 / |dt|).
+    `divergence` [B, u], under `algorithm.trust_region: dppo`, is each unit's KL between the old and
+    the current policy (`dppo_held`; None: the policy is the old one, divergence 0).
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
@@ -123,8 +126,15 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         log_ratio = log_ratio * step_scales[0]
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    per_unit = torch.maximum(unclipped, clipped)
+    if cfg.trust_region == "dppo":
+        held = dppo_held(ratio, adv, divergence if divergence is not None else torch.zeros_like(ratio),
+                         cfg.dppo_threshold)
+        per_unit = torch.where(held, torch.zeros_like(unclipped), unclipped)
+        limited = held  # logged as clip_frac
+    else:
+        clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+        per_unit = torch.maximum(unclipped, clipped)
+        limited = clipped > unclipped
     if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan.py)
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
     if step_scales is not None:
@@ -134,10 +144,19 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
-    is_clipped = ((clipped > unclipped) & (mask > 0)).float().sum()
+    is_clipped = (limited & (mask > 0)).float().sum()
     dev = ((ratio - 1).abs() * mask).max() if units > 0 else torch.zeros(())
     return LossTerms(loss=loss, units=units, clipped=float(is_clipped), ratio_max_dev=float(dev.detach()),
                      metrics=sums)
+
+
+def dppo_held(ratio: Tensor, adv: Tensor, divergence: Tensor, threshold: float) -> Tensor:
+    """FlowDPPO's KL-ADV mask (UniRL's `_flowdppo_kl_adv_loss`), bool [B, u]: the units whose loss
+    -A rho is dropped, those whose divergence from the old policy is >= `threshold` and whose ratio
+    moves the way the advantage pushes it (rho > 1 with A > 0, or rho < 1 with A < 0). A unit far
+    from the old policy but moving back towards it keeps its gradient."""
+    pushed = ((ratio > 1) & (adv > 0)) | ((ratio < 1) & (adv < 0))
+    return ((divergence >= threshold) & pushed).detach()
 
 
 def wd1_coefficients(advantages: Tensor, group_id: Tensor, row_mask: Tensor) -> Tensor:

@@ -84,6 +84,21 @@ class Policy(ABC):
         before anything loads."""
         return []
 
+    # whether `rollout.mode` one_step_off / async may build this adapter in a rollout worker process
+    runs_in_rollout_worker: bool = False
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker
+        (None: nothing); asked only of adapters that run there."""
+        return None
+
+    @classmethod
+    def group_size_problems(cls, cfg: Any, group_size: int) -> list[str]:
+        """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
+        a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
+        return []
+
     @property
     def max_units(self) -> int | None:
         """The most units a rollout can have (Dr. GRPO's constant normaliser); None if unbounded."""
@@ -123,6 +138,25 @@ class Policy(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
                                   "choose algorithm.kl_estimator among k1, k2, k3")
 
+    @classmethod
+    def divergence_problem(cls, cfg: Any) -> str | None:
+        """Why this adapter under config `cfg` gives no exact per-unit divergence from the old policy
+        (`algorithm.trust_region: dppo`), or None where it does."""
+        return f"the {cls.__name__} adapter computes no exact per-unit divergence from the old policy"
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """`logprobs` [B, u] and each unit's distribution mean [B, u, ...] under `model`: the old
+        policy's, taken before the first update pass and kept for `algorithm.trust_region: dppo`."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """(log-probs, entropies when asked, the closed-form KL to the reference when `reference` is
+        given, each unit's KL(pi_old || pi_theta) [B, u] from the old means `old_means` [B, u, ...]
+        of `logprobs_and_means`), under grad."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
     def apply_stage_settings(self, changes: dict[str, Any]) -> None:
         """Take a training stage's new values of `stage_fields` (typed, by field name) without
         reloading the model. The default replaces them in `self.cfg`, the adapter's `Config`;
@@ -140,6 +174,12 @@ class Policy(ABC):
         scores extra completions, completion j standing for row rows[j] (its prompt and data
         columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
         `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        return None
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} derived from the rollouts' own rewards {name: [N]} (e.g.
+        BranchGRPO's tree: a step's reward is the mean over the leaves under its node), or None.
+        Called in training after `step_rewards` returned None; the result replaces the rewards."""
         return None
 
     def pop_metrics(self) -> dict[str, float]:

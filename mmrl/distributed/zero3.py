@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -121,11 +122,25 @@ class ZeroThreeView(ParallelView):
     """What an adapter sees of a ZeRO-3 run: every forward gathers its layers, so rollouts run in lockstep."""
 
     lockstep = True
+    gathers_in_module_calls = True
 
     def is_sharded(self, model: nn.Module) -> bool:
         """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a
         wrapped module's forward (an output head's weight) is this process's partition, not the tensor."""
         return any(hasattr(p, "ds_id") for p in model.parameters())
+
+    @contextmanager
+    def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
+        """A partitioned parameter gathered (DeepSpeed's `GatheredParameters`, read only) for the block;
+        one its module's call has gathered (`gathers_in_module_calls`) as it is, left for that module's
+        hooks to free after its gradient is accumulated and reduced into the partitions."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        if not hasattr(param, "ds_id") or param.ds_status == ZeroParamStatus.AVAILABLE:
+            yield param
+            return
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([param]):
+            yield param
 
 
 @STRATEGIES.register("zero3")

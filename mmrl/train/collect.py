@@ -56,9 +56,8 @@ class RolloutCollector:
     def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module, clock: StepClock):
         self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
-        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off: who generates
+        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off / async: who generates
         self.prefetched: dict[int, list[int]] = {}  # step -> its prompts, drawn ahead for the worker
-        self.sampler_state_before_prefetch: dict | None = None  # the sampler's state after the last collected step
 
     def rollout_params(self):
         """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
@@ -77,11 +76,8 @@ class RolloutCollector:
            to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
-        indices = self.prefetched.pop(step, None) if attempt == 0 else None
-        if indices is None:
-            indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
-        else:
-            self.sampler_state_before_prefetch = None
+        prefetched = self.prefetched.pop(step, None) if attempt == 0 else None
+        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched
         local = self._local_groups(len(indices))
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
@@ -95,9 +91,11 @@ class RolloutCollector:
                 self.clock.phase("reward"):
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 inputs.reward_fns, rollout, picked, completions, counts))
+        if per_unit is None:  # per-unit rewards the adapter derives from the rollout rewards (BranchGRPO)
+            per_unit = self.policy.unit_rewards(rollout, rewards)
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
-        counts.update({f"policy/{k}": v for k, v in self.policy.pop_metrics().items()})
+        counts.update({f"policy/{k}": v for k, v in self._policy_counts().items()})
         gathered = gather_objects(self.strategy.acc, ({k: v.tolist() for k, v in rewards.items()}, counts,
                                                       {k: v.tolist() for k, v in auxiliary.items()}))
         metrics: dict[str, float] = {}
@@ -106,6 +104,14 @@ class RolloutCollector:
         return Draw(rollout, indices,
                     {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}, metrics,
                     {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary})
+
+    def _policy_counts(self) -> dict[str, float]:
+        """The policy's counts of this draw (`Policy.pop_metrics`): the trainer's policy's (its step
+        rewards), with the rollout worker's policy's (its rollouts) where a worker generates."""
+        counts = dict(self.policy.pop_metrics())
+        for name, value in (self.worker.pop_metrics() if self.worker is not None else {}).items():
+            counts[name] = counts.get(name, 0.0) + value
+        return counts
 
     def _generate(self, inputs: StageInputs, indices: list[int], groups: range, step: int, attempt: int) -> Rollout:
         """One generation call: the rollouts of the draw's groups `groups` (global group ids), with
@@ -124,15 +130,19 @@ class RolloutCollector:
         rollout.add_data_columns(rows)
         return rollout
 
-    def prefetch(self, inputs: StageInputs, step: int) -> None:
-        """Draw `step`'s prompts now and ask the worker for their rollouts (generated while the
-        current step trains); the sampler's state before this draw is what a checkpoint keeps."""
+    def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
+        """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and
+        ask the worker for the rollouts of those it was not asked for (a resumed run's drawn-ahead
+        steps included); they are generated while the trainer trains."""
         cfg = inputs.cfg
-        self.sampler_state_before_prefetch = inputs.sampler.state_dict()
-        indices = self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
-        for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
-            self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
-                            cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
+        for step in range(collected + 1, last + 1):
+            if step not in self.prefetched:
+                self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
+            if not self.worker.asked_for(step):
+                indices = self.prefetched[step]
+                for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
+                    self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
+                                    cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -141,13 +151,15 @@ class RolloutCollector:
         cfg, samp = inputs.cfg, inputs.cfg.sampling
         need, group_size = cfg.optim.prompts_per_step, cfg.algorithm.group_size
         local_parts, reward_parts, gid_parts, draws = [], [], [], []
-        kept = 0
+        kept = dropped = 0
         for attempt in range(samp.dynamic_max_tries if samp.dynamic else 1):
             draw = self.draw(inputs, step, attempt)
             draws.append(draw)
             offset = attempt * len(draw.indices)
             draw_gid = torch.arange(len(draw.indices)).repeat_interleave(group_size)
-            keep = self._kept_groups(inputs, draw, draw_gid, need - kept)
+            stale = self._stale_groups(cfg, draw, offset, step)
+            dropped += int(stale.sum()) * group_size
+            keep = self._kept_groups(inputs, draw, draw_gid, need - kept) & ~stale
             local_part = draw.rollout.select(keep[draw.rollout.group_id - offset].nonzero().flatten())
             if len(local_part):
                 local_parts.append(local_part)
@@ -161,9 +173,22 @@ class RolloutCollector:
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
         stats = self._stats(inputs, draws, kept)
+        if cfg.rollout.mode == "async":
+            stats["rollout/stale_dropped"] = float(dropped)
         versions = gather_objects(self.strategy.acc, local.weights_version.tolist())
         stats.update(staleness_metrics(torch.tensor([v for part in versions for v in part]), step - 1))
         return Collected(local, rewards, torch.cat(gid_parts), stats)
+
+    @staticmethod
+    def _stale_groups(cfg: TrainConfig, draw: Draw, offset: int, step: int) -> Tensor:
+        """bool [groups]: the draw's groups that `rollout.stale_rows: drop` leaves out, those drawn by
+        weights more than `rollout.max_staleness` steps older than the step's (async; one process)."""
+        stale = torch.zeros(len(draw.indices), dtype=torch.bool)
+        ro = cfg.rollout
+        if ro.mode == "async" and ro.stale_rows == "drop":
+            too_old = draw.rollout.weights_version < step - 1 - ro.max_staleness
+            stale[draw.rollout.group_id[too_old] - offset] = True
+        return stale
 
     def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
         """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with

@@ -26,7 +26,7 @@ from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
 from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
-from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
+from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS, regulariser_needs
 from mmrl.core.plain_rewards import is_plain_reward
 from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
@@ -136,10 +136,35 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
     check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
     if check is not None:
         problems += check(policy_cfg)
+    group_check = getattr(adapter, "group_size_problems", None)
+    if group_check is not None:
+        problems += group_check(policy_cfg, cfg.algorithm.group_size)
     if cfg.algorithm.objective in OBJECTIVES.names():
         _check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
     if cfg.algorithm.ratio_norm != "none":
         _check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
+    if cfg.algorithm.trust_region == "dppo":
+        _check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+
+
+def _check_dppo(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """FlowDPPO's mask: in place of the clip objective's per-unit ratio clip, over several update
+    passes (with one the policy is the old one and nothing is ever masked), from the adapter's
+    exact per-unit divergence."""
+    algo = cfg.algorithm
+    name = "algorithm.trust_region='dppo'"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if algo.objective != "clip" or algo.ratio_level != "unit" or algo.ratio_norm != "none" or algo.dual_clip:
+        problems.append(f"{name} replaces the clip of the clip objective's per-unit ratio (algorithm.objective: clip, "
+                        f"ratio_level: unit, ratio_norm: none, dual_clip: null), not objective={algo.objective!r}, "
+                        f"ratio_level={algo.ratio_level!r}, ratio_norm={algo.ratio_norm!r}, "
+                        f"dual_clip={algo.dual_clip!r}")
+    if algo.mu < 2:
+        problems.append(f"{name} masks units that moved away from the old policy, which needs algorithm.mu >= 2 "
+                        f"update passes (UniRL's FlowDPPO recipe: 2); with mu={algo.mu} nothing is ever masked")
+    if not algo.dppo_threshold > 0:
+        problems.append(f"algorithm.dppo_threshold={algo.dppo_threshold!r} must be > 0 (UniRL's default 1e-5)")
 
 
 def _check_ratio_norm(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
@@ -297,6 +322,21 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
+def _check_warm_start(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
+    (Trainer.reference_from_policy): whole weights on one process, not an adapter switched off."""
+    if cfg.warm_start.steps <= 0 or not regulariser_needs(cfg.algorithm, "reference"):
+        return
+    if cfg.optim.lora.r > 0:
+        problems.append(f"warm_start.steps={cfg.warm_start.steps} with optim.lora.r={cfg.optim.lora.r} and a KL "
+                        f"(algorithm.beta={cfg.algorithm.beta}): the LoRA reference is the adapter switched off, "
+                        "the model before the warm start; train without LoRA, or without the KL")
+    if num_processes > 1:
+        problems.append(f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) "
+                        f"on {num_processes} processes: the warm-started reference is copied on one process only; "
+                        "warm-start on one process, or start from a warm-started checkpoint (warm_start.steps: 0)")
+
+
 def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
@@ -315,6 +355,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
+    _check_warm_start(cfg, problems, num_processes)
     _check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)

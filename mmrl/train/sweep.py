@@ -175,6 +175,7 @@ def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
                 if path.is_file():
                     state = torch.load(path, map_location="cpu", weights_only=True)
                     trainer.unwrapped.load_state_dict(state["model"])
+                    trainer.reference_from_policy()
                     torch.set_rng_state(state["rng"])
                     record = {"key": key, "reused": True}
                 else:

@@ -1,6 +1,10 @@
 """The reports of a sweep, rewritten from every complete run: ``sweep.csv`` (one row per run), ``sweep.md``
-(mean and standard error over seeds per cell, the difference to the first cell paired by seed) and
-``sweep.png`` (held-out reward bars and each cell's training reward curve)."""
+(mean and standard error over seeds per cell, the difference to the first cell paired by seed),
+``sweep_evals.csv`` (every evaluation step of every run: the training reward, the held-out proxy
+reward and the held-out evaluator, the gold judge that is never a reward) and ``sweep.png``
+(held-out reward bars, each cell's training reward curve and, where the runs have an evaluator and
+`eval.every`, the proxy against the gold per cell: a line that goes right and down is a method that
+keeps raising the reward while the judge falls)."""
 
 from __future__ import annotations
 
@@ -60,6 +64,69 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     return points
 
 
+def _write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    """`rows` as a CSV file, written whole or not at all (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+EVAL_STEP_FIELDS = ("cell", "seed", "step", "train_reward", "proxy", "gold")
+
+
+def _eval_steps(run_dir: Path) -> list[dict]:
+    """The run's periodic evaluations (`eval.every`) that scored the evaluator: step, the step's
+    training reward, the held-out proxy reward (`eval/reward_mean`), the gold (`eval/eval_mean`)."""
+    points = []
+    try:
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if "eval/eval_mean" in row and "step" in row:
+                points.append({"step": int(row["step"]), "train_reward": row.get("reward_mean", math.nan),
+                               "proxy": float(row["eval/reward_mean"]), "gold": float(row["eval/eval_mean"])})
+    except (OSError, ValueError):
+        pass
+    return points
+
+
+def _write_eval_steps(out: Path, runs: list[Run], rows: list[dict]) -> dict[int, list[tuple[int, float, float]]]:
+    """``sweep_evals.csv``; per cell, the (step, proxy, gold) means over the seeds that finished."""
+    finished = {(r["cell"], r["seed"]) for r in rows}
+    records, by_cell = [], {}
+    for run in runs:
+        if (run.cell, run.seed) in finished:
+            for point in _eval_steps(out / "runs" / run.dirname):
+                records.append({"cell": run.cell, "seed": run.seed, **point})
+                by_cell.setdefault(run.cell, {}).setdefault(point["step"], []).append((point["proxy"], point["gold"]))
+    _write_csv(out / "sweep_evals.csv", EVAL_STEP_FIELDS, records)
+    return {c: [(step, sum(p for p, _ in v) / len(v), sum(g for _, g in v) / len(v)) for step, v in sorted(steps.items())]
+            for c, steps in by_cell.items()}
+
+
+def _proxy_gold_lines(curves: dict[int, list[tuple[int, float, float]]], cell_overrides) -> list[str]:
+    """sweep.md's proxy-vs-gold table: per cell, the first and last evaluation, the gold's best and
+    what the proxy and the gold did after it."""
+    if not curves:
+        return []
+    lines = ["", "Proxy (held-out reward) and gold (held-out evaluator) at the evaluation steps, mean over seeds:", "",
+             "| cell | proxy first -> last | gold first -> last | gold's best (step) | after gold's best: proxy, gold |",
+             "|---|---|---|---|---|"]
+    for c in cell_overrides:
+        points = curves.get(c)
+        if not points:
+            continue
+        best = max(range(len(points)), key=lambda i: points[i][2])
+        step, proxy, gold = points[best]
+        last = points[-1]
+        lines.append(f"| {c} | {points[0][1]:.3f} -> {last[1]:.3f} | {points[0][2]:.3f} -> {last[2]:.3f} | "
+                     f"{gold:.3f} ({step}) | {last[1] - proxy:+.3f}, {last[2] - gold:+.3f} |")
+    lines += ["", "A cell whose proxy still rises after the gold's best while the gold falls is hacking the reward."]
+    return lines
+
+
 def write_reports(out: Path, runs: list[Run]) -> list[dict]:
     rows = []
     for run in runs:
@@ -71,15 +138,12 @@ def write_reports(out: Path, runs: list[Run]) -> list[dict]:
                      "greedy_before": summary["greedy_before"], "greedy_after": summary["greedy_after"],
                      **{k: summary.get(k, math.nan) for k in EVAL_FIELDS},
                      "wall_s": round(summary["wall_s"], 1), "run_dir": str(Path("runs") / run.dirname)})
-    tmp = out / "sweep.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, out / "sweep.csv")
+    _write_csv(out / "sweep.csv", CSV_FIELDS, rows)
     cell_overrides = {run.cell: run.overrides for run in runs}
-    (out / "sweep.md").write_text(_markdown(rows, cell_overrides))
-    _figure(out, rows, cell_overrides, runs)
+    curves = _write_eval_steps(out, runs, rows)
+    (out / "sweep.md").write_text(_markdown(rows, cell_overrides) + "\n".join(_proxy_gold_lines(curves, cell_overrides))
+                                  + ("\n" if curves else ""))
+    _figure(out, rows, cell_overrides, runs, curves)
     return rows
 
 
@@ -105,12 +169,16 @@ def _markdown(rows: list[dict], cell_overrides: dict[int, tuple[str, ...]]) -> s
     return "\n".join(lines) + "\n"
 
 
-def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run]) -> None:
+def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ...]], runs: list[Run],
+            proxy_gold: dict[int, list[tuple[int, float, float]]]) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(12, 4.5 + 0.2 * len(cell_overrides)))
+    panels = 3 if proxy_gold else 2
+    fig = Figure(figsize=(6 * panels, 4.5 + 0.2 * len(cell_overrides)))
     FigureCanvasAgg(fig)
-    bars, curves = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    bars, curves = fig.add_subplot(1, panels, 1), fig.add_subplot(1, panels, 2)
+    if proxy_gold:
+        _proxy_gold_panel(fig.add_subplot(1, panels, 3), proxy_gold)
     labels = [f"{c}: " + (" ".join(ov) or "(base)") for c, ov in cell_overrides.items()]
     for c, label in zip(cell_overrides, labels):
         rs = [r for r in rows if r["cell"] == c]
@@ -142,3 +210,15 @@ def _figure(out: Path, rows: list[dict], cell_overrides: dict[int, tuple[str, ..
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=1, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.045 * len(cell_overrides) / (1 + 0.045 * len(cell_overrides)) + 0.02, 1, 1))
     fig.savefig(out / "sweep.png", dpi=110)
+
+
+def _proxy_gold_panel(ax, proxy_gold: dict[int, list[tuple[int, float, float]]]) -> None:
+    """Per cell, the evaluations in step order: proxy on x, gold on y, the last one marked."""
+    for c, points in proxy_gold.items():
+        xs, ys = [p for _, p, _ in points], [g for _, _, g in points]
+        ax.plot(xs, ys, "-o", color=f"C{c % 10}", markersize=3)
+        ax.annotate(str(c), (xs[-1], ys[-1]), color=f"C{c % 10}", fontsize=8, xytext=(3, 3), textcoords="offset points")
+        ax.plot(xs[-1:], ys[-1:], "s", color=f"C{c % 10}", markersize=7)
+    ax.set_xlabel("proxy: held-out reward (mean over seeds)")
+    ax.set_ylabel("gold: held-out evaluator (mean over seeds)")
+    ax.set_title("proxy against gold per evaluation (square: the last)", fontsize=9)

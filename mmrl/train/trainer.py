@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
@@ -55,6 +56,7 @@ class NonFiniteError(UserError):
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
+REFERENCE_FILE = "reference.safetensors"  # a checkpoint's KL reference, where it is a warm start's
 
 
 class Trainer:
@@ -108,8 +110,12 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
+        # a held-out judge that is never a reward (a demo's), scored beside the reward at every `eval.every`
+        self.held_out_evaluator = None
+        # the reference holds weights of its own (a warm start's), saved in checkpoints (REFERENCE_FILE)
+        self.reference_is_own = False
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
-        self._sampler_before_step: dict | None = None  # the data sampler's state before the current step
+        self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             take_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
@@ -161,18 +167,18 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
         step = self.step + 1
-        self._sampler_before_step = self._sampler_state()
+        self._position_before_step = self._data_position()
         self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
         self.clock.start()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
-        worker = self.collector.worker
-        if worker is not None and self.cfg.rollout.max_staleness == 1 and step < self.cfg.max_steps:
-            self.collector.prefetch(self.inputs, step + 1)  # generated while this step trains
+        worker, ro = self.collector.worker, self.cfg.rollout
+        if worker is not None:  # the next max_staleness steps' rollouts, generated while this step trains
+            self.collector.prefetch_after(self.inputs, step, min(step + ro.max_staleness, self.cfg.max_steps))
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
-        if worker is not None:
+        if worker is not None and step % ro.weights_every == 0:
             worker.send_weights(self.unwrapped, step)
         self._phase = None
         metrics = {**batch.metrics, **update}
@@ -198,7 +204,7 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
-        if cfg.rollout.mode == "one_step_off":  # a fresh worker with the run's (or the checkpoint's) weights
+        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
             self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
@@ -247,7 +253,8 @@ class Trainer:
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
         if every and self.step % every == 0 and self.inputs.eval_rows:
-            scores = self.evaluate(keep_samples=self.cfg.eval.log_samples > 0, kept_rows=self.cfg.eval.log_samples)
+            scores = self.evaluate(evaluator=self.held_out_evaluator, keep_samples=self.cfg.eval.log_samples > 0,
+                                   kept_rows=self.cfg.eval.log_samples)
             log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
@@ -287,9 +294,24 @@ class Trainer:
         `warm_start.steps` is 0); returns its last loss."""
         loss = warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
                           self.accelerator.is_main_process)
-        if self.cfg.warm_start.steps > 0 and self.accelerator.is_main_process:
-            print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
+        if self.cfg.warm_start.steps > 0:
+            self.reference_from_policy()
+            if self.accelerator.is_main_process:
+                print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
         return loss
+
+    def reference_from_policy(self) -> None:
+        """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
+        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
+        if self.reference is None:
+            return
+        mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())
+        if mine.keys() != theirs.keys():
+            raise RuntimeError("the reference's parameters are not the policy's: cannot copy the warm start into it")
+        with torch.no_grad():
+            for name, param in mine.items():
+                param.copy_(theirs[name])
+        self.reference_is_own = True
 
     # ----- checkpoints ------------------------------------------------------------------------
     def _failure_checkpoint(self) -> str:
@@ -300,16 +322,16 @@ class Trainer:
                     f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
         if self.accelerator.num_processes == 1 and newest != ckpt.checkpoint_dir(self.output_dir, self.step):
             try:  # (with several processes, the others may never reach the save)
-                newest = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
+                newest = self.save_checkpoint(self._position_before_step if self._phase == "collect" else None)
             except Exception as e:
                 return f"the run failed after step {self.step}; saving it failed too ({e}); the newest checkpoint is {newest}"
         saved = newest == ckpt.checkpoint_dir(self.output_dir, self.step)
         return (f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
                 if saved else f"the run failed after step {self.step}; the newest checkpoint is {newest}")
 
-    def save_checkpoint(self, sampler_state: dict | None = None) -> Path:
+    def save_checkpoint(self, data_position: dict | None = None) -> Path:
         """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
-        `sampler_state` replaces the data sampler's own (its state before a step that failed)."""
+        `data_position` replaces the run's own (`_data_position` before a step that failed)."""
         acc = self.accelerator
         final = ckpt.checkpoint_dir(self.output_dir, self.step)
         tmp = ckpt.temporary_dir(self.output_dir, self.step)
@@ -318,9 +340,11 @@ class Trainer:
         acc.wait_for_everyone()
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+            if acc.is_main_process and self.reference_is_own:
+                save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
             if acc.is_main_process:
-                sampler = self._sampler_state() if sampler_state is None else sampler_state
-                state = {"step": self.step, "sampler": sampler, "bad_steps": self.bad_steps}
+                position = self._data_position() if data_position is None else data_position
+                state = {"step": self.step, **position, "bad_steps": self.bad_steps}
                 if self.last_eval is not None and self.last_eval[0] == self.step:
                     state["eval_reward_mean"] = self.last_eval[1]
                 ckpt.publish(tmp, final, state)
@@ -329,9 +353,11 @@ class Trainer:
         acc.wait_for_everyone()
         return final
 
-    def _sampler_state(self) -> dict:
-        """The data sampler's state after the last collected step (before a draw made ahead for the worker)."""
-        return self.collector.sampler_state_before_prefetch or self.inputs.sampler.state_dict()
+    def _data_position(self) -> dict:
+        """The data sampler's state and the prompts of the steps drawn ahead for the rollout worker
+        (a resumed run asks for their rollouts again): what a resumed run needs to draw the same prompts."""
+        return {"sampler": self.inputs.sampler.state_dict(),
+                "drawn_ahead": {str(step): list(indices) for step, indices in self.collector.prefetched.items()}}
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -342,8 +368,15 @@ class Trainer:
             first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
             raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
                             "settings it was saved with (the run's config.json)") from None
+        if (path / REFERENCE_FILE).is_file():
+            if self.reference is None:
+                raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
+                                "run has none (algorithm.beta); resume with the settings it was saved with")
+            load_model(self.reference, str(path / REFERENCE_FILE))
+            self.reference_is_own = True
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
         self.bad_steps = int(state.get("bad_steps", 0))
         self.inputs.sampler.load_state_dict(state["sampler"])
+        self.collector.prefetched = {int(step): indices for step, indices in state.get("drawn_ahead", {}).items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .branching import Branching
 from .schedule import StepSchedule
 
 
@@ -74,6 +75,9 @@ class DiffusionConfig:
         "per sample (DiffusionNFT's timestep_fraction 0.99: 9 of 10).")})
     schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
         "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
+    branching: Branching = field(default_factory=Branching, metadata={"help": (
+        "BranchGRPO: each group a tree of rollouts sharing prefixes, split at policy.branching.at (its settings; "
+        "see docs/methods.md).")})
     decode_batch: int = field(default=8, metadata={"help": "Images (videos) decoded by the VAE per batch."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute the denoiser's activations in backward to save memory.")})

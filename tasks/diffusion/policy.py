@@ -6,7 +6,9 @@ step (`samplers.py`), fp32, mean over latent dims. A group shares one initial no
 drawn from the group's seed; each rollout then draws its step noise from its own generator, so a
 group depends on its prompt and seed only. Which steps are stochastic and trained is
 `policy.schedule` (`schedule.py`). `unit_slices` gives one slice per trained step, so the engine
-backpropagates step by step and memory does not grow with the number of steps.
+backpropagates step by step and memory does not grow with the number of steps; a step is forwarded
+(policy and reference) on the rows of the micro-batch whose `unit_mask` trains it only, its value 0
+on the others (masked out by every consumer).
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
@@ -14,6 +16,11 @@ latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timestep
 and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
 the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
+
+With `policy.branching` (BranchGRPO, `branching.py`) a group is a tree: its rows share their
+latents up to the depth where their node splits, the denoiser runs once per node (on its first
+row) and a node's rows take its first row's step noise; each edge is a trained unit of that first
+row only, and `unit_rewards` gives each unit its node's reward.
 
 With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
 (final sample, noise level) pair: unit k re-noises the final sample at level k with noise drawn
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -39,6 +47,7 @@ from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
+from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
 from .forward_process import implicit_velocity_losses, renoised
@@ -51,8 +60,40 @@ from .video_families import VideoFamily
 NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
 
 
+@dataclass
+class StepTerms:
+    """Per trained step of a batch, in step order: log-probs [B], constant entropies, detached
+    means [B, ...], KLs to the reference [B] and divergences from the old means [B]."""
+
+    logps: list[Tensor] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    means: list[Tensor] = field(default_factory=list)
+    kls: list[Tensor] = field(default_factory=list)
+    divergences: list[Tensor] = field(default_factory=list)
+
+    def logp(self) -> Tensor:
+        return torch.stack(self.logps, 1)
+
+    def entropy(self) -> Tensor:
+        logp = self.logp()
+        return torch.tensor(self.entropies, device=logp.device).expand_as(logp)
+
+    @staticmethod
+    def stacked(values: list[Tensor]) -> Tensor | None:
+        """[B, u, ...] of the steps' values, or None where none was computed."""
+        return torch.stack(values, 1) if values else None
+
+
 @ADAPTERS.register("diffusion")
 class DiffusionPolicy(TurningPointRewards):
+    runs_in_rollout_worker = True
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        if policy.get("units", "steps") == "forward_process":
+            return "policy.units=forward_process (no behaviour log-probs to correct stale rows with)"
+        return None
+
     Config = DiffusionConfig
 
     def __init__(self, cfg: DiffusionConfig, pipe=None):
@@ -79,6 +120,9 @@ class DiffusionPolicy(TurningPointRewards):
         if not 0 < cfg.forward_fraction <= 1 or int(cfg.num_steps * cfg.forward_fraction) < 1:
             raise ValueError(f"policy.forward_fraction={cfg.forward_fraction} must be in (0, 1] and keep at least "
                              f"one of the {cfg.num_steps} noise levels")
+        problems = self.config_problems(cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
@@ -153,6 +197,18 @@ class DiffusionPolicy(TurningPointRewards):
 
     # ----- the contract ------------------------------------------------------------------------
     @classmethod
+    def config_problems(cls, cfg: DiffusionConfig) -> list[str]:
+        problems = cfg.branching.problems(cfg.num_steps)
+        if cfg.branching.on and (cfg.turning_points or cfg.units != "steps"):
+            problems.append("policy.branching: a tree of rollouts is trained by its steps; it does not go with "
+                            "policy.turning_points or policy.units=forward_process")
+        return problems
+
+    @classmethod
+    def group_size_problems(cls, cfg: DiffusionConfig, group_size: int) -> list[str]:
+        return cfg.branching.group_size_problems(group_size)
+
+    @classmethod
     def unit_terms(cls, cfg: DiffusionConfig) -> str:
         return "implicit_velocity" if cfg.units == "forward_process" else "logprobs"
 
@@ -202,24 +258,39 @@ class DiffusionPolicy(TurningPointRewards):
                                                     torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
                                for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
         step_fn = SAMPLERS.get(sampler)
+        tree = cfg.branching if cfg.branching.on and not greedy else None
+        widths = self._tree_widths(tree, group_size, steps, stochastic)
         trajectory = [x.float().cpu()]
         logps = torch.zeros(n, steps)
         noisy = torch.zeros(n, steps, dtype=torch.bool)
         for k in range(steps):
-            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
+            # the denoiser runs once per node: on its first row, the rows under it taking the result
+            reps, index = representatives(first_rows(group_size, len(texts), widths[k]))
+            at_nodes = x[reps].float() if widths[k] < group_size else x.float()
+            node_cond = {key: v[reps] for key, v in cond.items()} if widths[k] < group_size else cond
+            pred = self.family.predict(self.model, at_nodes, timesteps[k], node_cond, cfg.guidance_scale,
+                                       cfg.classifier_free_guidance).float()
             rows = stochastic[:, k].nonzero().flatten().tolist()
-            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1], strength if rows else 0.0)
+            mean, std = step_fn(at_nodes, pred, levels[k], levels[k + 1], strength if rows else 0.0)
+            mean = mean[index]
             if std > 0:  # the SDE on this step's stochastic rows (each drawing its own noise), the ODE on the others
-                sde = mean[rows] + std * torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i])
-                                                      for i in rows]).to(device)
+                noise = torch.zeros(n, *x.shape[1:])
+                noise[rows] = torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i]) for i in rows])
+                # rows under one node after the step take that node's noise (its first row's)
+                noise = noise[first_rows(group_size, len(texts), widths[k + 1])[rows]]
+                scale = tree.noise_scale if tree is not None and k in tree.at else 1.0
+                sde = mean[rows] + scale * std * noise.to(device)
                 logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
                 noisy[rows, k] = True
-                x = mean if len(rows) == n else step_fn(x.float(), pred.float(), levels[k], levels[k + 1], 0.0)[0]
+                x = mean if len(rows) == n else step_fn(at_nodes, pred, levels[k], levels[k + 1], 0.0)[0][index]
                 x[rows] = sde  # (in place: `mean` is not used after this)
             else:
                 x = mean
             if not greedy and cfg.units == "steps":
                 trajectory.append(x.float().cpu())
+        if tree is not None:  # each edge of the tree trained once, on its first row; pruned depths not at all
+            trained &= edge_owners(tree, group_size, len(texts), steps)
+            trained &= ~pruned_units(tree, self.training_step, steps)
         trained &= noisy  # a step that drew no noise (strength 0) has no log-prob
         images = self._decode(x)
         extras: dict[str, Any] = {}
@@ -235,6 +306,28 @@ class DiffusionPolicy(TurningPointRewards):
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
                        unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
                        columns=self._video_columns(n))
+
+    @staticmethod
+    def _tree_widths(tree, group_size: int, steps: int, stochastic: Tensor) -> list[int]:
+        """Nodes per group at depths 0 .. steps: the tree's (BranchGRPO), or one per row."""
+        if tree is None:
+            return [group_size] * (steps + 1)
+        problems = tree.problems(steps) + tree.group_size_problems(group_size)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if not stochastic[:, tree.at].all():
+            raise ValueError(f"policy.branching.at={tree.at}: every split step must be a stochastic (SDE) step of "
+                             "every rollout under policy.schedule (a split at an ODE step would give equal children)")
+        return tree.widths(steps)
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """BranchGRPO: each unit's reward is the mean over the leaves under its tree node, on the row
+        that carries the edge, NaN on the rows sharing it (`branching.node_rewards`)."""
+        tree = self.cfg.branching
+        if not tree.on:
+            return None
+        group_size = tree.factor ** len(tree.at)
+        return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}
 
     def _video_columns(self, n: int) -> dict[str, list]:
         """The video reward contract's `fps` column (a video family's completions are frames)."""
@@ -293,16 +386,41 @@ class DiffusionPolicy(TurningPointRewards):
             out += self.family.decode(x[i:i + self.cfg.decode_batch].to(self.family.dtype), self.cfg.height, self.cfg.width)
         return out
 
-    def _step_means(self, model: nn.Module, batch: Rollout, k: int) -> tuple[Tensor, float]:
-        """(mean of step k under `model` [B, ...], the step's std) for a batch of rollouts."""
+    def _step_means(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor) -> tuple[Tensor, float]:
+        """(mean of step k under `model` [r, ...], the step's std) for rows `rows` of a batch of rollouts."""
         ex, device = batch.extras, self.device
-        x = ex["latents"][:, k].to(device)
+        x = ex["latents"][rows, k].to(device)
         levels = ex["levels"][0].tolist()
-        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        cond = {key: v[rows].to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
         pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
         # rows that took the ODE at step k are never trained there: their SDE mean is masked out
-        strength = self.cfg.noise_level if bool(ex["stochastic"][:, k].any()) else 0.0
+        strength = self.cfg.noise_level if bool(ex["stochastic"][rows, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
+
+    def _unit_rows(self, model: nn.Module, batch: Rollout, units: slice) -> list[tuple[int, Tensor]]:
+        """(unit k, the rows whose `unit_mask` trains k) for each unit of `units`: the training forward
+        of a unit takes those rows only. A unit no row trains takes none, except the first unit where
+        none of them is trained (the backward needs a graph) and every unit where `model` is sharded
+        (every process runs as many forwards): there the first row, its value masked out."""
+        ks = list(range(batch.num_units))[units]
+        rows = [batch.unit_mask[:, k].nonzero().flatten() for k in ks]
+        first = torch.tensor([0])
+        if self.parallel.is_sharded(model):
+            rows = [r if len(r) else first for r in rows]
+        elif ks and not any(len(r) for r in rows):
+            rows[0] = first
+        return list(zip(ks, rows))
+
+    def _on_rows(self, values: Tensor, rows: Tensor, n: int) -> Tensor:
+        """[n, ...]: `values` [r, ...] at `rows`, 0 at the rows that do not train the unit (every
+        consumer masks them: the loss, the KL, the ratio, the rollout correction, the metrics)."""
+        if len(rows) == n:  # the rows are sorted: every row
+            return values
+        return values.new_zeros(n, *values.shape[1:]).index_copy(0, rows.to(values.device), values)
+
+    def _untrained(self, n: int, *shape: int) -> Tensor:
+        """[n, *shape] zeros: a unit no row of the micro-batch trains (never forwarded)."""
+        return torch.zeros(n, *shape, device=self.device)
 
     def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
         """The step's log-prob in the configured form (`policy.cps_logprob`)."""
@@ -317,67 +435,102 @@ class DiffusionPolicy(TurningPointRewards):
         return kl
 
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
-               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):
-        logps, ents, kls = [], [], []
-        for k in list(range(batch.num_units))[units]:
-            mean, std = self._step_means(model, batch, k)
+               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+               old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
+        """The terms of each unit, computed on the rows that train it (`_unit_rows`), 0 elsewhere."""
+        terms, n = StepTerms(), len(batch)
+        for j, (k, rows) in enumerate(self._unit_rows(model, batch, units)):
+            if not len(rows):
+                self._add_untrained(terms, batch, keep_means, reference is not None, old_means is not None)
+                continue
+            mean, std = self._step_means(model, batch, k, rows)
             if std > 0:
-                logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+                logp = self._logprob(batch.extras["latents"][rows, k + 1].to(mean.device), mean, std)
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
-                logps.append(mean.flatten(1)[:, 0] * 0.0)
+                logp = mean.flatten(1)[:, 0] * 0.0
+            terms.logps.append(self._on_rows(logp, rows, n))
             # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
-            ents.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            terms.entropies.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            if keep_means:
+                terms.means.append(self._on_rows(mean.detach(), rows, n))
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
-                    ref_mean, _ = self._step_means(ref, batch, k)
-                kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else logps[-1] * 0.0)
-        logp = torch.stack(logps, 1)
-        entropy = torch.tensor(ents, device=logp.device).expand_as(logp) if with_entropy else None
-        return logp, entropy, (torch.stack(kls, 1) if reference is not None else None)
+                    ref_mean, _ = self._step_means(ref, batch, k, rows)
+                kl = self._kl(mean, ref_mean, std, batch, k) if std > 0 else logp * 0.0
+                terms.kls.append(self._on_rows(kl, rows, n))
+            if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
+                old = old_means[rows, j].to(mean.device)
+                divergence = gaussian_mean_kl(old, mean, std) if std > 0 else logp * 0.0
+                terms.divergences.append(self._on_rows(divergence, rows, n))
+        return terms
+
+    def _add_untrained(self, terms: StepTerms, batch: Rollout, means: bool, kl: bool, divergence: bool) -> None:
+        """The terms of a unit no row trains: zeros, no forward."""
+        n = len(batch)
+        terms.logps.append(self._untrained(n))
+        terms.entropies.append(0.0)
+        if means:
+            terms.means.append(self._untrained(n, *batch.extras["latents"].shape[2:]))
+        if kl:
+            terms.kls.append(self._untrained(n))
+        if divergence:
+            terms.divergences.append(self._untrained(n))
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Step log-probs; under `units: forward_process` the flow-matching surrogate of each unit's
         log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
         if self.cfg.units == "forward_process":
-            scores = [-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1)
-                      for v, _, x0, eps, _ in self._forward_units(model, batch, units)]
+            scores = []
+            for k, rows in self._unit_rows(model, batch, units):
+                if not len(rows):
+                    scores.append(self._untrained(len(batch)))
+                    continue
+                v, _, x0, eps, _ = self._forward_unit(model, batch, k, rows)
+                scores.append(self._on_rows(-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1), rows, len(batch)))
             return torch.stack(scores, 1), None
-        logp, entropy, _ = self._units(model, batch, units, with_entropy)
-        return logp, entropy
+        terms = self._units(model, batch, units, with_entropy)
+        return terms.logp(), terms.entropy() if with_entropy else None
 
-    def _forward_units(self, model: nn.Module, batch: Rollout, units: slice):
-        """Per unit k of `units`: (v_theta at x_t [B, ...], x_t, x0, eps, t) with x_t the final sample
+    def _forward_unit(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor):
+        """Unit k of rows `rows`: (v_theta at x_t [r, ...], x_t, x0, eps, t) with x_t the final sample
         re-noised at level k by the noise of (row seed, k)."""
         ex, device = batch.extras, self.device
-        x0 = ex["clean"].to(device)
-        cond = self._pos_cond(batch)
-        for k in list(range(batch.num_units))[units]:
-            eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
-                               for s in ex["noise_seeds"]]).to(device)
-            t = ex["levels"][:, k].to(device=device, dtype=torch.float32)
-            xt = renoised(x0, eps, t)
-            yield self.family.predict(model, xt, ex["timesteps"][0, k], cond, 1.0, False), xt, x0, eps, t
+        x0 = ex["clean"][rows].to(device)
+        eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
+                           for s in ex["noise_seeds"][rows]]).to(device)
+        t = ex["levels"][rows, k].to(device=device, dtype=torch.float32)
+        xt = renoised(x0, eps, t)
+        v = self.family.predict(model, xt, ex["timesteps"][0, k], self._pos_cond(batch, rows), 1.0, False)
+        return v, xt, x0, eps, t
 
     def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
                                  reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
                                  ) -> tuple[Tensor, Tensor, Tensor | None]:
         """DiffusionNFT's (L+, L-) [B, u] (`forward_process.py`), the old velocity being `model`'s own,
         detached (the policy at the step's start: one update pass), and with `reference` the
-        authors' KL, mean_d (v_theta - v_ref)^2."""
-        positives, negatives, kls = [], [], []
-        for k, (v, xt, x0, _, t) in zip(list(range(batch.num_units))[units], self._forward_units(model, batch, units)):
+        authors' KL, mean_d (v_theta - v_ref)^2; each unit computed on the rows that train it, 0 elsewhere."""
+        positives, negatives, kls, n = [], [], [], len(batch)
+        for k, rows in self._unit_rows(model, batch, units):
+            if not len(rows):
+                positives.append(self._untrained(n))
+                negatives.append(self._untrained(n))
+                if reference is not None:
+                    kls.append(self._untrained(n))
+                continue
+            v, xt, x0, _, t = self._forward_unit(model, batch, k, rows)
             pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta)
-            positives.append(pos)
-            negatives.append(neg)
+            positives.append(self._on_rows(pos, rows, n))
+            negatives.append(self._on_rows(neg, rows, n))
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
-                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch), 1.0, False)
-                kls.append((v.float() - v_ref.float()).pow(2).flatten(1).mean(1))
+                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch, rows),
+                                                1.0, False)
+                kls.append(self._on_rows((v.float() - v_ref.float()).pow(2).flatten(1).mean(1), rows, n))
         return torch.stack(positives, 1), torch.stack(negatives, 1), torch.stack(kls, 1) if kls else None
 
-    def _pos_cond(self, batch: Rollout) -> dict[str, Tensor]:
-        return {key: v.to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
+    def _pos_cond(self, batch: Rollout, rows: Tensor) -> dict[str, Tensor]:
+        return {key: v[rows].to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
 
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),
@@ -385,7 +538,30 @@ class DiffusionPolicy(TurningPointRewards):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims (`policy.kl_form`:
         exact, or Flow-GRPO's, |dt| times that for flow_sde)."""
-        return self._units(model, batch, units, with_entropy, reference)
+        terms = self._units(model, batch, units, with_entropy, reference)
+        return terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls)
+
+    @classmethod
+    def divergence_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.units == "steps":
+            return None
+        return (f"FlowDPPO's divergence is that of the sampler's Gaussian steps (policy.units: steps), "
+                f"not of policy.units={cfg.units!r}")
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """Step log-probs and the step means [B, u, ...] (fp32), kept as the old policy's for FlowDPPO."""
+        terms = self._units(model, batch, units, with_entropy=False, keep_means=True)
+        return terms.logp(), terms.stacked(terms.means)
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """Step log-probs, entropies, the closed-form KL to the reference (with `reference`) and each
+        step's KL(N(mu_old, std^2) || N(mu_theta, std^2)) = mean_d (mu_theta - mu_old)^2 / (2 std^2),
+        UniRL's FlowDPPO divergence (the exact KL of the step Gaussians, `samplers.gaussian_mean_kl`)."""
+        terms = self._units(model, batch, units, with_entropy, reference, old_means)
+        return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
+                terms.stacked(terms.divergences))
 
     # ----- warm start -------------------------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
 
-from ..lm.hidden_logprobs import hidden_state_logprobs
 from ..lm.logprob_check import compare_paths
 from ..lm.logprob_settings import check_tolerance, output_head_for
 from ..lm.output_head import OutputHead
@@ -108,8 +107,6 @@ class MaskedScoring(Policy):
                                          with_entropy=with_entropy)
         with head.passing_hidden_states():
             hidden = self.logits(model, ids, attention, positions)  # the head passes its input: [B, K, H]
-        weight, bias = head.weight_and_bias()
-        lp, e = hidden_state_logprobs(hidden[scored].to(weight.dtype), weight, targets[scored], bias,
-                                      chunk_tokens=self.cfg.logprob_chunk_tokens, with_entropy=with_entropy)
+        lp, e = head.logprobs(hidden[scored], targets[scored], 1.0, self.cfg.logprob_chunk_tokens, with_entropy)
         zeros = torch.zeros(scored.shape, device=lp.device)
         return zeros.masked_scatter(scored, lp), (zeros.masked_scatter(scored, e) if with_entropy else None)

@@ -25,7 +25,10 @@ def logprobs_from_field(default: str = "hidden_states", note: str = "") -> Any:
         "Where log-probs come from: hidden_states (the model runs without its output head, which projects the "
         "scored positions' hidden states a chunk of tokens at a time in the forward and the backward, so the "
         "logits are never whole), or logits (the model's logits, log-softmax a chunk of rows at a time). Models the "
-        "first cannot serve (logit soft-capping, sharded parameters) take the second, with a warning." + note)})
+        "first cannot serve (logit soft-capping, a LoRA output head with sharded parameters, fsdp with "
+        "distributed.offload on an accelerator) take the second, with a warning. Under distributed.strategy fsdp or "
+        "zero3, the sharded output head's weight is gathered whole for the log-probs' forward and again for their "
+        "backward, and its gradient averaged into the shards." + note)})
 
 
 def logprob_chunk_tokens_field() -> Any:
@@ -61,16 +64,16 @@ def logprob_setting_problems(cfg: Any) -> list[str]:
 
 def output_head_for(model: nn.Module, cfg: Any, parallel: ParallelView, log: logging.Logger) -> OutputHead | None:
     """The model's output head when log-probs come from the hidden states, else None (the logits
-    path: `policy.logprobs_from: logits`, or a model or sharding the head cannot serve, warned once)."""
+    path: `policy.logprobs_from: logits`, or a model or sharded head it cannot serve, warned once)."""
     if cfg.logprobs_from == "logits":
         return None
     reason = OutputHead.unsupported_reason(model)
     if reason is None and parallel.is_sharded(model):
-        reason = "its parameters are sharded over the processes"
+        reason = parallel.whole_unavailable or OutputHead.sharded_reason(model)
     if reason is not None:
         warn_once(log, f"policy.logprobs_from=hidden_states: {reason}; log-probs use the model's logits")
         return None
-    return OutputHead(model)
+    return OutputHead(model, parallel)
 
 
 def check_tolerance(cfg: Any, head: OutputHead) -> float:
@@ -79,5 +82,4 @@ def check_tolerance(cfg: Any, head: OutputHead) -> float:
     logit of 32-64); a broken path is off by whole nats."""
     if cfg.logprob_check_tolerance is not None:
         return cfg.logprob_check_tolerance
-    base = getattr(head.module, "base_layer", head.module)
-    return 1e-4 if base.weight.dtype == torch.float32 else 0.5
+    return 1e-4 if head.compute_dtype == torch.float32 else 0.5

@@ -10,7 +10,12 @@ active adapter when the head is a LoRA layer, computed under autograd so that th
 `unsupported_reason` names what this cannot reproduce; the adapters then take the logits path:
 a model that transforms its logits after the head (Gemma 2's soft-capping, Cohere's logit scale),
 a head that is not a linear layer, a LoRA head with dropout while training, bias or a variant
-(DoRA), and parameters sharded over processes.
+(DoRA), and a LoRA head whose parameters are sharded over processes. A plain head sharded over the
+processes (FSDP2, ZeRO-3) is gathered whole for the log-probs' forward and backward
+(`hidden_logprobs.py`, `ParallelView.whole`). Under ZeRO-3 the log-probs run as a call of the head
+module, so that DeepSpeed's hooks gather its weight when the operation takes it (autograd records
+its shape then) and again for its backward, until the gradient is accumulated and reduced into
+the partitions, as for the model's own head, tied to the input embedding or not.
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import Tensor, nn
 
+from mmrl.core.parallel import ParallelView
 from mmrl.errors import UserError
+
+from .hidden_logprobs import hidden_state_logprobs
 
 # config attributes of models that change the logits after the head, and their neutral values
 LOGIT_TRANSFORMS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0,
@@ -34,10 +43,12 @@ def inner_model(model: nn.Module) -> nn.Module:
 
 
 class OutputHead:
-    """A model's output projection (`get_output_embeddings`)."""
+    """A model's output projection (`get_output_embeddings`), its parameters whole or sharded
+    over the processes as `parallel` says."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, parallel: ParallelView | None = None):
         self.module = inner_model(model).get_output_embeddings()
+        self.parallel = parallel or ParallelView()  # None: whole weights
         self.hidden: Tensor | None = None
 
     @staticmethod
@@ -58,6 +69,15 @@ class OutputHead:
             return lora_head_reason(head)
         return None
 
+    @staticmethod
+    def sharded_reason(model: nn.Module) -> str | None:
+        """Why log-probs of `model`, whose parameters are sharded over the processes, cannot come
+        from its hidden states (None when they can: a plain head is gathered whole)."""
+        head = inner_model(model).get_output_embeddings()
+        if getattr(head, "base_layer", head) is not head:
+            return "the output head is a LoRA layer and the parameters are sharded over the processes"
+        return None
+
     @contextmanager
     def passing_hidden_states(self) -> Iterator["OutputHead"]:
         """While open, the head returns its input (and keeps it as `hidden`) instead of logits.
@@ -65,20 +85,20 @@ class OutputHead:
         itself) is an error when the block closes: its logits would be taken for hidden states."""
         module = self.module
         self.hidden = None
-        own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
 
         def keep(hidden: Tensor, *args, **kwargs) -> Tensor:
-            self.hidden = hidden
             return hidden
 
-        module.forward = keep
+        def kept(head: nn.Module, args: tuple, output: Tensor) -> None:
+            # the head's output as its other hooks leave it (ZeRO-3 marks it for its backward hooks)
+            self.hidden = output
+
+        hook = module.register_forward_hook(kept)
         try:
-            yield self
+            with forward_replaced(module, keep):
+                yield self
         finally:
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
+            hook.remove()
         if self.hidden is None:
             raise UserError(f"policy.logprobs_from=hidden_states: the model ({type(module).__name__} head) computed "
                             "its output without calling its output head (get_output_embeddings); set "
@@ -95,6 +115,42 @@ class OutputHead:
                 if name in head.lora_A:
                     weight = weight + head.get_delta_weight(name).to(weight.dtype)
         return weight, base.bias
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the head projects in: its weight's, or for a sharded weight (fp32 master
+        weights) that of the hidden states the sharded model computed."""
+        weight = getattr(self.module, "base_layer", self.module).weight
+        return weight.dtype if self.parallel.is_whole(weight) or self.hidden is None else self.hidden.dtype
+
+    def logprobs(self, states: Tensor, targets: Tensor, temperature: float, chunk_tokens: int, with_entropy: bool,
+                 banned: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """fp32 log-probs (and entropies) of `targets` [...] from hidden states [..., H] through the
+        head (`hidden_state_logprobs`, its parameters gathered where sharded)."""
+        def project(hidden: Tensor) -> tuple[Tensor, Tensor | None]:
+            weight, bias = self.weight_and_bias()
+            return hidden_state_logprobs(hidden, weight, targets, bias, temperature, chunk_tokens, with_entropy,
+                                         banned, self.parallel)
+
+        states = states.to(self.compute_dtype)
+        if not self.parallel.gathers_in_module_calls:
+            return project(states)
+        with forward_replaced(self.module, project):
+            return self.module(states)
+
+
+@contextmanager
+def forward_replaced(module: nn.Module, forward) -> Iterator[nn.Module]:
+    """`module` calling `forward` instead of its own while the block runs (its hooks still run)."""
+    own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
+    module.forward = forward
+    try:
+        yield module
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 def lora_head_reason(head: nn.Module) -> str | None:

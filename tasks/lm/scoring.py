@@ -18,7 +18,6 @@ from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout, take_rows
 
 from .generation import warn_once
-from .hidden_logprobs import hidden_state_logprobs
 from .logprob_check import compare_paths
 from .logprob_settings import check_tolerance, output_head_for
 from .output_head import OutputHead
@@ -91,9 +90,7 @@ class TokenScoring(Policy):
         if head is None:
             return selective_log_softmax(states, targets, self.cfg.logprob_chunk_rows, with_entropy, temperature,
                                          banned)
-        weight, bias = head.weight_and_bias()
-        return hidden_state_logprobs(states.to(weight.dtype), weight, targets, bias, temperature,
-                                     self.cfg.logprob_chunk_tokens, with_entropy, banned)
+        return head.logprobs(states, targets, temperature, self.cfg.logprob_chunk_tokens, with_entropy, banned)
 
     # ----- shared-prefix log-probs (prefix_sharing.py) -----------------------------------
     def _shared_prefix_groups(self, batch: Rollout, completion_mask: Tensor) -> list[list[int]] | None:
