@@ -10,7 +10,6 @@ torch thread, on the CPU."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from bench_report import emit
 
 TRANSPORTS = ("queue", "broadcast")
 
@@ -92,10 +92,7 @@ def main() -> None:
               "load_average_before": os.getloadavg()[0]}
     report.update({transport: measure(transport, model, sizes, args.repeats) for transport in TRANSPORTS})
     report["load_average_after"] = os.getloadavg()[0]
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

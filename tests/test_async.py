@@ -204,9 +204,10 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("recipe, keys", [(VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
-                                           (VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"))],
-                         ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
+@pytest.mark.parametrize("recipe, keys", [  # the video case is slow (the image and audio cases cover the worker's media)
+    (VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
+    pytest.param(VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"), marks=pytest.mark.slow)],
+    ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
 def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, keys, one_torch_thread):
     """The worker builds the model and its processor from the recipe and is sent each row with its
     image (a PIL image), clip (a sample array) or video (frames): the same completions' rewards (the
@@ -324,6 +325,21 @@ def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
     assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
     assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
     assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
+
+
+def test_a_cpu_trainer_gives_the_worker_one_of_its_threads_while_it_runs(tmp_path):
+    """The worker's one thread and the trainer's together use the trainer's cores: the trainer runs
+    one thread less while its worker runs, and its own number again once the worker has stopped."""
+    t, threads = trainer(tmp_path, "rollout.mode=async"), torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+        during = torch.get_num_threads()
+        worker.stop()
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert (during, after) == (2, 3)
 
 
 def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):

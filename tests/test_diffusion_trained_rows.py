@@ -128,6 +128,7 @@ def test_a_sharded_model_forwards_every_unit_of_a_slice(tmp_path):
     assert rows[ShardedEverywhere] == int(mask.sum()) + untrained
 
 
+@pytest.mark.slow  # two training runs, one on 2 processes (the sharded forward's rule stays in the default run, above)
 @pytest.mark.parametrize("method", ["chunk", "random_steps"])
 def test_rows_training_different_steps_train_sharded_on_two_processes_as_on_one(tmp_path, method):
     """FSDP (lockstep: every forward a collective) with chunks (Chunk-GRPO) or steps (DanceGRPO's

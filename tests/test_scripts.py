@@ -298,9 +298,10 @@ def test_bench_weights_transfer(tmp_path):
 
 def test_bench_async(tmp_path):
     report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
-                   "--hidden", "32", "--layers", "1")
+                   "--hidden", "32", "--layers", "1", "--warm-start-steps", "5")
     assert_finite(report, *(f"{run}.{key}" for run in ("sync", "one_step_off", "async_1", "async_2")
                             for key in ("samples_per_s", "samples_per_s_ratio", "rollout_tokens_per_s")))
     assert report["sync"]["staleness_mean"] == 0.0 and report["one_step_off"]["staleness_mean"] == 1.0
     assert report["sync"]["samples_per_s_ratio"] == 1.0
+    assert 0.0 < report["sync"]["generate_share"] < 1.0 and report["sync"]["overlap_bound"] >= 1.0
     assert 0.0 <= report["async_1"]["staleness_mean"] <= 1.0 and 0.0 <= report["async_2"]["staleness_mean"] <= 2.0

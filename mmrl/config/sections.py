@@ -235,8 +235,8 @@ class WarmStartConfig:
 
     steps: int = field(default=0, metadata={"help": (
         "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column. With a KL "
-        "(algorithm.beta > 0) the reference is then the warm-started model, kept in checkpoints (one process, no "
-        "LoRA).")})
+        "(algorithm.beta > 0) the reference is then the warm-started model, kept in checkpoints (ddp or one "
+        "process, no LoRA).")})
     lr: float = field(default=1e-3, metadata={"help": "Learning rate of the warm start."})
     batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
     target_column: str = field(default="target", metadata={"help": (

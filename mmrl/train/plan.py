@@ -322,19 +322,15 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
-def _check_warm_start(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
     """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
-    (Trainer.reference_from_policy): whole weights on one process, not an adapter switched off."""
+    (Trainer.reference_from_policy), not an adapter switched off (the strategies say what they keep)."""
     if cfg.warm_start.steps <= 0 or not regulariser_needs(cfg.algorithm, "reference"):
         return
     if cfg.optim.lora.r > 0:
         problems.append(f"warm_start.steps={cfg.warm_start.steps} with optim.lora.r={cfg.optim.lora.r} and a KL "
                         f"(algorithm.beta={cfg.algorithm.beta}): the LoRA reference is the adapter switched off, "
                         "the model before the warm start; train without LoRA, or without the KL")
-    if num_processes > 1:
-        problems.append(f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) "
-                        f"on {num_processes} processes: the warm-started reference is copied on one process only; "
-                        "warm-start on one process, or start from a warm-started checkpoint (warm_start.steps: 0)")
 
 
 def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
@@ -355,7 +351,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
-    _check_warm_start(cfg, problems, num_processes)
+    _check_warm_start(cfg, problems)
     _check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)

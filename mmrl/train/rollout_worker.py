@@ -70,8 +70,9 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
              "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
-             "engine": (cfg.policy.get("rollout_engine", "hf") == "hf",
-                        f"policy.rollout_engine={cfg.policy.get('rollout_engine')!r} (the worker runs hf)")}
+             "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),
+                      f"eval.every={cfg.eval.every} and policy.rollout_engine=vllm (an evaluation samples in the "
+                      "trainer's process, which builds no vLLM engine; evaluate the checkpoints with mmrl eval)")}
     problems += [f"{mode} with {why}" for ok, why in needs.values() if not ok]
     return problems
 
@@ -129,6 +130,12 @@ class RolloutWorker:
         self.mode = cfg.rollout.mode
         self.sender, device = WeightsSender(), model_device(model)
         weights = (self.sender.port, layout_of(model.state_dict()), device)
+        # The worker computes on one torch thread. On the CPU the trainer gives it one of its threads'
+        # cores back while it runs (restored by `stop`): with the trainer's threads on every core
+        # besides, the two processes oversubscribe the cores and both slow down.
+        self.trainer_threads = torch.get_num_threads()
+        if device.type == "cpu" and self.trainer_threads > 1:
+            torch.set_num_threads(self.trainer_threads - 1)
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
@@ -210,3 +217,4 @@ class RolloutWorker:
         if self.process.is_alive():
             self.process.kill()
         self.sender.close()
+        torch.set_num_threads(self.trainer_threads)

@@ -36,7 +36,7 @@ from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.eval_samples import log_eval_samples
-from mmrl.train.evaluation import evaluate
+from mmrl.train.evaluation import Evaluator, evaluate
 from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
@@ -61,9 +61,13 @@ REFERENCE_FILE = "reference.safetensors"  # a checkpoint's KL reference, where i
 
 class Trainer:
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
-    def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True):
+    def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
+                 held_out_evaluator: Evaluator | None = None):
         """Validate the recipe once, claim the output directory, build the run's parts, resume.
-        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes."""
+        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes.
+        `held_out_evaluator`: a judge that is never a reward (a demo's, `evaluate`'s `evaluator`),
+        scored beside the reward at every `eval.every`."""
+        self.held_out_evaluator = held_out_evaluator
         load_plugins()
         for module in cfg.reward_modules:
             import_user_module(module)
@@ -110,10 +114,6 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
-        # a held-out judge that is never a reward (a demo's), scored beside the reward at every `eval.every`
-        self.held_out_evaluator = None
-        # the reference holds weights of its own (a warm start's), saved in checkpoints (REFERENCE_FILE)
-        self.reference_is_own = False
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
         self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
@@ -311,7 +311,6 @@ class Trainer:
         with torch.no_grad():
             for name, param in mine.items():
                 param.copy_(theirs[name])
-        self.reference_is_own = True
 
     # ----- checkpoints ------------------------------------------------------------------------
     def _failure_checkpoint(self) -> str:
@@ -340,7 +339,8 @@ class Trainer:
         acc.wait_for_everyone()
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
-            if acc.is_main_process and self.reference_is_own:
+            if acc.is_main_process and self.reference is not None and self.cfg.warm_start.steps > 0:
+                # the reference is the warm start's, which the run's model source does not rebuild
                 save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
             if acc.is_main_process:
                 position = self._data_position() if data_position is None else data_position
@@ -373,7 +373,6 @@ class Trainer:
                 raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
                                 "run has none (algorithm.beta); resume with the settings it was saved with")
             load_model(self.reference, str(path / REFERENCE_FILE))
-            self.reference_is_own = True
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings

@@ -147,7 +147,10 @@ class WeightsReceiver:
         self.group = _group(store, 1, backend, self.device)
 
     def receive(self) -> None:
-        """The next transfer, copied into the model in place (cast to its dtypes where they differ)."""
+        """The next transfer, copied into the model in place (cast to its dtypes where they differ).
+        The copies bump the parameters' version counters, as a checkpoint load does: a policy's vLLM
+        engine sees its weights stale by them (`vllm_weights.weights_fingerprint`) and is sent the new
+        ones before its next rollout."""
         state = self.model.state_dict()
         with torch.no_grad():
             for dtype, entries in _by_dtype(self.layout).items():
