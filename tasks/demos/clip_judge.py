@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import random
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from torch import nn
 
 from mmrl.train.evaluation import Evaluator
 
-from .shape_judge import COLOUR_NAMES, SHAPE_CLASSES, _not_a_shape, to_tensor
+from .shape_judge import COLOUR_NAMES, SHAPE_CLASSES, _not_a_shape, cached_judge, to_tensor
 from .synthetic.colour_shapes import SHAPES
 from .synthetic.moving_shapes import DIRECTIONS, draw_clip
 
@@ -112,20 +111,7 @@ def clip_judge(frames: int = 4, size: int = 16, seed: int = 1) -> ClipJudge:
     source = b"".join(Path(f).read_bytes() for f in (__file__, draw_clip.__code__.co_filename,
                                                       _not_a_shape.__code__.co_filename))
     key = hashlib.sha256(source + f"{frames}-{size}-{seed}".encode()).hexdigest()[:16]
-    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmrl" / f"clip_judge-{key}.pt"
-    if path.is_file():
-        judge = ClipJudge(frames, size)
-        judge.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        return judge.eval()
-    judge = train_judge(frames, size, seed)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(judge.state_dict(), tmp)
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: train again next time
-        pass
-    return judge
+    return cached_judge(f"clip_judge-{key}", lambda: ClipJudge(frames, size), lambda: train_judge(frames, size, seed))
 
 
 def clip_match(seed: int = 1) -> Evaluator:
