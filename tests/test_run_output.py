@@ -84,6 +84,20 @@ def test_health_counts_only_zero_gradients_after_non_zero_ones_with_rows_to_trai
     assert len(_warnings(caplog, "'acc'")) == 1
 
 
+def test_a_step_whose_dynamic_sampling_kept_no_group_is_not_a_missing_reward(caplog):
+    """Dynamic sampling that finds no group with reward variance keeps no row: the step's reward
+    means are NaN because nothing was kept, not because a reward gave None; no stop, one warning."""
+    health = RunHealth(max_bad_steps=2)
+    nothing_kept = {"reward_mean": float("nan"), "reward/acc": float("nan"), "sampling/groups": 0.0, "sampling/tries": 4.0}
+    for step in range(1, 6):
+        health.check(step, nothing_kept)
+    assert not _warnings(caplog, "returned None")
+    assert len(_warnings(caplog, "equal rewards")) == 1
+    health.check(6, {"reward_mean": float("nan"), "reward/acc": float("nan"), "sampling/groups": 4.0})
+    with pytest.raises(NoRewardError):
+        health.check(7, {"reward_mean": float("nan"), "reward/acc": float("nan"), "sampling/groups": 4.0})
+
+
 def _mmrl(*args):
     return subprocess.run([sys.executable, "-m", "mmrl", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})

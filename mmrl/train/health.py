@@ -1,6 +1,7 @@
 """Steps that train nothing, said out loud: a reward that gave no value for any row of a step, a
-whole step without a reward (a stop after `max_bad_steps` in a row), and a gradient norm stuck at
-exactly 0 after non-zero ones (a saturated model)."""
+whole step without a reward (a stop after `max_bad_steps` in a row), a step whose dynamic sampling
+kept no group (every group's rewards equal), and a gradient norm stuck at exactly 0 after non-zero
+ones (a saturated model)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class RunHealth:
         self.saw_gradient = False
         self.zero_gradient_steps = 0
         self.warned_saturation = False
+        self.warned_uniform_groups = False
 
     def check(self, step: int, metrics: dict[str, float]) -> None:
         self._check_rewards(step, metrics)
@@ -44,8 +46,13 @@ class RunHealth:
             logger.warning(message)
 
     def _check_rewards(self, step: int, metrics: dict[str, float]) -> None:
-        if metrics.get("sampling/groups") == 0 and metrics.get("rollout/stale_dropped", 0.0) > 0:
-            return  # every group was dropped as stale (rollout.stale_rows): nothing to say of the rewards
+        if metrics.get("sampling/groups") == 0:  # the step kept no group: its rewards were not logged
+            if metrics.get("rollout/stale_dropped", 0.0) == 0 and not self.warned_uniform_groups:
+                self.warned_uniform_groups = True  # not dropped as stale (rollout.stale_rows): dynamic sampling
+                self._say(f"step {step}: every group of the step's {metrics.get('sampling/tries', 0):.0f} draws had "
+                          "equal rewards (sampling.dynamic), so the step trained nothing; the policy is saturated on "
+                          "these prompts, or the reward is constant")
+            return
         rewards = [k.removeprefix("reward/") for k in metrics if k.startswith("reward/") and k.count("/") == 1]
         for name in rewards:
             if name not in self.silent_rewards and _missing(metrics[f"reward/{name}"]):
