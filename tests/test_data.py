@@ -189,6 +189,16 @@ def test_conversations_become_prompt_and_answer():
     assert prompt == chat and answer == "4"
 
 
+def test_a_conversation_ending_with_a_tool_turn_is_all_prompt():
+    # the model's next turn reads the tool's result (an episode's later turn, as a warm-start row)
+    chat = [{"role": "user", "content": "<image>what colour?"},
+            {"role": "assistant", "content": '<tool_call>{"name": "zoom"}</tool_call>'},
+            {"role": "tool", "content": "<image>"}]
+    assert split_conversation(chat, False, "prompt") == (chat, None)
+    with pytest.raises(ValueError, match="ends with an assistant turn"):
+        split_conversation(chat[:2], False, "prompt")
+
+
 def test_placeholders_go_where_the_text_puts_them():
     assert split_placeholders("no placeholder ") == [{"type": "text", "text": "no placeholder "}]
     media = [{"type": "image"}, {"type": "image"}]

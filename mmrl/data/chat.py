@@ -60,15 +60,16 @@ def _text(content: Any) -> Any:
 
 
 def split_conversation(value: list, answer_from_conversation: bool, column: str) -> tuple[Any, str | None]:
-    """(prompt, answer): the prompt up to the last user turn as a message list, the final
-    assistant turn's text or None. Raises ValueError naming
+    """(prompt, answer): the prompt up to the last user turn (the whole conversation when it ends
+    with a tool turn) as a message list, the final assistant turn's text or None. Raises ValueError naming
     `column` for a conversation without a user turn, or one that ends with an answer that
     nothing says what to do with."""
     messages = [_message(t, k) for k, t in enumerate(value)]
     users = [k for k, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise ValueError(f"column {column!r}: the conversation has no user turn")
-    last = users[-1]
+    # a conversation that ends with a tool turn is all prompt: the model's turn reads the tool's result
+    last = len(messages) - 1 if messages[-1]["role"] == "tool" else users[-1]
     answer = None
     tail = messages[last + 1:]
     if tail:
