@@ -67,3 +67,20 @@ def test_zoom_demo_raises_held_out_accuracy_and_zooms_on_the_dot(tmp_path):
     on_dot = [s[f"eval_{when}/zoomed_on_dot"] / s[f"eval_{when}/episodes"] for when in ("before", "after")]
     assert on_dot[1] > on_dot[0]
     assert (tmp_path / "plots" / "samples.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_answer_turn_row_is_the_context_an_episode_reaches():
+    """The warm start's answer-turn row, rendered by the chat template, is the question's prompt,
+    the zoom call with the eos the model samples, and the tool turn the episode appends."""
+    from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
+    from mmrl.tasks.lm.episodes import tool_message, tool_turn_text
+    from mmrl.tasks.lm.multimodal import place_media
+    from mmrl.tasks.lm.tools import ToolCall
+    _, processor = qwen25_vl_char(hidden=16, layers=1, vision_hidden=16)
+    question, answer_turn = zoom_patches(n_train=1, n_eval=1, **ARGS)["train"]
+    render = processor.apply_chat_template
+    first = render(place_media(question["prompt"], [{"type": "image"}]), tokenize=False, add_generation_prompt=True)
+    call = ToolCall("zoom", {"bbox_2d": _call_box(question["target"])}, images=[answer_turn["images"][1]])
+    episode = first + question["target"] + "<eos>" + tool_turn_text(render, [tool_message(call, True)], "<eos>")
+    row = render(place_media(answer_turn["prompt"], [{"type": "image"}] * 2), tokenize=False, add_generation_prompt=True)
+    assert row == episode
