@@ -95,7 +95,7 @@ def contains(outer: list[float], inner: list[float]) -> bool:
 
 
 def draw_episodes(rows: list[dict], before: list, after: list, out_png: str | Path) -> None:
-    """Each held-out image (the dot's cell outlined green) with, before and after RL, the greedy
+    """Each held-out image (the dot outlined green) with, before and after RL, the greedy
     episode's first zoom box on it (red, blue), the crop it returned and the answer."""
     from PIL import Image, ImageDraw
     from mmrl.rewards.text import extract_answer
@@ -105,14 +105,17 @@ def draw_episodes(rows: list[dict], before: list, after: list, out_png: str | Pa
         shown = image.resize((160, 160))
         k = 160 / image.width
         draw = ImageDraw.Draw(shown)
-        draw.rectangle([v * k for v in row["dot_box"]], outline=(0, 160, 0), width=2)
+        x1, y1, x2, y2 = (v * k for v in row["dot_box"])
+        draw.rectangle([x1 - 4, y1 - 4, x2 + 4, y2 + 4], outline=(0, 160, 0), width=1)  # around the dot, not on it
         panel = Image.new("RGB", (160 + 2 * 84, 160), "white")
         caption = [f"truth {row['answer']}"]
         for j, (sample, colour, when) in enumerate(((b, (220, 0, 0), "before"), (a, (0, 0, 230), "after"))):
             boxes = zoom_boxes(sample["tool_calls"], row["scale"])
             if boxes:
                 draw.rectangle([v * k for v in boxes[0]], outline=colour, width=2)
-                panel.paste(image.crop([int(v) for v in boxes[0]]).resize((80, 80)), (162 + 84 * j, 40))
+                crop = image.crop([int(v) for v in boxes[0]])
+                crop.thumbnail((80, 80))  # the aspect kept
+                panel.paste(crop, (162 + 84 * j, 40))
             caption.append(f"{when}: {extract_answer(sample['text'], 'answer') or '-'}")
         panel.paste(shown, (0, 0))
         panels.append(panel)
