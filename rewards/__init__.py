@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (registration)
     colour_shape,  # noqa: F401,E402  (registration)
     deepeyes,  # noqa: F401,E402  (registration)
     format,
+    judge,  # noqa: F401,E402  (registration)
     iou,  # noqa: F401,E402  (registration)
     latex_render,  # noqa: F401,E402  (registration)
     length,

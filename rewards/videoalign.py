@@ -12,6 +12,11 @@ With `normalise: true` (the authors' `use_norm`) a head's score is (raw - mean) 
 checkpoint's `inference_config` (model_config.json), or, where the file has none, the constants
 published with the VideoReward checkpoint (`PUBLISHED_NORMALISATION`).
 
+The prompt is the one the checkpoint was trained with (VideoAlign's `detailed_special` template).
+mmrl does not ship it: it is read from `args.template` (a text file) or, by default,
+`prompt_template.txt` in the checkpoint directory; it must hold `{text_prompt}` (the video's prompt)
+and each head's special token once (`prompt_template`).
+
 Frames as the authors' reader prepares them: from a video of T frames at the row's `fps` column
 (`source_fps` where the data has none), n = round_2(clamp(T / fps x sample_fps, 4, T)) frames
 taken at round(linspace(0, T - 1, n)) (`sample_fps`: the checkpoint's `data_config.fps`, 2),
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +39,6 @@ from mmrl.core.scoring import register_reward
 from .clip import _device, _prompt_text
 from .video_frames import frame_tensor
 from .videoalign_checkpoint import VideoAlignModel, load_videoalign
-from .videoalign_prompt import DETAILED_SPECIAL_TEMPLATE
 
 HEADS = ("VQ", "MQ", "TA")
 PUBLISHED_NORMALISATION = {"VQ": (3.6757, 2.2476), "MQ": (1.1646, 1.3811), "TA": (2.8105, 2.5121)}
@@ -81,12 +86,34 @@ def prepared_video(video: Any, fps: float, sample_fps: float, min_pixels: int, m
     return F.interpolate(frames * 255, size=size, mode="bicubic", antialias=True, align_corners=False)
 
 
+TEMPLATE_FILE = "prompt_template.txt"
+
+
+@functools.lru_cache(maxsize=4)
+def prompt_template(path: str, template: str | None) -> str:
+    """The checkpoint's prompt template: the file `template`, else `path`/prompt_template.txt;
+    checked for the `{text_prompt}` field and one special token per head."""
+    from .videoalign_checkpoint import SPECIAL_TOKENS
+    file = Path(template) if template else Path(path) / TEMPLATE_FILE
+    if not file.is_file():
+        raise ValueError(
+            f"videoalign needs the prompt its checkpoint was trained with, and {str(file)!r} does not exist: save "
+            f"the `detailed_special` template of VideoAlign's prompt_template.py (KwaiVGI/VideoAlign) as "
+            f"{TEMPLATE_FILE} in the checkpoint directory, or pass args.template=FILE")
+    text = file.read_text()
+    missing = [t for t in ("{text_prompt}", *SPECIAL_TOKENS.values()) if text.count(t) != 1]
+    if missing:
+        raise ValueError(f"videoalign: the template {str(file)!r} must hold each of {missing} exactly once")
+    return text
+
+
 @torch.no_grad()
-def raw_scores(reward_model: VideoAlignModel, prompts: list[str], videos: list[torch.Tensor]) -> torch.Tensor:
-    """[B, 3] the heads' raw scores (VQ, MQ, TA) of prepared videos."""
+def raw_scores(reward_model: VideoAlignModel, prompts: list[str], videos: list[torch.Tensor],
+               template: str) -> torch.Tensor:
+    """[B, 3] the heads' raw scores (VQ, MQ, TA) of prepared videos, asked with `template`."""
     processor = reward_model.processor
     chats = [[{"role": "user", "content": [{"type": "video"}, {
-        "type": "text", "text": DETAILED_SPECIAL_TEMPLATE.format(text_prompt=p)}]}] for p in prompts]
+        "type": "text", "text": template.replace("{text_prompt}", p)}]}] for p in prompts]
     texts = [processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
     batch = processor(text=texts, videos=videos, padding=True, return_tensors="pt",
                       videos_kwargs={"do_rescale": True, "do_resize": False})
@@ -108,13 +135,14 @@ _load = functools.lru_cache(maxsize=2)(load_videoalign)
 _last_batch: dict[str, Any] = {}
 
 
-def head_scores(prompts, completions, path, base, fps, source_fps, sample_fps, min_pixels, max_pixels,
+def head_scores(prompts, completions, path, base, template, fps, source_fps, sample_fps, min_pixels, max_pixels,
                 normalise, device, dtype, batch_size) -> dict[str, list[float]]:
     """head -> scores of the batch (VQ, MQ, TA and overall); the last batch is kept, so the three
     one-head rewards run the model once."""
     if not path:
         raise ValueError("videoalign needs args.path: the VideoReward checkpoint directory")
-    settings = (path, base, fps, source_fps, sample_fps, min_pixels, max_pixels, normalise, device, dtype, batch_size)
+    template_text = prompt_template(path, template)
+    settings = (path, base, template, fps, source_fps, sample_fps, min_pixels, max_pixels, normalise, device, dtype, batch_size)
     cached = _last_batch.get("key")
     if cached and cached[0] == settings and len(cached[1]) == len(completions) and \
             all(a is b for a, b in zip(cached[1], completions)) and cached[2] == list(prompts):
@@ -130,7 +158,7 @@ def head_scores(prompts, completions, path, base, fps, source_fps, sample_fps, m
     for i in range(0, len(completions), batch_size):
         videos = [prepared_video(v, float(r), sample_fps, min_pixels, max_pixels)
                   for v, r in zip(completions[i:i + batch_size], rates[i:i + batch_size])]
-        raw.append(raw_scores(model, [_prompt_text(p) for p in prompts[i:i + batch_size]], videos))
+        raw.append(raw_scores(model, [_prompt_text(p) for p in prompts[i:i + batch_size]], videos, template_text))
     raw = torch.cat(raw)
     if normalise:
         stats = normalisation(model.settings)
@@ -142,14 +170,15 @@ def head_scores(prompts, completions, path, base, fps, source_fps, sample_fps, m
 
 
 def _videoalign_reward(fixed_head: str | None):
-    def reward(prompts, completions, path: str | None = None, base: str | None = None, fps=None,
+    def reward(prompts, completions, path: str | None = None, base: str | None = None, template: str | None = None,
+               fps=None,
                source_fps: float | None = None, sample_fps: float | None = None, min_pixels: int = MIN_PIXELS,
                max_pixels: int | None = None, normalise: bool = True, device: str | None = None,
                dtype: str = "bfloat16", batch_size: int = 1, head: str = fixed_head or "overall", **columns):
         if head not in (*HEADS, "overall") or (fixed_head and head != fixed_head):
             raise ValueError(f"videoalign: head={head!r} is not one of VQ, MQ, TA, overall"
                              if not fixed_head else f"videoalign_{fixed_head.lower()} scores head {fixed_head} only")
-        return head_scores(prompts, completions, path, base, fps, source_fps, sample_fps, min_pixels, max_pixels,
+        return head_scores(prompts, completions, path, base, template, fps, source_fps, sample_fps, min_pixels, max_pixels,
                            normalise, device, dtype, batch_size)[head]
     return reward
 

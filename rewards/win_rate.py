@@ -9,17 +9,20 @@ counts 1 to the winner, a tie 0.5 to each; an item's win rate is its wins over i
 comparisons. With a probability, row i gains p and row j gains 1 - p (a judge answering 1, 0 or
 0.5 gives the authors' counts exactly). ``pairs="both"`` instead judges every ordered pair, (a, b)
 and (b, a), and averages the two, which cancels a judge's preference for the first position at
-twice the calls. The authors round the rate to 3 decimals; mmrl does not.
+twice the calls. The authors round the rate to 3 decimals; mmrl does with ``decimals=3`` (by
+default it does not).
 
 The registered reward ``win_rate`` calls a preference function named in the recipe
 (``rewards.win_rate.args.prefer: FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, called as
-``prefer(a, b)`` on two completions) once per prompt group; a group of one row has no win rate
-(None).
+``prefer(a, b)`` on two completions, with the group's ``prompt`` and data columns passed to the
+further parameters it names, as Pref-GRPO's judge sees the prompt) once per prompt group; a group
+of one row has no win rate (None). ``decimals: 3`` rounds as the authors do.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from itertools import combinations
 from typing import Any, Callable, Literal, Sequence
 
@@ -37,8 +40,10 @@ def judged(prefer: Preference, a: Any, b: Any) -> float:
     return p
 
 
-def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "both"] = "once") -> list[float]:
-    """Each item's win rate against the others (the module docstring's convention); needs >= 2 items."""
+def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "both"] = "once",
+              decimals: int | None = None) -> list[float]:
+    """Each item's win rate against the others (the module docstring's convention), rounded to
+    `decimals` places when given (Pref-GRPO rounds to 3); needs >= 2 items."""
     if pairs not in ("once", "both"):
         raise ValueError(f"pairs={pairs!r}: choose 'once' (each unordered pair, Pref-GRPO) or 'both' (each order)")
     n = len(items)
@@ -51,16 +56,37 @@ def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "
             p = (p + 1.0 - judged(prefer, items[j], items[i])) / 2
         wins[i] += p
         wins[j] += 1.0 - p
-    return [w / (n - 1) for w in wins]
+    rates = [w / (n - 1) for w in wins]
+    return rates if decimals is None else [round(r, decimals) for r in rates]
 
 
 @register_reward("win_rate", per_group=True)
-def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", **columns):
+def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", decimals: int | None = None,
+             **columns):
     """Each completion's win rate within its prompt group under the preference function `prefer`
-    names (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, ``prefer(a, b) -> p(a beats b)``)."""
+    names (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, ``prefer(a, b, ...) -> p(a beats b)``; the
+    parameters it names after the two completions get the group's ``prompt`` or data column of
+    that name), rounded to `decimals` places when given."""
     if len(completions) < 2:
         return [None] * len(completions)
-    return win_rates(completions, preference_function(prefer), pairs)
+    return win_rates(completions, group_preference(preference_function(prefer), prompts, columns), pairs, decimals)
+
+
+def group_preference(prefer: Preference, prompts: Sequence[Any], columns: dict[str, Any]) -> Preference:
+    """`prefer` with the parameters it names after (a, b) bound to the group's prompt (``prompt``)
+    or data columns (a group is one data row: its first row's values)."""
+    row = {"prompt": prompts[0], **{k: v[0] for k, v in columns.items() if isinstance(v, (list, tuple)) and v}}
+    named = list(inspect.signature(prefer).parameters.values())[2:]
+    bound = {}
+    for param in named:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.name in row:
+            bound[param.name] = row[param.name]
+        elif param.default is param.empty:
+            raise ValueError(f"the preference function {getattr(prefer, '__name__', prefer)!r} takes {param.name!r}, "
+                             f"which is neither 'prompt' nor a data column ({', '.join(sorted(row))})")
+    return functools.partial(prefer, **bound) if bound else prefer
 
 
 @functools.lru_cache(maxsize=None)

@@ -78,14 +78,38 @@ def trl_grpo_config(args):
     fp32 compute without activation checkpointing like the other contenders (GRPOConfig's own
     defaults are bf16=True, which autocasts the forward and backward to bfloat16 on a CPU too,
     and gradient_checkpointing=True)."""
+    import torch
     from trl import GRPOConfig
     return GRPOConfig(bf16=False, gradient_checkpointing=False,
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=args.prompts * args.group,
         num_generations=args.group, max_completion_length=args.tokens,
         generation_kwargs={"min_new_tokens": args.tokens}, temperature=1.0, top_k=0, beta=0.0,
         learning_rate=1e-5, max_grad_norm=0.0, max_steps=args.warmup + args.steps, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, shuffle_dataset=False, disable_dropout=True,
+        report_to="none", save_strategy="no", use_cpu=not torch.cuda.is_available(), shuffle_dataset=False,
+        disable_dropout=True,
         lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
+
+
+def peak_bytes(fn) -> int:
+    """Most bytes allocated at once while `fn` runs, beyond those allocated before it (CUDA's
+    allocator, or on a CPU the profiler's allocation events)."""
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def peak_rss_mb() -> float:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_harness import compare as compare_steps  # noqa: E402
-from bench_harness import over_bare, require_trl
+from bench_harness import over_bare, peak_bytes, require_trl
 from bench_report import emit  # noqa: E402
 from bench_vlm import SIZE, split_of, visual_tokens  # noqa: E402
 from mmrl.tasks.demos.tiny_models import seeded_model  # noqa: E402
@@ -68,26 +68,6 @@ def seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def peak_bytes(fn) -> int:
-    """Most bytes allocated at once while `fn` runs, beyond those allocated before it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def compare(policies: dict[str, CausalLMPolicy], prefix: int, group: int, completion: int, repeats: int,

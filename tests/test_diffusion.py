@@ -318,7 +318,8 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
     assert t.train_step()["ratio_max_dev"] == 0.0
 
 
-@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point"])
+@pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft",
+                                    "t2i_flowgrpo_fast", "t2i_grpo_guard", "t2i_flowdppo", "t2i_pref_grpo"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
@@ -398,3 +399,125 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+NFT = ["policy.units=forward_process", "policy.sampler=ode", "policy.classifier_free_guidance=false",
+       "algorithm.objective=nft", "algorithm.beta=1e-4", "algorithm.kl_estimator=closed_form"]
+
+
+@pytest.mark.parametrize("model", ["tiny:sd3", "tiny:flux", "tiny:pixel-flow", "tiny:pixel-flow-unet"])
+def test_nft_trains_every_flow_family_on_its_forward_process(model, tmp_path):
+    """DiffusionNFT's units on each flow family: unit k re-noises the final sample at level k, and
+    a step moves the denoiser."""
+    size = 16 if model.startswith("tiny:pixel") else SIZE  # the pixel demos' small position table
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.height={size}",
+                                      f"policy.width={size}", *NFT]))
+    batch = t.policy.rollout(t.inputs.train_rows[:1], 3, seeds=[5])
+    assert batch.extras["clean"].shape[0] == 3 and not torch.equal(batch.extras["clean"][0], batch.extras["clean"][1])
+    assert batch.unit_mask.sum(1).tolist() == [3.0, 3.0, 3.0]  # int(4 x 0.99) of the 4 levels
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+    metrics = t.train_step()
+    assert math.isfinite(metrics["loss"])
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters() if p.requires_grad)
+
+
+def test_nft_recipe_errors_name_the_field(tmp_path):
+    from mmrl.config.parse import ConfigError
+    cases = [(["algorithm.objective=nft"], "policy.units: forward_process"),
+             (["policy.units=forward_process", "policy.classifier_free_guidance=false"], "takes logprobs"),
+             ([*NFT, "algorithm.mu=2"], "algorithm.mu=2"),
+             ([*NFT, "algorithm.kl_estimator=k3"], "algorithm.kl_estimator='k3'"),
+             ([*NFT, "algorithm.entropy_coef=0.1"], "algorithm.entropy_coef=0.1")]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *overrides]))
+    with pytest.raises(ValueError, match="policy.units=forward_process trains the CFG-free model"):
+        make("sd3", units="forward_process")
+    with pytest.raises(ValueError, match="predicts eps"):
+        make("sd15", units="forward_process", classifier_free_guidance=False)
+
+
+def test_random_window_draws_flow_grpo_fasts_start():
+    """Flow-GRPO-Fast: the window's start uniform in range[0] .. range[1] - size (inclusive),
+    the default range [0, U // 2)."""
+    fast = StepSchedule("random_window", size=3)
+    starts = [fast.random_window(10, torch.Generator().manual_seed(s))[0] for s in range(400)]
+    assert set(starts) == {0, 1, 2}  # 10 // 2 - 3 = 2
+    assert all(abs(starts.count(v) / 400 - 1 / 3) < 0.08 for v in range(3))
+    ranged = StepSchedule("random_window", size=2, window_range=[3, 7])
+    assert {ranged.random_window(10, torch.Generator().manual_seed(s))[0] for s in range(200)} == {3, 4, 5}
+    on = ranged.stochastic(10, 1, torch.Generator().manual_seed(0))
+    first = int(on.nonzero()[0])
+    assert on.tolist() == [first <= k < first + 2 for k in range(10)]
+    with pytest.raises(ValueError, match="window_range"):
+        StepSchedule("random_window", window_range=[4, 2])
+    with pytest.raises(ValueError, match="window of size 6"):
+        StepSchedule("random_window", size=6).random_window(10, torch.Generator())
+
+
+def test_random_window_rollouts_take_the_sde_only_in_their_groups_window():
+    """Each group draws its window; its rows take the SDE there (and train those steps) and the
+    ODE step x + dt v elsewhere, recomputed here with the model."""
+    policy = make("sd3", num_steps=6, schedule=StepSchedule("random_window", size=2, window_range=[0, 5]))
+    seeds = list(range(1, 7))
+    batch = policy.rollout(["red circle"] * 6, 2, seeds=seeds)
+    noisy, latents, levels = batch.extras["stochastic"], batch.extras["latents"], batch.extras["levels"][0].tolist()
+    windows = set()
+    for g in range(6):
+        rows = noisy[2 * g: 2 * g + 2]
+        assert torch.equal(rows[0], rows[1]) and rows[0].sum() == 2
+        first = int(rows[0].nonzero()[0])
+        assert rows[0].tolist() == [first <= k < first + 2 for k in range(6)]
+        windows.add(first)
+    assert len(windows) > 1  # groups draw windows of their own
+    assert torch.equal(batch.unit_mask.bool(), noisy)
+    assert ((batch.rollout_logp != 0) == noisy).all()
+    cond = {k: v for k, v in batch.extras.items() if k.startswith(("pos/", "neg/"))}
+    with torch.no_grad():
+        for k in range(6):
+            v = policy.family.predict(policy.model, latents[:, k], batch.extras["timesteps"][0, k], cond,
+                                      policy.cfg.guidance_scale, True).float()
+            ode = latents[:, k] + (levels[k + 1] - levels[k]) * v
+            off = ~noisy[:, k]
+            assert torch.allclose(latents[off, k + 1], ode[off], atol=1e-5), k
+            if (~off).any():  # the SDE rows drew noise
+                assert (latents[~off, k + 1] - ode[~off]).abs().max() > 1e-3, k
+    with pytest.raises(ValueError, match="random_window draws one per group"):
+        make("sd3", turning_points=True, schedule=StepSchedule("random_window"))
+
+
+def test_grpo_guard_step_scales_and_a_step(tmp_path):
+    """GRPO-Guard's scales of a flow_sde step, a = 0.7 sqrt(s / (1 - s)) sqrt(|dt|) and 1 / |dt| by hand
+    (s = 1 takes s_next in the ratio), a training step under them, and the recipe errors."""
+    from mmrl.config.parse import ConfigError
+    from mmrl.tasks.diffusion.grpo_guard import guard_step_scales
+    std, inv = guard_step_scales("flow_sde", 0.8, 0.5, 0.7)
+    assert math.isclose(std, 0.7 * math.sqrt(0.8 / 0.2) * math.sqrt(0.3)) and math.isclose(inv, 1 / 0.3)
+    assert math.isclose(guard_step_scales("flow_sde", 1.0, 0.75, 0.7)[0], 0.7 * math.sqrt(1 / 0.25) * math.sqrt(0.25))
+    assert math.isclose(guard_step_scales("dance", 0.8, 0.5, 0.3)[0], 0.3 * math.sqrt(0.3))
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_norm=grpo_guard"]))
+    batch = t.prepare_batch(1).rollout
+    ratio_scale, loss_scale = t.policy.step_scales(batch, slice(0, 2))
+    levels = batch.extras["levels"][0].tolist()
+    assert torch.allclose(loss_scale[:, 1], torch.full((len(batch),), 1 / (levels[1] - levels[2])))
+    assert math.isclose(float(ratio_scale[0, 1]), guard_step_scales("flow_sde", levels[1], levels[2], 0.7)[0], rel_tol=1e-6)
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    for overrides, message in [(["policy.sampler=cps"], "policy.sampler='cps'"), (["algorithm.mu=2"], "algorithm.mu: 1"),
+                               (["algorithm.ratio_level=sequence"], "ratio_level: unit")]:
+        with pytest.raises(ConfigError, match=message):
+            Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "algorithm.ratio_norm=grpo_guard", *overrides]))
+
+
+@pytest.mark.parametrize("model", ["tiny:flux", "tiny:pixel-flow-unet"])
+def test_fast_windows_and_grpo_guard_train_other_flow_families(model, tmp_path):
+    """Flow-GRPO-Fast's random window and GRPO-Guard's scales together on FLUX and a pixel UNet:
+    only each group's window is trained, and a step is on-policy and moves the denoiser."""
+    size = 16 if model.startswith("tiny:pixel") else SIZE
+    t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", f"policy.model={model}", f"policy.height={size}",
+                                      f"policy.width={size}", "policy.classifier_free_guidance=false",
+                                      "policy.num_steps=6", "policy.schedule.kind=random_window",
+                                      "algorithm.ratio_norm=grpo_guard"]))
+    batch = t.policy.rollout(t.inputs.train_rows[:2], 3, seeds=[1, 2])
+    assert torch.equal(batch.unit_mask.bool(), batch.extras["stochastic"]) and (batch.unit_mask.sum(1) == 2).all()
+    assert on_policy_step_changes(t, rollout_atol=1e-4)

@@ -65,7 +65,7 @@ def test_explain_policy_key_of_a_task():
     text = explain("policy.p_mask", task="dlm")
     assert "(task: dlm)" in text and "default: 0.15" in text and "type: float" in text
     kind = explain("policy.schedule.kind", task="diffusion")
-    assert "allowed: all_but_last, random_fraction, window, sliding_window, chunks" in kind
+    assert "allowed: all_but_last, random_fraction, window, random_window, sliding_window, chunks" in kind
     with pytest.raises(ConfigError, match="policy.p_mask"):
         explain("policy.p_mask")  # causal_lm has no such key
 

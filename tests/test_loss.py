@@ -278,3 +278,95 @@ def test_ratio_free_objective_skips_old_policy_terms():
     plain = weighted_likelihood_loss(logp, torch.tensor(OLD), coef, mask, w, AlgorithmConfig())
     llds = weighted_likelihood_loss(logp, torch.tensor(OLD), coef, mask, w, AlgorithmConfig(llds_coef=0.5))
     assert llds.loss.item() == plain.loss.item() and llds.metrics["llds_active"] == 0.0
+
+
+def _nft_unit_losses_by_hand(v, v_old, xt, x0, t, beta):
+    """DiffusionNFT's L(v+) and L(v-) of one row, element by element in Python floats."""
+    out = []
+    positive = [beta * a + (1 - beta) * b for a, b in zip(v, v_old)]
+    negative = [(1 + beta) * b - beta * a for a, b in zip(v, v_old)]
+    for u in (positive, negative):
+        diffs = [a - t * b - c for a, b, c in zip(xt, u, x0)]
+        weight = max(sum(abs(d) for d in diffs) / len(diffs), 1e-5)
+        out.append(sum(d * d for d in diffs) / len(diffs) / weight)
+    return out
+
+
+def test_nft_implicit_velocity_losses_match_a_hand_computation():
+    """L+ and L- of DiffusionNFT's implicit positive / negative velocities, with the adaptive
+    weight mean|x0_pred - x0| (detached), on rows of different noise levels."""
+    from mmrl.tasks.diffusion.forward_process import implicit_velocity_losses, renoised
+    g = torch.Generator().manual_seed(0)
+    x0, eps, v, v_old = (torch.randn(3, 2, 2, 2, generator=g) for _ in range(4))
+    t = torch.tensor([0.9, 0.5, 0.1])
+    xt = renoised(x0, eps, t)
+    for i in range(3):
+        assert torch.allclose(xt[i], (1 - t[i]) * x0[i] + t[i] * eps[i])
+    pos, neg = implicit_velocity_losses(v, v_old, xt, x0, t, beta=0.3)
+    for i in range(3):
+        expected = _nft_unit_losses_by_hand(v[i].flatten().tolist(), v_old[i].flatten().tolist(),
+                                            xt[i].flatten().tolist(), x0[i].flatten().tolist(), float(t[i]), 0.3)
+        assert math.isclose(pos[i].item(), expected[0], rel_tol=1e-5)
+        assert math.isclose(neg[i].item(), expected[1], rel_tol=1e-5)
+
+
+def test_nft_objective_weighs_positive_and_negative_losses_by_the_normalised_reward():
+    """loss = sum_u w_u c (r L+ + (1 - r) L-) / beta_nft + beta KL, r = clip(A, -c, c) / (2c) + 1/2; and
+    with the old velocity the policy's own (one pass), its gradient in v is c (2r - 1) dL/dv with the
+    adaptive weight held fixed: -2 t c (2r - 1) (x_t - t v - x0) / (D w)."""
+    from mmrl.core.objectives import OBJECTIVES, nft_reward_weight
+    from mmrl.tasks.diffusion.forward_process import implicit_velocity_losses
+    cfg = AlgorithmConfig(objective="nft", nft_beta=0.5, nft_adv_clip=2.0, beta=0.1, kl_estimator="closed_form")
+    adv = torch.tensor([3.0, -1.0, 0.5])
+    assert nft_reward_weight(adv, 2.0).tolist() == [1.0, 0.25, 0.625]
+    positive = torch.tensor([[1.0, 2.0], [0.5, 0.25], [4.0, 1.0]])
+    negative = torch.tensor([[3.0, 1.0], [2.0, 0.5], [1.0, 2.0]])
+    kl = torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    weights = mask / 5
+    objective = OBJECTIVES.get("nft")
+    assert objective.unit_terms == "implicit_velocity" and not objective.uses_ratio
+    terms = objective.loss(positive, negative, adv, mask, weights, cfg, kl=kl)
+    expected = 0.0
+    for i, r in enumerate([1.0, 0.25, 0.625]):
+        for u in range(2):
+            if mask[i, u]:
+                expected += (2.0 * (r * positive[i, u] + (1 - r) * negative[i, u]) / 0.5 + 0.1 * kl[i, u]) / 5
+    assert math.isclose(terms.loss.item(), float(expected), rel_tol=1e-6)
+    assert terms.units == 5 and terms.metrics["kl"] == pytest.approx(0.1 + 0.2 + 0.3 + 0.5 + 0.6)
+    # the gradient with v_old = v (detached), one row at t = 0.4
+    g = torch.Generator().manual_seed(1)
+    x0, xt = torch.randn(1, 6, generator=g), torch.randn(1, 6, generator=g)
+    v = torch.randn(1, 6, generator=g, requires_grad=True)
+    t = torch.tensor([0.4])
+    pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta=0.5)
+    objective.loss(pos[:, None], neg[:, None], torch.tensor([-1.0]), torch.ones(1, 1), torch.ones(1, 1),
+                   AlgorithmConfig(objective="nft", nft_beta=0.5, nft_adv_clip=2.0)).loss.backward()
+    diff = (xt - 0.4 * v - x0).detach()
+    w = diff.abs().mean()
+    assert torch.allclose(v.grad, -2 * 0.4 * 2.0 * (2 * 0.25 - 1) * diff / (6 * w), atol=1e-6)
+
+
+def test_grpo_guard_scales_the_log_ratio_and_each_steps_loss():
+    """ratio_norm grpo_guard: rho = exp(s (logp - old)), loss_u = max(-A rho, -A clip(rho)) / |dt|, by hand,
+    and its gradient in logp: -A s rho / |dt| inside the clip range, 0 outside."""
+    cfg = AlgorithmConfig(eps_low=0.1, eps_high=0.1, ratio_norm="grpo_guard")
+    logp = torch.tensor([[1.5, -1.0], [2.0, 0.3]], requires_grad=True)
+    old = torch.tensor([[0.0, -0.5], [0.0, 0.3]])
+    adv = torch.tensor([1.5, -2.0])
+    scale = torch.tensor([[0.1, 0.2], [0.1, 0.2]])
+    inv_dt = torch.tensor([[4.0, 8.0], [4.0, 8.0]])
+    mask = torch.ones(2, 2)
+    terms = policy_loss(logp, old, adv, mask, mask / 4, cfg, step_scales=(scale, inv_dt))
+    expected, grads = 0.0, []
+    for i in range(2):
+        for u in range(2):
+            rho = math.exp(scale[i, u].item() * (logp[i, u].item() - old[i, u].item()))
+            a = adv[i].item()
+            unclipped, clipped = -a * rho, -a * min(max(rho, 0.9), 1.1)
+            expected += max(unclipped, clipped) * inv_dt[i, u].item() / 4
+            grads.append(-a * scale[i, u].item() * rho * inv_dt[i, u].item() / 4 if unclipped >= clipped else 0.0)
+    assert math.isclose(terms.loss.item(), expected, rel_tol=1e-6)
+    terms.loss.backward()
+    assert torch.allclose(logp.grad.flatten(), torch.tensor(grads), atol=1e-7)
+    assert terms.clipped == 1  # row 0, step 0: rho = exp(0.15) > 1.1 with A > 0 (row 1's exp(0.2), A < 0, is not)

@@ -8,14 +8,18 @@ import pytest
 import torch
 from mmrl.core.advantages import compute_advantages
 from mmrl.core.scoring import compute_rewards, get_reward
-from mmrl.rewards.videoalign import (PUBLISHED_NORMALISATION, prepared_video, raw_scores, resized_side,
-                                     sampled_frames)
+from mmrl.rewards.videoalign import (PUBLISHED_NORMALISATION, prepared_video, prompt_template, raw_scores,
+                                     resized_side, sampled_frames)
 from mmrl.rewards.videoalign_checkpoint import SPECIAL_TOKENS, load_videoalign, merged_state_dict
 
 from mmrl.config.algorithm import AlgorithmConfig
 
 PUBLISHED = {"VQ_mean": 3.6757, "VQ_std": 2.2476, "MQ_mean": 1.1646, "MQ_std": 1.3811,
              "TA_mean": 2.8105, "TA_std": 2.5121}  # KlingTeam/VideoReward model_config.json, inference_config
+# a template of the checkpoint's shape (our words, not the authors' text): the video's prompt and one
+# special token per head
+TEMPLATE = ("Rate this video.\nVisual quality: <|VQ_reward|>\nMotion quality: <|MQ_reward|>\n"
+            "Prompt: {text_prompt}\nText alignment: <|TA_reward|>\n")
 ARGS = dict(min_pixels=56 * 56, max_pixels=56 * 56, dtype="float32", device="cpu", batch_size=2)
 
 
@@ -58,7 +62,19 @@ def checkpoint(tmp_path_factory):
         "model_config": {"model_name_or_path": str(root / "base"), "output_dim": 1, "reward_token": "special"},
         "peft_lora_config": {"lora_r": 4, "lora_alpha": 8, "use_rslora": False},
         "inference_config": PUBLISHED}))
+    (root / "prompt_template.txt").write_text(TEMPLATE)
     return root, peft_model, processor
+
+
+def test_the_template_is_the_users_file_and_is_checked(checkpoint, tmp_path):
+    root = checkpoint[0]
+    with pytest.raises(ValueError, match="prompt_template.txt.*does not exist.*args.template"):
+        prompt_template(str(tmp_path), None)
+    no_ta = tmp_path / "no_ta.txt"
+    no_ta.write_text(TEMPLATE.replace("<|TA_reward|>", ""))
+    with pytest.raises(ValueError, match=r"no_ta.txt.*<\|TA_reward\|>"):
+        prompt_template(str(root), str(no_ta))
+    assert prompt_template(str(root), None) == TEMPLATE
 
 
 def videos():
@@ -69,9 +85,8 @@ def videos():
 def peft_heads(peft_model, processor, prompts, frames):
     """The authors' forward, by hand: hidden states of the unmerged PEFT model at the three special
     tokens, times rm_head, in the order VQ, MQ, TA."""
-    from mmrl.rewards.videoalign_prompt import DETAILED_SPECIAL_TEMPLATE
     texts = [processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": DETAILED_SPECIAL_TEMPLATE.format(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": TEMPLATE.format(
             text_prompt=p)}]}], tokenize=False, add_generation_prompt=True) for p in prompts]
     batch = processor(text=texts, videos=frames, padding=True, return_tensors="pt",
                       videos_kwargs={"do_rescale": True, "do_resize": False})
@@ -92,7 +107,7 @@ def test_the_loaded_checkpoint_scores_as_the_peft_model(checkpoint):
     frames = [prepared_video(v, 16.0, 2.0, 56 * 56, 56 * 56) for v in videos()]
     want = peft_heads(peft_model, processor, prompts, frames)
     loaded = load_videoalign(str(root), None, "cpu", torch.float32)
-    got = raw_scores(loaded, prompts, frames)
+    got = raw_scores(loaded, prompts, frames, prompt_template(str(root), None))
     assert torch.allclose(got, want, atol=1e-4), (got, want)
     assert got.std() > 0  # the heads differ: a head mixed up with another would be caught
 
@@ -141,4 +156,5 @@ def test_missing_inputs_are_named(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="a column 'fps' or args.source_fps"):
         get_reward("videoalign_vq")(["p"], videos()[:1], path=str(root), **ARGS)
     with pytest.raises(FileNotFoundError, match="model_config.json"):
-        get_reward("videoalign_vq")(["p"], videos()[:1], path=str(tmp_path), fps=[8], **ARGS)
+        get_reward("videoalign_vq")(["p"], videos()[:1], path=str(tmp_path), fps=[8],
+                                    template=str(root / "prompt_template.txt"), **ARGS)

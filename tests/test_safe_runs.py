@@ -99,6 +99,20 @@ def test_resume_with_changed_settings_is_refused_listing_them(tmp_path, monkeypa
     assert (out / "config.json").read_text() == saved
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """A setting added to mmrl after a run was saved is absent from its config.json: resuming with the
+    setting at its default changes nothing; a value other than the default is still a change."""
+    out = tmp_path / "run"
+    make(out, "max_steps=1").train()
+    saved = json.loads((out / "config.json").read_text())
+    del saved["rollout"], saved["algorithm"]["train_extremes"]  # as an older mmrl wrote it
+    (out / "config.json").write_text(json.dumps(saved))
+    make(out, "resume=true", "max_steps=2").train()
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl") if "loss" in m][-1] == 2
+    with pytest.raises(UserError, match=r"algorithm\.train_extremes: 0 -> 1"):
+        make(out, "resume=true", "max_steps=3", "algorithm.train_extremes=1")
+
+
 def test_resume_changes_allow_keeps_the_original_config_and_records_the_changes(tmp_path):
     out = tmp_path / "run"
     make(out, "max_steps=1").train()

@@ -134,6 +134,19 @@ def test_bench_prefix_against_trl(tmp_path):
     assert_finite(report, "trl_time_ratio_long_prefix", "trl_time_ratio_vlm")
 
 
+def test_bench_logprob(tmp_path):
+    report = bench("bench_logprob.py", tmp_path, "--hidden", "32", "--vocab", "2048", "--tokens", "64,128",
+                   "--chunk", "32", "--repeats", "1", "--threads", "1", "--step-hidden", "32", "--step-layers", "1",
+                   "--step-tokens", "4", "--step-group", "2", "--step-prompts", "1", "--step-steps", "1",
+                   "--step-warmup", "1", TRL_OPTION)
+    assert [(r["hidden"], r["tokens"]) for r in report["operator"]] == [(32, 64), (32, 128)]
+    for run in report["operator"]:
+        assert_finite(run, "peak_memory_ratio", "time_ratio")
+        assert run["max_logp_diff"] <= 1e-5 and run["grad_weight_max_diff"] <= 1e-4
+    assert_finite(report, "step.time_ratio_vs_logits", "step.peak_ratio_vs_logits",
+                  *(["step.trl_time_ratio", "step.trl_peak_ratio"] if HAS_TRL else []))
+
+
 def test_bench_diffusion(tmp_path):
     report = bench("bench_diffusion.py", tmp_path, "--layers", "1", "--steps", "2", "--group-size", "2",
                    "--prompts", "1", "--repeats", "1", "--trained-steps", "1,2")
@@ -242,3 +255,13 @@ def test_make_vllm_env_checks_without_building(tmp_path):
                              env={**os.environ, "TORCH_SOURCE": "nightly"})
     assert refused.returncode == 2 and "TORCH_SOURCE=nightly" in refused.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_bench_async(tmp_path):
+    report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
+                   "--hidden", "32", "--layers", "1")
+    assert_finite(report, *(f"{run}.{key}" for run in ("sync", "one_step_off", "async_1", "async_2")
+                            for key in ("samples_per_s", "samples_per_s_ratio", "rollout_tokens_per_s")))
+    assert report["sync"]["staleness_mean"] == 0.0 and report["one_step_off"]["staleness_mean"] == 1.0
+    assert report["sync"]["samples_per_s_ratio"] == 1.0
+    assert 0.0 <= report["async_1"]["staleness_mean"] <= 1.0 and 0.0 <= report["async_2"]["staleness_mean"] <= 2.0

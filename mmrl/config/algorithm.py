@@ -26,6 +26,10 @@ class AlgorithmConfig:
         "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
     clip_advantage: float | None = field(default=None, metadata={"stage": True, "help": (
         "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
+    batch_renorm: bool = field(default=False, metadata={"stage": True, "help": (
+        "GDPO's second normalisation (Pref-GRPO's --apply_gdpo, on in all the authors' scripts): after the "
+        "estimator (and reward_combine) give the advantages, standardise them over the whole batch, "
+        "A <- (A - mean A) / (std A + eps), unbiased std over the rows that train, before clip_advantage.")})
     drop_zero_variance: bool = field(default=False, metadata={"stage": True, "help": (
         "Groups whose rewards are all equal take no part in the loss (DAPO's zero-variance filter); see "
         "sampling.dynamic to draw replacements.")})
@@ -100,8 +104,31 @@ class AlgorithmConfig:
         "Update passes (optimizer steps) over each batch of rollouts (GRPO's mu; d1 uses 12). With mu > 1 the old "
         "log-probs are kept from before the first pass and the ratio departs from 1.")})
     objective: str = field(default="clip", metadata={"help": (
-        "The surrogate loss: clip (PPO/GRPO clipped ratio) or wd1 (ratio-free weighted likelihood, Tang et al. "
-        "2025, softmax of advantages per group)."), "choices": "mmrl.core.objectives:OBJECTIVES"})
+        "The surrogate loss: clip (PPO/GRPO clipped ratio), wd1 (ratio-free weighted likelihood, Tang et al. "
+        "2025, softmax of advantages per group) or nft (DiffusionNFT: reward-weighted positive / negative "
+        "denoising losses on the forward process; needs policy.units: forward_process)."),
+        "choices": "mmrl.core.objectives:OBJECTIVES"})
+    nft_beta: float = field(default=1.0, metadata={"stage": True, "help": (
+        "objective nft: the implicit policies' step beta, v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - "
+        "beta v; the loss is divided by it (DiffusionNFT's config.beta: 1.0, 0.1 for OCR).")})
+    nft_adv_clip: float = field(default=5.0, metadata={"stage": True, "help": (
+        "objective nft: advantages are clipped to [-c, c] and mapped to r = A / (2 c) + 1/2, and the loss is "
+        "scaled by c (DiffusionNFT's adv_clip_max: 5).")})
+    ratio_norm: Literal["none", "grpo_guard"] = field(default="none", metadata={"help": (
+        "Per-step ratio normalisation of a diffusion step (clip objective, unit ratios): grpo_guard = GRPO-Guard's "
+        "log-ratio times the step's std (its normalised ratio, one update pass) and each step's clipped loss "
+        "divided by its |dt| (the gradient reweighting); needs the adapter's step scales (flow_sde or dance "
+        "samplers). none: the plain ratio.")})
+    trust_region: Literal["clip", "dppo"] = field(default="clip", metadata={"help": (
+        "How the clip objective keeps a unit near the old policy: clip (PPO's ratio clip, eps_low / eps_high) or "
+        "dppo (FlowDPPO, UniRL: no clip; the unit's loss -A rho is dropped where its exact divergence from the old "
+        "policy, KL of the two step Gaussians, reaches algorithm.dppo_threshold and the ratio moves the way the "
+        "advantage pushes it). dppo needs mu > 1 and an adapter with Gaussian steps (task diffusion, units: steps); "
+        "the old step means are kept from before the first pass.")})
+    dppo_threshold: float = field(default=1e-5, metadata={"stage": True, "help": (
+        "trust_region dppo: the divergence at or above which a unit pushed further in its advantage's direction is "
+        "dropped; the divergence is the mean over latent dims of (mu_theta - mu_old)^2 / (2 std^2) "
+        "(UniRL's kl_mask_threshold, default 1e-5).")})
     rollout_correction: Literal["none", "tis", "mis"] = field(default="none", metadata={"help": (
         "Correct for the gap between the rollout sampler's log-probs (Rollout.rollout_logp) and the training "
         "forward's old log-probs, per unit, with rho = pi_old / pi_rollout (detached): tis = truncated IS, the "

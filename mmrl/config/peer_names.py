@@ -48,6 +48,7 @@ TRL = {
     "reward_weights": PeerName("rewards.NAME.weight", "one weight per reward, under its name"),
     "save_steps": PeerName("save_every", ""),
     "model_name_or_path": PeerName("policy.model", ""),
+    "use_liger_loss": PeerName("policy.logprobs_from", "hidden_states (the default): chunked, in PyTorch"),
 }
 
 VERL = {
@@ -60,6 +61,8 @@ VERL = {
     "data.prompt_key": PeerName("data.prompt_column", ""),
     "actor_rollout_ref.model.path": PeerName("policy.model", ""),
     "actor_rollout_ref.model.enable_gradient_checkpointing": PeerName("policy.gradient_checkpointing", ""),
+    "actor_rollout_ref.model.use_fused_kernels": PeerName("policy.logprobs_from",
+                                                          "hidden_states (the default): chunked, in PyTorch"),
     "actor_rollout_ref.actor.optim.lr": PeerName("optim.lr", ""),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": PeerName("optim.micro_batch_size", ""),
     "actor_rollout_ref.actor.ppo_epochs": PeerName("algorithm.mu", ""),

@@ -26,6 +26,9 @@ class ClientSettings:
     cache: bool = field(default=True, metadata={"help": (
         "Answer a request whose content (rows, arguments) was already answered in this run from memory, "
         "keyed by the content's hash.")})
+    api_key_env: str | None = field(default=None, metadata={"help": (
+        "Name of an environment variable holding the server's API key, sent as 'Authorization: Bearer KEY' "
+        "(an OpenAI-compatible judge started with --api-key); the key itself never goes in the recipe.")})
     on_failure: Literal["stop", "skip"] = field(default="stop", metadata={"help": (
         "What a request that still fails does: stop (the step does not train; the run saves the last step's "
         "checkpoint and stops with one line naming the url, the status and the rows) or skip (those rows get "

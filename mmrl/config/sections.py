@@ -95,6 +95,30 @@ class ScoringConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """Who generates a step's rollouts, and when (docs/async.md#modes-rolloutmode)."""
+
+    mode: Literal["sync", "one_step_off", "async"] = field(default="sync", metadata={"help": (
+        "sync: the trainer generates each step's rollouts with the weights it is about to update. one_step_off: "
+        "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
+        "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
+        "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
+        "at max_staleness + 1 steps of prompt groups). Both: causal_lm or diffusion, one process, no LoRA, no "
+        "dynamic sampling, no stages; keep algorithm.rollout_correction tis or mis on (docs/async.md).")})
+    max_staleness: int = field(default=1, metadata={"help": (
+        "one_step_off (0 or 1) and async (0 or more): how many optimizer steps behind the trained weights the "
+        "rollout worker's may be; async asks for the rollouts of up to this many steps ahead. 0: the worker "
+        "waits for the newest weights (no overlap: exactly the synchronous run's rollouts, rewards and weights).")})
+    weights_every: int = field(default=1, metadata={"help": (
+        "async: send the worker the trained weights after every this many updates (fewer transfers; rows may "
+        "then be up to max_staleness + weights_every - 1 steps old, see rollout.stale_rows). one_step_off: 1.")})
+    stale_rows: Literal["drop", "keep"] = field(default="drop", metadata={"help": (
+        "async: what a step does with prompt groups drawn by weights more than max_staleness steps old (possible "
+        "with weights_every > 1). drop: leave them out of the step (rollout/stale_dropped counts their rows); "
+        "keep: train on them, weighted by algorithm.rollout_correction (tis or mis, required).")})
+
+
+@dataclass
 class DataConfig:
     name: str | None = field(default=None, metadata={"stage": True, "help": (
         "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
@@ -278,6 +302,8 @@ class TrainConfig:
         "Optimizer, learning rate and batch sizes.")})
     sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": (
         "How the prompts of a step are drawn.")})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": (
+        "Who generates the rollouts and when: the trainer, or a rollout worker overlapping the update.")})
     scoring: ScoringConfig = field(default_factory=ScoringConfig, metadata={"help": (
         "When the rollouts are scored: after the whole rollout, or while the next groups generate.")})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": (

@@ -162,6 +162,16 @@ def extreme_rows(scores: Tensor, group_id: Tensor, row_mask: Tensor, k: int) -> 
     return keep
 
 
+def batch_standardised(adv: Tensor, row_mask: Tensor, eps: float) -> Tensor:
+    """GDPO's second normalisation (Pref-GRPO's ``--apply_gdpo``): the combined advantages
+    standardised over the whole batch, (A - mean A) / (std A + eps), the mean and the unbiased std
+    taken over the rows in `row_mask` (every unit of an [N, U] advantage)."""
+    kept = adv[row_mask]
+    if kept.numel() < 2:
+        return adv
+    return (adv - kept.mean()) / (kept.std() + eps)
+
+
 def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], group_id: Tensor,
                        cfg) -> AdvantageResult:
     """Advantages for a batch of named rewards ([N] or [N, U] each; NaN = not applicable).
@@ -171,7 +181,8 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     (estimate each reward, then the weighted sum of advantages: DanceGRPO video, MixGRPO; row_mask
     is the AND), "gate" (estimate on `gated_total` with ``gates``: Vision-R1) or "product"
     (estimate on `product_total`); ``drop_zero_variance`` (DAPO: groups whose totals are all equal get advantage 0
-    and row_mask False); ``clip_advantage`` c (clamp to [-c, c]; Flow-GRPO uses 5). Rows whose
+    and row_mask False); ``batch_renorm`` (GDPO: the combined advantages standardised over the
+    batch, `batch_standardised`, before the clip); ``clip_advantage`` c (clamp to [-c, c]; Flow-GRPO uses 5). Rows whose
     total is NaN (for [N, U]: in every unit) get row_mask False. Advantages are 0 outside
     row_mask. ``train_extremes`` k > 0 (DanceGRPO's best-of-N): of each group only the k rows with
     the lowest and the k with the highest advantage (``train_extremes_by: reward``: total reward)
@@ -204,6 +215,8 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     if cfg.train_extremes:
         ranked = row_scores(adv if cfg.train_extremes_by == "advantage" else total)
         row_mask = row_mask & extreme_rows(ranked, group_id, row_mask, cfg.train_extremes)
+    if cfg.batch_renorm:
+        adv = batch_standardised(adv, row_mask, cfg.eps)
     if cfg.clip_advantage is not None:
         adv = adv.clamp(-cfg.clip_advantage, cfg.clip_advantage)
     adv = torch.where(row_mask.view((n,) + (1,) * (adv.dim() - 1)), adv, 0.0)

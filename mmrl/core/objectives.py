@@ -6,12 +6,14 @@ Per unit u of row i, with l = log pi_theta - log pi_old grouped by the ratio lev
     rho = exp(mean_{u in row} l)       sequence (GSPO)
     pg  = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))      (DAPO clip-higher)
     pg  = min(pg, -c A) where A < 0                                  (dual clip, c > 1)
+    pg  = 0 if KL_old,u >= tau and rho moves with A, else -A rho     (trust_region dppo: FlowDPPO)
     loss_u = pg + beta * KL_u - entropy_coef * H_u + llds_coef * LLDS_u   (REGULARISERS)
 and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the aggregation
 over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
 
-`algorithm.objective` picks the surrogate from OBJECTIVES: ``clip`` (the above) or ``wd1``
-(ratio-free weighted likelihood, `weighted_likelihood_loss`). The regularisers are registered
+`algorithm.objective` picks the surrogate from OBJECTIVES: ``clip`` (the above), ``wd1``
+(ratio-free weighted likelihood, `weighted_likelihood_loss`) or ``nft`` (DiffusionNFT's
+reward-weighted positive / negative denoising losses on the forward process, `nft_loss`). The regularisers are registered
 `Regulariser`s that declare what they need from the engine (every row, whole rows, a reference
 pass, entropies) and the metrics they report, so the trainer names none of them.
 """
@@ -101,7 +103,8 @@ class LossTerms:
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
-                kl: Tensor | None = None, is_weight: Tensor | None = None) -> LossTerms:
+                kl: Tensor | None = None, is_weight: Tensor | None = None,
+                step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -109,27 +112,51 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     is the policy's closed-form KL (`kl_estimator: closed_form`) and replaces the estimator.
     `is_weight` [B, u], when given, multiplies each unit's clipped surrogate before the
     regularisers are added (`algorithm.rollout_correction`, mmrl/core/rollout_correction.py).
+    `step_scales` (ratio scale, loss scale) [B, u], under `algorithm.ratio_norm: grpo_guard`, multiply
+    each unit's log-ratio and its clipped surrogate (GRPO-Guard: the step's std and 1 / |dt|).
+    `divergence` [B, u], under `algorithm.trust_region: dppo`, is each unit's KL between the old and
+    the current policy (`dppo_held`; None: the policy is the old one, divergence 0).
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
     if adv.dim() == 1:
         adv = adv[:, None]
     log_ratio = grouped_log_ratio(logp - old_logp, mask, cfg.ratio_level, segments)
+    if step_scales is not None:
+        log_ratio = log_ratio * step_scales[0]
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    per_unit = torch.maximum(unclipped, clipped)
+    if cfg.trust_region == "dppo":
+        held = dppo_held(ratio, adv, divergence if divergence is not None else torch.zeros_like(ratio),
+                         cfg.dppo_threshold)
+        per_unit = torch.where(held, torch.zeros_like(unclipped), unclipped)
+        limited = held  # logged as clip_frac
+    else:
+        clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+        per_unit = torch.maximum(unclipped, clipped)
+        limited = clipped > unclipped
     if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan.py)
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
+    if step_scales is not None:
+        per_unit = per_unit * step_scales[1]
     if is_weight is not None:
         per_unit = per_unit * is_weight
     per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
-    is_clipped = ((clipped > unclipped) & (mask > 0)).float().sum()
+    is_clipped = (limited & (mask > 0)).float().sum()
     dev = ((ratio - 1).abs() * mask).max() if units > 0 else torch.zeros(())
     return LossTerms(loss=loss, units=units, clipped=float(is_clipped), ratio_max_dev=float(dev.detach()),
                      metrics=sums)
+
+
+def dppo_held(ratio: Tensor, adv: Tensor, divergence: Tensor, threshold: float) -> Tensor:
+    """FlowDPPO's KL-ADV mask (UniRL's `_flowdppo_kl_adv_loss`), bool [B, u]: the units whose loss
+    -A rho is dropped, those whose divergence from the old policy is >= `threshold` and whose ratio
+    moves the way the advantage pushes it (rho > 1 with A > 0, or rho < 1 with A < 0). A unit far
+    from the old policy but moving back towards it keeps its gradient."""
+    pushed = ((ratio > 1) & (adv > 0)) | ((ratio < 1) & (adv < 0))
+    return ((divergence >= threshold) & pushed).detach()
 
 
 def wd1_coefficients(advantages: Tensor, group_id: Tensor, row_mask: Tensor) -> Tensor:
@@ -167,15 +194,45 @@ def weighted_likelihood_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor,
     return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, ratio_max_dev=float(dev), metrics=sums)
 
 
+def nft_reward_weight(advantages: Tensor, clip: float) -> Tensor:
+    """DiffusionNFT's optimality probability r = clip(A, -c, c) / (2 c) + 1/2, in [0, 1]."""
+    return (advantages.float().clamp(-clip, clip) / clip / 2 + 0.5).clamp(0.0, 1.0)
+
+
+def nft_loss(positive: Tensor, negative: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
+             cfg: AlgorithmConfig, *, kl: Tensor | None = None) -> LossTerms:
+    """DiffusionNFT: loss_u = c (r L+_u + (1 - r) L-_u) / nft_beta (+ beta KL_u), with L+ / L- the
+    unit's positive / negative implicit-velocity losses [B, u] (`Policy.implicit_velocity_losses`),
+    r = `nft_reward_weight` of the row's advantage and c = nft_adv_clip (the authors' scale).
+    Aggregated with unit weights as the other objectives (token_mean: the authors' mean over
+    samples and noise levels). No ratio: the old policy enters through L+ and L-."""
+    mask = mask.float()
+    adv = advantages.float()
+    if adv.dim() != 1:
+        raise ValueError("algorithm.objective='nft' needs one advantage per row, not step-level rewards")
+    r = nft_reward_weight(adv, cfg.nft_adv_clip)[:, None]
+    per_unit = (r * positive + (1 - r) * negative) / cfg.nft_beta * cfg.nft_adv_clip
+    inputs = TermInputs(positive, positive.detach(), adv[:, None], mask, cfg, kl=kl)
+    per_unit, sums = add_regularisers(per_unit, inputs, old_policy=False)
+    loss = (per_unit * weights * mask).sum()
+    return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, ratio_max_dev=0.0, metrics=sums)
+
+
+UNIT_TERMS = ("logprobs", "implicit_velocity")
+
+
 @dataclass(frozen=True)
 class Objective:
-    """A surrogate: its micro-batch `loss` (policy_loss's signature), whether it takes the
-    importance ratio (then old log-probs are kept for mu > 1), and an optional map of the WHOLE
-    batch's advantages [N] to per-row coefficients, (advantages, group_id, row_mask) -> [N]."""
+    """A surrogate: its micro-batch `loss`, whether it takes the importance ratio (then old
+    log-probs are kept for mu > 1), an optional map of the WHOLE batch's advantages [N] to per-row
+    coefficients, (advantages, group_id, row_mask) -> [N], and what it takes from the adapter
+    (`unit_terms`): ``logprobs`` (policy_loss's signature) or ``implicit_velocity`` (the positive
+    and negative losses of `Policy.implicit_velocity_losses`, nft_loss's signature)."""
 
     loss: Callable[..., LossTerms]
     uses_ratio: bool
     row_coefficients: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
+    unit_terms: str = "logprobs"
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
@@ -185,3 +242,6 @@ OBJECTIVES.register("clip")(Objective(policy_loss, uses_ratio=True))
 
 
 OBJECTIVES.register("wd1")(Objective(weighted_likelihood_loss, uses_ratio=False, row_coefficients=wd1_coefficients))
+
+
+OBJECTIVES.register("nft")(Objective(nft_loss, uses_ratio=False, unit_terms="implicit_velocity"))

@@ -10,6 +10,7 @@ knowing which strategy runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from torch import Tensor, nn
 
@@ -18,6 +19,7 @@ class ParallelView:
     """Whole weights, no collective in a forward."""
 
     lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
+    whole_unavailable: str | None = None  # why `whole` cannot gather a sharded parameter here (None: it can)
 
     def is_sharded(self, model: nn.Module) -> bool:
         """Whether `model`'s parameters are split over the processes."""
@@ -30,6 +32,20 @@ class ParallelView:
         gathered group is freed when the next is asked for). Every process must consume the iterator
         to the end, in step. Whole weights: one group of every name, not gathered."""
         yield [name for name, _ in model.named_parameters(remove_duplicate=False)], False
+
+    @contextmanager
+    def whole(self, param: Tensor) -> Iterator[Tensor]:
+        """The parameter `param` as one whole tensor while the block runs, for code that uses it
+        outside its module's forward (log-probs from the hidden states); where it is sharded, it is
+        gathered from every process (each must enter the block, in step) and freed after."""
+        yield param
+
+    def whole_gradient(self, param: Tensor, grad: Tensor) -> Tensor:
+        """This process's gradient `grad` of the whole `param` (as `whole` gave it), in the form its
+        backward returns for `param`: where it is sharded, averaged over the processes into this
+        process's shard, as the strategy reduces the gradients of its modules (every process must
+        call it, in step)."""
+        return grad
 
     def is_whole(self, tensor: Tensor) -> bool:
         """Whether `tensor` is the whole parameter (not this process's shard of it)."""

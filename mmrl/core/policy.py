@@ -54,10 +54,40 @@ class Policy(ABC):
         `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @classmethod
+    def unit_terms(cls, cfg: Any) -> str:
+        """What a unit gives the objective under adapter config `cfg` (`Objective.unit_terms`):
+        'logprobs', or 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`)."""
+        return "logprobs"
+
+    def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
+                                 reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
+                                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """DiffusionNFT's positive and negative losses [B, u] of each unit under grad, the old
+        policy being `model` at the step's start, and with `reference` the velocity KL [B, u]
+        (an adapter whose `unit_terms` is 'implicit_velocity' implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no implicit-velocity units")
+
+    @classmethod
+    def step_scale_problem(cls, cfg: Any) -> str | None:
+        """Why the adapter under config `cfg` has no `step_scales` (None: it has them)."""
+        return f"the {cls.__name__} adapter has no per-step scales"
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """(ratio scale, loss scale) [B, u] of each unit for `algorithm.ratio_norm: grpo_guard`: a
+        denoising step's std and 1 / |dt|."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-step scales")
+
+    @classmethod
     def config_problems(cls, cfg: Any) -> list[str]:
         """What is wrong with `cfg` (this adapter's `Config`) that is known without loading a model,
         one message per problem naming ``policy.<field>``; the engine checks it with the whole recipe
         before anything loads."""
+        return []
+
+    @classmethod
+    def group_size_problems(cls, cfg: Any, group_size: int) -> list[str]:
+        """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
+        a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
         return []
 
     @property
@@ -99,6 +129,25 @@ class Policy(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no closed-form KL; "
                                   "choose algorithm.kl_estimator among k1, k2, k3")
 
+    @classmethod
+    def divergence_problem(cls, cfg: Any) -> str | None:
+        """Why this adapter under config `cfg` gives no exact per-unit divergence from the old policy
+        (`algorithm.trust_region: dppo`), or None where it does."""
+        return f"the {cls.__name__} adapter computes no exact per-unit divergence from the old policy"
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """`logprobs` [B, u] and each unit's distribution mean [B, u, ...] under `model`: the old
+        policy's, taken before the first update pass and kept for `algorithm.trust_region: dppo`."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """(log-probs, entropies when asked, the closed-form KL to the reference when `reference` is
+        given, each unit's KL(pi_old || pi_theta) [B, u] from the old means `old_means` [B, u, ...]
+        of `logprobs_and_means`), under grad."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.divergence_problem(self.cfg)}")
+
     def apply_stage_settings(self, changes: dict[str, Any]) -> None:
         """Take a training stage's new values of `stage_fields` (typed, by field name) without
         reloading the model. The default replaces them in `self.cfg`, the adapter's `Config`;
@@ -116,6 +165,12 @@ class Policy(ABC):
         scores extra completions, completion j standing for row rows[j] (its prompt and data
         columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
         `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        return None
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """Per-unit rewards {name: [N, U]} derived from the rollouts' own rewards {name: [N]} (e.g.
+        BranchGRPO's tree: a step's reward is the mean over the leaves under its node), or None.
+        Called in training after `step_rewards` returned None; the result replaces the rewards."""
         return None
 
     def pop_metrics(self) -> dict[str, float]:

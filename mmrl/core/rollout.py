@@ -28,6 +28,11 @@ class Rollout:
     They carry the group id of their prompt and sit inside its block of rows; the rewards score
     them with the others (`score_rollout`), then the engine drops them: they have no advantage,
     take no part in the loss and are left out of the reward statistics.
+
+    `weights_version` (long [N], None: not stamped yet) is the version of the weights that drew
+    each row: the number of optimizer steps they had taken (0: the initial weights). The engine
+    stamps it when the rows come back from the sampler; a row's staleness is the version being
+    updated minus its own (`staleness_metrics`; 0 in a synchronous run).
     """
 
     group_id: Tensor
@@ -39,6 +44,7 @@ class Rollout:
     truncated: Tensor | None = None
     auxiliary: Tensor | None = None
     rollout_logp: Tensor | None = None
+    weights_version: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.group_id.shape[0])
@@ -46,6 +52,10 @@ class Rollout:
     @property
     def num_units(self) -> int:
         return int(self.unit_mask.shape[1])
+
+    def stamp_version(self, version: int) -> None:
+        """Record that every row was drawn by the weights after `version` optimizer steps."""
+        self.weights_version = torch.full((len(self),), version, dtype=torch.long)
 
     def add_data_columns(self, rows: Sequence[dict]) -> None:
         """Give every row the data-set fields of its prompt (`rows[k]` for the k-th group of
@@ -84,6 +94,15 @@ class Rollout:
             else:
                 out[f.name] = _cat(values)
         return Rollout(**out)
+
+
+def staleness_metrics(versions: Tensor, current_version: int) -> dict[str, float]:
+    """`rollout/staleness_mean` and `_max` over rows drawn by weights `versions` [N] and trained
+    by the weights of `current_version`: how many optimizer steps behind each row's weights are."""
+    if not len(versions):
+        return {}
+    behind = (current_version - versions).float()
+    return {"rollout/staleness_mean": float(behind.mean()), "rollout/staleness_max": float(behind.max())}
 
 
 def take_rows(value: Any, idx: Tensor, n: int) -> Any:

@@ -14,6 +14,10 @@ and the unit's policy-gradient loss is multiplied by w (the regularisers are not
 (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training';
 Liu, Li et al. 2025, 'When speed kills stability'). A unit with rho > C is counted as capped
 (rollout/capped_frac): truncated under tis, dropped under mis.
+
+For rows drawn by older weights (docs/async.md) this is decoupled PPO: the clip is on
+pi_theta / pi_old, pi_old the proximal weights' log-probs recomputed before the update, and the
+behaviour log-probs recorded at generation only give the importance weight.
 """
 
 from __future__ import annotations

@@ -206,16 +206,39 @@ class Sharding:
 
 class FullyShardedView(ParallelView):
     """What an adapter sees of an FSDP2 run: rollouts in lockstep when they run on sharded
-    parameters (`distributed.rollout_params: sharded`), weights readable one shard unit at a time."""
+    parameters (`distributed.rollout_params: sharded`), weights readable one shard unit at a time.
+    `offloaded`: the shards live on the CPU while the model computes on an accelerator."""
 
-    def __init__(self, lockstep: bool):
+    def __init__(self, lockstep: bool, offloaded: bool = False):
         self.lockstep = lockstep
+        if offloaded:
+            self.whole_unavailable = "distributed.offload keeps the shards on the CPU"
 
     def is_sharded(self, model: nn.Module) -> bool:
         return is_sharded(model)
 
     def weights_in_turn(self, model: nn.Module) -> Iterator[tuple[list[str], bool]]:
         return gathered_in_turn(model)
+
+    @contextmanager
+    def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
+        """A sharded parameter (its unit resharded after the forward) all-gathered; one that is not
+        (its unit still gathered) as it is."""
+        if self.is_whole(param):
+            yield param
+            return
+        with torch.no_grad():
+            gathered = param.full_tensor()
+        yield gathered
+
+    def whole_gradient(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Averaged over the processes and reduce-scattered into `param`'s shard, as FSDP reduces its
+        units' gradients (a DTensor, which autograd accumulates into the shard's gradient)."""
+        if self.is_whole(param):
+            return grad
+        from torch.distributed.tensor import DTensor, Partial
+        return DTensor.from_local(grad, param.device_mesh, [Partial("avg")]).redistribute(
+            param.device_mesh, param.placements)
 
     def is_whole(self, tensor: torch.Tensor) -> bool:
         from torch.distributed.tensor import DTensor
@@ -249,7 +272,8 @@ class FullySharded(Strategy):
         model.float()
 
     def view(self) -> ParallelView:
-        return FullyShardedView(lockstep=self.forwards_in_step)
+        return FullyShardedView(lockstep=self.forwards_in_step,
+                                offloaded=self.cfg.distributed.offload and self.acc.device.type != "cpu")
 
     def frozen(self, model: nn.Module) -> nn.Module:
         return self.sharding.shard(model, "the reference model")  # a frozen sharded copy, never a whole replica

@@ -20,7 +20,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -121,6 +122,22 @@ class ZeroThreeView(ParallelView):
     """What an adapter sees of a ZeRO-3 run: every forward gathers its layers, so rollouts run in lockstep."""
 
     lockstep = True
+
+    def is_sharded(self, model: nn.Module) -> bool:
+        """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a
+        wrapped module's forward (an output head's weight) is this process's partition, not the tensor."""
+        return any(hasattr(p, "ds_id") for p in model.parameters())
+
+    @contextmanager
+    def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
+        """A partitioned parameter gathered (DeepSpeed's `GatheredParameters`, read only) for the block;
+        the whole gradient returned for it is reduced into the partitions by DeepSpeed's gradient hooks."""
+        if not hasattr(param, "ds_id"):
+            yield param
+            return
+        import deepspeed
+        with deepspeed.zero.GatheredParameters([param]):
+            yield param
 
 
 @STRATEGIES.register("zero3")

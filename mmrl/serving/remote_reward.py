@@ -12,6 +12,7 @@ reward, counted in ``reward/NAME/failed_rows`` of ``reward/NAME/sent_rows``."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, Callable, Sequence
@@ -23,6 +24,7 @@ from mmrl.serving.transport import Answer, Failure, Transport
 from mmrl.serving.wire import encode
 
 SCORE_PATH = "/score"
+SENDS_OWN_REQUESTS = "sends_own_requests"  # set on a reward that is given the transport itself (a judge)
 
 
 class RemoteRewardError(UserError):
@@ -56,7 +58,8 @@ class RemoteReward:
         failed = 0
         for span, answer in zip(spans, self.transport.send(SCORE_PATH, bodies)):
             if isinstance(answer, Failure):
-                self._fail(answer, span, len(completions), columns.get("group_id"))
+                stop_unless_skipped(self.name, self.transport.settings.on_failure, answer, span, len(completions),
+                                    columns.get("group_id"))
                 values += [None] * len(span)
                 failed += len(span)
                 continue
@@ -83,20 +86,6 @@ class RemoteReward:
                 spans.append(list(group))
         return spans
 
-    def _fail(self, failure: Failure, span: list[int], total: int, group_ids: Sequence[int] | None) -> None:
-        """Raise for a failure the policy does not skip (a replay miss is never skipped)."""
-        if self.transport.settings.on_failure == "skip" and not failure.fatal:
-            return
-        groups = sorted({group_ids[i] for i in span}) if group_ids is not None else []
-        where = f"rows {min(span)}-{max(span)} of {total}" + (
-            f" (prompt groups {groups[0]}-{groups[-1]})" if groups else "")
-        if failure.fatal:
-            raise RemoteRewardError(f"reward {self.name!r}: {failure.url} has no recorded answer for {where}; "
-                                    f"record it again with rewards.{self.name}.record")
-        raise RemoteRewardError(f"reward {self.name!r}: {failure.describe()} for {where}, so the step did not "
-                                f"train (rewards.{self.name}.client.on_failure=stop; skip trains those rows "
-                                "without this reward)")
-
     def _read(self, answer: Answer, rows: int) -> list[float | None]:
         """The answer's values, checked: as many as rows, each a finite number or null."""
         got = answer.value.get("rewards") if isinstance(answer.value, dict) else None
@@ -111,6 +100,23 @@ class RemoteReward:
                 raise RemoteRewardError(f"reward {self.name!r}: {answer.source} answered {v!r} for row {i} of a "
                                         "request; expected a finite number or null")
         return [None if v is None else float(v) for v in got]
+
+
+def stop_unless_skipped(name: str, on_failure: str, failure: Failure, span: Sequence[int], total: int,
+                        group_ids: Sequence[int] | None) -> None:
+    """Raise for a failed request of the rows `span` (of `total`) unless `on_failure` skips it (a
+    replay miss is never skipped): one line naming the reward, the url, the status and the rows."""
+    if on_failure == "skip" and not failure.fatal:
+        return
+    groups = sorted({group_ids[i] for i in span}) if group_ids is not None else []
+    where = f"rows {min(span)}-{max(span)} of {total}" + (
+        f" (prompt groups {groups[0]}-{groups[-1]})" if groups else "")
+    if failure.fatal:
+        raise RemoteRewardError(f"reward {name!r}: {failure.url} has no recorded answer for {where}; "
+                                f"record it again with rewards.{name}.record")
+    raise RemoteRewardError(f"reward {name!r}: {failure.describe()} for {where}, so the step did not "
+                            f"train (rewards.{name}.client.on_failure=stop; skip trains those rows "
+                            "without this reward)")
 
 
 def is_served(spec: Any) -> bool:
@@ -133,6 +139,10 @@ def remote_problems(name: str, spec: Any) -> list[str]:
         problems.append(f"{key}: record and replay are both set; record writes a file that replay reads later")
     if spec.record and not spec.url:
         problems.append(f"{key}.record needs {key}.url (the server whose answers are recorded)")
+    if sends_own_requests(get_reward(name)):
+        if not is_served(spec):
+            problems.append(f"{key}.url: the judge needs the url of an OpenAI-compatible server (or {key}.replay)")
+        problems += get_reward(name).args_problems(spec.args)
     if spec.server is not None and not spec.url:
         problems.append(f"{key}.server needs {key}.url (where the launched server listens)")
     if spec.server is not None and not spec.server.command.strip():
@@ -145,5 +155,14 @@ def served_reward(name: str, spec: Any) -> Callable[..., Any]:
     column bindings applied as in process."""
     urls = [spec.url] if isinstance(spec.url, str) else list(spec.url or [])
     transport = Transport(urls, spec.client, record=spec.record, replay=spec.replay)
-    remote = RemoteReward(name, get_reward(name), transport, spec.args)
+    local = get_reward(name)
+    if sends_own_requests(local):  # a judge: it speaks its server's protocol through the transport
+        remote = functools.partial(local, transport=transport, **spec.args)
+    else:
+        remote = RemoteReward(name, local, transport, spec.args)
     return ColumnBoundReward(name, remote, dict(spec.columns)) if spec.columns else remote
+
+
+def sends_own_requests(fn: Callable[..., Any]) -> bool:
+    """Whether the reward `fn` sends its own requests through a transport it is given (a judge)."""
+    return bool(getattr(fn, SENDS_OWN_REQUESTS, False))

@@ -1,13 +1,15 @@
 """How a remote call is sent, whatever it carries: JSON bodies posted to one or several urls (in
 turn), a bounded number at once, each with a timeout and a bounded number of retries with
 exponential backoff on the named statuses, timeouts and connection errors; answers cached by the
-content hash of the request, and recorded to or replayed from a file (`recording`). What is sent
+content hash of the request, and recorded to or replayed from a file (`recording`); an API key
+from the environment variable ``client.api_key_env`` is sent as a Bearer token. What is sent
 and how an answer is read belong to the caller (the remote reward, a judge)."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmrl.config.remote import ClientSettings
+from mmrl.errors import UserError
 from mmrl.serving.recording import Recording
 from mmrl.serving.wire import content_hash, dumps
 
@@ -44,6 +47,15 @@ class Failure:
         return f"{self.url} answered {self.status}{tries}"
 
 
+def api_key(variable: str) -> str:
+    """The API key in the environment variable `variable` (``client.api_key_env``); unset is an error."""
+    key = os.environ.get(variable, "")
+    if not key:
+        raise UserError(f"client.api_key_env={variable!r}: the environment variable {variable} is not set "
+                        "(export the server's API key in it)")
+    return key
+
+
 class Transport:
     """Posts request bodies as `ClientSettings` say; see the module docstring."""
 
@@ -53,6 +65,9 @@ class Transport:
         self.recording = Recording(record, replay) if record or replay else None
         self._cache: dict[str, Any] = {}
         self._turn = itertools.count()
+        self.headers = {"Content-Type": "application/json"}
+        if settings.api_key_env:
+            self.headers["Authorization"] = f"Bearer {api_key(settings.api_key_env)}"
 
     def send(self, path: str, bodies: list[Any]) -> list[Answer | Failure]:
         """Each body's answer (decoded JSON) or its `Failure`, in order."""
@@ -93,7 +108,7 @@ class Transport:
 
     def _post(self, url: str, data: bytes) -> tuple[Answer | Failure, bool]:
         """(the answer or its failure, whether the failure may be retried)."""
-        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(url, data=data, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as response:
                 text = response.read()

@@ -60,8 +60,10 @@ def step_batch(collected: Collected, reward_weights: dict[str, float], cfg: Trai
         **adv.stats,
     })
     for key in [k for k in metrics if k.endswith("/sent_rows")]:  # a served reward's rows that got no answer
-        metrics[key.replace("/sent_rows", "/failed_frac")] = metrics.get(key.replace("sent", "failed"), 0.0) / \
-            max(metrics[key], 1.0)
+        for lost in ("failed", "unparsed"):
+            if key.replace("sent", lost) in metrics or lost == "failed":
+                metrics[key.replace("/sent_rows", f"/{lost}_frac")] = metrics.get(key.replace("sent", lost), 0.0) / \
+                    max(metrics[key], 1.0)
     lengths = [x for c in counts for x in c.lengths]
     truncated = [x for c in counts for x in c.truncated]
     metrics["completion_length"] = sum(lengths) / max(len(lengths), 1)

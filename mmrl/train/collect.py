@@ -21,13 +21,14 @@ from torch import Tensor
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import combined_total, group_variance_mask
 from mmrl.core.policy import Policy
-from mmrl.core.rollout import Rollout
+from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.train.chunk_scoring import ChunkScorer
 from mmrl.train.records import Collected, Draw, add_counts, gather_objects
+from mmrl.train.rollout_worker import RolloutWorker
 from mmrl.train.step_clock import StepClock
 
 
@@ -55,6 +56,8 @@ class RolloutCollector:
     def __init__(self, strategy: Strategy, policy: Policy, model: torch.nn.Module, clock: StepClock):
         self.strategy, self.policy, self.model, self.clock = strategy, policy, model, clock
         self.idle_row = None  # a row of this process's latest draw (lockstep passes at zero)
+        self.worker: RolloutWorker | None = None  # rollout.mode one_step_off / async: who generates
+        self.prefetched: dict[int, list[int]] = {}  # step -> its prompts, drawn ahead for the worker
 
     def rollout_params(self):
         """Whole parameters for rollouts and evaluation where the strategy shards them, unless the
@@ -73,7 +76,8 @@ class RolloutCollector:
            to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
-        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt)
+        prefetched = self.prefetched.pop(step, None) if attempt == 0 else None
+        indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched
         local = self._local_groups(len(indices))
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
@@ -87,6 +91,8 @@ class RolloutCollector:
                 self.clock.phase("reward"):
             per_unit = self.policy.step_rewards(rollout, lambda picked, completions: score_completions(
                 inputs.reward_fns, rollout, picked, completions, counts))
+        if per_unit is None:  # per-unit rewards the adapter derives from the rollout rewards (BranchGRPO)
+            per_unit = self.policy.unit_rewards(rollout, rewards)
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
         counts.update({f"policy/{k}": v for k, v in self.policy.pop_metrics().items()})
@@ -106,11 +112,29 @@ class RolloutCollector:
         rows = [inputs.train_rows[indices[g]] for g in groups]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in groups]
         with self.clock.phase("generate"):
-            rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+            if self.worker is not None:  # stamped by the worker with the version of its weights
+                rollout = self.worker.take((step, attempt, groups.start), rows, cfg.algorithm.group_size, seeds)
+            else:
+                rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
+                rollout.stamp_version(step - 1)  # drawn by the weights after step - 1 updates
         self.idle_row = rollout.select([0])
         rollout.group_id = rollout.group_id + groups.start + attempt * len(indices)
         rollout.add_data_columns(rows)
         return rollout
+
+    def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
+        """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and
+        ask the worker for the rollouts of those it was not asked for (a resumed run's drawn-ahead
+        steps included); they are generated while the trainer trains."""
+        cfg = inputs.cfg
+        for step in range(collected + 1, last + 1):
+            if step not in self.prefetched:
+                self.prefetched[step] = inputs.sampler.draw(step, cfg.optim.prompts_per_step, 0)
+            if not self.worker.asked_for(step):
+                indices = self.prefetched[step]
+                for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
+                    self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
+                                    cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with
@@ -119,13 +143,15 @@ class RolloutCollector:
         cfg, samp = inputs.cfg, inputs.cfg.sampling
         need, group_size = cfg.optim.prompts_per_step, cfg.algorithm.group_size
         local_parts, reward_parts, gid_parts, draws = [], [], [], []
-        kept = 0
+        kept = dropped = 0
         for attempt in range(samp.dynamic_max_tries if samp.dynamic else 1):
             draw = self.draw(inputs, step, attempt)
             draws.append(draw)
             offset = attempt * len(draw.indices)
             draw_gid = torch.arange(len(draw.indices)).repeat_interleave(group_size)
-            keep = self._kept_groups(inputs, draw, draw_gid, need - kept)
+            stale = self._stale_groups(cfg, draw, offset, step)
+            dropped += int(stale.sum()) * group_size
+            keep = self._kept_groups(inputs, draw, draw_gid, need - kept) & ~stale
             local_part = draw.rollout.select(keep[draw.rollout.group_id - offset].nonzero().flatten())
             if len(local_part):
                 local_parts.append(local_part)
@@ -138,7 +164,23 @@ class RolloutCollector:
             local_parts.append(draws[-1].rollout.select([]))
         local = self.policy.concat(local_parts) if len(local_parts) > 1 else local_parts[0]
         rewards = {k: torch.cat([p[k] for p in reward_parts]) for k in reward_parts[0]}
-        return Collected(local, rewards, torch.cat(gid_parts), self._stats(inputs, draws, kept))
+        stats = self._stats(inputs, draws, kept)
+        if cfg.rollout.mode == "async":
+            stats["rollout/stale_dropped"] = float(dropped)
+        versions = gather_objects(self.strategy.acc, local.weights_version.tolist())
+        stats.update(staleness_metrics(torch.tensor([v for part in versions for v in part]), step - 1))
+        return Collected(local, rewards, torch.cat(gid_parts), stats)
+
+    @staticmethod
+    def _stale_groups(cfg: TrainConfig, draw: Draw, offset: int, step: int) -> Tensor:
+        """bool [groups]: the draw's groups that `rollout.stale_rows: drop` leaves out, those drawn by
+        weights more than `rollout.max_staleness` steps older than the step's (async; one process)."""
+        stale = torch.zeros(len(draw.indices), dtype=torch.bool)
+        ro = cfg.rollout
+        if ro.mode == "async" and ro.stale_rows == "drop":
+            too_old = draw.rollout.weights_version < step - 1 - ro.max_staleness
+            stale[draw.rollout.group_id[too_old] - offset] = True
+        return stale
 
     def _kept_groups(self, inputs: StageInputs, draw: Draw, draw_gid: Tensor, room: int) -> Tensor:
         """bool [groups]: the draw's groups the step keeps (all, or under dynamic sampling those with

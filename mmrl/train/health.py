@@ -44,6 +44,8 @@ class RunHealth:
             logger.warning(message)
 
     def _check_rewards(self, step: int, metrics: dict[str, float]) -> None:
+        if metrics.get("sampling/groups") == 0 and metrics.get("rollout/stale_dropped", 0.0) > 0:
+            return  # every group was dropped as stale (rollout.stale_rows): nothing to say of the rewards
         rewards = [k.removeprefix("reward/") for k in metrics if k.startswith("reward/") and k.count("/") == 1]
         for name in rewards:
             if name not in self.silent_rewards and _missing(metrics[f"reward/{name}"]):

@@ -32,6 +32,7 @@ from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.serving.remote_reward import remote_problems
+from mmrl.train.rollout_worker import rollout_mode_problems
 from mmrl.train.stages import StagePlan
 from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
 
@@ -60,7 +61,8 @@ _rule("optim.lr save_every eval.every logging.plot_every logging.print_every war
 
 
 _rule("warm_start.lr optim.max_grad_norm warm_start.max_grad_norm algorithm.clip_advantage "
-      "algorithm.max_reward optim.lora.alpha algorithm.rollout_correction_cap", lambda v: v > 0, "must be > 0")
+      "algorithm.max_reward optim.lora.alpha algorithm.rollout_correction_cap algorithm.nft_beta algorithm.nft_adv_clip",
+      lambda v: v > 0, "must be > 0")
 
 
 _rule("algorithm.dual_clip", lambda v: v > 1, "must be > 1 (dual-clip bound c, Ye et al. 2020)")
@@ -134,6 +136,73 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
     check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
     if check is not None:
         problems += check(policy_cfg)
+    group_check = getattr(adapter, "group_size_problems", None)
+    if group_check is not None:
+        problems += group_check(policy_cfg, cfg.algorithm.group_size)
+    if cfg.algorithm.objective in OBJECTIVES.names():
+        _check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
+    if cfg.algorithm.ratio_norm != "none":
+        _check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
+    if cfg.algorithm.trust_region == "dppo":
+        _check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+
+
+def _check_dppo(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """FlowDPPO's mask: in place of the clip objective's per-unit ratio clip, over several update
+    passes (with one the policy is the old one and nothing is ever masked), from the adapter's
+    exact per-unit divergence."""
+    algo = cfg.algorithm
+    name = "algorithm.trust_region='dppo'"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if algo.objective != "clip" or algo.ratio_level != "unit" or algo.ratio_norm != "none" or algo.dual_clip:
+        problems.append(f"{name} replaces the clip of the clip objective's per-unit ratio (algorithm.objective: clip, "
+                        f"ratio_level: unit, ratio_norm: none, dual_clip: null), not objective={algo.objective!r}, "
+                        f"ratio_level={algo.ratio_level!r}, ratio_norm={algo.ratio_norm!r}, "
+                        f"dual_clip={algo.dual_clip!r}")
+    if algo.mu < 2:
+        problems.append(f"{name} masks units that moved away from the old policy, which needs algorithm.mu >= 2 "
+                        f"update passes (UniRL's FlowDPPO recipe: 2); with mu={algo.mu} nothing is ever masked")
+    if not algo.dppo_threshold > 0:
+        problems.append(f"algorithm.dppo_threshold={algo.dppo_threshold!r} must be > 0 (UniRL's default 1e-5)")
+
+
+def _check_ratio_norm(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """GRPO-Guard's normalised ratio: the clip objective's unit ratios, one update pass (the old
+    step mean is the current one, so its mean-shift term is 0), and the adapter's step scales."""
+    algo = cfg.algorithm
+    name = f"algorithm.ratio_norm={algo.ratio_norm!r}"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if algo.objective != "clip" or algo.ratio_level != "unit":
+        problems.append(f"{name} normalises the clip objective's per-step ratio (algorithm.objective: clip, "
+                        f"ratio_level: unit), not objective={algo.objective!r}, ratio_level={algo.ratio_level!r}")
+    if algo.mu != 1:
+        problems.append(f"{name} needs algorithm.mu: 1 (mmrl keeps no old step means for GRPO-Guard's "
+                        f"mean-shift term), not {algo.mu}")
+
+
+def _check_unit_terms(cfg: TrainConfig, given: str, problems: list[str]) -> None:
+    """The objective takes what the adapter's units give (log-probs, or DiffusionNFT's implicit
+    velocity losses), and an implicit-velocity objective is run as its authors run it."""
+    algo = cfg.algorithm
+    wanted = OBJECTIVES.get(algo.objective).unit_terms
+    if wanted != given:
+        problems.append(f"algorithm.objective={algo.objective!r} takes {wanted} from the policy, and the "
+                        f"{cfg.task!r} adapter under this policy section gives {given} "
+                        f"(DiffusionNFT: objective nft with task diffusion and policy.units: forward_process)")
+    if wanted != "implicit_velocity":
+        return
+    if algo.mu != 1:
+        problems.append(f"algorithm.mu={algo.mu}: objective {algo.objective!r} takes the policy at the step's "
+                        "start as its old policy, so it runs one update pass per batch (mu: 1)")
+    if algo.beta > 0 and algo.kl_estimator != CLOSED_FORM_KL:
+        problems.append(f"algorithm.kl_estimator={algo.kl_estimator!r}: objective {algo.objective!r} has no "
+                        "log-probs; its KL is the velocity's to the reference (kl_estimator: closed_form)")
+    for name in ("entropy_coef", "llds_coef"):
+        if getattr(algo, name):
+            problems.append(f"algorithm.{name}={getattr(algo, name)}: objective {algo.objective!r} has no "
+                            "log-probs to regularise; set it to 0")
 
 
 def _check_rewards(cfg: TrainConfig, problems: list[str]) -> None:
@@ -272,6 +341,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
     _check_ranges(cfg, problems)
+    problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)
     if len(problems) == 1:
         raise ConfigError(problems[0])

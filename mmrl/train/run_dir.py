@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.config.parse import ConfigError, parse_config, to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.errors import UserError
 from mmrl.train import checkpoint as ckpt
@@ -171,6 +172,16 @@ def _free(key: str) -> bool:
     return _served_setting(key) or any(key == name or key.startswith(name + ".") for name in FREE_ON_RESUME)
 
 
+def _as_read_now(saved: dict) -> dict:
+    """The saved run's settings as this version of mmrl reads them: a setting added since the run was
+    saved takes its default there, so resuming with that default is no change. A saved recipe this
+    version no longer parses (a setting removed since) is compared as it was written."""
+    try:
+        return to_dict(parse_config(saved))
+    except ConfigError:
+        return saved
+
+
 def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -> dict[str, tuple[Any, Any]]:
     """The settings `recipe` changes from the run saved in `output_dir`/config.json, as (old, new) by
     dotted key; a UserError listing them unless `resume_changes` is ``allow`` (never for `FIXED_ON_RESUME`)."""
@@ -178,10 +189,10 @@ def resume_config_changes(output_dir: Path, recipe: dict, resume_changes: str) -
     if not saved_path.is_file():
         return {}
     try:
-        saved = _flat(json.loads(saved_path.read_text()))
+        saved = _flat(_as_read_now(json.loads(saved_path.read_text())))
     except ValueError as e:
         raise UserError(f"{saved_path} is not readable JSON ({e}); resume needs the saved run's settings") from None
-    new = _flat(json.loads(json.dumps(recipe, default=str)))
+    new = _flat(_as_read_now(json.loads(json.dumps(recipe, default=str))))
     absent = "(absent)"
     changes = {k: (saved.get(k, absent), new.get(k, absent)) for k in sorted({*saved, *new})
                if saved.get(k, absent) != new.get(k, absent) and not _free(k)}

@@ -40,6 +40,7 @@ from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
 from mmrl.train.records import StepBatch, gather_objects
+from mmrl.train.rollout_worker import RolloutWorker
 from mmrl.train.signals import RunInterrupted, StopSignals
 from mmrl.train.stages import Stage
 from mmrl.train.step_clock import StepClock
@@ -108,7 +109,7 @@ class Trainer:
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval
         self._phase: str | None = None  # in a step: "collect" until it changes the run's state, then "changing"
-        self._sampler_before_step: dict | None = None  # the data sampler's state before the current step
+        self._position_before_step: dict | None = None  # the data position before the current step
         if resume_from is not None:
             self.load_checkpoint(resume_from)
             take_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
@@ -160,14 +161,19 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One optimizer step's phases (the module's docstring numbers them); returns its metrics."""
         step = self.step + 1
-        self._sampler_before_step = self.inputs.sampler.state_dict()
+        self._position_before_step = self._data_position()
         self._phase = "collect" if self.plan.stage_at(step).index == self.stage.index else "changing"
         self._enter_stage(self.plan.stage_at(step))
         self.clock.start()
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
+        worker, ro = self.collector.worker, self.cfg.rollout
+        if worker is not None:  # the next max_staleness steps' rollouts, generated while this step trains
+            self.collector.prefetch_after(self.inputs, step, min(step + ro.max_staleness, self.cfg.max_steps))
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
+        if worker is not None and step % ro.weights_every == 0:
+            worker.send_weights(self.unwrapped, step)
         self._phase = None
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
@@ -192,6 +198,8 @@ class Trainer:
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
+        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
+            self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
                 while self.step < cfg.max_steps:
@@ -205,6 +213,8 @@ class Trainer:
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
         finally:
+            if self.collector.worker is not None:
+                self.collector.worker.stop()
             progress.close()
             self.tracker.close()
             self.release_output_dir()
@@ -290,16 +300,16 @@ class Trainer:
                     f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
         if self.accelerator.num_processes == 1 and newest != ckpt.checkpoint_dir(self.output_dir, self.step):
             try:  # (with several processes, the others may never reach the save)
-                newest = self.save_checkpoint(self._sampler_before_step if self._phase == "collect" else None)
+                newest = self.save_checkpoint(self._position_before_step if self._phase == "collect" else None)
             except Exception as e:
                 return f"the run failed after step {self.step}; saving it failed too ({e}); the newest checkpoint is {newest}"
         saved = newest == ckpt.checkpoint_dir(self.output_dir, self.step)
         return (f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
                 if saved else f"the run failed after step {self.step}; the newest checkpoint is {newest}")
 
-    def save_checkpoint(self, sampler_state: dict | None = None) -> Path:
+    def save_checkpoint(self, data_position: dict | None = None) -> Path:
         """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
-        `sampler_state` replaces the data sampler's own (its state before a step that failed)."""
+        `data_position` replaces the run's own (`_data_position` before a step that failed)."""
         acc = self.accelerator
         final = ckpt.checkpoint_dir(self.output_dir, self.step)
         tmp = ckpt.temporary_dir(self.output_dir, self.step)
@@ -309,8 +319,8 @@ class Trainer:
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
             if acc.is_main_process:
-                sampler = self.inputs.sampler.state_dict() if sampler_state is None else sampler_state
-                state = {"step": self.step, "sampler": sampler, "bad_steps": self.bad_steps}
+                position = self._data_position() if data_position is None else data_position
+                state = {"step": self.step, **position, "bad_steps": self.bad_steps}
                 if self.last_eval is not None and self.last_eval[0] == self.step:
                     state["eval_reward_mean"] = self.last_eval[1]
                 ckpt.publish(tmp, final, state)
@@ -318,6 +328,12 @@ class Trainer:
             ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
         acc.wait_for_everyone()
         return final
+
+    def _data_position(self) -> dict:
+        """The data sampler's state and the prompts of the steps drawn ahead for the rollout worker
+        (a resumed run asks for their rollouts again): what a resumed run needs to draw the same prompts."""
+        return {"sampler": self.inputs.sampler.state_dict(),
+                "drawn_ahead": {str(step): list(indices) for step, indices in self.collector.prefetched.items()}}
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -333,3 +349,4 @@ class Trainer:
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
         self.bad_steps = int(state.get("bad_steps", 0))
         self.inputs.sampler.load_state_dict(state["sampler"])
+        self.collector.prefetched = {int(step): indices for step, indices in state.get("drawn_ahead", {}).items()}

@@ -72,12 +72,21 @@ class PolicyUpdate:
             return [(s, [slice(0, s.stop - s.start)]) for s in segs]
         return [(s, None) for s in self.policy.unit_slices(mb)]
 
-    @torch.no_grad()
     def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
         """Old (or reference) log-probs of every row, in the same micro-batch layout as training,
         so that the on-policy ratio of the first pass is exactly 1."""
+        return self._no_grad_units(batch, chunks, reference, with_means=False)[0]
+
+    def old_logprobs_and_means(self, batch: StepBatch, chunks: list[Tensor]) -> tuple[Tensor, Tensor | None]:
+        """The old log-probs [N, U] and the old policy's unit means [N, U, ...] (`algorithm.trust_region:
+        dppo`), taken together before the first update pass and kept for every pass."""
+        return self._no_grad_units(batch, chunks, False, with_means=True)
+
+    @torch.no_grad()
+    def _no_grad_units(self, batch: StepBatch, chunks: list[Tensor], reference: bool,
+                       with_means: bool) -> tuple[Tensor, Tensor | None]:
         local = batch.rollout
-        out = torch.zeros_like(local.unit_mask)
+        out, means = torch.zeros_like(local.unit_mask), None
         source = local if len(local) else batch.idle_row
         model = self.reference if reference and self.reference is not None else self.model
         with self.strategy.gathered(model), self.clock.phase("forward"):
@@ -87,23 +96,39 @@ class PolicyUpdate:
                     continue
                 mb = source.select(rows if not padding else [0])
                 for units, _ in self.unit_slices(mb):
+                    unit_mean = None
                     if reference:
                         with self.reference_model() as ref:
                             logp, _ = self.policy.logprobs(ref, mb, units)
+                    elif with_means:
+                        logp, unit_mean = self.policy.logprobs_and_means(self.model, mb, units)
                     else:
                         logp, _ = self.policy.logprobs(self.model, mb, units)
-                    if not padding:
-                        out[rows.unsqueeze(1), torch.arange(out.shape[1])[units].unsqueeze(0)] = logp.float().cpu()
-        return out
+                    if padding:
+                        continue
+                    cols = torch.arange(out.shape[1])[units].unsqueeze(0)
+                    out[rows.unsqueeze(1), cols] = logp.float().cpu()
+                    if unit_mean is not None:
+                        if means is None:
+                            means = torch.zeros(*out.shape, *unit_mean.shape[2:])
+                        means[rows.unsqueeze(1), cols] = unit_mean.float().cpu()
+        return out, means
 
     def _micro_batch_terms(self, batch: StepBatch, idx: Tensor, units: slice, segs, old_logp: Tensor | None,
-                           ref_logp: Tensor | None, with_entropy: bool, sums: dict[str, float], empty: bool):
+                           ref_logp: Tensor | None, with_entropy: bool, sums: dict[str, float], empty: bool,
+                           old_means: Tensor | None = None):
         """Forward and loss of rows `idx` over `units` (the mismatch sums added to `sums`)."""
         algo = self.cfg.algorithm
         mb = batch.rollout.select(idx)
+        if self.objective.unit_terms == "implicit_velocity":
+            return self._implicit_velocity_terms(batch, idx, mb, units)
         want_entropy = with_entropy or regulariser_needs(algo, "entropy")
-        kl = None
-        if closed_form_kl(algo):
+        kl = divergence = None
+        if old_means is not None:  # trust_region dppo with kept old means
+            logp, entropy, kl, divergence = self.policy.logprobs_and_divergence(
+                self.model, mb, units, old_means[idx][:, units], self.reference_model if closed_form_kl(algo) else None,
+                with_entropy=want_entropy)
+        elif closed_form_kl(algo):
             logp, entropy, kl = self.policy.logprobs_and_kl(self.model, self.reference_model, mb, units,
                                                             with_entropy=want_entropy)
         else:
@@ -124,7 +149,21 @@ class PolicyUpdate:
             logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
             batch.weights[idx][:, units].to(device), algo, segments=segs,
             ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}))
+            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
+            **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
+               if algo.ratio_norm != "none" else {}),
+            **({"divergence": divergence} if divergence is not None else {}))
+
+    def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
+        """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""
+        algo = self.cfg.algorithm
+        reference = self.reference_model if closed_form_kl(algo) else None
+        positive, negative, kl = self.policy.implicit_velocity_losses(self.model, mb, units, algo.nft_beta,
+                                                                     reference)
+        device = positive.device
+        mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
+        return self.objective.loss(positive, negative, batch.advantages[idx].to(device), mask,
+                                   batch.weights[idx][:, units].to(device), algo, kl=kl)
 
     def _check_rollout_logp(self, local: Rollout) -> dict[str, float]:
         """The mismatch sums to report (none without sampler log-probs), or a clear error where the
@@ -139,9 +178,11 @@ class PolicyUpdate:
         return {}
 
     def accumulate_gradients(self, batch: StepBatch, chunks: list[Tensor], old_logp: Tensor | None,
-                             ref_logp: Tensor | None, with_entropy: bool) -> dict[str, float]:
+                             ref_logp: Tensor | None, with_entropy: bool,
+                             old_means: Tensor | None = None) -> dict[str, float]:
         """One pass over the micro-batches: forward, loss, backward, free; gradients accumulate
-        into `.grad` and are synchronised across processes on the last backward."""
+        into `.grad` and are synchronised across processes on the last backward. `old_means`, under
+        `algorithm.trust_region: dppo`, are the old policy's unit means (None: the current policy's)."""
         strategy, local = self.strategy, batch.rollout
         world = strategy.acc.num_processes
         sums = {"loss": 0.0, "units": 0.0, "clipped": 0.0, "ratio_max_dev": 0.0, **{k: 0.0 for k in metric_names()},
@@ -166,7 +207,7 @@ class PolicyUpdate:
             with strategy.no_sync(self.model, last):
                 with self.clock.phase("forward"):
                     terms = self._micro_batch_terms(batch, idx, units, segs, old_logp, ref_logp, with_entropy, sums,
-                                                    empty)
+                                                    empty, old_means)
                 with self.clock.phase("backward"):
                     strategy.backward(self.model, terms.loss * (0.0 if empty else float(world)), last)
             if not empty:
@@ -174,7 +215,8 @@ class PolicyUpdate:
         return sums
 
     def _old_and_reference(self, batch: StepBatch, chunks: list[Tensor], passes: list[StepBatch], redrawn: bool):
-        """Per pass: the old log-probs (kept when the ratio moves over several passes) and the reference's."""
+        """Per pass: the old log-probs (kept when the ratio moves over several passes), the reference's,
+        and the old unit means (`algorithm.trust_region: dppo`; None otherwise)."""
         algo = self.cfg.algorithm
 
         def per_pass(reference: bool) -> list[Tensor]:
@@ -183,9 +225,15 @@ class PolicyUpdate:
             return [self.no_grad_logprobs(p, chunks, reference) for p in passes]
 
         keep_old = algo.mu > 1 and self.objective.uses_ratio
-        old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
+        old_means = [None] * algo.mu
+        if keep_old and algo.trust_region == "dppo":
+            kept = ([self.old_logprobs_and_means(p, chunks) for p in passes] if redrawn
+                    else [self.old_logprobs_and_means(batch, chunks)] * algo.mu)
+            old_logp, old_means = [k[0] for k in kept], [k[1] for k in kept]
+        else:
+            old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
         ref_logp = per_pass(reference=True) if reference_pass(algo) else [None] * algo.mu
-        return old_logp, ref_logp
+        return old_logp, ref_logp, old_means
 
     def update(self, batch: StepBatch) -> dict[str, float]:
         """`mu` optimizer steps on the batch, old log-probs kept from before the first. A policy
@@ -195,13 +243,14 @@ class PolicyUpdate:
         chunks = self.micro_batches(batch)
         views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
         passes = [batch if view is None else replace(batch, rollout=view) for view in views]
-        old_logp, ref_logp = self._old_and_reference(batch, chunks, passes, any(v is not None for v in views))
+        old_logp, ref_logp, old_means = self._old_and_reference(batch, chunks, passes,
+                                                                any(v is not None for v in views))
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm, first = 0.0, None
         self.nonfinite_term = None
         for pass_index in range(algo.mu):
             sums = self.accumulate_gradients(passes[pass_index], chunks, old_logp[pass_index], ref_logp[pass_index],
-                                             with_entropy=pass_index == 0)
+                                             with_entropy=pass_index == 0, old_means=old_means[pass_index])
             first = first or sums
             self.nonfinite_term = self._nonfinite_term(sums["loss"], params)
             with self.clock.phase("optimizer"):

@@ -21,11 +21,15 @@ CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHAR_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
-def char_tokenizer(**named: str) -> PreTrainedTokenizerFast:
+def char_tokenizer(vocab_size: int | None = None, **named: str) -> PreTrainedTokenizerFast:
     """One token per character of digits, letters, punctuation, space and newline; `named`
     special tokens (`image_token="<image>"`) are added and become attributes that processors read
-    (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps."""
-    vocab = {tok: i for i, tok in enumerate(CHAR_SPECIALS + list(CHAR_ALPHABET))}
+    (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps.
+    `vocab_size`: filler tokens ``<x0>``, ``<x1>``, ... up to that many (a real model's output
+    layer size, for benchmarks; text never encodes to them, a sampled one decodes as its name)."""
+    tokens = CHAR_SPECIALS + list(CHAR_ALPHABET)
+    tokens += [f"<x{i}>" for i in range(max(0, (vocab_size or 0) - len(tokens)))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -56,10 +60,12 @@ def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, se
 
 
 @TINY_MODELS.register("qwen2-char")
-def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512):
+def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512,
+               vocab: int | None = None):
     """A Qwen2 decoder over the character tokenizer (the text demo's policy), with room for
-    `max_positions` tokens of prompt and completion."""
-    tokenizer = char_tokenizer()
+    `max_positions` tokens of prompt and completion; `vocab`: an output layer of that many tokens
+    (the tokenizer padded with fillers, `char_tokenizer`)."""
+    tokenizer = char_tokenizer(vocab)
     return tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions), tokenizer
 
 

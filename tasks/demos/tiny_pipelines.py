@@ -13,7 +13,8 @@ from .tiny_models import char_tokenizer
 MAX_PROMPT = 16
 
 
-def _tokenizer():
+def pipeline_tokenizer():
+    """The character tokenizer of the tiny pipelines, padded on the right to MAX_PROMPT tokens."""
     tok = char_tokenizer()
     tok.padding_side = "right"
     tok.model_max_length = MAX_PROMPT
@@ -49,7 +50,7 @@ def tiny_sd3(seed: int = 0, layers: int = 1):
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=4,
                                             num_layers=layers, attention_head_dim=8, num_attention_heads=2,
                                             joint_attention_dim=32, caption_projection_dim=16,
@@ -66,7 +67,7 @@ def tiny_flux(seed: int = 0, layers: int = 1, guidance_embeds: bool = True):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=layers, num_single_layers=1,
                                              attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
                                              pooled_projection_dim=32, guidance_embeds=guidance_embeds,
@@ -84,7 +85,7 @@ def tiny_sd15(seed: int = 0):
     from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                     block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=32,
                                     down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
@@ -105,7 +106,7 @@ def tiny_pixel_flow(seed: int = 0, layers: int = 2, heads: int = 2, head_dim: in
     from .pixel import PixelFlowPipeline
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         transformer = SD3Transformer2DModel(sample_size=size, patch_size=patch, in_channels=3, out_channels=3,
                                             num_layers=layers, attention_head_dim=head_dim,
                                             num_attention_heads=heads, joint_attention_dim=32,
@@ -124,7 +125,7 @@ def tiny_pixel_flow_unet(seed: int = 0, channels: tuple[int, ...] = (32, 64), si
     from .pixel import PixelFlowUNetPipeline
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         levels = len(channels)
         unet = UNet2DConditionModel(sample_size=size, in_channels=3, out_channels=3, layers_per_block=1,
                                     block_out_channels=tuple(channels), norm_num_groups=8, cross_attention_dim=32,
@@ -165,7 +166,7 @@ def tiny_wan_t2v(seed: int = 0, layers: int = 1):
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         return WanPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
                            transformer=_wan_transformer(4, layers), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
 
@@ -179,7 +180,7 @@ def tiny_wan_i2v(seed: int = 0, layers: int = 1):
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         vision = CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                                   num_attention_heads=2, image_size=32, patch_size=8)).eval()
         processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
@@ -198,7 +199,7 @@ def tiny_hunyuan_video(seed: int = 0, layers: int = 1):
     from transformers import LlamaConfig, LlamaModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tok = _tokenizer()
+        tok = pipeline_tokenizer()
         llama = LlamaModel(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                                        pad_token_id=tok.pad_token_id)).eval()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .branching import Branching
 from .schedule import StepSchedule
 
 
@@ -64,8 +65,18 @@ class DiffusionConfig:
     noise_level: float = field(default=0.7, metadata={"help": (
         "The sampler's strength: a for flow_sde and cps (Flow-GRPO 0.7 SD3.5, 0.9 FLUX), eta for dance (0.3) and "
         "ddim; 0 gives the deterministic step.")})
+    units: Literal["steps", "forward_process"] = field(default="steps", metadata={"help": (
+        "What a training unit is: steps = a denoising step of the rollout, its Gaussian log-prob (the GRPO "
+        "methods); forward_process = a (clean sample, noise level) pair, the final sample re-noised at one of "
+        "the rollout's levels, trained by algorithm.objective: nft (DiffusionNFT; CFG-free, any sampler).")})
+    forward_fraction: float = field(default=0.99, metadata={"help": (
+        "units: forward_process: each sample trains int(num_steps x this) of the rollout's noise levels, drawn "
+        "per sample (DiffusionNFT's timestep_fraction 0.99: 9 of 10).")})
     schedule: StepSchedule = field(default_factory=StepSchedule, metadata={"help": (
         "Which steps are stochastic and which are trained (policy.schedule.kind and its settings).")})
+    branching: Branching = field(default_factory=Branching, metadata={"help": (
+        "BranchGRPO: each group a tree of rollouts sharing prefixes, split at policy.branching.at (its settings; "
+        "see docs/methods.md).")})
     decode_batch: int = field(default=8, metadata={"help": "Images (videos) decoded by the VAE per batch."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute the denoiser's activations in backward to save memory.")})

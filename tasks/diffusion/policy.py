@@ -10,15 +10,29 @@ backpropagates step by step and memory does not grow with the number of steps.
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
-`stochastic` [N, U], and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
+`stochastic` [N, U] (the steps each rollout took by SDE; a `random_window` differs per group),
+and the prompt conditioning (`pos/...`, `neg/...` when CFG is on), all on
 the CPU; a step's tensors move to the device when that step of a micro-batch is scored. The
 step log-probs as sampled are `Rollout.rollout_logp` (0 at deterministic steps).
+
+With `policy.branching` (BranchGRPO, `branching.py`) a group is a tree: its rows share their
+latents up to the depth where their node splits, the denoiser runs once per node (on its first
+row) and a node's rows take its first row's step noise; each edge is a trained unit of that first
+row only, and `unit_rewards` gives each unit its node's reward.
+
+With `policy.units: forward_process` (DiffusionNFT, `forward_process.py`) a unit is instead a
+(final sample, noise level) pair: unit k re-noises the final sample at level k with noise drawn
+from the row's seed and k. Rollout extras then hold `clean` [N, ...] (the final samples),
+`levels`, `timesteps`, `noise_seeds` [N] and the conditioning; no trajectory, no sampler log-probs.
+Each of its rollouts starts from noise of its own (a deterministic sampler would otherwise give a
+group of equal samples).
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -31,14 +45,41 @@ from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
+from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
 from .families import Family, family_of, sd15_with_ddim
+from .forward_process import implicit_velocity_losses, renoised
+from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
 from .video_families import VideoFamily
 
-NOISE_SALT, STEPS_SALT = 0x5DE, 0x57E
+NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
+
+
+@dataclass
+class StepTerms:
+    """Per trained step of a batch, in step order: log-probs [B], constant entropies, detached
+    means [B, ...], KLs to the reference [B] and divergences from the old means [B]."""
+
+    logps: list[Tensor] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    means: list[Tensor] = field(default_factory=list)
+    kls: list[Tensor] = field(default_factory=list)
+    divergences: list[Tensor] = field(default_factory=list)
+
+    def logp(self) -> Tensor:
+        return torch.stack(self.logps, 1)
+
+    def entropy(self) -> Tensor:
+        logp = self.logp()
+        return torch.tensor(self.entropies, device=logp.device).expand_as(logp)
+
+    @staticmethod
+    def stacked(values: list[Tensor]) -> Tensor | None:
+        """[B, u, ...] of the steps' values, or None where none was computed."""
+        return torch.stack(values, 1) if values else None
 
 
 @ADAPTERS.register("diffusion")
@@ -61,6 +102,17 @@ class DiffusionPolicy(TurningPointRewards):
             raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is the CPS sampler's; policy.sampler is {cfg.sampler!r}")
         if cfg.tp_consistent_steps not in ("all", "first"):
             raise ValueError(f"policy.tp_consistent_steps={cfg.tp_consistent_steps!r} is not one of ('all', 'first')")
+        if cfg.units not in ("steps", "forward_process"):
+            raise ValueError(f"policy.units={cfg.units!r} is not one of ('steps', 'forward_process')")
+        if cfg.units == "forward_process" and cfg.classifier_free_guidance:
+            raise ValueError("policy.units=forward_process trains the CFG-free model (DiffusionNFT): set "
+                             "policy.classifier_free_guidance=false")
+        if not 0 < cfg.forward_fraction <= 1 or int(cfg.num_steps * cfg.forward_fraction) < 1:
+            raise ValueError(f"policy.forward_fraction={cfg.forward_fraction} must be in (0, 1] and keep at least "
+                             f"one of the {cfg.num_steps} noise levels")
+        problems = self.config_problems(cfg)
+        if problems:
+            raise ValueError("; ".join(problems))
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
@@ -72,6 +124,12 @@ class DiffusionPolicy(TurningPointRewards):
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
+        if cfg.turning_points and cfg.schedule.kind == "random_window":
+            raise ValueError("policy.turning_points needs one window for the whole batch; policy.schedule.kind="
+                             "random_window draws one per group (use window or sliding_window)")
+        if cfg.units == "forward_process" and self.family.kind != "flow":
+            raise ValueError(f"policy.units=forward_process re-noises samples on the flow-matching forward process; "
+                             f"a {type(self.family).__name__} model predicts eps (use a flow model)")
         if cfg.classifier_free_guidance and not self.family.uses_classifier_free_guidance:
             raise ValueError(f"policy.classifier_free_guidance=true: {type(self.family).__name__} takes guidance as an "
                              "embedding; set policy.classifier_free_guidance=false")
@@ -128,6 +186,22 @@ class DiffusionPolicy(TurningPointRewards):
         return images
 
     # ----- the contract ------------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, cfg: DiffusionConfig) -> list[str]:
+        problems = cfg.branching.problems(cfg.num_steps)
+        if cfg.branching.on and (cfg.turning_points or cfg.units != "steps"):
+            problems.append("policy.branching: a tree of rollouts is trained by its steps; it does not go with "
+                            "policy.turning_points or policy.units=forward_process")
+        return problems
+
+    @classmethod
+    def group_size_problems(cls, cfg: DiffusionConfig, group_size: int) -> list[str]:
+        return cfg.branching.group_size_problems(group_size)
+
+    @classmethod
+    def unit_terms(cls, cfg: DiffusionConfig) -> str:
+        return "implicit_velocity" if cfg.units == "forward_process" else "logprobs"
+
     @property
     def max_units(self) -> int:
         return self.cfg.num_steps
@@ -162,50 +236,135 @@ class DiffusionPolicy(TurningPointRewards):
         if self.family.conditioning_image:
             cond.update(self.family.image_condition(self._condition_images(prompts)))
         cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
-        x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
-        levels, timesteps = self.family.levels(steps, tuple(x.shape))
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
+        if cfg.units == "forward_process" and not greedy:  # DiffusionNFT: every sample from its own noise
+            x = torch.cat([self._group_noise(derive_seed(r, FORWARD_SALT), 1) for r in row_seeds]).to(device)
+        else:
+            x = torch.cat([self._group_noise(s, group_size) for s in seeds]).to(device)
+        levels, timesteps = self.family.levels(steps, tuple(x.shape))
         noise_gens = [torch.Generator().manual_seed(r) for r in row_seeds]
-        stochastic = (torch.zeros(steps, dtype=torch.bool) if greedy
-                      else cfg.schedule.stochastic(steps, self.training_step))
+        stochastic = self._stochastic_rows(seeds, group_size, steps, greedy)
         trained = torch.stack([cfg.schedule.trained(steps, self.training_step,
                                                     torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))
                                for r in row_seeds]) & stochastic if not greedy else torch.zeros(n, steps, dtype=torch.bool)
         step_fn = SAMPLERS.get(sampler)
+        tree = cfg.branching if cfg.branching.on and not greedy else None
+        widths = self._tree_widths(tree, group_size, steps, stochastic)
         trajectory = [x.float().cpu()]
         logps = torch.zeros(n, steps)
-        noisy = torch.zeros(steps, dtype=torch.bool)
+        noisy = torch.zeros(n, steps, dtype=torch.bool)
         for k in range(steps):
-            pred = self.family.predict(self.model, x, timesteps[k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
-            mean, std = step_fn(x.float(), pred.float(), levels[k], levels[k + 1],
-                                strength if stochastic[k] else 0.0)
-            if std > 0:
-                eps = torch.stack([torch.randn(x.shape[1:], generator=g) for g in noise_gens]).to(device)
-                x = mean + std * eps
-                noisy[k] = True
-                logps[:, k] = self._logprob(x, mean, std).cpu()
+            # the denoiser runs once per node: on its first row, the rows under it taking the result
+            reps, index = representatives(first_rows(group_size, len(texts), widths[k]))
+            at_nodes = x[reps].float() if widths[k] < group_size else x.float()
+            node_cond = {key: v[reps] for key, v in cond.items()} if widths[k] < group_size else cond
+            pred = self.family.predict(self.model, at_nodes, timesteps[k], node_cond, cfg.guidance_scale,
+                                       cfg.classifier_free_guidance).float()
+            rows = stochastic[:, k].nonzero().flatten().tolist()
+            mean, std = step_fn(at_nodes, pred, levels[k], levels[k + 1], strength if rows else 0.0)
+            mean = mean[index]
+            if std > 0:  # the SDE on this step's stochastic rows (each drawing its own noise), the ODE on the others
+                noise = torch.zeros(n, *x.shape[1:])
+                noise[rows] = torch.stack([torch.randn(x.shape[1:], generator=noise_gens[i]) for i in rows])
+                # rows under one node after the step take that node's noise (its first row's)
+                noise = noise[first_rows(group_size, len(texts), widths[k + 1])[rows]]
+                scale = tree.noise_scale if tree is not None and k in tree.at else 1.0
+                sde = mean[rows] + scale * std * noise.to(device)
+                logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
+                noisy[rows, k] = True
+                x = mean if len(rows) == n else step_fn(at_nodes, pred, levels[k], levels[k + 1], 0.0)[0][index]
+                x[rows] = sde  # (in place: `mean` is not used after this)
             else:
                 x = mean
-            if not greedy:
+            if not greedy and cfg.units == "steps":
                 trajectory.append(x.float().cpu())
+        if tree is not None:  # each edge of the tree trained once, on its first row; pruned depths not at all
+            trained &= edge_owners(tree, group_size, len(texts), steps)
+            trained &= ~pruned_units(tree, self.training_step, steps)
         trained &= noisy  # a step that drew no noise (strength 0) has no log-prob
         images = self._decode(x)
         extras: dict[str, Any] = {}
+        if not greedy and cfg.units == "forward_process":
+            return self._forward_process_rollout(texts, group_size, images, x, levels, timesteps, cond, row_seeds)
         if not greedy:
             extras = {"latents": torch.stack(trajectory, 1),
                       "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
                       "timesteps": timesteps.float().expand(n, -1).clone(),
-                      "stochastic": noisy.expand(n, -1).clone(),
+                      "stochastic": noisy,
                       **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
                        unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
                        columns=self._video_columns(n))
 
+    @staticmethod
+    def _tree_widths(tree, group_size: int, steps: int, stochastic: Tensor) -> list[int]:
+        """Nodes per group at depths 0 .. steps: the tree's (BranchGRPO), or one per row."""
+        if tree is None:
+            return [group_size] * (steps + 1)
+        problems = tree.problems(steps) + tree.group_size_problems(group_size)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if not stochastic[:, tree.at].all():
+            raise ValueError(f"policy.branching.at={tree.at}: every split step must be a stochastic (SDE) step of "
+                             "every rollout under policy.schedule (a split at an ODE step would give equal children)")
+        return tree.widths(steps)
+
+    def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+        """BranchGRPO: each unit's reward is the mean over the leaves under its tree node, on the row
+        that carries the edge, NaN on the rows sharing it (`branching.node_rewards`)."""
+        tree = self.cfg.branching
+        if not tree.on:
+            return None
+        group_size = tree.factor ** len(tree.at)
+        return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}
+
     def _video_columns(self, n: int) -> dict[str, list]:
         """The video reward contract's `fps` column (a video family's completions are frames)."""
         fps = self.family.fps
         return {} if fps is None else {"fps": [self.cfg.fps or fps] * n}
+
+    def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
+        """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
+        levels, drawn from its seed (DiffusionNFT)."""
+        n, steps = len(row_seeds), len(timesteps)
+        keep = int(steps * self.cfg.forward_fraction)
+        units = torch.zeros(n, steps)
+        for i, r in enumerate(row_seeds):
+            units[i, torch.randperm(steps, generator=torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))[:keep]] = 1
+        extras = {"clean": x.float().cpu(), "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
+                  "timesteps": timesteps.float().expand(n, -1).clone(),
+                  "noise_seeds": torch.tensor([derive_seed(r, FORWARD_SALT) for r in row_seeds]),
+                  **{k: v.cpu() for k, v in cond.items()}}
+        return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
+                       prompts=[t for t in texts for _ in range(group_size)], completions=images,
+                       unit_mask=units, extras=extras, columns=self._video_columns(n))
+
+    def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
+        """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""
+        schedule, n = self.cfg.schedule, len(seeds) * group_size
+        if greedy:
+            return torch.zeros(n, steps, dtype=torch.bool)
+        if schedule.kind != "random_window":
+            return schedule.stochastic(steps, self.training_step).expand(n, -1).clone()
+        return torch.stack([schedule.stochastic(steps, self.training_step,
+                                                torch.Generator().manual_seed(derive_seed(s, WINDOW_SALT)))
+                            for s in seeds]).repeat_interleave(group_size, 0)
+
+    @classmethod
+    def step_scale_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.sampler in GUARD_SAMPLERS and cfg.units == "steps":
+            return None
+        return (f"GRPO-Guard's step scales are those of the Gaussian SDE steps {GUARD_SAMPLERS} "
+                f"(policy.sampler={cfg.sampler!r}, policy.units={cfg.units!r})")
+
+    def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
+        """GRPO-Guard's (step std, 1 / |dt|) [B, u] (`grpo_guard.py`)."""
+        levels = batch.extras["levels"][0].tolist()
+        ks = list(range(batch.num_units))[units]
+        scales = torch.tensor([guard_step_scales(self.cfg.sampler, levels[k], levels[k + 1], self.cfg.noise_level)
+                               for k in ks], dtype=torch.float32)
+        return scales[:, 0].expand(len(batch), -1), scales[:, 1].expand(len(batch), -1)
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
@@ -224,7 +383,8 @@ class DiffusionPolicy(TurningPointRewards):
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
         pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
-        strength = self.cfg.noise_level if bool(ex["stochastic"][0, k]) else 0.0
+        # rows that took the ODE at step k are never trained there: their SDE mean is masked out
+        strength = self.cfg.noise_level if bool(ex["stochastic"][:, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
     def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
@@ -240,28 +400,71 @@ class DiffusionPolicy(TurningPointRewards):
         return kl
 
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
-               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None):
-        logps, ents, kls = [], [], []
-        for k in list(range(batch.num_units))[units]:
+               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+               old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
+        terms = StepTerms()
+        for j, k in enumerate(list(range(batch.num_units))[units]):
             mean, std = self._step_means(model, batch, k)
             if std > 0:
-                logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+                terms.logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
-                logps.append(mean.flatten(1)[:, 0] * 0.0)
+                terms.logps.append(mean.flatten(1)[:, 0] * 0.0)
             # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
-            ents.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            terms.entropies.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
+            if keep_means:
+                terms.means.append(mean.detach())
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
                     ref_mean, _ = self._step_means(ref, batch, k)
-                kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else logps[-1] * 0.0)
-        logp = torch.stack(logps, 1)
-        entropy = torch.tensor(ents, device=logp.device).expand_as(logp) if with_entropy else None
-        return logp, entropy, (torch.stack(kls, 1) if reference is not None else None)
+                terms.kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else terms.logps[-1] * 0.0)
+            if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
+                old = old_means[:, j].to(mean.device)
+                terms.divergences.append(gaussian_mean_kl(old, mean, std) if std > 0 else terms.logps[-1] * 0.0)
+        return terms
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        logp, entropy, _ = self._units(model, batch, units, with_entropy)
-        return logp, entropy
+        """Step log-probs; under `units: forward_process` the flow-matching surrogate of each unit's
+        log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
+        if self.cfg.units == "forward_process":
+            scores = [-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1)
+                      for v, _, x0, eps, _ in self._forward_units(model, batch, units)]
+            return torch.stack(scores, 1), None
+        terms = self._units(model, batch, units, with_entropy)
+        return terms.logp(), terms.entropy() if with_entropy else None
+
+    def _forward_units(self, model: nn.Module, batch: Rollout, units: slice):
+        """Per unit k of `units`: (v_theta at x_t [B, ...], x_t, x0, eps, t) with x_t the final sample
+        re-noised at level k by the noise of (row seed, k)."""
+        ex, device = batch.extras, self.device
+        x0 = ex["clean"].to(device)
+        cond = self._pos_cond(batch)
+        for k in list(range(batch.num_units))[units]:
+            eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
+                               for s in ex["noise_seeds"]]).to(device)
+            t = ex["levels"][:, k].to(device=device, dtype=torch.float32)
+            xt = renoised(x0, eps, t)
+            yield self.family.predict(model, xt, ex["timesteps"][0, k], cond, 1.0, False), xt, x0, eps, t
+
+    def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
+                                 reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
+                                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """DiffusionNFT's (L+, L-) [B, u] (`forward_process.py`), the old velocity being `model`'s own,
+        detached (the policy at the step's start: one update pass), and with `reference` the
+        authors' KL, mean_d (v_theta - v_ref)^2."""
+        positives, negatives, kls = [], [], []
+        for k, (v, xt, x0, _, t) in zip(list(range(batch.num_units))[units], self._forward_units(model, batch, units)):
+            pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta)
+            positives.append(pos)
+            negatives.append(neg)
+            if reference is not None:
+                with torch.no_grad(), reference() as ref:
+                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch), 1.0, False)
+                kls.append((v.float() - v_ref.float()).pow(2).flatten(1).mean(1))
+        return torch.stack(positives, 1), torch.stack(negatives, 1), torch.stack(kls, 1) if kls else None
+
+    def _pos_cond(self, batch: Rollout) -> dict[str, Tensor]:
+        return {key: v.to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
 
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),
@@ -269,7 +472,30 @@ class DiffusionPolicy(TurningPointRewards):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims (`policy.kl_form`:
         exact, or Flow-GRPO's, |dt| times that for flow_sde)."""
-        return self._units(model, batch, units, with_entropy, reference)
+        terms = self._units(model, batch, units, with_entropy, reference)
+        return terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls)
+
+    @classmethod
+    def divergence_problem(cls, cfg: DiffusionConfig) -> str | None:
+        if cfg.units == "steps":
+            return None
+        return (f"FlowDPPO's divergence is that of the sampler's Gaussian steps (policy.units: steps), "
+                f"not of policy.units={cfg.units!r}")
+
+    def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """Step log-probs and the step means [B, u, ...] (fp32), kept as the old policy's for FlowDPPO."""
+        terms = self._units(model, batch, units, with_entropy=False, keep_means=True)
+        return terms.logp(), terms.stacked(terms.means)
+
+    def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
+                                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
+                                with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """Step log-probs, entropies, the closed-form KL to the reference (with `reference`) and each
+        step's KL(N(mu_old, std^2) || N(mu_theta, std^2)) = mean_d (mu_theta - mu_old)^2 / (2 std^2),
+        UniRL's FlowDPPO divergence (the exact KL of the step Gaussians, `samplers.gaussian_mean_kl`)."""
+        terms = self._units(model, batch, units, with_entropy, reference, old_means)
+        return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
+                terms.stacked(terms.divergences))
 
     # ----- warm start -------------------------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:

@@ -4,7 +4,8 @@
     random_fraction  SDE on every step, a random `fraction` of steps 0..U-2 trained per rollout
                      (DanceGRPO: 60%)
     window           SDE inside steps [start, start + size), ODE outside, the window trained
-                     (Flow-GRPO-Fast)
+    random_window    as `window`, the start drawn per group uniformly from window_range[0] ..
+                     window_range[1] - size (Flow-GRPO-Fast: size 2-3 in [0, U // 2))
     sliding_window   as `window`, the start moving by `stride` every `shift_every` training steps
                      (MixGRPO); `end` says what happens at the end of a sweep (below)
     chunks           SDE on every step; the steps are cut into consecutive chunks of `sizes`, and
@@ -32,19 +33,24 @@ from typing import Literal
 
 import torch
 
-KINDS = ("all_but_last", "random_fraction", "window", "sliding_window", "chunks")
+KINDS = ("all_but_last", "random_fraction", "window", "random_window", "sliding_window", "chunks")
 WINDOW_ENDS = ("shrink", "wrap")
 
 
 @dataclass
 class StepSchedule:
     kind: str = field(default="all_but_last", metadata={"help": (
-        "all_but_last (Flow-GRPO), random_fraction (DanceGRPO), window (Flow-GRPO-Fast), sliding_window "
+        "all_but_last (Flow-GRPO), random_fraction (DanceGRPO), window (a fixed SDE window), random_window "
+        "(Flow-GRPO-Fast), sliding_window "
         "(MixGRPO), chunks (Chunk-GRPO); see docs/methods.md."), "choices": "mmrl.tasks.diffusion.schedule:KINDS"})
     fraction: float = field(default=0.6, metadata={"help": (
         "random_fraction: the share of steps trained per rollout (DanceGRPO 0.6), in (0, 1].")})
     start: int = field(default=0, metadata={"help": "window / sliding_window: the first step of the SDE window."})
-    size: int = field(default=2, metadata={"help": "window / sliding_window: steps in the window (MixGRPO 4)."})
+    size: int = field(default=2, metadata={"help": (
+        "window / random_window / sliding_window: steps in the window (MixGRPO 4; Flow-GRPO-Fast 2, 3 without CFG).")})
+    window_range: list[int] = field(default_factory=list, metadata={"help": (
+        "random_window: [first, stop) the window is drawn inside, its start uniform in first .. stop - size, one "
+        "draw per group (empty: [0, num_steps // 2], Flow-GRPO-Fast's sde_window_range).")})
     stride: int = field(default=1, metadata={"help": "sliding_window: steps the window moves each shift."})
     shift_every: int = field(default=25, metadata={"help": (
         "sliding_window: training steps between shifts (MixGRPO 20-25).")})
@@ -71,6 +77,9 @@ class StepSchedule:
             raise ValueError(f"policy.schedule.weights={self.weights} must give one weight per chunk {self.sizes}")
         if self.end not in WINDOW_ENDS:
             raise ValueError(f"policy.schedule.end={self.end!r} is not one of {', '.join(WINDOW_ENDS)}")
+        if self.window_range and (len(self.window_range) != 2 or not 0 <= self.window_range[0] < self.window_range[1]):
+            raise ValueError(f"policy.schedule.window_range={self.window_range} must be [first, stop) with "
+                             "0 <= first < stop")
         if self.kind == "sliding_window" and (self.stride < 1 or self.shift_every < 1):
             raise ValueError(f"policy.schedule.stride={self.stride} and shift_every={self.shift_every} must be >= 1")
 
@@ -89,11 +98,22 @@ class StepSchedule:
         first = self.start + self.stride * (shifts % ((last - self.start) // self.stride + 1))
         return first, min(first + self.size, last)
 
-    def stochastic(self, num_steps: int, training_step: int) -> torch.Tensor:
-        """bool [U]: the steps that sample by SDE (the others are ODE steps)."""
+    def random_window(self, num_steps: int, generator: torch.Generator) -> tuple[int, int]:
+        """[first, stop) of a random_window draw: first uniform in range[0] .. range[1] - size."""
+        low, high = self.window_range or [0, num_steps // 2]
+        if high > num_steps or self.size < 1 or high - low < self.size:
+            raise ValueError(f"policy.schedule.window_range={[low, high]} must hold a window of size {self.size} "
+                             f"within the {num_steps} steps")
+        first = int(torch.randint(low, high - self.size + 1, (1,), generator=generator))
+        return first, first + self.size
+
+    def stochastic(self, num_steps: int, training_step: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """bool [U]: the steps that sample by SDE (the others are ODE steps); random_window draws its
+        window from `generator` (the group's)."""
         out = torch.ones(num_steps, dtype=torch.bool)
-        if self.kind in ("window", "sliding_window"):
-            first, stop = self.window(num_steps, training_step)
+        if self.kind in ("window", "random_window", "sliding_window"):
+            first, stop = (self.random_window(num_steps, generator) if self.kind == "random_window"
+                           else self.window(num_steps, training_step))
             if stop > num_steps:
                 raise ValueError(f"policy.schedule window [{first}, {stop}) does not fit {num_steps} steps")
             out[:] = False
@@ -101,9 +121,10 @@ class StepSchedule:
         return out
 
     def trained(self, num_steps: int, training_step: int, generator: torch.Generator) -> torch.Tensor:
-        """bool [U] for one rollout (random kinds draw from `generator`); never the last step."""
+        """bool [U] for one rollout (random kinds draw from `generator`); never the last step.
+        random_window: every step, the rollout keeping those its group sampled by SDE."""
         u = num_steps
-        if self.kind == "all_but_last":
+        if self.kind in ("all_but_last", "random_window"):
             out = torch.ones(u, dtype=torch.bool)
         elif self.kind == "random_fraction":
             k = max(1, round(self.fraction * (u - 1)))

@@ -22,6 +22,13 @@ from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
 from .episodes import EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
+from .logprob_settings import (
+    logprob_check_field,
+    logprob_check_tolerance_field,
+    logprob_chunk_tokens_field,
+    logprob_setting_problems,
+    logprobs_from_field,
+)
 from .prefix_sharing import SHARED_ATTENTION, unsupported_reason
 from .scoring import TokenScoring
 from .vllm_engine import VLLMConfig, VLLMEngine
@@ -72,9 +79,13 @@ class CausalLMConfig:
         "filtering).")})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute activations in backward to save memory.")})
+    logprobs_from: Literal["hidden_states", "logits"] = logprobs_from_field()
+    logprob_chunk_tokens: int = logprob_chunk_tokens_field()
     logprob_chunk_rows: int = field(default=1024, metadata={"help": (
-        "Logit rows per chunk of the fp32 log-softmax over the vocabulary, so the full fp32 logits of a "
-        "micro-batch are never held at once (memory bound, not a numeric setting).")})
+        "Logit rows per chunk of the fp32 log-softmax over the vocabulary with logprobs_from logits, so the full "
+        "fp32 logits of a micro-batch are never held at once (memory bound, not a numeric setting).")})
+    logprob_check: bool = logprob_check_field()
+    logprob_check_tolerance: float | None = logprob_check_tolerance_field()
     # log-prob passes run each group's prompt once (prefix_sharing.py); YAML's on/off are
     # booleans, so true / false mean on / off
     prefix_sharing: Literal["auto", "on", "off"] | bool = field(default="auto", metadata={"help": (
@@ -112,6 +123,9 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             problems.append(f"policy.max_prompt_length={cfg.max_prompt_length} must be at least 1 (null: no limit)")
         if cfg.temperature <= 0:
             problems.append(f"policy.temperature={cfg.temperature} must be > 0")
+        problems.extend(logprob_setting_problems(cfg))
+        if cfg.logprob_chunk_rows < 1:
+            problems.append(f"policy.logprob_chunk_rows={cfg.logprob_chunk_rows} must be at least 1")
         if cfg.prefix_sharing not in ("auto", "on", "off", True, False):
             problems.append(f"policy.prefix_sharing={cfg.prefix_sharing!r} is not one of auto, on, off")
         elif cfg.prefix_sharing in ("on", True) and cfg.attn_implementation not in (None, *SHARED_ATTENTION):
@@ -222,7 +236,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         for i, t in enumerate(targets):
             ids[i, :len(t)] = torch.tensor(t)
             mask[i, :len(t)] = 1
-        logp, _ = self._token_logprobs(model, prompts, ids, mask, 1.0, False, as_sampled=False)
+        logp, _ = self._token_logprobs(model, prompts, ids, mask, 1.0, False, as_sampled=False,
+                                       head=self._output_head(model))
         mask = mask.to(logp.device)
         return -(logp * mask).sum() / mask.sum()
 

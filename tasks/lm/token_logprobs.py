@@ -3,7 +3,8 @@
 log p(y) = z_y - logsumexp(z) computed in fp32 one block of rows at a time; the backward
 recomputes softmax per block (d logp / d z = onehot(y) - softmax(z)), so only the logits in the
 model's dtype and one fp32 log-normaliser per token are kept between forward and backward.
-Entropy H = logsumexp(z) - sum softmax(z) z comes from the same pass, without grad.
+Entropy H = logsumexp(z) - sum softmax(z) z comes from the same pass, with its gradient
+dH/dz_j = -p_j (log p_j + H) (an entropy bonus trains).
 
 The blocks are views of the logits, also where the logits are a slice of the model's output
 (`logits[:, P - 1:-1]`, not viewable as one [rows, V] matrix): such a slice is never copied whole.
@@ -37,47 +38,85 @@ def row_blocks(logits: Tensor, chunk_rows: int) -> Iterator[tuple[int, Tensor]]:
         yield start, flat[start:start + chunk_rows]
 
 
+def scaled_block(raw: Tensor, temperature: float, banned: Tensor | None) -> Tensor:
+    """fp32 logits [n, V] of a block of raw logits (a new tensor), divided by the temperature, the
+    banned ids at the lowest fp32 value (probability 0, no gradient) as the sampler bans them."""
+    z = raw.to(torch.float32, copy=True)
+    if temperature != 1.0:
+        z.div_(temperature)
+    if banned is not None:
+        z.index_fill_(1, banned, torch.finfo(torch.float32).min)
+    return z
+
+
+def block_stats(z: Tensor, targets: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(log-normaliser, log p(targets), entropy or None) [n] of a block of fp32 logits z [n, V]
+    (overwritten when the entropy is asked)."""
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(1, targets[:, None]).squeeze(1) - lse
+    if not want_entropy:
+        return lse, logp, None
+    log_p = z.sub_(lse[:, None])
+    return lse, logp, -log_p.exp().mul_(log_p).sum(-1)
+
+
+def block_grad(z: Tensor, lse: Tensor, targets: Tensor, g_logp: Tensor,
+               entropy_grad: tuple[Tensor, Tensor] | None, temperature: float, banned: Tensor | None) -> Tensor:
+    """d loss / d raw logits [n, V] in fp32 (z, the block's fp32 logits, is overwritten):
+    (g_logp (onehot(y) - p) - g_H p (log p + H)) / T, 0 at the banned ids."""
+    log_p = z.sub_(lse[:, None])
+    p = log_p.exp()
+    if entropy_grad is not None:
+        entropy, g_entropy = entropy_grad
+        from_entropy = log_p.add_(entropy[:, None]).mul_(p).mul_(g_entropy[:, None])  # in z's memory
+    dz = p.mul_(-g_logp[:, None])
+    dz.scatter_add_(1, targets[:, None], g_logp[:, None])
+    if entropy_grad is not None:
+        dz.sub_(from_entropy)
+    if banned is not None:
+        dz.index_fill_(1, banned, 0.0)
+    return dz.div_(temperature) if temperature != 1.0 else dz
+
+
 class _SelectiveLogSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, chunk_rows: int, want_entropy: bool):
+    def forward(ctx, logits: Tensor, targets: Tensor, chunk_rows: int, want_entropy: bool, temperature: float,
+                banned: Tensor | None):
         tgt = targets.reshape(-1)
         lse = torch.empty(tgt.shape[0], dtype=torch.float32, device=logits.device)
-        chosen = torch.empty_like(lse)
+        logp = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if want_entropy else None
         for start, rows in row_blocks(logits, chunk_rows):
-            block = rows.float()
-            end = start + block.shape[0]
-            block_lse = torch.logsumexp(block, dim=-1)
-            lse[start:end] = block_lse
-            chosen[start:end] = block.gather(1, tgt[start:end, None]).squeeze(1)
+            end = start + rows.shape[0]
+            block_lse, block_logp, block_entropy = block_stats(scaled_block(rows, temperature, banned),
+                                                               tgt[start:end], want_entropy)
+            lse[start:end], logp[start:end] = block_lse, block_logp
             if want_entropy:
-                probs = torch.exp(block - block_lse[:, None])
-                entropy[start:end] = block_lse - (probs * block).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.chunk_rows = chunk_rows
-        logp = (chosen - lse).view(targets.shape)
+                entropy[start:end] = block_entropy
+        ctx.save_for_backward(logits, targets, lse, entropy, banned)
+        ctx.chunk_rows, ctx.temperature = chunk_rows, temperature
         ent = entropy.view(targets.shape) if want_entropy else torch.zeros((), device=logits.device)
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
+        return logp.view(targets.shape), ent
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets, lse, entropy, banned = ctx.saved_tensors
         tgt = targets.reshape(-1)
         g = grad_logp.reshape(-1).float()
+        g_entropy = grad_entropy.reshape(-1).float() if entropy is not None else None
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # dense, whatever the input's layout
         grad_rows = grad.view(-1, logits.shape[-1])
         for start, rows in row_blocks(logits, ctx.chunk_rows):
             end = start + rows.shape[0]
-            gb = g[start:end, None]
-            block_grad = -torch.exp(rows.float() - lse[start:end, None]) * gb
-            block_grad.scatter_add_(1, tgt[start:end, None], gb)
-            grad_rows[start:end] = block_grad
-        return grad, None, None, None
+            grad_rows[start:end] = block_grad(scaled_block(rows, ctx.temperature, banned), lse[start:end], tgt[start:end], g[start:end],
+                                              None if entropy is None else (entropy[start:end], g_entropy[start:end]),
+                                              ctx.temperature, banned)
+        return grad, None, None, None, None, None
 
 
-def selective_log_softmax(logits: Tensor, targets: Tensor, chunk_rows: int = 1024,
-                          with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    """fp32 log p(targets) of logits [..., V] (and the entropy of each distribution if asked)."""
-    logp, ent = _SelectiveLogSoftmax.apply(logits, targets, chunk_rows, with_entropy)
+def selective_log_softmax(logits: Tensor, targets: Tensor, chunk_rows: int = 1024, with_entropy: bool = False,
+                          temperature: float = 1.0, banned: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """fp32 log p(targets) of logits [..., V] divided by `temperature` in fp32, the `banned` ids at
+    probability 0 (and the entropy of each distribution if asked)."""
+    logp, ent = _SelectiveLogSoftmax.apply(logits, targets, chunk_rows, with_entropy, float(temperature), banned)
     return logp, (ent if with_entropy else None)

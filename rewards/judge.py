@@ -1,0 +1,258 @@
+"""Judges behind OpenAI-compatible servers (`vllm serve`, SGLang, `transformers serve`): ``judge``
+scores each row, ``judge_pairwise`` each row's win rate within its prompt group.
+
+Each question is one ``POST URL/v1/chat/completions`` through the served rewards' transport
+(``rewards.NAME.url`` and ``client``: batching into concurrent requests, timeout, retries, cache,
+record / replay, ``on_failure``). The user message is `template` with ``{prompt}``,
+``{completion}`` (pairwise: ``{completion_a}``, ``{completion_b}``) and any data column by name
+filled in, after the images `images` names ("completion": the generated image or video frames; a
+column name: that column's) as base64 PNG ``image_url`` parts.
+
+Reading the answer (`parse`): ``regex``, the last match of `pattern` (its first group if it has
+one) read as a number that must lie in `score_range` (pairwise: looked up in `verdicts`, the
+probability the first completion wins); or ``yes_probability``, Flow-Factory's ``P(Yes) / (P(Yes)
++ P(No))`` over the first answer token's ``top_logprobs`` (the spellings `yes_tokens` /
+`no_tokens`, compared after stripping spaces). An answer that cannot be read is never a number: it
+is counted in ``reward/NAME/unparsed_frac`` and, like a failed request, stops the step
+(``on_failure: stop``) or leaves its rows without this reward (``skip``). Pairwise, every pair of
+the group is asked once (``pairs: once``, Pref-GRPO) or in both orders (``both``), and the win
+rates counted as `win_rate.win_rates` counts them; a group with a pair that got no answer gets no
+reward. docs/rewards.md#judges."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import inspect
+import io
+import math
+import re
+import string
+from itertools import combinations
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from mmrl.core.scoring import register_reward
+from mmrl.errors import UserError
+from mmrl.serving.remote_reward import SENDS_OWN_REQUESTS, RemoteRewardError, stop_unless_skipped
+from mmrl.serving.transport import Answer, Failure, Transport
+from .win_rate import win_rates
+
+CHAT_PATH = "/v1/chat/completions"
+NUMBER = r"(-?\d+(?:\.\d+)?)"
+FIRST_OR_SECOND = {"1": 1.0, "2": 0.0}  # judge_pairwise's default verdicts: the matched text -> p(first wins)
+Parse = Literal["regex", "yes_probability"]
+
+
+def image_parts(value: Any) -> list[dict[str, Any]]:
+    """``image_url`` content parts of an image, of video frames (a list, or an array [F, H, W, C])."""
+    if isinstance(value, (list, tuple)):
+        return [part for v in value for part in image_parts(v)]
+    if isinstance(value, np.ndarray) and value.ndim == 4:
+        return [part for frame in value for part in image_parts(frame)]
+    from PIL import Image
+    image = Image.fromarray(np.asarray(value, dtype=np.uint8)) if isinstance(value, np.ndarray) else value
+    if not hasattr(image, "save"):
+        raise UserError(f"a judge's images must be PIL images, frames or uint8 arrays; got {type(value).__name__}")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}]
+
+
+def user_message(reward: str, template: str, fields: dict[str, Any], images: list[Any]) -> dict[str, Any]:
+    """The user turn: the images, then `template` filled from `fields`."""
+    try:
+        text = template.format_map(fields)
+    except KeyError as e:
+        raise UserError(f"rewards.{reward}.args.template names {{{e.args[0]}}}, which is not one of "
+                        f"{', '.join(sorted(fields))}") from None
+    parts = [part for value in images for part in image_parts(value)]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}] if parts else text}
+
+
+class Reading:
+    """How an answer becomes a number (the module docstring), checked when built."""
+
+    def __init__(self, reward: str, parse: Parse, pattern: str, score_range: Sequence[float] | None,
+                 verdicts: dict[str, float] | None, yes_tokens: Sequence[str], no_tokens: Sequence[str]):
+        key = f"rewards.{reward}.args"
+        if parse not in ("regex", "yes_probability"):
+            raise UserError(f"{key}.parse={parse!r}: choose regex or yes_probability")
+        try:
+            self.pattern = re.compile(pattern)
+        except re.error as e:
+            raise UserError(f"{key}.pattern={pattern!r} is not a regular expression: {e}") from None
+        if score_range is not None and (len(score_range) != 2 or not score_range[0] < score_range[1]):
+            raise UserError(f"{key}.score_range={score_range!r}: give [low, high] with low < high")
+        if verdicts is not None and not all(0.0 <= float(p) <= 1.0 for p in verdicts.values()):
+            raise UserError(f"{key}.verdicts={verdicts!r}: each verdict's value is p(first wins), in [0, 1]")
+        self.parse, self.score_range, self.verdicts = parse, score_range, verdicts
+        self.yes, self.no = {t.strip() for t in yes_tokens}, {t.strip() for t in no_tokens}
+
+    def body(self, model: str, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int) -> dict:
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        if self.parse == "yes_probability":
+            body.update(max_tokens=1, logprobs=True, top_logprobs=top_logprobs)
+        return body
+
+    def read(self, choice: dict[str, Any]) -> float | None:
+        """The answer's number, or None when it cannot be read."""
+        if self.parse == "yes_probability":
+            content = (choice.get("logprobs") or {}).get("content") or [{}]
+            top = content[0].get("top_logprobs") or []
+            p_yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip() in self.yes)
+            p_no = sum(math.exp(t["logprob"]) for t in top if t["token"].strip() in self.no)
+            return p_yes / (p_yes + p_no) if p_yes + p_no > 0 else None
+        found = self.pattern.findall((choice.get("message") or {}).get("content") or "")
+        if not found:
+            return None
+        text = found[-1] if isinstance(found[-1], str) else found[-1][0]
+        if self.verdicts is not None:
+            p = self.verdicts.get(text.strip())
+            return None if p is None else float(p)
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        low, high = self.score_range or (-math.inf, math.inf)
+        return value if math.isfinite(value) and low <= value <= high else None
+
+
+def ask(reward: str, transport: Transport | None, reading: Reading, bodies: list[dict], spans: list[list[int]],
+        total: int, group_ids: Sequence[int] | None) -> list[float | str]:
+    """Each question's number, or ``"failed"`` / ``"unparsed"`` where its request failed or its answer
+    could not be read (each stops the step unless on_failure is skip)."""
+    if transport is None:
+        raise UserError(f"rewards.{reward}.url: a judge needs the url of an OpenAI-compatible server "
+                        f"(or rewards.{reward}.replay)")
+    on_failure = transport.settings.on_failure
+    out: list[float | str] = []
+    for span, answer in zip(spans, transport.send(CHAT_PATH, bodies)):
+        if isinstance(answer, Failure):
+            stop_unless_skipped(reward, on_failure, answer, span, total, group_ids)
+            out.append("failed")
+            continue
+        value = reading.read(first_choice(reward, answer))
+        if value is None:
+            unreadable(reward, on_failure, answer, span, total)
+        out.append("unparsed" if value is None else value)
+    return out
+
+
+def first_choice(reward: str, answer: Answer) -> dict[str, Any]:
+    choices = answer.value.get("choices") if isinstance(answer.value, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        raise RemoteRewardError(f"reward {reward!r}: {answer.source} answered {str(answer.value)[:120]!r}, not a "
+                                "chat completion with choices")
+    return choices[0]
+
+
+def unreadable(reward: str, on_failure: str, answer: Answer, span: list[int], total: int) -> None:
+    """Raise for an answer the parser cannot read unless on_failure is skip."""
+    if on_failure == "skip":
+        return
+    choice = answer.value["choices"][0]
+    text = (choice.get("message") or {}).get("content")
+    raise RemoteRewardError(f"reward {reward!r}: {answer.source} answered {str(text)[:80]!r} for rows "
+                            f"{min(span)}-{max(span)} of {total}, which rewards.{reward}.args (parse, pattern, "
+                            "score_range, verdicts, yes_tokens / no_tokens) cannot read as a score, so the step "
+                            f"did not train (rewards.{reward}.client.on_failure=stop; skip trains those rows "
+                            "without this reward)")
+
+
+def template_fields(prompts, completions, columns: dict[str, Sequence[Any]], i: int) -> dict[str, Any]:
+    return {**{k: v[i] for k, v in columns.items()}, "prompt": prompts[i], "completion": completions[i]}
+
+
+def row_images(reward: str, images: Sequence[str], completions, columns, i: int) -> list[Any]:
+    """Row i's images: the completion's, or a column's (an absent column is an error naming it)."""
+    missing = [name for name in images if name != "completion" and name not in columns]
+    if missing:
+        raise UserError(f"rewards.{reward}.args.images names {missing[0]!r}, which is neither 'completion' nor a "
+                        f"column of the rows ({', '.join(sorted(columns))})")
+    return [completions[i] if name == "completion" else columns[name][i] for name in images]
+
+
+@register_reward("judge")
+def judge(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
+          pattern: str = NUMBER, score_range: list[float] | None = None, yes_tokens: Sequence[str] = ("Yes",),
+          no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20, images: Sequence[str] = (),
+          system: str = "", max_tokens: int = 256, temperature: float = 0.0, *, transport: Transport | None = None,
+          log_metric=None, **columns):
+    """Each completion's score from the judge (the module docstring)."""
+    reading = Reading("judge", parse, pattern, score_range, None, yes_tokens, no_tokens)
+    head = [{"role": "system", "content": system}] if system else []
+    bodies = [reading.body(model, [*head, user_message("judge", template, template_fields(
+        prompts, completions, columns, i), row_images("judge", images, completions, columns, i))],
+        max_tokens, temperature, top_logprobs) for i in range(len(completions))]
+    answers = ask("judge", transport, reading, bodies, [[i] for i in range(len(completions))], len(completions),
+                  columns.get("group_id"))
+    count_rows(log_metric, answers)
+    return [None if isinstance(a, str) else a for a in answers]
+
+
+@register_reward("judge_pairwise", per_group=True)
+def judge_pairwise(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
+                   pattern: str = r"\b([12])\b", verdicts: dict[str, float] | None = None,
+                   yes_tokens: Sequence[str] = ("Yes",), no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20,
+                   images: Sequence[str] = (), system: str = "", max_tokens: int = 256, temperature: float = 0.0,
+                   pairs: Literal["once", "both"] = "once", *, transport: Transport | None = None,
+                   log_metric=None, **columns):
+    """Each completion's win rate within its prompt group, the judge asked about each pair (the
+    module docstring); `template` fills {completion_a} and {completion_b}."""
+    verdicts = FIRST_OR_SECOND if parse == "regex" and verdicts is None else verdicts
+    reading = Reading("judge_pairwise", parse, pattern, None, verdicts, yes_tokens, no_tokens)
+    n = len(completions)
+    if n < 2:
+        return [None] * n
+    asked = [*combinations(range(n), 2)]
+    asked += [(j, i) for i, j in asked] if pairs == "both" else []
+    head = [{"role": "system", "content": system}] if system else []
+    bodies = []
+    for i, j in asked:
+        fields = {**template_fields(prompts, completions, columns, i), "completion_a": completions[i],
+                  "completion_b": completions[j]}
+        shown = [*row_images("judge_pairwise", images, completions, columns, i),
+                 *row_images("judge_pairwise", images, completions, columns, j)]
+        bodies.append(reading.body(model, [*head, user_message("judge_pairwise", template, fields, shown)],
+                                   max_tokens, temperature, top_logprobs))
+    answers = ask("judge_pairwise", transport, reading, bodies, [list(pair) for pair in asked], n,
+                  columns.get("group_id"))
+    lost = [a for a in answers if isinstance(a, str)]
+    if lost:  # no win rate without every pair: the group's rows are lost as its worst pair was
+        count_rows(log_metric, ["unparsed" if "unparsed" in lost else "failed"] * n)
+        return [None] * n
+    p = dict(zip(asked, answers))
+    count_rows(log_metric, [0.0] * n)
+    return win_rates(range(n), lambda a, b: p[(a, b)], pairs)
+
+
+def count_rows(log_metric, outcomes: list[float | str]) -> None:
+    """``sent_rows``, ``failed_rows`` and ``unparsed_rows`` (reward/NAME/failed_frac, unparsed_frac)."""
+    if log_metric is not None:
+        log_metric("sent_rows", len(outcomes))
+        log_metric("failed_rows", outcomes.count("failed"))
+        log_metric("unparsed_rows", outcomes.count("unparsed"))
+
+
+def args_problems(reward: str, defaults: dict[str, Any], args: dict[str, Any]) -> list[str]:
+    """What is wrong with ``rewards.NAME.args`` of a judge, found before any model loads."""
+    given = {**defaults, **args}
+    if "template" not in args:
+        return [f"rewards.{reward}.args.template is missing: the judge's user message"]
+    try:
+        Reading(reward, given["parse"], given["pattern"], given.get("score_range"), given.get("verdicts"),
+                given["yes_tokens"], given["no_tokens"])
+        list(string.Formatter().parse(args["template"]))  # a ValueError for a malformed template
+    except UserError as e:
+        return [str(e)]
+    except ValueError as e:
+        return [f"rewards.{reward}.args.template={args['template']!r} is not a template: {e}"]
+    return []
+
+
+for _judge in (judge, judge_pairwise):
+    setattr(_judge, SENDS_OWN_REQUESTS, True)
+    _defaults = {k: p.default for k, p in inspect.signature(_judge).parameters.items() if p.default is not p.empty}
+    _judge.args_problems = functools.partial(args_problems, _judge.__name__, _defaults)

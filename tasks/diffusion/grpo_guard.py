@@ -1,0 +1,29 @@
+"""GRPO-Guard's per-step scales (Wang et al. 2025, 'GRPO-Guard: Mitigating Implicit Over-Optimization
+in Flow Matching via Regulated Clipping'; the authors' train_sd3_GRPO_Guard.py with rationorm).
+
+For a Gaussian SDE step of std s = sigma_t sqrt(|dt|) the log-ratio l = log pi_theta - log pi_old
+(mean over dims) has a mean below 0 and a spread that grows as s shrinks. GRPO-Guard takes
+
+    rho = exp((l + mean_d (mu_theta - mu_old)^2 / (2 s^2)) s)
+
+(its mean-shift term is 0 with one update pass, the old mean being the current one) and divides
+each step's clipped surrogate by |dt|, so that every step weighs alike in the gradient.
+`guard_step_scales` gives (s, 1 / |dt|) for one step; `algorithm.ratio_norm: grpo_guard`
+applies them (mmrl/core/objectives.py, policy_loss).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .samplers import SAMPLERS
+
+GUARD_SAMPLERS = ("flow_sde", "dance")  # Gaussian SDE steps whose std is sigma_t sqrt(|dt|)
+
+
+def guard_step_scales(sampler: str, s: float, s_next: float, strength: float) -> tuple[float, float]:
+    """(the step's std, 1 / |dt|) of the step from level s to s_next."""
+    if sampler not in GUARD_SAMPLERS:
+        raise ValueError(f"algorithm.ratio_norm=grpo_guard needs policy.sampler in {GUARD_SAMPLERS}, not {sampler!r}")
+    _, std = SAMPLERS.get(sampler)(torch.zeros(1), torch.zeros(1), s, s_next, strength)
+    return std, 1.0 / abs(s_next - s)

@@ -1,0 +1,112 @@
+"""The log-probs of masked diffusion LMs (`DLMPolicy` builds on `MaskedScoring`): each unit's
+log-prob is its estimator's weighted sum over views of the canvas with tokens masked
+(`estimators.py`), read from the model's logits at the completion positions, or, with
+`policy.logprobs_from: hidden_states`, from the hidden states of each view's scored (masked)
+positions only, through the output head a chunk of tokens at a time (`tasks/lm/hidden_logprobs.py`);
+`policy.logprob_check` compares the two once, on the run's first micro-batch."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mmrl.core.policy import Policy
+from mmrl.core.rollout import Rollout
+
+from ..lm.logprob_check import compare_paths
+from ..lm.logprob_settings import check_tolerance, output_head_for
+from ..lm.output_head import OutputHead
+from ..lm.rollout_batches import full_width, used_width
+from ..lm.token_logprobs import selective_log_softmax
+from .estimators import EstimatorArgs, view_seed
+
+logger = logging.getLogger(__name__)
+
+
+class MaskedScoring(Policy):
+    """The log-prob half of `DLMPolicy`: it reads the subclass's `cfg` (a `DLMConfig`), `estimate`
+    (the estimator), `mask_id` and `_accepts` (the forward's keyword arguments)."""
+
+    _logprobs_checked = False  # policy.logprob_check ran (on this process's first micro-batch)
+
+    def logits(self, model: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor) -> Tensor:
+        """Logits [B, K, V] predicting the tokens at `positions` [K] of the canvas `ids` [B, L]."""
+        device = next(model.parameters()).device
+        ids, attention, positions = ids.to(device), attention.to(device), positions.to(device)
+        wanted = positions - 1 if self.cfg.logits_shift else positions
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if self.cfg.attention_mask == "2d" and "attention_mask" in self._accepts:
+            kwargs["attention_mask"] = attention
+        elif self.cfg.attention_mask == "4d" and "attention_mask" in self._accepts:
+            kwargs["attention_mask"] = (attention[:, None, :, None] * attention[:, None, None, :]).bool()
+        if "position_ids" in self._accepts:
+            kwargs["position_ids"] = (attention.cumsum(-1) - 1).clamp(min=0)
+        if "use_cache" in self._accepts:
+            kwargs["use_cache"] = False
+        if "logits_to_keep" in self._accepts:
+            return model(**kwargs, logits_to_keep=wanted).logits
+        return model(**kwargs).logits[:, wanted]
+
+    def pass_view(self, batch: Rollout, pass_index: int) -> Rollout:
+        """The batch with the masks of update pass `pass_index` (d1: a fresh mask per pass)."""
+        return replace(batch, extras={**batch.extras, "mask_pass": pass_index})
+
+    def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
+                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """logp_u = sum_v 1[u in S_v] w_v log p(y_u | view v) (estimators.py), fp32."""
+        ex = batch.extras
+        generators = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
+        args = EstimatorArgs(self.cfg.p_mask, self.cfg.elbo_points, self.cfg.coupled_full_view)
+        views = self.estimate(generators, ex["prompt_mask"], ex["completion_ids"].shape[1], args)
+        used = used_width(batch.unit_mask)  # columns past every row's end are not scored
+        head = output_head_for(model, self.cfg, self.parallel, logger)
+        logp, ent = self._estimate(model, ex, views, used, head, with_entropy)
+        mask = batch.unit_mask[:, :used].to(logp.device)
+        if head is not None and self.cfg.logprob_check and not self._logprobs_checked:
+            self._logprobs_checked = True  # the run's first micro-batch on this process
+            with torch.no_grad():
+                plain, _ = self._estimate(model, ex, views, used, None, False)
+            compare_paths(logp.detach(), plain, mask, check_tolerance(self.cfg, head), logger)
+        return full_width(logp * mask, ent * mask if ent is not None else None, ex["completion_ids"].shape[1], units)
+
+    def _estimate(self, model: nn.Module, ex: dict[str, Any], views: list, used: int, head: OutputHead | None,
+                  with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """The estimator's log-probs [B, used] over its views (and the mean entropy where scored)."""
+        prompt_ids, prompt_mask, completion_ids = ex["prompt_ids"], ex["prompt_mask"], ex["completion_ids"]
+        rows, width = completion_ids.shape
+        plen = prompt_ids.shape[1]
+        attention = torch.cat([prompt_mask, torch.ones(rows, width, dtype=prompt_mask.dtype)], dim=1)
+        positions = torch.arange(plen, plen + used)
+        device = next(model.parameters()).device
+        logp = torch.zeros(rows, used, device=device)
+        ent = torch.zeros(rows, used, device=device) if with_entropy else None
+        hits = torch.zeros(rows, used, device=device)
+        for view in views:
+            ids = torch.cat([prompt_ids.masked_fill(view.prompt_masked, self.mask_id),
+                             completion_ids.masked_fill(view.masked, self.mask_id)], dim=1)
+            scored = view.masked[:, :used].to(device)
+            lp, e = self._view_logprobs(model, ids, attention, positions, completion_ids[:, :used].to(device), scored,
+                                        head, with_entropy)
+            logp = logp + torch.where(scored, lp * view.weight[:, None].to(device), 0.0)
+            hits = hits + scored
+            if ent is not None:
+                ent = ent + torch.where(scored, e, 0.0)
+        return logp, (ent / hits.clamp(min=1) if ent is not None else None)
+
+    def _view_logprobs(self, model: nn.Module, ids: Tensor, attention: Tensor, positions: Tensor, targets: Tensor,
+                       scored: Tensor, head: OutputHead | None, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """Log-probs [B, K] (and entropies) of `targets` at `positions` of one view's canvas `ids`:
+        from the logits, or through `head` from the hidden states of the `scored` positions only
+        (0 at the others)."""
+        if head is None:
+            return selective_log_softmax(self.logits(model, ids, attention, positions), targets,
+                                         with_entropy=with_entropy)
+        with head.passing_hidden_states():
+            hidden = self.logits(model, ids, attention, positions)  # the head passes its input: [B, K, H]
+        lp, e = head.logprobs(hidden[scored], targets[scored], 1.0, self.cfg.logprob_chunk_tokens, with_entropy)
+        zeros = torch.zeros(scored.shape, device=lp.device)
+        return zeros.masked_scatter(scored, lp), (zeros.masked_scatter(scored, e) if with_entropy else None)
