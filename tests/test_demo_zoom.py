@@ -16,7 +16,7 @@ from mmrl.tasks.demos.evaluators import zoom_answers
 from mmrl.tasks.demos.synthetic.zoom_patches import zoom_patches
 from mmrl.tasks.demos.synthetic.shapes import COLOURS
 
-ARGS = dict(size=448, grid=4, dot=8, input_size=112)
+ARGS = dict(size=448, grid=4, dot=8, input_size=112, zoom_side=8)  # the recipe's
 
 
 def _call_box(call: str) -> list[int]:
@@ -36,10 +36,30 @@ def test_the_dot_is_two_input_pixels_and_whole_in_the_taught_crop():
     dot = question["dot_box"]
     assert box[0] <= dot[0] and box[1] <= dot[1] and box[2] >= dot[2] and box[3] >= dot[3]
     crop = np.asarray(answer_turn["images"][1]).astype(int)
-    assert crop.shape == (112, 112, 3) and (np.abs(crop - colour).max(axis=2) == 0).sum() == 64
+    assert crop.shape == (32, 32, 3) and (np.abs(crop - colour).max(axis=2) == 0).sum() == 64
     assert answer_turn["target"] == f"<answer>{question['answer']}</answer>"
     assert answer_turn["prompt"][1]["content"] == question["target"] + "<eos>"
     assert [r["prompt"] for r in data["eval"]] == [question["prompt"]] * 4  # held out: questions only
+
+
+def test_the_model_reads_the_crop_at_its_input_size_with_the_dot_over_whole_patches():
+    """min_pixels = max_pixels: the 32-pixel crop enters the model at 112 x 112, as the canvas does;
+    the 8-pixel dot becomes 28 pixels there, two 14-pixel patches a side."""
+    from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
+    _, processor = qwen25_vl_char(hidden=16, layers=1, vision_hidden=16, max_pixels=112 * 112, min_pixels=112 * 112)
+    question, answer_turn = zoom_patches(n_train=1, n_eval=1, seed=2, **ARGS)["train"]
+    grids = processor.image_processor(images=answer_turn["images"], return_tensors="pt")["image_grid_thw"]
+    assert grids.tolist() == [[1, 8, 8], [1, 8, 8]]
+    crop = np.asarray(answer_turn["images"][1].resize((112, 112), Image.BICUBIC)).astype(int)
+    near = np.abs(crop - np.array(COLOURS[question["answer"]])).max(axis=2) < 40
+    assert near[44:68, 44:68].all() and near.sum() <= 28 * 28  # its edges blur at the resize
+
+
+def test_zoom_side_outside_the_dot_and_the_cell_is_refused():
+    with pytest.raises(ValueError, match="zoom_side=40"):
+        zoom_patches(n_train=1, n_eval=1, **{**ARGS, "zoom_side": 40})
+    with pytest.raises(ValueError, match="zoom_side=1 "):
+        zoom_patches(n_train=1, n_eval=1, **{**ARGS, "zoom_side": 1})
 
 
 def test_zoom_evaluator_scores_answers_and_counts_zooms_on_the_dot():

@@ -48,36 +48,44 @@ def _canvas(colour: str, row: int, col: int, size: int, grid: int, dot: int):
     return image, cell_box, dot_box
 
 
-def zoom_rows(n: int, size: int, grid: int, dot: int, input_size: int, rng: random.Random,
+def zoom_rows(n: int, size: int, grid: int, dot: int, input_size: int, zoom_side: int, rng: random.Random,
               with_turns: bool) -> list[dict]:
     """`n` questions (`with_turns`: each followed by the row of its answer turn, for the warm start)."""
     rows = []
-    step = input_size // grid
+    step, scale = input_size // grid, size / input_size
     for _ in range(n):
         colour, row, col = rng.choice(list(COLOURS)), rng.randrange(grid), rng.randrange(grid)
-        image, cell_box, dot_box = _canvas(colour, row, col, size, grid, dot)
-        call = zoom_call([col * step, row * step, (col + 1) * step, (row + 1) * step])
-        common = {"answer": colour, "dot_box": dot_box, "scale": size / input_size}
+        image, _, dot_box = _canvas(colour, row, col, size, grid, dot)
+        x, y = col * step + (step - zoom_side) // 2, row * step + (step - zoom_side) // 2
+        box = [x, y, x + zoom_side, y + zoom_side]  # centred on the dark cell, input frame
+        call = zoom_call(box)
+        common = {"answer": colour, "dot_box": dot_box, "scale": scale}
         rows.append({"prompt": QUESTION, "images": [image], "target": call, **common})
         if with_turns:
             # the answer turn: what an episode's context holds after the zoom (the model's turn ends
             # with the eos it sampled, then the chat template's tool turn with the crop)
             prompt = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": call + "<eos>"},
                       {"role": "tool", "content": "<image>"}]
-            rows.append({"prompt": prompt, "images": [image, image.crop(cell_box)],
-                         "target": f"<answer>{colour}</answer>", **common})
+            crop = image.crop([round(v * scale) for v in box])
+            rows.append({"prompt": prompt, "images": [image, crop], "target": f"<answer>{colour}</answer>", **common})
     return rows
 
 
 @DATASETS.register("zoom_patches")
 def zoom_patches(n_train: int = 2000, n_eval: int = 128, size: int = 448, grid: int = 4, dot: int = 8,
-                 input_size: int = 112, seed: int = 0):
-    """`n_train` training episodes (two rows each) and `n_eval` held-out questions."""
+                 input_size: int = 112, zoom_side: int | None = None, seed: int = 0):
+    """`n_train` training episodes (two rows each) and `n_eval` held-out questions; the taught
+    zoom box is `zoom_side` input pixels a side, centred on the dark cell (None: the whole cell)."""
     if size % grid or input_size % grid:
         raise ValueError(f"data.args: size={size} and input_size={input_size} must be multiples of grid={grid}")
+    step = input_size // grid
+    side = step if zoom_side is None else zoom_side
+    if not dot * input_size / size <= side <= step:
+        raise ValueError(f"data.args: zoom_side={zoom_side} must be between the dot's {dot * input_size / size:g} "
+                         f"input pixels and the cell's {step}")
     rng = random.Random(seed)
-    return {"train": zoom_rows(n_train, size, grid, dot, input_size, rng, with_turns=True),
-            "eval": zoom_rows(n_eval, size, grid, dot, input_size, rng, with_turns=False)}
+    return {"train": zoom_rows(n_train, size, grid, dot, input_size, side, rng, with_turns=True),
+            "eval": zoom_rows(n_eval, size, grid, dot, input_size, side, rng, with_turns=False)}
 
 
 def zoom_boxes(tool_calls: list[dict] | None, scale: float) -> list[list[float]]:
