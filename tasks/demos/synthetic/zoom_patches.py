@@ -1,15 +1,17 @@
 """Synthetic zoom-in: a large grey canvas with one dark cell that holds a small coloured dot,
 "what colour is the dot?". At the policy's input resolution the dot is a pixel or two, blended
-into the dark cell; the `zoom` tool's crop of the cell shows it at full resolution (the `zoom`
-demo, `mmrl demo zoom`).
+into the dark cell; the `zoom` tool's crop of the cell's centre shows it at full resolution, and
+larger still where the processor's `min_pixels` enlarges a small crop (the `zoom` demo,
+`mmrl demo zoom`).
 
 The canvas is a `grid` x `grid` of cells of `size / grid` pixels; the processor resizes it to
 `input_size` pixels a side, where each cell is `input_size / grid` pixels. A zoom's box is in that
-input frame (`policy.episode.box_frame: input`, Qwen2.5-VL's).
+input frame (`policy.episode.box_frame: input`, Qwen2.5-VL's); the taught box is `zoom_side`
+input pixels a side, centred on the dark cell, where the dot is.
 
 Held-out rows are one question each. Training rows come in pairs, the two model turns of one
 tool-using episode, each with its supervised target (`target`) for the warm start: the question
--> the zoom call on the dark cell; the question, that call and the crop it returns -> the answer.
+-> the zoom call on the dark cell's centre; the question, that call and the crop it returns -> the answer.
 RL reads both kinds of row (a row of the second kind asks for the answer with the crop already in
 its context).
 """
