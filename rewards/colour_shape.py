@@ -76,10 +76,11 @@ def colour_shape(prompts, completions, colour=None, shape=None, area: tuple[floa
     return [colour_shape_score(img, c, s, tuple(area)) for img, c, s in zip(completions, colour, shape)]
 
 
-def colour_shape_preference(a, b, colour: str, shape: str) -> float:
+def colour_shape_preference(a, b, colour: str, shape: str, area: tuple[float, float] = (0.08, 0.4)) -> float:
     """A pairwise judge made from the colour_shape score, for `win_rate` (`prefer:
     mmrl.rewards.colour_shape:colour_shape_preference`; the group's `colour` and `shape` columns are
-    passed in): 1 if image `a` scores higher, 0 if lower, 0.5 on a tie, as Pref-GRPO's judge answers
-    "Image 1 is better" / "Image 2 is better" / neither."""
-    sa, sb = colour_shape_score(a, colour, shape), colour_shape_score(b, colour, shape)
+    passed in, `area` as colour_shape's, from `prefer_args`): 1 if image `a` scores higher, 0 if
+    lower, 0.5 on a tie, as Pref-GRPO's judge answers "Image 1 is better" / "Image 2 is better" /
+    neither."""
+    sa, sb = colour_shape_score(a, colour, shape, tuple(area)), colour_shape_score(b, colour, shape, tuple(area))
     return 1.0 if sa > sb else 0.0 if sa < sb else 0.5

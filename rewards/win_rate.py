@@ -62,26 +62,35 @@ def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "
 
 @register_reward("win_rate", per_group=True)
 def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", decimals: int | None = None,
-             **columns):
+             prefer_args: dict | None = None, **columns):
     """Each completion's win rate within its prompt group under the preference function `prefer`
     names (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, ``prefer(a, b, ...) -> p(a beats b)``; the
     parameters it names after the two completions get the group's ``prompt`` or data column of
-    that name), rounded to `decimals` places when given."""
+    that name, or the value `prefer_args` gives them), rounded to `decimals` places when given."""
     if len(completions) < 2:
         return [None] * len(completions)
-    return win_rates(completions, group_preference(preference_function(prefer), prompts, columns), pairs, decimals)
+    judge = group_preference(preference_function(prefer), prompts, columns, prefer_args or {})
+    return win_rates(completions, judge, pairs, decimals)
 
 
-def group_preference(prefer: Preference, prompts: Sequence[Any], columns: dict[str, Any]) -> Preference:
-    """`prefer` with the parameters it names after (a, b) bound to the group's prompt (``prompt``)
-    or data columns (a group is one data row: its first row's values)."""
+def group_preference(prefer: Preference, prompts: Sequence[Any], columns: dict[str, Any],
+                     fixed: dict[str, Any] | None = None) -> Preference:
+    """`prefer` with the parameters it names after (a, b) bound to `fixed` (the recipe's
+    `prefer_args`), else to the group's prompt (``prompt``) or data columns (a group is one data
+    row: its first row's values)."""
     row = {"prompt": prompts[0], **{k: v[0] for k, v in columns.items() if isinstance(v, (list, tuple)) and v}}
-    named = list(inspect.signature(prefer).parameters.values())[2:]
-    bound = {}
+    params = list(inspect.signature(prefer).parameters.values())[2:]
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed) - {p.name for p in named})
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in params):
+        raise ValueError(f"rewards.win_rate.args.prefer_args: {unknown} are not parameters of the preference "
+                         f"function {getattr(prefer, '__name__', prefer)!r} ({', '.join(p.name for p in named)})")
+    bound = {k: v for k, v in fixed.items() if k in unknown}
     for param in named:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        if param.name in row:
+        if param.name in fixed:
+            bound[param.name] = fixed[param.name]
+        elif param.name in row:
             bound[param.name] = row[param.name]
         elif param.default is param.empty:
             raise ValueError(f"the preference function {getattr(prefer, '__name__', prefer)!r} takes {param.name!r}, "

@@ -3,6 +3,8 @@ the decoupled (proximal) objective against hand-written references."""
 
 import json
 import math
+import multiprocessing.queues
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,11 @@ from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.rollout_correction import importance_weights
-from mmrl.registry import import_user_module
+from mmrl.errors import UserError
+from mmrl.registry import ADAPTERS, import_user_module
+from mmrl.tasks.lm.causal_lm import CausalLMPolicy
 from mmrl.train.rollout_worker import RolloutWorker, RolloutWorkerDied
+from mmrl.train.weights_broadcast import backend_for
 from mmrl.train.plan import validate
 from mmrl.train.trainer import Trainer
 
@@ -138,6 +143,95 @@ def test_async_diffusion_at_staleness_0_is_the_synchronous_run(tmp_path):
     assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/mean_red", "loss"))
 
 
+DLM_RECIPE = {
+    "task": "dlm", "policy": {"model": "tiny:dlm-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2},
+                              "gen_length": 8, "block_length": 4, "steps": 4},
+    "data": {"name": "arithmetic", "args": {"n_train": 32, "n_eval": 4, "digits": 1}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 4}, "optim": {"lr": 1e-3, "prompts_per_step": 3, "micro_batch_size": 12},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+def test_async_dlm_at_staleness_0_is_the_synchronous_run(tmp_path):
+    """The worker decodes each group from its seed with the newest weights and keeps the seeds of the
+    estimator's masks: the same completions' rewards, losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync", recipe=DLM_RECIPE)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0", recipe=DLM_RECIPE)
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines, ("reward_mean", "reward/digit_share", "loss"))
+
+
+VLM_RECIPE = {
+    "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2,
+                                                                         "vision_hidden": 16},
+                              "max_new_tokens": 6},
+    "data": {"name": "shapes", "args": {"n_train": 16, "n_eval": 2, "size": 56}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+AUDIO_RECIPE = {
+    "task": "audio_lm", "policy": {"model": "tiny:qwen2-audio-char",
+                                   "tiny_args": {"hidden": 32, "layers": 1, "heads": 2, "audio_hidden": 16,
+                                                 "max_seconds": 1},
+                                   "max_new_tokens": 6},
+    "data": {"name": "tones", "args": {"n_train": 16, "n_eval": 2}},
+    "rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+VIDEO_RECIPE = {  # T-GRPO: each group with a video is followed by auxiliary rows drawn with its frames shuffled
+    "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2,
+                                                                         "vision_hidden": 16},
+                              "max_new_tokens": 6, "num_frames": 4, "shuffled_rollouts": 2,
+                              "video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56},
+    "data": {"name": "moving_dot", "args": {"n_train": 16, "n_eval": 2, "frames": 6, "size": 56}},
+    "rewards": {"digit_share": {"weight": 1.0}, "t_grpo": {"weight": 1.0, "args": {"accuracy_args": {"mode": "choice"}}}},
+    "reward_modules": TINY_RECIPE["reward_modules"],
+    "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The trainer on one torch thread, as the worker: the audio tower's multithreaded forward gives
+    behaviour log-probs that differ from a one-thread forward's in the last bits (1e-6), and the
+    rollout correction's weights with them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("recipe, keys", [  # the video case is slow (the image and audio cases cover the worker's media)
+    (VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
+    pytest.param(VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"), marks=pytest.mark.slow)],
+    ids=["vlm", "audio_lm", "vlm_video_t_grpo"])
+def test_async_multimodal_at_staleness_0_is_the_synchronous_run(tmp_path, recipe, keys, one_torch_thread):
+    """The worker builds the model and its processor from the recipe and is sent each row with its
+    image (a PIL image), clip (a sample array) or video (frames): the same completions' rewards (the
+    shuffled rows' too), losses and weights."""
+    sync, sync_lines = run(tmp_path, "sync", recipe=recipe, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=0",
+                               recipe=recipe, steps=2)
+    assert any(x["loss"] != 0 for x in sync_lines)
+    assert_same_run(sync, sync_lines, worker, worker_lines,
+                    ("reward_mean", "reward/digit_share", "completion_length", "loss", *keys))
+
+
+def test_an_episode_policy_in_the_worker_logs_its_counts_as_the_synchronous_run(tmp_path, one_torch_thread):
+    """The episodes, turns and tool calls are counted by the policy that generates (the worker's) and
+    logged with the step that takes its rollouts: the same `policy/*` counts as the synchronous run."""
+    tools = ["policy.model=tiny:qwen2-chat-char", f"policy.episode.tools=[{Path(__file__).parent}/episode_tools.py:add]",
+             "policy.episode.max_turns=2", "policy.episode.max_tokens=16"]
+    sync, sync_lines = run(tmp_path, "sync", *tools, steps=2)
+    worker, worker_lines = run(tmp_path, "worker", *tools, "rollout.mode=async", "rollout.max_staleness=0", steps=2)
+    assert sync_lines[0]["policy/episodes"] == 16
+    assert_same_run(sync, sync_lines, worker, worker_lines,
+                    ("reward_mean", "loss", "policy/episodes", "policy/episode_turns", "policy/truncated_episodes"))
+
+
 def test_async_keeps_every_row_within_max_staleness(tmp_path):
     """Two steps asked ahead: step k's rows are at most min(k - 1, 2) steps old, none dropped."""
     t, lines = run(tmp_path, "worker", "rollout.mode=async", "rollout.max_staleness=2", steps=4)
@@ -188,10 +282,105 @@ def test_rows_older_than_max_staleness_are_dropped_or_kept(tmp_path, stale_rows)
         assert all(x["loss"] != 0.0 for x in lines[1:])
 
 
+def test_a_row_that_cannot_be_sent_to_the_worker_is_an_error_not_a_wait(tmp_path):
+    """A row with an open file in its image column cannot pickle: asking for it fails at once, naming
+    the step (the queue's feeder thread would drop the request, and the trainer would wait forever)."""
+    t = trainer(tmp_path, "rollout.mode=async")
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        with open(__file__) as image, pytest.raises(UserError, match=r"the data rows of step 3 \(groups from 0\) "
+                                                                  r"cannot be sent to the rollout worker: TypeError"):
+            worker.ask((3, 0, 0), [{**t.inputs.train_rows[0], "image": image}], 4, [1])
+        drawn = worker.take((3, 0, 0), [t.inputs.train_rows[0]], 4, [1])  # the worker still serves the next request
+        assert len(drawn) == 4
+    finally:
+        worker.stop()
+    t.release_output_dir()
+
+
 def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
     t, lines = run(tmp_path, "worker", "rollout.mode=one_step_off")
     assert [x["rollout/staleness_max"] for x in lines] == [0.0, 1.0, 1.0]  # the first step's rows: the initial weights
     assert not t.collector.worker.process.is_alive()
+
+
+def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
+    """The worker, sent the weights after an update, draws the same completions with the same
+    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
+    weights draw other log-probs, so a transfer that missed the update would fail."""
+    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
+    rows, seeds, threads = [t.inputs.train_rows[i] for i in range(2)], [11, 12], torch.get_num_threads()
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    torch.set_num_threads(1)
+    try:
+        initial = t.policy.rollout(rows, 3, seeds)
+        t.train_step()  # synchronous: the test's worker is not the run's
+        worker.send_weights(t.unwrapped, 1)
+        drawn = worker.take((2, 0, 0), rows, 3, seeds)
+        t.policy.set_training_step(2)
+        trained = t.policy.rollout(rows, 3, seeds)
+    finally:
+        torch.set_num_threads(threads)
+        worker.stop()
+    assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
+    assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
+    assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
+
+
+def test_a_cpu_trainer_gives_the_worker_one_of_its_threads_while_it_runs(tmp_path):
+    """The worker's one thread and the trainer's together use the trainer's cores: the trainer runs
+    one thread less while its worker runs, and its own number again once the worker has stopped."""
+    t, threads = trainer(tmp_path, "rollout.mode=async"), torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+        during = torch.get_num_threads()
+        worker.stop()
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert (during, after) == (2, 3)
+
+
+def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
+    """The queue carries each transfer's version only; the weights are broadcast."""
+    sent, put = [], multiprocessing.queues.Queue.put
+    monkeypatch.setattr(multiprocessing.queues.Queue, "put",
+                        lambda queue, message, *args: (sent.append(message), put(queue, message, *args))[1])
+    t = trainer(tmp_path, "rollout.mode=async")
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    try:
+        worker.send_weights(t.unwrapped, 1)
+    finally:
+        worker.stop()
+    assert sent == [("weights", 0), ("weights", 1), ("stop",)]
+
+
+def test_the_weights_backend_is_nccl_only_between_two_cuda_devices():
+    """One CUDA device cannot be two NCCL ranks; a CPU side takes gloo."""
+    cases = {("cuda:0", "cuda:1"): "nccl", ("cuda:0", "cuda:0"): "gloo", ("cuda:0", "cpu"): "gloo",
+             ("cpu", "cuda:0"): "gloo", ("cpu", "cpu"): "gloo"}
+    assert {pair: backend_for(*map(torch.device, pair)) for pair in cases} == cases
+
+
+def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
+    """The broadcast to a killed worker fails as its connection closes (not after the group's
+    timeout); the next transfer sees it and starts none, and the awaited rollouts raise it."""
+    t = trainer(tmp_path, "rollout.mode=async")
+    rows = [t.inputs.train_rows[0]]
+    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
+    worker.process.kill()
+    worker.process.join()
+    try:
+        for version in range(1, 100):  # 5 s at most
+            worker.send_weights(t.unwrapped, version)
+            if worker.transfer_error is not None:
+                break
+            time.sleep(0.05)
+        with pytest.raises(RolloutWorkerDied, match=r"exited with code -9 \(the weights transfer to it failed"):
+            worker.take((1, 0, 0), rows, 3, [0])
+    finally:
+        worker.stop()
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
@@ -219,16 +408,24 @@ def test_one_step_off_refuses_what_it_cannot_run_before_any_model_loads(tmp_path
     assert "rollout.max_staleness=2" in text and "optim.lora.r=4" in text and "sampling.dynamic=true" in text
 
 
-def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_path):
+class TrainerOnlyLM(CausalLMPolicy):
+    """A plugin adapter that leaves `runs_in_rollout_worker` at the Policy's default."""
+    runs_in_rollout_worker = False
+
+
+def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_path, monkeypatch):
+    monkeypatch.setitem(ADAPTERS._items, "trainer_only_lm", TrainerOnlyLM)
     with pytest.raises(ConfigError) as err:
-        validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=vlm", "rollout.mode=async",
+        validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=trainer_only_lm", "rollout.mode=async",
                                             "rollout.max_staleness=-1", "rollout.stale_rows=keep"]))
     text = str(err.value)
-    assert "task='vlm' (the rollout worker runs causal_lm and diffusion)" in text
+    assert "task='trainer_only_lm' (the rollout worker runs audio_lm, causal_lm, diffusion, dlm, vlm)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
     with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
         validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",
                                                  "policy.units=forward_process"]))
+    with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.temperature=0 \(greedy decoding records"):
+        validate(parse_config(DLM_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async", "policy.temperature=0"]))
     with pytest.raises(ConfigError, match=r"rollout.weights_every=2 is async's \(rollout.mode=one_step_off\)"):
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
                                             "rollout.weights_every=2"]))

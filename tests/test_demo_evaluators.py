@@ -51,8 +51,15 @@ def test_the_demos_have_evaluators():
 
 
 def test_a_demo_reports_its_evaluator_and_writes_samples_that_rescore(tmp_path):
-    summary = run_scored(RECIPES.get(DEMOS.get("text")), [*TINY, f"output_dir={tmp_path}"], "text")
+    summary = run_scored(RECIPES.get(DEMOS.get("text")), [*TINY, f"output_dir={tmp_path}", "eval.every=1"], "text")
     assert summary["evaluator"] == DEMO_EVALUATORS.get("text").name
+    # every periodic evaluation scored the judge too (mmrl sweep's proxy against gold); the last one,
+    # with the final weights and the same seed, is the summary's "after"
+    evals = [row for row in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+             if "eval/reward_mean" in row]
+    assert [row["step"] for row in evals] == [1, 2] and all("eval/eval_mean" in row for row in evals)
+    assert evals[-1]["eval/eval_mean"] == pytest.approx(summary["eval_after"])
+    assert evals[-1]["eval/reward_mean"] == pytest.approx(summary["after"])
     for when in ("before", "after"):
         saved = json.loads((tmp_path / "samples" / when / "samples.json").read_text())
         assert len(saved) == 6 and all(len(s["completions"]) == 3 for s in saved)

@@ -339,10 +339,10 @@ def test_each_pass_takes_its_ratio_under_its_own_mask(tmp_path):
     seen = []
     original = t.updater.accumulate_gradients
 
-    def spy(b, c, old, ref, with_entropy):
+    def spy(b, c, old, ref, with_entropy, **kwargs):
         fresh = t.updater.no_grad_logprobs(b, c, reference=False)
         seen.append((b.rollout.extras["mask_pass"], torch.equal(old, fresh)))
-        return original(b, c, old, ref, with_entropy)
+        return original(b, c, old, ref, with_entropy, **kwargs)
 
     t.updater.accumulate_gradients = spy
     t.updater.update(batch)

@@ -180,3 +180,27 @@ def test_colour_shape_preference_judges_by_the_score_with_the_groups_columns(tmp
     assert got == pytest.approx([round(e, 3) for e in expected]) and scores[1] > max(scores[0], scores[2])
     with pytest.raises(ValueError, match="takes 'colour', which is neither 'prompt' nor a data column"):
         win_rate(["red square"] * 2, images[:2], prefer="mmrl.rewards.colour_shape:colour_shape_preference")
+
+
+def test_prefer_args_reach_the_preference_function_and_a_wrong_name_is_an_error():
+    from PIL import Image
+
+    from mmrl.rewards.colour_shape import colour_shape_score
+    from mmrl.rewards.win_rate import win_rate
+    # a red disc covering ~0.35 of the canvas against a smaller one: colour_shape's area ceiling
+    # decides, so the winner flips between the default ceiling (0.4) and prefer_args' 0.3
+    big, small = Image.new("RGB", (16, 16), (255, 255, 255)), Image.new("RGB", (16, 16), (255, 255, 255))
+    for img, r in ((big, 5.4), (small, 3.5)):
+        for y in range(16):
+            for x in range(16):
+                if (x - 7.5) ** 2 + (y - 7.5) ** 2 <= r * r:
+                    img.putpixel((x, y), (220, 30, 30))
+    columns = {"colour": ["red", "red"], "shape": ["circle", "circle"]}
+    prefer = "mmrl.rewards.colour_shape:colour_shape_preference"
+    expected = [[float(colour_shape_score(a, "red", "circle", area) > colour_shape_score(b, "red", "circle", area))
+                 for a, b in ((big, small), (small, big))] for area in ((0.08, 0.4), (0.08, 0.3))]
+    assert expected[0] != expected[1]  # the images tell the two ceilings apart
+    assert win_rate(["p", "p"], [big, small], prefer, **columns) == expected[0]
+    assert win_rate(["p", "p"], [big, small], prefer, prefer_args={"area": [0.08, 0.3]}, **columns) == expected[1]
+    with pytest.raises(ValueError, match=r"prefer_args: \['size'\] are not parameters"):
+        win_rate(["p", "p"], [big, small], prefer, prefer_args={"size": 3}, **columns)

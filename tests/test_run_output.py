@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 from helpers import TINY_RECIPE
-from mmrl.config.parse import parse_config
+from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.health import NoRewardError, RunHealth
 from mmrl.train.tracking import read_metrics
 from mmrl.train.trainer import Trainer
@@ -160,3 +160,29 @@ def test_a_lora_run_builds_without_a_future_warning(tmp_path):
         warnings.simplefilter("error", FutureWarning)
         trainer = Trainer(parse_config(recipe, []))
     assert any("lora_A" in name for name, _ in trainer.unwrapped.named_parameters())
+
+
+def test_after_a_warm_start_the_kl_is_to_the_warm_started_model_and_a_resume_keeps_it(tmp_path):
+    """The reference of the KL is the warm-started model: the first step's KL (policy = warm start)
+    is 0, where a reference copied before the warm start gives the distance to the untrained model;
+    the checkpoint keeps that reference, so a resumed run's next step equals the uninterrupted run's."""
+    recipe = _recipe(tmp_path, max_steps=2, save_every=1, warm_start={"steps": 5, "batch_size": 4, "lr": 1e-2})
+    recipe["algorithm"]["beta"] = 0.1
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    for out in (_mmrl("train", tmp_path / "recipe.yaml"),
+                _mmrl("train", tmp_path / "recipe.yaml", f"output_dir={tmp_path / 'cut'}", "max_steps=1"),
+                _mmrl("train", tmp_path / "recipe.yaml", f"output_dir={tmp_path / 'cut'}", "resume=true")):
+        assert out.returncode == 0, out.stderr[-2000:]
+    whole, cut = read_metrics(tmp_path / "run" / "metrics.jsonl"), read_metrics(tmp_path / "cut" / "metrics.jsonl")
+    assert whole[0]["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert whole[1]["kl"] > 1e-6  # the step moved the policy away from it
+    assert cut[1]["step"] == 2 and cut[1]["kl"] == pytest.approx(whole[1]["kl"], rel=1e-5)
+    assert cut[1]["loss"] == pytest.approx(whole[1]["loss"], rel=1e-5)
+    assert (tmp_path / "cut" / "checkpoints" / "step-000001" / "reference.safetensors").is_file()
+
+
+def test_a_warm_start_with_a_kl_and_lora_is_refused_before_any_model_loads(tmp_path):
+    recipe = _recipe(tmp_path, warm_start={"steps": 5}, optim={**TINY_RECIPE["optim"], "lora": {"r": 4}})
+    recipe["algorithm"]["beta"] = 0.1
+    with pytest.raises(ConfigError, match=r"warm_start.steps=5 with optim.lora.r=4 and a KL"):
+        Trainer(parse_config(recipe, []))

@@ -155,6 +155,38 @@ def test_bench_diffusion(tmp_path):
     assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
 
 
+def test_bench_diffusion_methods_counts_forwards(tmp_path):
+    """Whole training steps of three methods; the denoiser forwards a step costs, counted by hooks,
+    against the count their recipes imply: one rollout forward per denoising step (one generation
+    call, no CFG), and with one row per micro-batch one update forward per trained step of each
+    row, twice for Flow-GRPO (its KL's reference forward)."""
+    import yaml
+    steps, prompts, group = 6, 2, 2
+    report = bench("bench_diffusion.py", tmp_path, "--methods", "flowgrpo,flowgrpo_fast", "--layers", "1",
+                   "--size", "16", "--steps", str(steps), "--group-size", str(group), "--prompts", str(prompts),
+                   "--micro-batch", "1", "--repeats", "2")
+    methods = report["methods"]
+    assert list(methods) == ["dancegrpo", "flowgrpo", "flowgrpo_fast"]  # DanceGRPO measured first, the reference
+    rows = prompts * group
+    fraction = yaml.safe_load((ROOT / "tasks/recipes/t2i_dancegrpo.yaml").read_text())["policy"]["schedule"]["fraction"]
+    expected_update = {"dancegrpo": rows * round(fraction * (steps - 1)), "flowgrpo": rows * (steps - 1) * 2}
+    for name, cost in methods.items():
+        assert_finite(cost, "time_s", "peak_activation_bytes", "time_s_per_trained_sample", "forwards_vs_dance",
+                      "time_s_vs_dance", "peak_activation_bytes_vs_dance", "time_s_per_trained_sample_vs_dance")
+        assert cost["samples"] == cost["samples_trained"] == rows  # the brightness reward leaves no row untrained
+        assert len(cost["forwards_each"]) == 2
+        for rollout, update in cost["forwards_each"]:
+            assert rollout == steps
+            if name in expected_update:
+                assert update == expected_update[name], name
+        for rollout, update in cost["rows_each"]:  # one micro-batch row per update forward
+            assert rollout == steps * rows
+            if name in expected_update:
+                assert update == expected_update[name], name
+    assert methods["dancegrpo"]["forwards_vs_dance"] == 1.0
+    assert methods["flowgrpo_fast"]["forwards"] < methods["flowgrpo"]["forwards"]
+
+
 def test_bench_diffusion_wan_video_section(tmp_path):
     report = bench("bench_diffusion.py", tmp_path, "--family", "wan", "--layers", "1", "--steps", "2",
                    "--group-size", "2", "--prompts", "1", "--repeats", "1", "--trained-steps", "1,2")
@@ -257,11 +289,19 @@ def test_make_vllm_env_checks_without_building(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+def test_bench_weights_transfer(tmp_path):
+    report = bench("bench_weights_transfer.py", tmp_path, "--repeats", "2", "--hidden", "32", "--layers", "1")
+    assert_finite(report, "state_dict_mb", *(f"{transport}.{key}" for transport in ("queue", "broadcast")
+                                             for key in ("send_ms", "latency_ms")))
+    assert report["broadcast"]["latency_ms"] >= report["broadcast"]["send_ms"] > 0
+
+
 def test_bench_async(tmp_path):
     report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
-                   "--hidden", "32", "--layers", "1")
+                   "--hidden", "32", "--layers", "1", "--warm-start-steps", "5")
     assert_finite(report, *(f"{run}.{key}" for run in ("sync", "one_step_off", "async_1", "async_2")
                             for key in ("samples_per_s", "samples_per_s_ratio", "rollout_tokens_per_s")))
     assert report["sync"]["staleness_mean"] == 0.0 and report["one_step_off"]["staleness_mean"] == 1.0
     assert report["sync"]["samples_per_s_ratio"] == 1.0
+    assert 0.0 < report["sync"]["generate_share"] < 1.0 and report["sync"]["overlap_bound"] >= 1.0
     assert 0.0 <= report["async_1"]["staleness_mean"] <= 1.0 and 0.0 <= report["async_2"]["staleness_mean"] <= 2.0

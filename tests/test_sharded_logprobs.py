@@ -25,7 +25,12 @@ rollout = t.prepare_batch(1).rollout
 rows = rollout.select(list(range(min(3, len(rollout.unit_mask)))))
 head = t.policy.model.get_output_embeddings()
 calls, gathered = [], []
-head.register_forward_hook(lambda m, a, out: calls.append("logits" if out.shape[-1] == head.out_features else "hidden"))
+def call_kind(out):
+    if isinstance(out, tuple):  # ZeRO-3: the log-probs run as a call of the head, which gathers its weight
+        return "log-probs"
+    return "logits" if out.shape[-1] == head.out_features else "hidden"
+
+head.register_forward_hook(lambda m, a, out: calls.append(call_kind(out)))
 params = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
 t.policy.cfg.logprob_check = False
 
@@ -63,10 +68,10 @@ exit_without_teardown(0)
 """
 
 
-def assert_paths_equal(reports):
+def assert_paths_equal(reports, fused_calls=("hidden",)):
     for report in reports:  # each process, on its own micro-batch
         assert report["sharded"] and report["head_sharded_after_forward"] == [True, True]  # gathered for the log-probs
-        assert report["calls"] == [["hidden"], ["logits"]]  # the fused path computed no logits
+        assert report["calls"] == [sorted(fused_calls), ["logits"]]  # the fused path computed no logits
         assert report["logp"] <= TOL and report["entropy"] <= TOL and report["entropy_size"] > 0
         assert report["grads"].keys() == report["grad_sizes"].keys() and report["grads"]
         for name, diff in report["grads"].items():
@@ -87,9 +92,21 @@ def test_zero3_hidden_state_logprobs_equal_the_logits_path(tmp_path):
     recipe = write(tmp_path, LM)
     reports = run_script(tmp_path, PATHS_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}",
                          "distributed.strategy=zero3")
-    assert_paths_equal(reports["reports"])
+    assert_paths_equal(reports["reports"], ("hidden", "log-probs"))
 
 
+@needs_deepspeed
+def test_zero3_hidden_state_logprobs_equal_the_logits_path_with_a_head_of_its_own(tmp_path):
+    """An untied head: its weight is used by nothing else in the graph, so the log-probs must be
+    taken (and their gradient accumulated) while it is gathered, as for the model's own head."""
+    recipe = write(tmp_path, dict(LM, policy={**LM["policy"], "tiny_args": {**LM["policy"]["tiny_args"], "tied": False}}))
+    reports = run_script(tmp_path, PATHS_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}",
+                         "distributed.strategy=zero3")
+    assert_paths_equal(reports["reports"], ("hidden", "log-probs"))
+    assert all(any(n.endswith("lm_head.weight") for n in r["grads"]) for r in reports["reports"])
+
+
+@pytest.mark.slow  # two 2-process runs; the op's equality on 2 processes is tested above in the default run
 @pytest.mark.parametrize("strategy", ["fsdp", pytest.param("zero3", marks=needs_deepspeed)])
 def test_sharded_runs_train_the_same_from_the_hidden_states_and_the_logits(tmp_path, strategy):
     recipe = write(tmp_path, dict(LM, max_steps=2))

@@ -93,6 +93,17 @@ def test_what_a_stage_may_not_do_is_an_error_at_load_time(stage, message):
         StagePlan(parse_config(staged_recipe(max_steps=1, stages=[stage])))
 
 
+@pytest.mark.parametrize("fixed, stage, message", [
+    ({"trust_region": "dppo", "mu": 2}, {"algorithm.mu": 1}, r"stages\[0\].algorithm.mu=1: .*'dppo'.*mu >= 2"),
+    ({"ratio_norm": "grpo_guard"}, {"algorithm.mu": 2}, r"stages\[0\].algorithm.mu=2: .*'grpo_guard'.*mu: 1"),
+])
+def test_a_stage_keeps_the_update_passes_its_runs_method_needs(fixed, stage, message):
+    recipe = staged_recipe(max_steps=1, stages=[{"steps": 1, **stage}])
+    recipe["algorithm"] = {**recipe.get("algorithm", {}), **fixed}
+    with pytest.raises(ConfigError, match=message):
+        StagePlan(parse_config(recipe))
+
+
 def test_max_steps_may_not_outrun_the_stages():
     with pytest.raises(ConfigError, match=r"max_steps=5 is more than the 4 steps the stages plan \(2 \+ 2\)"):
         StagePlan(parse_config(staged_recipe(max_steps=5)))

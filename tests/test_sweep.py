@@ -18,7 +18,7 @@ from mmrl.config.parse import load_recipe
 from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES
 from mmrl.train.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
-from mmrl.train.sweep_report import write_reports
+from mmrl.train.sweep_report import _curve, write_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 # the text demo shrunk to seconds per run
@@ -91,6 +91,57 @@ def test_report_means_standard_errors_and_paired_differences(tmp_path):
     assert f"0.200 ± {math.sqrt(0.01 / 3):.3f}" in md
     assert "| 1: a=2 | 2 | 0.000 ± 0.000 | 0.450 ± 0.050 | 0.450 ± 0.050 | 0.500 ± 0.000 | 0.250 ± 0.050 |" in md
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_proxy_against_gold_at_every_evaluation(tmp_path):
+    """Cell 1 keeps raising the proxy while its gold falls after step 2: the table says so per cell,
+    with the means over seeds; sweep_evals.csv holds every evaluation of every run."""
+    runs = plan([("a=1",), ("a=2",)], 2)
+    evals = {0: [(0.5, 0.4), (0.6, 0.5), (0.7, 0.6)], 1: [(0.5, 0.4), (0.7, 0.6), (0.9, 0.3)]}
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": 0.5, "greedy_before": 0.0,
+                                                    "greedy_after": 0.5, "wall_s": 1.0}))
+        shift = 0.02 * run.seed  # the seeds differ; the table shows their mean (+0.01)
+        lines = [{"step": s, "reward_mean": 0.1, "time_step_s": 0.5} for s in (1, 2, 3)]
+        lines += [{"step": 2 * (i + 1), "reward_mean": 0.2, "time_step_s": 1.0, "eval/reward_mean": proxy + shift,
+                   "eval/eval_mean": gold + shift} for i, (proxy, gold) in enumerate(evals[run.cell])]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
+    write_reports(tmp_path, runs)
+    with open(tmp_path / "sweep_evals.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {r["step"] for r in rows} == {"2", "4", "6"}
+    assert [float(r["train_s"]) for r in rows[:3]] == [2.5, 3.5, 4.5]  # the steps' times summed up to each evaluation
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 0 | 0.510 -> 0.710 | 0.410 -> 0.610 | 0.610 (6) | +0.000, +0.000 |" in md
+    assert "| 1 | 0.510 -> 0.910 | 0.410 -> 0.310 | 0.610 (4) | +0.200, -0.300 |" in md
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_cells_compared_at_equal_training_time(tmp_path):
+    """Cell 1 trains twice as fast: at T = 3 s (its last evaluation) cell 0 is halfway between its
+    evaluations at 2 s and 4 s, cell 1 at its last; each value is the mean over seeds (+0.01) ± SE."""
+    runs = plan([("a=1",), ("a=2",)], 2)
+    step_s, evals = {0: 1.0, 1: 0.5}, {0: [(0.2, 0.1), (0.4, 0.2), (0.6, 0.3)], 1: [(0.3, 0.2), (0.5, 0.3), (0.9, 0.5)]}
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"before": 0.0, "after": 0.5, "greedy_before": 0.0,
+                                                    "greedy_after": 0.5, "wall_s": 1.0}))
+        lines = []
+        for step in range(1, 7):
+            row = {"step": step, "reward_mean": 0.1, "time_step_s": step_s[run.cell]}
+            if step % 2 == 0:
+                proxy, gold = evals[run.cell][step // 2 - 1]
+                row.update({"eval/reward_mean": proxy + 0.02 * run.seed, "eval/eval_mean": gold + 0.02 * run.seed})
+            lines.append(row)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in lines))
+    write_reports(tmp_path, runs)
+    md = (tmp_path / "sweep.md").read_text()
+    assert "T = 3.0 s" in md
+    assert "| 0 | 1.000 | 1.00x | 3 | 0.310 ± 0.010 | 0.160 ± 0.010 |" in md
+    assert "| 1 | 0.500 | 2.00x | 6 | 0.910 ± 0.010 | 0.510 ± 0.010 |" in md
 
 
 def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
@@ -181,3 +232,34 @@ def test_a_grid_value_that_is_not_a_registered_name_fails_before_any_run(tmp_pat
                                           r"'grpoo' is not a registered advantage estimator"):
         sweep("text", [f"algorithm.estimator={good},grpoo"], 1, tmp_path, TINY, say=lambda *_: None)
     assert not (tmp_path / "runs").exists()
+
+
+def test_held_out_reward_names_one_component(tmp_path):
+    """A cell trained on a win rate has a combined reward of 0.5 by construction; the table then
+    compares every cell on the named component, before and after, greedy and in the evaluations."""
+    runs = plan([("a=1",), ("a=2",)], 1)
+    for run in runs:
+        d = tmp_path / "runs" / run.dirname
+        d.mkdir(parents=True)
+        detail = {when: {"reward_mean": 0.5, "reward/shape": 0.2 + 0.1 * run.cell + (0.3 if when == "after" else 0.0),
+                         "reward/win_rate": 0.5, "greedy/shape": 0.7, "greedy/win_rate": None}
+                  for when in ("before", "after")}
+        (d / "summary.json").write_text(json.dumps({
+            "before": 0.5, "after": 0.5, "greedy_before": 0.0, "greedy_after": 0.0, "wall_s": 1.0,
+            "before_detail": detail["before"], "after_detail": detail["after"]}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "reward_mean": 0.5, "reward/shape": 0.3, "eval/reward_mean": 0.5,
+                                                     "eval/reward/shape": 0.4, "eval/eval_mean": 0.6}) + "\n")
+    rows = write_reports(tmp_path, runs, held_out_reward="shape")
+    got = [v for r in rows for v in (r["before"], r["after"], r["greedy_after"])]
+    assert got == pytest.approx([0.2, 0.5, 0.7, 0.3, 0.6, 0.7])
+    assert "reward component `shape`" in (tmp_path / "sweep.md").read_text()
+    assert {r["proxy"] for r in csv.DictReader(open(tmp_path / "sweep_evals.csv"))} == {"0.4"}
+    assert _curve(tmp_path / "runs" / runs[0].dirname, "shape") == [(2, 0.3)]  # sweep.png's training curve
+    with pytest.raises(UserError, match=r"--held-out-reward colour.*reward components: \['shape', 'win_rate'\]"):
+        write_reports(tmp_path, runs, held_out_reward="colour")
+
+
+def test_held_out_reward_must_be_a_reward_of_every_cell(tmp_path):
+    with pytest.raises(UserError, match=r"--held-out-reward nope: cell algorithm.estimator=grpo has no such reward"):
+        sweep("text", ["algorithm.estimator=grpo,rloo"], 1, tmp_path, TINY, say=lambda *_: None, held_out_reward="nope")
+    assert not (tmp_path / "sweep.json").exists()

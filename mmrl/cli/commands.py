@@ -170,4 +170,4 @@ def run_sweep(args: argparse.Namespace) -> int:
             raise UserError(f"mmrl sweep: {item!r} is neither an option nor a key=value override")
     out = Path(args.out) if args.out else Path("outputs") / f"sweep-{Path(args.target).stem}"
     return sweep(args.target, args.grid, args.seeds, out, overrides, args.parallel, args.shard,
-                 args.warm_start_ignores, cell_items=args.cell)
+                 args.warm_start_ignores, cell_items=args.cell, held_out_reward=args.held_out_reward)

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--warm-start-ignores", action="append", default=[], metavar="KEY",
                          help="a config key the warm start does not read (e.g. policy.sampler): cells "
                               "differing only there share a warm start")
+    p_sweep.add_argument("--held-out-reward", metavar="NAME",
+                         help="compare the cells on this reward component (every cell declares it, any weight) "
+                              "instead of the combined reward, e.g. when a cell trains on a win rate")
     return parser
 
 

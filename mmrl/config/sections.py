@@ -103,8 +103,9 @@ class RolloutConfig:
         "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
         "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
         "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
-        "at max_staleness + 1 steps of prompt groups). Both: causal_lm or diffusion, one process, no LoRA, no "
-        "dynamic sampling, no stages; keep algorithm.rollout_correction tis or mis on (docs/async.md).")})
+        "at max_staleness + 1 steps of prompt groups). Both: any family (causal_lm, vlm, audio_lm: the hf engine; "
+        "diffusion: policy.units steps; dlm: temperature above 0), one process, no LoRA, no dynamic sampling, no "
+        "stages; keep algorithm.rollout_correction tis or mis on (docs/async.md).")})
     max_staleness: int = field(default=1, metadata={"help": (
         "one_step_off (0 or 1) and async (0 or more): how many optimizer steps behind the trained weights the "
         "rollout worker's may be; async asks for the rollouts of up to this many steps ahead. 0: the worker "
@@ -233,7 +234,9 @@ class WarmStartConfig:
     clipped to `max_grad_norm` if set."""
 
     steps: int = field(default=0, metadata={"help": (
-        "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column.")})
+        "Supervised steps before RL (0: no warm start); the adapter's supervised_loss on target_column. With a KL "
+        "(algorithm.beta > 0) the reference is then the warm-started model, kept in checkpoints (ddp or one "
+        "process, no LoRA).")})
     lr: float = field(default=1e-3, metadata={"help": "Learning rate of the warm start."})
     batch_size: int = field(default=32, metadata={"help": "Rows per warm-start step."})
     target_column: str = field(default="target", metadata={"help": (

@@ -20,6 +20,10 @@ class ParallelView:
 
     lockstep: bool = False  # rollouts run on sharded parameters: every process runs as many forwards (synced_gpus)
     whole_unavailable: str | None = None  # why `whole` cannot gather a sharded parameter here (None: it can)
+    # a module's parameters are whole only inside its own call (the strategy's hooks gather them for its
+    # forward and backward, and reduce their gradients then): code that projects with a module's
+    # parameters runs as that module's call
+    gathers_in_module_calls: bool = False
 
     def is_sharded(self, model: nn.Module) -> bool:
         """Whether `model`'s parameters are split over the processes."""

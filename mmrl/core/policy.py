@@ -84,6 +84,15 @@ class Policy(ABC):
         before anything loads."""
         return []
 
+    # whether `rollout.mode` one_step_off / async may build this adapter in a rollout worker process
+    runs_in_rollout_worker: bool = False
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker
+        (None: nothing); asked only of adapters that run there."""
+        return None
+
     @classmethod
     def group_size_problems(cls, cfg: Any, group_size: int) -> list[str]:
         """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mmrl.config.sections import DistributedConfig
+from mmrl.config.sections import DistributedConfig, TrainConfig
+from mmrl.core.regularisers import regulariser_needs
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
 from mmrl.distributed.strategy import STRATEGIES, Strategy, all_finite
@@ -264,6 +265,15 @@ class FullySharded(Strategy):
 
     sharding: Sharding
     frees_gradients = True  # the gradient shards, until the next backward (rollouts need none)
+
+    @classmethod
+    def config_problems(cls, cfg: TrainConfig) -> list[str]:
+        if cfg.warm_start.steps > 0 and regulariser_needs(cfg.algorithm, "reference"):
+            return [f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) and "
+                    "distributed.strategy=fsdp: the warm-started reference would be sharded, and checkpoints keep it "
+                    "whole; warm-start with ddp or on one process, then train from that checkpoint's model/ (or set "
+                    "warm_start.steps=0 or algorithm.beta=0)"]
+        return []
 
     def place(self, model: nn.Module) -> None:
         # the adapter's dtype becomes the compute dtype; weights and AdamW state stay fp32

@@ -122,6 +122,7 @@ class ZeroThreeView(ParallelView):
     """What an adapter sees of a ZeRO-3 run: every forward gathers its layers, so rollouts run in lockstep."""
 
     lockstep = True
+    gathers_in_module_calls = True
 
     def is_sharded(self, model: nn.Module) -> bool:
         """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a
@@ -131,8 +132,10 @@ class ZeroThreeView(ParallelView):
     @contextmanager
     def whole(self, param: torch.Tensor) -> Iterator[torch.Tensor]:
         """A partitioned parameter gathered (DeepSpeed's `GatheredParameters`, read only) for the block;
-        the whole gradient returned for it is reduced into the partitions by DeepSpeed's gradient hooks."""
-        if not hasattr(param, "ds_id"):
+        one its module's call has gathered (`gathers_in_module_calls`) as it is, left for that module's
+        hooks to free after its gradient is accumulated and reduced into the partitions."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        if not hasattr(param, "ds_id") or param.ds_status == ZeroParamStatus.AVAILABLE:
             yield param
             return
         import deepspeed

@@ -95,7 +95,7 @@ class RolloutCollector:
             per_unit = self.policy.unit_rewards(rollout, rewards)
         if per_unit is not None:  # step-level credit: these replace the rollout rewards
             rewards = per_unit
-        counts.update({f"policy/{k}": v for k, v in self.policy.pop_metrics().items()})
+        counts.update({f"policy/{k}": v for k, v in self._policy_counts().items()})
         gathered = gather_objects(self.strategy.acc, ({k: v.tolist() for k, v in rewards.items()}, counts,
                                                       {k: v.tolist() for k, v in auxiliary.items()}))
         metrics: dict[str, float] = {}
@@ -104,6 +104,14 @@ class RolloutCollector:
         return Draw(rollout, indices,
                     {k: torch.tensor([x for part, _, _ in gathered for x in part[k]]) for k in rewards}, metrics,
                     {k: torch.tensor([x for _, _, part in gathered for x in part[k]]) for k in auxiliary})
+
+    def _policy_counts(self) -> dict[str, float]:
+        """The policy's counts of this draw (`Policy.pop_metrics`): the trainer's policy's (its step
+        rewards), with the rollout worker's policy's (its rollouts) where a worker generates."""
+        counts = dict(self.policy.pop_metrics())
+        for name, value in (self.worker.pop_metrics() if self.worker is not None else {}).items():
+            counts[name] = counts.get(name, 0.0) + value
+        return counts
 
     def _generate(self, inputs: StageInputs, indices: list[int], groups: range, step: int, attempt: int) -> Rollout:
         """One generation call: the rollouts of the draw's groups `groups` (global group ids), with

@@ -26,7 +26,7 @@ from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.estimators import ADVANTAGE_ESTIMATORS
 from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES
-from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
+from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS, regulariser_needs
 from mmrl.core.plain_rewards import is_plain_reward
 from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
@@ -322,6 +322,17 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
+def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
+    """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
+    (Trainer.reference_from_policy), not an adapter switched off (the strategies say what they keep)."""
+    if cfg.warm_start.steps <= 0 or not regulariser_needs(cfg.algorithm, "reference"):
+        return
+    if cfg.optim.lora.r > 0:
+        problems.append(f"warm_start.steps={cfg.warm_start.steps} with optim.lora.r={cfg.optim.lora.r} and a KL "
+                        f"(algorithm.beta={cfg.algorithm.beta}): the LoRA reference is the adapter switched off, "
+                        "the model before the warm start; train without LoRA, or without the KL")
+
+
 def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
@@ -340,6 +351,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
+    _check_warm_start(cfg, problems)
     _check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)

@@ -6,13 +6,16 @@ it collects it: at most max_staleness + 1 steps of prompt groups are asked for a
 one_step_off answers in the order asked, with the weights received before each request; async
 reads every waiting message before each generation, so it generates from the newest weights it has.
 
-Messages to the worker: ("weights", version, state dict), ("rollout", key, rows, group_size, seeds)
-with key = (step, attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with
-its weights version) or ("error", text).
+The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
+carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
+receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
+attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
+version, the policy's counts of that generation: `Policy.pop_metrics`) or ("error", text).
 """
 
 from __future__ import annotations
 
+import pickle
 import queue
 import signal
 import traceback
@@ -26,15 +29,15 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
+from mmrl.registry import ADAPTERS
+from mmrl.train.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
 
 POLL_S = 1.0  # how often a waiting trainer checks that the worker is alive
+JOIN_POLL_S = 0.05  # how often, while the worker starts, the trainer checks whether it has joined
 
 
 class RolloutWorkerDied(UserError):
     """The rollout worker exited or failed; the run stops (after a checkpoint of the last step)."""
-
-
-WORKER_TASKS = ("causal_lm", "diffusion")  # adapters the worker builds from the recipe alone
 
 
 def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
@@ -58,23 +61,27 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
         problems.append("rollout.stale_rows=keep with algorithm.rollout_correction=none (kept stale rows are "
                         "weighted by tis or mis)")
     mode = f"rollout.mode={ro.mode}"
-    needs = {"task": (cfg.task in WORKER_TASKS, f"task={cfg.task!r} (the rollout worker runs "
-                                                 f"{' and '.join(WORKER_TASKS)})"),
-             "units": (cfg.policy.get("units", "steps") != "forward_process",
-                       "policy.units=forward_process (no behaviour log-probs to correct stale rows with)"),
+    workers = [name for name in ADAPTERS.names() if ADAPTERS.get(name).runs_in_rollout_worker]
+    adapter = ADAPTERS.get(cfg.task) if cfg.task in ADAPTERS else None
+    policy_problem = adapter.rollout_worker_problem(cfg.policy) if cfg.task in workers else None
+    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {', '.join(workers)})"),
+             "policy": (policy_problem is None, policy_problem),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
              "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
              "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
-             "engine": (cfg.policy.get("rollout_engine", "hf") == "hf",
-                        f"policy.rollout_engine={cfg.policy.get('rollout_engine')!r} (the worker runs hf)")}
+             "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),
+                      f"eval.every={cfg.eval.every} and policy.rollout_engine=vllm (an evaluation samples in the "
+                      "trainer's process, which builds no vLLM engine; evaluate the checkpoints with mmrl eval)")}
     problems += [f"{mode} with {why}" for ok, why in needs.values() if not ok]
     return problems
 
 
-def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue) -> None:
-    """The worker process: build the policy from the recipe, then answer messages until ("stop",);
-    with `newest_weights`, every waiting message is read before each generation."""
+def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue,
+           weights: tuple[int, Layout, torch.device]) -> None:
+    """The worker process: build the policy from the recipe, join the trainer's weights group
+    (`weights`: its port, the trainer's state dict layout and device), then answer messages until
+    ("stop",); with `newest_weights`, every waiting message is read before each generation."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
         signal.signal(stop, signal.SIG_IGN)
     try:
@@ -87,6 +94,8 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
         policy = build_policy(cfg)
         policy.prompt_column = cfg.data.prompt_column
         policy.model.eval()
+        port, layout, trainer_device = weights
+        receiver = WeightsReceiver(port, layout, policy.model, trainer_device)
         version, pending = 0, deque()
         while True:
             read = newest_weights or not pending  # one_step_off: each request generated as it is read
@@ -99,14 +108,15 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
                 policy.set_training_step(key[0])
                 rollout = policy.rollout(rows, group_size, seeds)
                 rollout.stamp_version(version)
-                results.put(("rollout", key, rollout))
+                results.put(("rollout", key, rollout, policy.pop_metrics()))
             elif message[0] == "stop":
                 return
             elif message[0] == "weights":
-                _, version, state = message
-                policy.model.load_state_dict(state)
+                version = message[1]
+                receiver.receive()
             else:
-                pending.append(message[1:])
+                key, rows, group_size, seeds = message[1:]
+                pending.append((key, pickle.loads(rows), group_size, seeds))
     except BaseException:  # the trainer raises it as RolloutWorkerDied
         results.put(("error", traceback.format_exc()))
 
@@ -118,21 +128,51 @@ class RolloutWorker:
         context = mp.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
         self.mode = cfg.rollout.mode
+        self.sender, device = WeightsSender(), model_device(model)
+        weights = (self.sender.port, layout_of(model.state_dict()), device)
+        # The worker computes on one torch thread. On the CPU the trainer gives it one of its threads'
+        # cores back while it runs (restored by `stop`): with the trainer's threads on every core
+        # besides, the two processes oversubscribe the cores and both slow down.
+        self.trainer_threads = torch.get_num_threads()
+        if device.type == "cpu" and self.trainer_threads > 1:
+            torch.set_num_threads(self.trainer_threads - 1)
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
-                                                            self.results), daemon=True)
+                                                            self.results, weights), daemon=True)
         self.process.start()
-        self.ready: dict[Any, Rollout] = {}
+        self.ready: dict[Any, tuple[Rollout, dict[str, float]]] = {}
+        self.counts: dict[str, float] = {}  # the worker's policy's counts of the rollouts taken (`pop_metrics`)
         self.asked: set = set()
+        self.transfer_error: str | None = None  # why a weights transfer failed (raised when a rollout is awaited)
+        self.sender.connect(device, lambda: self._receive(JOIN_POLL_S))
         self.send_weights(model, version)
 
     def send_weights(self, model: torch.nn.Module, version: int) -> None:
-        """The worker generates from these weights (after `version` optimizer steps) from now on."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        self.requests.put(("weights", version, state))
+        """The worker generates from these weights (after `version` optimizer steps) from now on: their
+        broadcast starts, and its message follows the requests sent before it. After a failed transfer
+        (the worker died: its connection closed) none starts; the next rollout awaited raises."""
+        if self.transfer_error is not None:
+            return
+        try:
+            self.sender.send(model)
+        except RuntimeError as err:
+            self.transfer_error = f"the weights transfer to it failed: {err}"
+            return
+        self.requests.put(("weights", version))
 
     def ask(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> None:
-        self.requests.put(("rollout", key, rows, group_size, seeds))
+        self.requests.put(("rollout", key, self._pickled(key, rows), group_size, seeds))
         self.asked.add(key)
+
+    def _pickled(self, key, rows: list[dict]) -> bytes:
+        """The rows as they travel, pickled here: a row that cannot be (a file object, a lambda) would
+        otherwise be dropped by the queue's feeder thread, and the trainer would wait for its answer
+        forever."""
+        try:
+            return pickle.dumps(rows)
+        except Exception as err:
+            raise UserError(f"rollout.mode={self.mode}: the data rows of step {key[0]} (groups from {key[2]}) cannot "
+                            f"be sent to the rollout worker: {type(err).__name__}: {err}; its rows must pickle "
+                            "(paths, PIL images, arrays, text)") from None
 
     def asked_for(self, step: int) -> bool:
         """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""
@@ -145,20 +185,30 @@ class RolloutWorker:
         while key not in self.ready:
             self._receive()
         self.asked.discard(key)
-        return self.ready.pop(key)
+        rollout, counts = self.ready.pop(key)
+        for name, value in counts.items():
+            self.counts[name] = self.counts.get(name, 0.0) + value
+        return rollout
 
-    def _receive(self) -> None:
+    def pop_metrics(self) -> dict[str, float]:
+        """The counts the worker's policy reported about the rollouts taken since the last call, summed
+        (an episode policy's episodes, turns and tool calls); reading them resets them."""
+        out, self.counts = self.counts, {}
+        return out
+
+    def _receive(self, timeout: float = POLL_S) -> None:
         try:
-            message = self.results.get(timeout=POLL_S)
+            message = self.results.get(timeout=timeout)
         except queue.Empty:
-            if not self.process.is_alive():
-                raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) exited with code "
-                                        f"{self.process.exitcode} without an answer; rollout.mode={self.mode} "
-                                        "cannot go on") from None
-            return
+            if self.process.is_alive() and self.transfer_error is None:
+                return
+            ended = "is alive" if self.process.is_alive() else f"exited with code {self.process.exitcode}"
+            why = f"({self.transfer_error})" if self.transfer_error else "without an answer"
+            raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) {ended} {why}; "
+                                    f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
             raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
-        self.ready[message[1]] = message[2]
+        self.ready[message[1]] = message[2], message[3]
 
     def stop(self) -> None:
         if self.process.is_alive():
@@ -166,3 +216,5 @@ class RolloutWorker:
             self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
+        self.sender.close()
+        torch.set_num_threads(self.trainer_threads)

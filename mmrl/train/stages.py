@@ -225,6 +225,12 @@ def _check_stage(config: TrainConfig, recipe: TrainConfig, where: str) -> None:
     for key in ("group_size", "mu"):
         if getattr(algo, key) < 1:
             raise ConfigError(f"{where}.algorithm.{key}={getattr(algo, key)} must be >= 1")
+    if algo.trust_region == "dppo" and algo.mu < 2:
+        raise ConfigError(f"{where}.algorithm.mu={algo.mu}: the run's algorithm.trust_region='dppo' masks units "
+                          "that moved away from the old policy, which needs mu >= 2 update passes in every stage")
+    if algo.ratio_norm != "none" and algo.mu != 1:
+        raise ConfigError(f"{where}.algorithm.mu={algo.mu}: the run's algorithm.ratio_norm={algo.ratio_norm!r} "
+                          "needs mu: 1 in every stage (no old step means are kept for its mean-shift term)")
     if config.optim.prompts_per_step < 1:
         raise ConfigError(f"{where}.optim.prompts_per_step={config.optim.prompts_per_step} must be >= 1")
     data = config.data

@@ -175,6 +175,7 @@ def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
                 if path.is_file():
                     state = torch.load(path, map_location="cpu", weights_only=True)
                     trainer.unwrapped.load_state_dict(state["model"])
+                    trainer.reference_from_policy()
                     torch.set_rng_state(state["rng"])
                     record = {"key": key, "reused": True}
                 else:
@@ -201,8 +202,10 @@ def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) 
 # ----- the sweep --------------------------------------------------------------------------------
 def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
           parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
-          say: Callable[[str], None] = print, cell_items: list[str] = ()) -> int:
-    """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed."""
+          say: Callable[[str], None] = print, cell_items: list[str] = (), held_out_reward: str | None = None) -> int:
+    """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed.
+    `held_out_reward` names the reward component the reports compare the cells on (None: the
+    combined reward); every cell must declare it, at any weight."""
     if seeds < 1 or parallel < 1:
         raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
     if not grid_items and not cell_items:
@@ -217,17 +220,21 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
                             f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
     for run in (r for r in runs if r.seed == 0):  # every cell's config is valid before anything runs
         try:
-            validate(load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname)))
+            cfg = load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
+            validate(cfg)
         except ConfigError as e:
             raise ConfigError(f"mmrl sweep: cell {' '.join(run.overrides)}: {e}") from None
+        if held_out_reward is not None and held_out_reward not in cfg.rewards:
+            raise UserError(f"mmrl sweep --held-out-reward {held_out_reward}: cell {' '.join(run.overrides)} has no "
+                            f"such reward; its rewards: {sorted(cfg.rewards)}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"target": target, "cells": bundles, "grid": grid, "seeds": seeds,
-                                                "overrides": common}, indent=1))
+                                                "overrides": common, "held_out_reward": held_out_reward}, indent=1))
     todo = [r for i, r in enumerate(runs) if i % shard_n == shard_i and read_summary(out / "runs" / r.dirname) is None]
     say(f"[mmrl sweep] {len(runs)} runs ({len(runs) // seeds} cells x {seeds} seeds); "
         f"{len(todo)} to run in this invocation, {parallel} at a time")
     failed = _execute(target, todo, out, common, parallel, list(ignores), say)
-    write_reports(out, runs)
+    write_reports(out, runs, held_out_reward)
     say(f"[mmrl sweep] wrote {out / 'sweep.csv'}, {out / 'sweep.md'}, {out / 'sweep.png'}")
     return 1 if failed else 0
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
@@ -35,7 +36,7 @@ from mmrl.train import run_dir
 from mmrl.train.batching import step_batch
 from mmrl.train.collect import RolloutCollector
 from mmrl.train.eval_samples import log_eval_samples
-from mmrl.train.evaluation import evaluate
+from mmrl.train.evaluation import Evaluator, evaluate
 from mmrl.train.health import RunHealth
 from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.plan import validate
@@ -55,13 +56,18 @@ class NonFiniteError(UserError):
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
+REFERENCE_FILE = "reference.safetensors"  # a checkpoint's KL reference, where it is a warm start's
 
 
 class Trainer:
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
-    def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True):
+    def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
+                 held_out_evaluator: Evaluator | None = None):
         """Validate the recipe once, claim the output directory, build the run's parts, resume.
-        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes."""
+        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes.
+        `held_out_evaluator`: a judge that is never a reward (a demo's, `evaluate`'s `evaluator`),
+        scored beside the reward at every `eval.every`."""
+        self.held_out_evaluator = held_out_evaluator
         load_plugins()
         for module in cfg.reward_modules:
             import_user_module(module)
@@ -247,7 +253,8 @@ class Trainer:
     def _evaluate_every(self, metrics: dict[str, float]) -> None:
         every = self.cfg.eval.every  # the stage's
         if every and self.step % every == 0 and self.inputs.eval_rows:
-            scores = self.evaluate(keep_samples=self.cfg.eval.log_samples > 0, kept_rows=self.cfg.eval.log_samples)
+            scores = self.evaluate(evaluator=self.held_out_evaluator, keep_samples=self.cfg.eval.log_samples > 0,
+                                   kept_rows=self.cfg.eval.log_samples)
             log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
@@ -287,9 +294,23 @@ class Trainer:
         `warm_start.steps` is 0); returns its last loss."""
         loss = warm_start(self.cfg, self.policy, self.unwrapped, self.inputs.train_rows,
                           self.accelerator.is_main_process)
-        if self.cfg.warm_start.steps > 0 and self.accelerator.is_main_process:
-            print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
+        if self.cfg.warm_start.steps > 0:
+            self.reference_from_policy()
+            if self.accelerator.is_main_process:
+                print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
         return loss
+
+    def reference_from_policy(self) -> None:
+        """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
+        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
+        if self.reference is None:
+            return
+        mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())
+        if mine.keys() != theirs.keys():
+            raise RuntimeError("the reference's parameters are not the policy's: cannot copy the warm start into it")
+        with torch.no_grad():
+            for name, param in mine.items():
+                param.copy_(theirs[name])
 
     # ----- checkpoints ------------------------------------------------------------------------
     def _failure_checkpoint(self) -> str:
@@ -318,6 +339,9 @@ class Trainer:
         acc.wait_for_everyone()
         with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
             self.strategy.save(self.model, self.optimizer, self.policy, tmp)
+            if acc.is_main_process and self.reference is not None and self.cfg.warm_start.steps > 0:
+                # the reference is the warm start's, which the run's model source does not rebuild
+                save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
             if acc.is_main_process:
                 position = self._data_position() if data_position is None else data_position
                 state = {"step": self.step, **position, "bad_steps": self.bad_steps}
@@ -344,6 +368,11 @@ class Trainer:
             first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
             raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
                             "settings it was saved with (the run's config.json)") from None
+        if (path / REFERENCE_FILE).is_file():
+            if self.reference is None:
+                raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
+                                "run has none (algorithm.beta); resume with the settings it was saved with")
+            load_model(self.reference, str(path / REFERENCE_FILE))
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings

@@ -62,15 +62,36 @@ class PolicyUpdate:
         batch.metrics["skipped_frac"] = 1.0 - sum(c.active for c in counts) / max(sum(c.rows for c in counts), 1)
         return chunks
 
-    def unit_slices(self, mb: Rollout) -> list[tuple[slice, list[slice] | None]]:
-        """The units each backward covers, with the ratio segments inside them (chunk level)."""
+    def unit_slices(self, mb: Rollout, in_step: bool = False) -> list[tuple[slice, list[slice] | None]]:
+        """The units each backward covers, with the ratio segments inside them (chunk level);
+        `in_step`: every process takes the same (its passes are collectives), which every process
+        must then ask for alike."""
         algo = self.cfg.algorithm
         if algo.ratio_level == "sequence" or regulariser_needs(algo, "whole_rows"):
             return [(slice(None), None)]
         if algo.ratio_level == "chunk":
             segs = ratio_segments("chunk", mb.num_units, algo.chunks)
+            if not in_step:  # the chunks a row trains (else the first); in step: all, as many passes
+                segs = [s for s in segs if mb.unit_mask[:, s].any()] or segs[:1]
             return [(s, [slice(0, s.stop - s.start)]) for s in segs]
-        return [(s, None) for s in self.policy.unit_slices(mb)]
+        slices = self.policy.unit_slices(mb)
+        if in_step:
+            slices = self._slices_of_every_process(slices)
+        return [(s, None) for s in slices]
+
+    def _slices_of_every_process(self, slices: list[slice]) -> list[slice]:
+        """The union of every process's slices, in unit order. Where they differ (a diffusion
+        micro-batch's trained steps depend on its rows) they must be single units, or a unit would be
+        trained twice."""
+        mine = [(s.start, s.stop) for s in slices]
+        every = gather_objects(self.strategy.acc, mine)
+        if all(theirs == mine for theirs in every):
+            return slices
+        union = sorted({bounds for theirs in every for bounds in theirs}, key=lambda b: (b[0] or 0))
+        if any(start is None or stop != start + 1 for start, stop in union):
+            raise UserError(f"the processes split a micro-batch's units differently ({every}); "
+                            f"{type(self.policy).__name__}.unit_slices must give single units where it does")
+        return [slice(start, stop) for start, stop in union]
 
     def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
         """Old (or reference) log-probs of every row, in the same micro-batch layout as training,
@@ -95,7 +116,7 @@ class PolicyUpdate:
                 if padding and not self.strategy.forwards_in_step:
                     continue
                 mb = source.select(rows if not padding else [0])
-                for units, _ in self.unit_slices(mb):
+                for units, _ in self.unit_slices(mb, in_step=self.strategy.forwards_in_step):
                     unit_mean = None
                     if reference:
                         with self.reference_model() as ref:
@@ -193,7 +214,7 @@ class PolicyUpdate:
         idle = len(local) == 0  # lockstep: as many forward and backward passes as the others, at zero
         source = batch.idle_row if idle else local
         work = [(rows, units, segs) for rows in chunks
-                for units, segs in self.unit_slices(source.select(rows if len(rows) else [0]))]
+                for units, segs in self.unit_slices(source.select(rows if len(rows) else [0]), strategy.lockstep)]
         for k, (rows, units, segs) in enumerate(work):
             empty = len(rows) == 0  # padding so every process runs as many backward passes
             idx = rows if not empty else torch.tensor([0])

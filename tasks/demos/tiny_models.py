@@ -50,23 +50,24 @@ def seeded_model(model_class, config, tokenizer, seed: int):
 
 
 def tiny_qwen2(tokenizer, hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0,
-               max_positions: int = 512) -> Qwen2ForCausalLM:
+               max_positions: int = 512, tied: bool = True) -> Qwen2ForCausalLM:
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
                          num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_positions,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=tied, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
     return seeded_model(Qwen2ForCausalLM, config, tokenizer, seed)
 
 
 @TINY_MODELS.register("qwen2-char")
 def qwen2_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512,
-               vocab: int | None = None):
+               vocab: int | None = None, tied: bool = True):
     """A Qwen2 decoder over the character tokenizer (the text demo's policy), with room for
     `max_positions` tokens of prompt and completion; `vocab`: an output layer of that many tokens
-    (the tokenizer padded with fillers, `char_tokenizer`)."""
+    (the tokenizer padded with fillers, `char_tokenizer`); `tied`: the output head is the input
+    embedding (False: a head of its own)."""
     tokenizer = char_tokenizer(vocab)
-    return tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions), tokenizer
+    return tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions, tied), tokenizer
 
 
 # A short chat template that writes what Qwen2.5's writes for tools, in few characters: the tool

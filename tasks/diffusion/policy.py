@@ -6,7 +6,9 @@ step (`samplers.py`), fp32, mean over latent dims. A group shares one initial no
 drawn from the group's seed; each rollout then draws its step noise from its own generator, so a
 group depends on its prompt and seed only. Which steps are stochastic and trained is
 `policy.schedule` (`schedule.py`). `unit_slices` gives one slice per trained step, so the engine
-backpropagates step by step and memory does not grow with the number of steps.
+backpropagates step by step and memory does not grow with the number of steps; a step is forwarded
+(policy and reference) on the rows of the micro-batch whose `unit_mask` trains it only, its value 0
+on the others (masked out by every consumer).
 
 Rollout extras: `latents` [N, U + 1, ...] (the trajectory: step k goes from latents[:, k] to
 latents[:, k + 1]), `levels` [N, U + 1] (sigmas or cumulative alphas), `timesteps` [N, U],
@@ -84,6 +86,14 @@ class StepTerms:
 
 @ADAPTERS.register("diffusion")
 class DiffusionPolicy(TurningPointRewards):
+    runs_in_rollout_worker = True
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        if policy.get("units", "steps") == "forward_process":
+            return "policy.units=forward_process (no behaviour log-probs to correct stale rows with)"
+        return None
+
     Config = DiffusionConfig
 
     def __init__(self, cfg: DiffusionConfig, pipe=None):
@@ -376,16 +386,41 @@ class DiffusionPolicy(TurningPointRewards):
             out += self.family.decode(x[i:i + self.cfg.decode_batch].to(self.family.dtype), self.cfg.height, self.cfg.width)
         return out
 
-    def _step_means(self, model: nn.Module, batch: Rollout, k: int) -> tuple[Tensor, float]:
-        """(mean of step k under `model` [B, ...], the step's std) for a batch of rollouts."""
+    def _step_means(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor) -> tuple[Tensor, float]:
+        """(mean of step k under `model` [r, ...], the step's std) for rows `rows` of a batch of rollouts."""
         ex, device = batch.extras, self.device
-        x = ex["latents"][:, k].to(device)
+        x = ex["latents"][rows, k].to(device)
         levels = ex["levels"][0].tolist()
-        cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
+        cond = {key: v[rows].to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
         pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
         # rows that took the ODE at step k are never trained there: their SDE mean is masked out
-        strength = self.cfg.noise_level if bool(ex["stochastic"][:, k].any()) else 0.0
+        strength = self.cfg.noise_level if bool(ex["stochastic"][rows, k].any()) else 0.0
         return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
+
+    def _unit_rows(self, model: nn.Module, batch: Rollout, units: slice) -> list[tuple[int, Tensor]]:
+        """(unit k, the rows whose `unit_mask` trains k) for each unit of `units`: the training forward
+        of a unit takes those rows only. A unit no row trains takes none, except the first unit where
+        none of them is trained (the backward needs a graph) and every unit where `model` is sharded
+        (every process runs as many forwards): there the first row, its value masked out."""
+        ks = list(range(batch.num_units))[units]
+        rows = [batch.unit_mask[:, k].nonzero().flatten() for k in ks]
+        first = torch.tensor([0])
+        if self.parallel.is_sharded(model):
+            rows = [r if len(r) else first for r in rows]
+        elif ks and not any(len(r) for r in rows):
+            rows[0] = first
+        return list(zip(ks, rows))
+
+    def _on_rows(self, values: Tensor, rows: Tensor, n: int) -> Tensor:
+        """[n, ...]: `values` [r, ...] at `rows`, 0 at the rows that do not train the unit (every
+        consumer masks them: the loss, the KL, the ratio, the rollout correction, the metrics)."""
+        if len(rows) == n:  # the rows are sorted: every row
+            return values
+        return values.new_zeros(n, *values.shape[1:]).index_copy(0, rows.to(values.device), values)
+
+    def _untrained(self, n: int, *shape: int) -> Tensor:
+        """[n, *shape] zeros: a unit no row of the micro-batch trains (never forwarded)."""
+        return torch.zeros(n, *shape, device=self.device)
 
     def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
         """The step's log-prob in the configured form (`policy.cps_logprob`)."""
@@ -402,69 +437,100 @@ class DiffusionPolicy(TurningPointRewards):
     def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
                reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
                old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
-        terms = StepTerms()
-        for j, k in enumerate(list(range(batch.num_units))[units]):
-            mean, std = self._step_means(model, batch, k)
+        """The terms of each unit, computed on the rows that train it (`_unit_rows`), 0 elsewhere."""
+        terms, n = StepTerms(), len(batch)
+        for j, (k, rows) in enumerate(self._unit_rows(model, batch, units)):
+            if not len(rows):
+                self._add_untrained(terms, batch, keep_means, reference is not None, old_means is not None)
+                continue
+            mean, std = self._step_means(model, batch, k, rows)
             if std > 0:
-                terms.logps.append(self._logprob(batch.extras["latents"][:, k + 1].to(mean.device), mean, std))
+                logp = self._logprob(batch.extras["latents"][rows, k + 1].to(mean.device), mean, std)
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
-                terms.logps.append(mean.flatten(1)[:, 0] * 0.0)
+                logp = mean.flatten(1)[:, 0] * 0.0
+            terms.logps.append(self._on_rows(logp, rows, n))
             # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
             terms.entropies.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
             if keep_means:
-                terms.means.append(mean.detach())
+                terms.means.append(self._on_rows(mean.detach(), rows, n))
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
-                    ref_mean, _ = self._step_means(ref, batch, k)
-                terms.kls.append(self._kl(mean, ref_mean, std, batch, k) if std > 0 else terms.logps[-1] * 0.0)
+                    ref_mean, _ = self._step_means(ref, batch, k, rows)
+                kl = self._kl(mean, ref_mean, std, batch, k) if std > 0 else logp * 0.0
+                terms.kls.append(self._on_rows(kl, rows, n))
             if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
-                old = old_means[:, j].to(mean.device)
-                terms.divergences.append(gaussian_mean_kl(old, mean, std) if std > 0 else terms.logps[-1] * 0.0)
+                old = old_means[rows, j].to(mean.device)
+                divergence = gaussian_mean_kl(old, mean, std) if std > 0 else logp * 0.0
+                terms.divergences.append(self._on_rows(divergence, rows, n))
         return terms
+
+    def _add_untrained(self, terms: StepTerms, batch: Rollout, means: bool, kl: bool, divergence: bool) -> None:
+        """The terms of a unit no row trains: zeros, no forward."""
+        n = len(batch)
+        terms.logps.append(self._untrained(n))
+        terms.entropies.append(0.0)
+        if means:
+            terms.means.append(self._untrained(n, *batch.extras["latents"].shape[2:]))
+        if kl:
+            terms.kls.append(self._untrained(n))
+        if divergence:
+            terms.divergences.append(self._untrained(n))
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Step log-probs; under `units: forward_process` the flow-matching surrogate of each unit's
         log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
         if self.cfg.units == "forward_process":
-            scores = [-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1)
-                      for v, _, x0, eps, _ in self._forward_units(model, batch, units)]
+            scores = []
+            for k, rows in self._unit_rows(model, batch, units):
+                if not len(rows):
+                    scores.append(self._untrained(len(batch)))
+                    continue
+                v, _, x0, eps, _ = self._forward_unit(model, batch, k, rows)
+                scores.append(self._on_rows(-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1), rows, len(batch)))
             return torch.stack(scores, 1), None
         terms = self._units(model, batch, units, with_entropy)
         return terms.logp(), terms.entropy() if with_entropy else None
 
-    def _forward_units(self, model: nn.Module, batch: Rollout, units: slice):
-        """Per unit k of `units`: (v_theta at x_t [B, ...], x_t, x0, eps, t) with x_t the final sample
+    def _forward_unit(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor):
+        """Unit k of rows `rows`: (v_theta at x_t [r, ...], x_t, x0, eps, t) with x_t the final sample
         re-noised at level k by the noise of (row seed, k)."""
         ex, device = batch.extras, self.device
-        x0 = ex["clean"].to(device)
-        cond = self._pos_cond(batch)
-        for k in list(range(batch.num_units))[units]:
-            eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
-                               for s in ex["noise_seeds"]]).to(device)
-            t = ex["levels"][:, k].to(device=device, dtype=torch.float32)
-            xt = renoised(x0, eps, t)
-            yield self.family.predict(model, xt, ex["timesteps"][0, k], cond, 1.0, False), xt, x0, eps, t
+        x0 = ex["clean"][rows].to(device)
+        eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
+                           for s in ex["noise_seeds"][rows]]).to(device)
+        t = ex["levels"][rows, k].to(device=device, dtype=torch.float32)
+        xt = renoised(x0, eps, t)
+        v = self.family.predict(model, xt, ex["timesteps"][0, k], self._pos_cond(batch, rows), 1.0, False)
+        return v, xt, x0, eps, t
 
     def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
                                  reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
                                  ) -> tuple[Tensor, Tensor, Tensor | None]:
         """DiffusionNFT's (L+, L-) [B, u] (`forward_process.py`), the old velocity being `model`'s own,
         detached (the policy at the step's start: one update pass), and with `reference` the
-        authors' KL, mean_d (v_theta - v_ref)^2."""
-        positives, negatives, kls = [], [], []
-        for k, (v, xt, x0, _, t) in zip(list(range(batch.num_units))[units], self._forward_units(model, batch, units)):
+        authors' KL, mean_d (v_theta - v_ref)^2; each unit computed on the rows that train it, 0 elsewhere."""
+        positives, negatives, kls, n = [], [], [], len(batch)
+        for k, rows in self._unit_rows(model, batch, units):
+            if not len(rows):
+                positives.append(self._untrained(n))
+                negatives.append(self._untrained(n))
+                if reference is not None:
+                    kls.append(self._untrained(n))
+                continue
+            v, xt, x0, _, t = self._forward_unit(model, batch, k, rows)
             pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta)
-            positives.append(pos)
-            negatives.append(neg)
+            positives.append(self._on_rows(pos, rows, n))
+            negatives.append(self._on_rows(neg, rows, n))
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
-                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch), 1.0, False)
-                kls.append((v.float() - v_ref.float()).pow(2).flatten(1).mean(1))
+                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch, rows),
+                                                1.0, False)
+                kls.append(self._on_rows((v.float() - v_ref.float()).pow(2).flatten(1).mean(1), rows, n))
         return torch.stack(positives, 1), torch.stack(negatives, 1), torch.stack(kls, 1) if kls else None
 
-    def _pos_cond(self, batch: Rollout) -> dict[str, Tensor]:
-        return {key: v.to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
+    def _pos_cond(self, batch: Rollout, rows: Tensor) -> dict[str, Tensor]:
+        return {key: v[rows].to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
 
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),

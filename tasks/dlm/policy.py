@@ -118,6 +118,13 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 @ADAPTERS.register("dlm")
 class DLMPolicy(MaskedScoring):
     Config = DLMConfig
+    runs_in_rollout_worker = True
+
+    @classmethod
+    def rollout_worker_problem(cls, policy: dict) -> str | None:
+        if policy.get("temperature", DecodeConfig.temperature) == 0:
+            return "policy.temperature=0 (greedy decoding records no behaviour log-probs to correct stale rows with)"
+        return None
 
     def __init__(self, cfg: DLMConfig):
         if not cfg.model:

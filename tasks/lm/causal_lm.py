@@ -106,6 +106,7 @@ class CausalLMConfig:
 
 @ADAPTERS.register("causal_lm")
 class CausalLMPolicy(TokenRollouts, TokenScoring):
+    runs_in_rollout_worker = True
     Config = CausalLMConfig
     # read at each rollout / log-prob pass, so a training stage may change them
     stage_fields = frozenset({"max_new_tokens", "min_new_tokens", "top_p", "top_k", "stop_strings",
@@ -249,8 +250,6 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
 def episode_problems(cfg: CausalLMConfig) -> list[str]:
     """What an episode recipe (policy.episode.tools set) cannot run with, tools resolved before any model loads."""
     problems = episode_config_problems(cfg.episode)
-    if cfg.rollout_engine != "hf":
-        problems.append(f"policy.episode: episodes roll out with policy.rollout_engine=hf, not {cfg.rollout_engine!r}")
     if cfg.prefix_sharing in ("on", True):
         problems.append("policy.prefix_sharing=on: an episode's tool turns break the one-prompt layout; set auto or off")
     try:

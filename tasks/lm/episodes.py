@@ -9,9 +9,10 @@ or padding). A multimodal policy's per-token processor outputs of the tool turns
 `extras["completion_<key>"]`, and the images tools returned join the row's own per-row media
 (pixel_values, image_grid_thw): each row keeps its images with their own grids.
 
-Each turn, the unfinished episodes of the batch continue with one HF ``generate`` over their
-whole context (left-padded); each row samples from its own generator (seeded from its group's
-seed and its place in the group), so a group's episodes depend on its prompt and seed only.
+Each turn, the unfinished episodes of the batch continue with one call of the rollout engine
+over their whole contexts (`episode_engines.py`: a left-padded HF ``generate``, or one vLLM
+``generate`` with a request per context); each row samples from its own seed (from its group's
+seed, its place in the group and the turn), so a group's episodes depend on its prompt and seed only.
 An episode ends when the model answers (a turn without a tool call), and is truncated when a
 turn reaches policy.max_new_tokens, or the turn, token or image budget runs out.
 """
@@ -24,7 +25,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationConfig, LogitsProcessorList
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
@@ -72,12 +72,16 @@ class EpisodeState:
     """One episode while it runs. `ids` / `units` / `turn` / `logp`: per token after the prompt
     (units: 1 model, 0 tool; turn: the model turn, -1 a tool token); `token_keys`: per-token
     processor outputs of those tokens; `media`: the row's per-row processor outputs (prompt's
-    first, then each tool turn's)."""
+    first, then each tool turn's); `part`: the prompt's `_prompt_parts` entry and `context_text`
+    the text of each turn after it (model turns with their special tokens, tool turns as the chat
+    template writes them, before a processor expands their images), which a text-taking engine reads."""
 
     prompt_ids: list[int]
     prompt_keys: dict[str, list[int]]
     media: dict[str, list[Tensor]]
     view: EpisodeView
+    part: Any = None
+    context_text: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     units: list[int] = field(default_factory=list)
     turn: list[int] = field(default_factory=list)
@@ -113,6 +117,8 @@ class EpisodeRunner:
         self.tools = resolve_tools(cfg.tools, cfg.tool_modules)
         self.schemas = [tool_schema(fn, name) for name, fn in self.tools.items()]
         self.counts: Counter = Counter()
+        from .episode_engines import turn_engine  # it builds on this module's EpisodeState
+        self.engine = turn_engine(policy)
 
     # ----- the episode loop ------------------------------------------------------------------
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int], greedy: bool) -> Rollout:
@@ -149,21 +155,21 @@ class EpisodeRunner:
                            videos=list(decoded.get("videos") or []),
                            video_metadata=list(decoded.get("video_metadata") or []),
                            row=row if isinstance(row, dict) else {}, box_frame=self.cfg.box_frame)
-        return EpisodeState(encoded["prompt_ids"][g][keep].tolist(), keys, media, view)
+        return EpisodeState(encoded["prompt_ids"][g][keep].tolist(), keys, media, view, part)
 
     def _model_turn(self, states: list[EpisodeState], row_seeds: list[int], turn: int, greedy: bool) -> None:
-        """One model turn of the unfinished episodes, then their tool turns. Each row samples from a
-        generator of its own seed and the turn, so no other row's turn lengths change its draws."""
-        generators = [torch.Generator().manual_seed(derive_seed(seed, turn)) for seed in row_seeds]
+        """One model turn of the unfinished episodes (by the rollout engine's `TurnEngine`), then
+        their tool turns. Each row samples from a seed of its own and the turn, so no other row's
+        turn lengths change its draws."""
         rooms = [min(self.policy.cfg.max_new_tokens, self.cfg.max_tokens - len(s.ids)) for s in states]
-        new, ended, logp = self._generate(states, generators, max(rooms), greedy)
+        turns = self.engine.continue_contexts(states, [derive_seed(seed, turn) for seed in row_seeds], rooms, greedy)
         tokenizer, eos_ids = self.policy.tokenizer, eos_token_ids(self.policy.model, self.policy.tokenizer)
-        for r, s in enumerate(states):
-            tokens = new[r, :min(int(ended[r]), rooms[r])].tolist()
-            s.append(tokens, 1, turn, logp[r, :len(tokens)].tolist(), {})
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
+        for s, new in zip(states, turns):
+            s.append(new.tokens, 1, turn, new.logp, {})
+            s.context_text.append(tokenizer.decode(new.tokens, skip_special_tokens=False))
+            text = tokenizer.decode(new.tokens, skip_special_tokens=True)
             s.turn_texts.append(text)
-            if ended[r] > rooms[r]:  # the turn did not end within policy.max_new_tokens or the token budget
+            if not new.ended:  # the turn did not end within policy.max_new_tokens or the token budget
                 s.stop(truncated=True)
                 continue
             calls = parse_tool_calls(text)
@@ -172,54 +178,8 @@ class EpisodeRunner:
             elif turn == self.cfg.max_turns - 1:
                 s.stop(truncated=True)  # no turn is left to read the results
             else:
-                eos_text = tokenizer.decode(tokens[-1:]) if tokens and tokens[-1] in eos_ids else None
+                eos_text = tokenizer.decode(new.tokens[-1:]) if new.tokens and new.tokens[-1] in eos_ids else None
                 self._tool_turn(s, calls, turn, eos_text)
-
-    def _generate(self, states: list[EpisodeState], generators: list[torch.Generator], width: int,
-                  greedy: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(new tokens [B, W <= width], each row's end (1 + its last token; W + 1: it did not end),
-        their sampler log-probs [B, W]) of one turn of `states`."""
-        from .generation import GroupSeededSampler
-        policy, cfg = self.policy, self.policy.cfg
-        rows = self._context_rows(states)
-        eos = policy.model.generation_config.eos_token_id or policy.tokenizer.eos_token_id
-        gen_cfg = GenerationConfig(max_new_tokens=max(1, width), do_sample=False,
-                                   min_new_tokens=cfg.min_new_tokens if greedy else None,
-                                   pad_token_id=policy.tokenizer.pad_token_id, eos_token_id=eos,
-                                   stop_strings=cfg.stop_strings or None,
-                                   suppress_tokens=policy.suppressed_tokens() or None)
-        sampler = None
-        if not greedy:
-            sampler = GroupSeededSampler([], 1, cfg.temperature, cfg.top_k, cfg.top_p,
-                                         eos_ids=[eos] if isinstance(eos, int) else list(eos or []),
-                                         min_new_tokens=cfg.min_new_tokens or 0, generators=generators)
-        was_training = policy.model.training
-        policy.model.eval()
-        with torch.inference_mode():
-            sequences = policy.model.generate(
-                **policy._model_inputs(rows), generation_config=gen_cfg,
-                logits_processor=LogitsProcessorList([sampler] if sampler else []),
-                tokenizer=policy.tokenizer if cfg.stop_strings else None)
-        policy.model.train(was_training)
-        new = sequences[:, rows["prompt_ids"].shape[1]:].clone().cpu()
-        mask, running = policy._completion_mask(new)
-        ended = torch.where(running, new.shape[1] + 1, mask.sum(1).long())
-        logp = sampler.sampled_logp(new.shape[1]) if sampler else torch.zeros(new.shape, dtype=torch.float32)
-        return new, ended, logp
-
-    def _context_rows(self, states: list[EpisodeState]) -> dict[str, Any]:
-        """The policy's prompt inputs for each episode's whole context (prompt and turns so far),
-        left-padded; per-row media joined in order."""
-        ids = [torch.tensor(s.prompt_ids + s.ids) for s in states]
-        width = max(len(x) for x in ids)
-        left = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v) for x in xs])  # noqa: E731
-        rows: dict[str, Any] = {"prompt_ids": left(ids, self.policy.tokenizer.pad_token_id),
-                                "prompt_mask": left([torch.ones(len(x), dtype=torch.long) for x in ids], 0)}
-        for key in states[0].prompt_keys:
-            rows[f"prompt_{key}"] = left([torch.tensor(s.prompt_keys[key] + s.token_keys.get(key, [0] * len(s.ids)))
-                                          for s in states], 0)
-        rows.update(joined_media(states))
-        return rows
 
     def _input_sizes(self, grids: Tensor | None, images: list) -> list[list[int] | None]:
         """Each image's [width, height] as the processor resized it: its patch grid times the patch
@@ -241,11 +201,12 @@ class EpisodeRunner:
         if s.images_returned + len(images) > self.cfg.max_images:
             s.stop(truncated=True)
             return
-        ids, keys, media = self._encode_tool_turn(calls, images, eos_text)
+        text, ids, keys, media = self._encode_tool_turn(calls, images, eos_text)
         if len(s.ids) + len(ids) >= self.cfg.max_tokens:
             s.stop(truncated=True)
             return
         s.append(ids, 0, -1, [0.0] * len(ids), keys)
+        s.context_text.append(text)
         s.images_returned += len(images)
         s.view.images.extend(images)
         s.view.input_sizes.extend(self._input_sizes(media.get("image_grid_thw"), images))
@@ -253,8 +214,8 @@ class EpisodeRunner:
             s.media.setdefault(key, []).append(value)
 
     def _encode_tool_turn(self, calls: list[ToolCall], images: list, eos_text: str | None
-                          ) -> tuple[list[int], dict[str, list[int]], dict[str, Tensor]]:
-        """(ids, per-token processor outputs, per-row media) of the text between the model's turn and
+                          ) -> tuple[str, list[int], dict[str, list[int]], dict[str, Tensor]]:
+        """(text, ids, per-token processor outputs, per-row media) of the text between the model's turn and
         its next one: the end of its turn (less the eos it sampled), the tool messages, the
         generation prompt, as the chat template writes them."""
         policy = self.policy
@@ -263,13 +224,13 @@ class EpisodeRunner:
         text = tool_turn_text(processor.apply_chat_template if processor else policy.tokenizer.apply_chat_template,
                               messages, eos_text)
         if processor is None:
-            return policy.tokenizer(text, add_special_tokens=False)["input_ids"], {}, {}
+            return text, policy.tokenizer(text, add_special_tokens=False)["input_ids"], {}, {}
         enc = processor(text=[text], images=images or None, return_tensors="pt")
         ids = enc["input_ids"][0].tolist()
         keys = {k: v[0].tolist() for k, v in enc.items()
                 if k not in ("input_ids", "attention_mask") and v.dim() == 2 and v.shape == enc["input_ids"].shape}
         media = {k: v for k, v in enc.items() if k not in keys and k not in ("input_ids", "attention_mask")}
-        return ids, keys, media
+        return text, ids, keys, media
 
     # ----- the record ----------------------------------------------------------------------
     def _record(self, prompts: Sequence[Any], group_size: int, rows: dict[str, Any], states: list[EpisodeState],

@@ -39,7 +39,6 @@ VLLM_MEDIA = ("images", "videos", "video_metadata", "videos_kwargs")
 class MultimodalPolicy(CausalLMPolicy):
     """Subclasses say how a model is loaded (`_load_pretrained`) and what media a row carries
     (`_media`)."""
-
     rollout_engines = ("hf",)  # vLLM rollouts: text models and the vlm adapter (tasks/lm/vllm_engine.py)
 
     @classmethod

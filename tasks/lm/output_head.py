@@ -12,7 +12,10 @@ a model that transforms its logits after the head (Gemma 2's soft-capping, Coher
 a head that is not a linear layer, a LoRA head with dropout while training, bias or a variant
 (DoRA), and a LoRA head whose parameters are sharded over processes. A plain head sharded over the
 processes (FSDP2, ZeRO-3) is gathered whole for the log-probs' forward and backward
-(`hidden_logprobs.py`, `ParallelView.whole`).
+(`hidden_logprobs.py`, `ParallelView.whole`). Under ZeRO-3 the log-probs run as a call of the head
+module, so that DeepSpeed's hooks gather its weight when the operation takes it (autograd records
+its shape then) and again for its backward, until the gradient is accumulated and reduced into
+the partitions, as for the model's own head, tied to the input embedding or not.
 """
 
 from __future__ import annotations
@@ -82,7 +85,6 @@ class OutputHead:
         itself) is an error when the block closes: its logits would be taken for hidden states."""
         module = self.module
         self.hidden = None
-        own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
 
         def keep(hidden: Tensor, *args, **kwargs) -> Tensor:
             return hidden
@@ -91,16 +93,12 @@ class OutputHead:
             # the head's output as its other hooks leave it (ZeRO-3 marks it for its backward hooks)
             self.hidden = output
 
-        module.forward = keep
         hook = module.register_forward_hook(kept)
         try:
-            yield self
+            with forward_replaced(module, keep):
+                yield self
         finally:
             hook.remove()
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
         if self.hidden is None:
             raise UserError(f"policy.logprobs_from=hidden_states: the model ({type(module).__name__} head) computed "
                             "its output without calling its output head (get_output_embeddings); set "
@@ -129,9 +127,30 @@ class OutputHead:
                  banned: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """fp32 log-probs (and entropies) of `targets` [...] from hidden states [..., H] through the
         head (`hidden_state_logprobs`, its parameters gathered where sharded)."""
-        weight, bias = self.weight_and_bias()
-        return hidden_state_logprobs(states.to(self.compute_dtype), weight, targets, bias, temperature, chunk_tokens,
-                                     with_entropy, banned, self.parallel)
+        def project(hidden: Tensor) -> tuple[Tensor, Tensor | None]:
+            weight, bias = self.weight_and_bias()
+            return hidden_state_logprobs(hidden, weight, targets, bias, temperature, chunk_tokens, with_entropy,
+                                         banned, self.parallel)
+
+        states = states.to(self.compute_dtype)
+        if not self.parallel.gathers_in_module_calls:
+            return project(states)
+        with forward_replaced(self.module, project):
+            return self.module(states)
+
+
+@contextmanager
+def forward_replaced(module: nn.Module, forward) -> Iterator[nn.Module]:
+    """`module` calling `forward` instead of its own while the block runs (its hooks still run)."""
+    own = module.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) to put back
+    module.forward = forward
+    try:
+        yield module
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 def lora_head_reason(head: nn.Module) -> str | None:

@@ -234,42 +234,72 @@ class VLLMEngine:
         token and stops there; its `token_ids` are not cut back, so they end with that token.
         `banned_token_ids` are never sampled (a bias of -100, vLLM's floor: their probability is
         at most e^-100 of another token's, so the others' log-probs are those of the banned softmax)."""
+        requests = [prompt if isinstance(prompt, dict) else {"prompt_token_ids": list(prompt)}
+                    for prompt in prompts for _ in range(group_size)]
+        samples = self.complete(model, requests, [sample_seed(seed, i) for seed in seeds for i in range(group_size)],
+                                greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                                max_new_tokens=[max_new_tokens] * len(requests), min_new_tokens=min_new_tokens,
+                                stop_token_ids=stop_token_ids, stop_strings=stop_strings,
+                                banned_token_ids=banned_token_ids)
+        if expected_prompt_ids is not None:
+            check_prompt_ids(samples, [ids for ids in expected_prompt_ids for _ in range(group_size)])
+        width = max(1, max(len(s.token_ids) for s in samples))
+        ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
+        logp = torch.zeros(len(samples), width, dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            ids[row, :len(sample.token_ids)] = torch.tensor(sample.token_ids, dtype=torch.long)
+            logp[row, :len(sample.logp)] = torch.tensor(sample.logp, dtype=torch.float32)
+        return ids, (None if greedy else logp)
+
+    def complete(self, model: nn.Module, requests: Sequence[dict], seeds: Sequence[int], *, greedy: bool,
+                 temperature: float, top_k: int, top_p: float, max_new_tokens: Sequence[int], min_new_tokens: int,
+                 stop_token_ids: list[int], stop_strings: Sequence[str] = (),
+                 banned_token_ids: Sequence[int] = ()) -> list[Sample]:
+        """One completion of each vLLM request (``{"prompt_token_ids": [...]}`` or a prompt dict, as
+        `generate` takes them), sampled with its own seed and at most its own `max_new_tokens`,
+        with the policy's current weights (synced first); the rest as `generate`."""
         from vllm import SamplingParams
         self.sync(model)
         if self.sleep:
             self._synced = None  # level-2 sleep drops the weights: re-send them after the next wake-up
             self.llm.wake_up(tags=["kv_cache"])
-        requests, params = [], []
         bias = {int(t): -100.0 for t in banned_token_ids} or None
-        for prompt, seed in zip(prompts, seeds):
-            for i in range(group_size):
-                requests.append(prompt if isinstance(prompt, dict) else {"prompt_token_ids": list(prompt)})
-                params.append(SamplingParams(
-                    n=1, seed=None if greedy else sample_seed(seed, i), temperature=0.0 if greedy else temperature,
-                    top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_new_tokens,
-                    min_tokens=min_new_tokens, stop_token_ids=stop_token_ids, logprobs=0, logit_bias=bias,
-                    stop=list(stop_strings) or None, include_stop_str_in_output=bool(stop_strings),
-                    detokenize=bool(stop_strings)))  # stop strings are matched on the text
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        params = [SamplingParams(
+            n=1, seed=None if greedy else seed, temperature=0.0 if greedy else temperature,
+            top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=most, min_tokens=min_new_tokens,
+            stop_token_ids=stop_token_ids, logprobs=0, logit_bias=bias, stop=list(stop_strings) or None,
+            include_stop_str_in_output=bool(stop_strings),
+            detokenize=bool(stop_strings))  # stop strings are matched on the text
+            for seed, most in zip(seeds, max_new_tokens)]
+        outputs = self.llm.generate(list(requests), params, use_tqdm=False)
         if self.sleep:
             self.llm.sleep(level=2)
-        if expected_prompt_ids is not None:
-            for row, out in enumerate(outputs):
-                expected = list(expected_prompt_ids[row // group_size])
-                if list(out.prompt_token_ids) != expected:
-                    raise RuntimeError(
-                        f"vLLM's processor made prompt {row // group_size} into {len(out.prompt_token_ids)} tokens, "
-                        f"the policy's into {len(expected)} (first difference at "
-                        f"{next((k for k, (a, b) in enumerate(zip(out.prompt_token_ids, expected)) if a != b), None)}): "
-                        "the rollout would not be the one trained on")
-        samples = [out.outputs[0] for out in outputs]
-        width = max(1, max(len(s.token_ids) for s in samples))
-        ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
-        logp = torch.zeros(len(samples), width, dtype=torch.float32)
-        for row, sample in enumerate(samples):
+        samples = []
+        for out in outputs:
+            sample = out.outputs[0]
             tokens = list(sample.token_ids)
-            ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            if not greedy:
-                logp[row, :len(tokens)] = torch.tensor(
-                    [step[tok].logprob for step, tok in zip(sample.logprobs, tokens)], dtype=torch.float32)
-        return ids, (None if greedy else logp)
+            logp = [0.0] * len(tokens) if greedy else [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
+            samples.append(Sample(list(out.prompt_token_ids), tokens, logp, sample.finish_reason == "stop"))
+        return samples
+
+
+@dataclass
+class Sample:
+    """One vLLM completion: the prompt's token ids as vLLM's processor made them, the sampled
+    tokens, their sampler log-probs (0 for greedy), and whether it stopped (an eos or a stop
+    string) rather than reaching its token limit."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logp: list[float]
+    stopped: bool
+
+
+def check_prompt_ids(samples: Sequence[Sample], expected: Sequence[list[int]]) -> None:
+    """Raise where vLLM's processor made a prompt into other token ids than the policy's."""
+    for row, (sample, ids) in enumerate(zip(samples, expected)):
+        if sample.prompt_ids != list(ids):
+            first = next((k for k, (a, b) in enumerate(zip(sample.prompt_ids, ids)) if a != b), None)
+            raise RuntimeError(
+                f"vLLM's processor made prompt row {row} into {len(sample.prompt_ids)} tokens, the policy's into "
+                f"{len(ids)} (first difference at {first}): the rollout would not be the one trained on")

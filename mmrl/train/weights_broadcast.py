@@ -1,0 +1,162 @@
+"""The trained weights sent to the rollout worker over torch.distributed (docs/async.md): the trainer
+(rank 0) and the worker (rank 1) form a process group of their own, on a TCPStore of their own on a
+free local port, so the trainer's default process group, if it has one, is left alone. The backend
+is chosen from the two models' devices: NCCL between two different CUDA devices, gloo (CPU copies)
+otherwise. Only gloo is tested.
+
+A transfer is the state dict flattened into one buffer per dtype, broadcast from the trainer. The
+trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
+broadcast and goes on training; the worker receives the buffers when it reads the transfer's
+("weights", version) message (mmrl/train/rollout_worker.py) and copies them into its model in
+place. The buffers of a completed broadcast are reused by the next transfer; a failed one (the
+worker died: its connection closed) raises there.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+HOST = "127.0.0.1"
+# How long a broadcast may wait for the other side: the trainer's waits while the worker finishes the
+# generation calls it is in; a dead peer fails at once (its connection closes), a hung one after this.
+TRANSFER_TIMEOUT = datetime.timedelta(hours=1)
+WORKER_DEVICE_KEY = "worker_device"
+
+# [(name, shape, dtype)] of the trainer's state dict, in its order
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
+
+
+def layout_of(state: dict[str, torch.Tensor]) -> Layout:
+    return [(name, tuple(t.shape), t.dtype) for name, t in state.items()]
+
+
+def backend_for(trainer_device: torch.device, worker_device: torch.device) -> str:
+    """nccl between two different CUDA devices (one device cannot be two NCCL ranks), gloo otherwise."""
+    both_cuda = trainer_device.type == worker_device.type == "cuda"
+    return "nccl" if both_cuda and trainer_device.index != worker_device.index else "gloo"
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _group(store: dist.Store, rank: int, backend: str, device: torch.device) -> dist.ProcessGroup:
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        return dist.ProcessGroupNCCL(store, rank, 2, TRANSFER_TIMEOUT)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = TRANSFER_TIMEOUT
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
+def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor) -> dist.Work:
+    options = dist.BroadcastOptions()
+    options.rootRank, options.rootTensor = 0, 0
+    return group.broadcast([buffer], options)
+
+
+def _by_dtype(layout: Layout) -> dict[torch.dtype, list[tuple[str, tuple[int, ...]]]]:
+    buckets: dict[torch.dtype, list[tuple[str, tuple[int, ...]]]] = {}
+    for name, shape, dtype in layout:
+        buckets.setdefault(dtype, []).append((name, shape))
+    return buckets
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(torch.Size(shape).numel())
+
+
+class WeightsSender:
+    """The trainer's side: opens the store, waits for the worker to join, broadcasts transfers."""
+
+    def __init__(self) -> None:
+        self.store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
+        self.port = self.store.port
+        self.group: dist.ProcessGroup | None = None
+        self.device = torch.device("cpu")
+        self.sending: list[tuple[list[torch.Tensor], list[dist.Work]]] = []  # buffers and their broadcasts
+        self.spare: list[torch.Tensor] | None = None  # a completed transfer's buffers, reused (no fresh pages)
+
+    def connect(self, trainer_device: torch.device, wait: Callable[[], None]) -> None:
+        """Form the group once the worker has joined; `wait` is called meanwhile (it raises if the
+        worker died)."""
+        while not self.store.check([WORKER_DEVICE_KEY]):
+            wait()
+        worker_device = torch.device(self.store.get(WORKER_DEVICE_KEY).decode())
+        backend = backend_for(trainer_device, worker_device)
+        self.device = trainer_device if backend == "nccl" else torch.device("cpu")
+        self.group = _group(self.store, 0, backend, self.device)
+
+    def send(self, model: torch.nn.Module) -> None:
+        """Copy the weights into buffers of their own and start their broadcast (the worker receives them
+        when it reads the transfer's message)."""
+        self.release_sent()
+        state = model.state_dict()
+        buckets = _by_dtype(layout_of(state))
+        buffers, self.spare = self.spare or [
+            torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
+            for dtype, entries in buckets.items()], None
+        with torch.no_grad():
+            for buffer, entries in zip(buffers, buckets.values(), strict=True):
+                offset = 0
+                for name, shape in entries:
+                    buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
+                    offset += _numel(shape)
+        self.sending.append((buffers, [_broadcast(self.group, buffer) for buffer in buffers]))
+
+    def release_sent(self) -> None:
+        """Keep the buffers of the completed transfers for the next; a failed one raises its error
+        (RuntimeError)."""
+        waiting = []
+        for buffers, works in self.sending:
+            if all(work.is_completed() for work in works):
+                for work in works:
+                    work.wait()
+                self.spare = buffers
+            else:
+                waiting.append((buffers, works))
+        self.sending = waiting
+
+    def close(self) -> None:
+        """Leave the group (once the worker has stopped: its transfers are done or failed)."""
+        self.sending, self.spare, self.group = [], None, None
+
+
+class WeightsReceiver:
+    """The worker's side: joins the trainer's store and group, receives transfers into its model."""
+
+    def __init__(self, port: int, layout: Layout, model: torch.nn.Module, trainer_device: torch.device):
+        own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        theirs = {name: shape for name, shape, _ in layout}
+        if own != theirs:
+            differ = sorted(set(own.items()) ^ set(theirs.items()))[:4]
+            raise RuntimeError(f"the rollout worker's model differs from the trainer's: {differ}")
+        self.layout, self.model = layout, model
+        device = model_device(model)
+        backend = backend_for(trainer_device, device)
+        self.device = device if backend == "nccl" else torch.device("cpu")
+        self.buffers = {dtype: torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
+                        for dtype, entries in _by_dtype(layout).items()}
+        store = dist.TCPStore(HOST, port, 2, is_master=False)
+        store.set(WORKER_DEVICE_KEY, str(device))
+        self.group = _group(store, 1, backend, self.device)
+
+    def receive(self) -> None:
+        """The next transfer, copied into the model in place (cast to its dtypes where they differ).
+        The copies bump the parameters' version counters, as a checkpoint load does: a policy's vLLM
+        engine sees its weights stale by them (`vllm_weights.weights_fingerprint`) and is sent the new
+        ones before its next rollout."""
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for dtype, entries in _by_dtype(self.layout).items():
+                buffer = self.buffers[dtype]
+                _broadcast(self.group, buffer).wait()
+                offset = 0
+                for name, shape in entries:
+                    state[name].copy_(buffer[offset:offset + _numel(shape)].view(shape))
+                    offset += _numel(shape)
