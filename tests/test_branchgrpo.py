@@ -62,7 +62,7 @@ def test_tree_rollout_runs_each_node_once_and_each_leaf_follows_its_noise(model,
                                           {key: c[row:row + 1] for key, c in cond.items()}, 4.5, guided).float()
             mean, std = step(x.float(), v, levels[k], levels[k + 1], 0.7)
             x = mean + std * noise
-            assert torch.allclose(latents[row, k + 1], x[0], rtol=1e-4, atol=1e-5), (row, k)  # float32 batching
+            assert torch.allclose(latents[row, k + 1], x[0], rtol=1e-4, atol=1e-4), (row, k)  # float32 batching (thread counts)
             if std > 0:  # (CPS's last step, to sigma 0, is deterministic)
                 assert math.isclose(float(batch.rollout_logp[row, k]), float(gaussian_logprob(x, mean, std)),
                                     rel_tol=1e-5, abs_tol=1e-5)

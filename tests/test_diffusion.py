@@ -319,7 +319,8 @@ def test_chunks_from_the_relative_l1_change_and_chunk_ratios(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["t2i_flowgrpo", "t2i_dancegrpo", "t2i_chunk", "t2i_turning_point", "t2i_nft",
-                                    "t2i_flowgrpo_fast", "t2i_grpo_guard", "t2i_flowdppo", "t2i_pref_grpo"])
+                                    "t2i_flowgrpo_fast", "t2i_grpo_guard", "t2i_flowdppo", "t2i_pref_grpo",
+                                    "t2v_demo"])
 def test_recipes_run_a_step(recipe, tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES

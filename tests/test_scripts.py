@@ -305,3 +305,35 @@ def test_bench_async(tmp_path):
     assert report["sync"]["samples_per_s_ratio"] == 1.0
     assert 0.0 < report["sync"]["generate_share"] < 1.0 and report["sync"]["overlap_bound"] >= 1.0
     assert 0.0 <= report["async_1"]["staleness_mean"] <= 1.0 and 0.0 <= report["async_2"]["staleness_mean"] <= 2.0
+
+
+
+@pytest.mark.slow  # 20 s: a served reward and three runs, two with a worker
+def test_bench_async_with_a_served_reward(tmp_path):
+    """The slow served reward is scored in the trainer's step when the trainer scores, and not when
+    the worker does."""
+    report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
+                   "--hidden", "32", "--layers", "1", "--warm-start-steps", "5", "--served-latency", "0.1")
+    runs = ("sync", "async_1_trainer_scored", "async_1_worker_scored")
+    assert_finite(report, *(f"{run}.{key}" for run in runs for key in ("samples_per_s", "samples_per_s_ratio",
+                                                                       "reward_share")))
+    trainer, worker = report["async_1_trainer_scored"]["reward_share"], report["async_1_worker_scored"]["reward_share"]
+    assert trainer > 5 * worker, (trainer, worker)
+
+
+def test_compare_sweeps_at_equal_time(tmp_path):
+    """Two folders' cells in one equal-time table: the second sweep's cell trains twice as fast."""
+    for name, step_s in (("a", 1.0), ("b", 0.5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "sweep.json").write_text(json.dumps({"cells": [["rollout.mode=sync"], [f"x={name}"]]}))
+        rows = ["cell,seed,step,train_s,train_reward,proxy,gold"]
+        rows += [f"{cell},0,{step},{step * step_s},0.1,{0.1 * step},{0.05 * step}" for cell in (0, 1) for step in (2, 4)]
+        (folder / "sweep_evals.csv").write_text("\n".join(rows) + "\n")
+    done = run_script("compare_sweeps.py", f"{tmp_path / 'a'}:1", str(tmp_path / "b"), "--json", str(tmp_path / "out.json"))
+    assert done.returncode == 0, done.stderr
+    assert "T = 2.0 s" in done.stdout  # the b cells' last evaluation: step 4 at 2 s
+    assert "| a 1: x=a | 1.000 | 1.00x | 2 | 0.200 | 0.100 |" in done.stdout
+    assert "| b 0: rollout.mode=sync | 0.500 | 2.00x | 4 | 0.400 | 0.200 |" in done.stdout
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["T_s"] == 2.0 and list(out["cells"]) == ["a 1: x=a", "b 0: rollout.mode=sync", "b 1: x=b"]

@@ -92,6 +92,14 @@ class ScoringConfig:
         "advantages and loss are those of scoring after the whole rollout (a reward's value for a row must depend "
         "on its own group's rows only, as it already must on several processes). false: score after the whole "
         "rollout. Nothing to overlap with scoring.groups_per_call 0.")})
+    where: Literal["auto", "trainer", "worker"] = field(default="auto", metadata={"help": (
+        "With a rollout worker (rollout.mode one_step_off / async), which process scores its rollouts. worker: the "
+        "worker builds the rewards too and scores each generation call in a thread while it generates the next; "
+        "the rewards come with the rollouts, so neither generation nor the trainer waits for a slow (served) "
+        "reward. trainer: the trainer scores each step's rollouts when it collects them. auto: worker when "
+        "every reward is served (rewards.NAME.url or replay: a client, cheap to build twice), else trainer (an "
+        "in-process reward model would load in both processes). The rewards are the same either way. "
+        "rollout.mode sync: the trainer (worker is refused).")})
 
 
 @dataclass

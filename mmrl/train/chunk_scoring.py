@@ -24,6 +24,14 @@ from mmrl.train.records import add_counts
 Scored = tuple[Rollout, dict[str, Tensor], dict[str, Tensor], dict[str, float]]  # kept rows, rewards, auxiliary rows' rewards, counts
 
 
+def place_call(rollout: Rollout, rows: list[dict], first_group: int) -> Rollout:
+    """A generation call's rollout placed in its draw: group ids counted from the call's first group
+    in the draw, and each row given its prompt's data columns (what the rewards read)."""
+    rollout.group_id = rollout.group_id + first_group
+    rollout.add_data_columns(rows)
+    return rollout
+
+
 def score_with_counts(fns: Mapping[str, RewardFn], rollout: Rollout) -> Scored:
     """`score_rollout` with the counts the rewards logged about this call."""
     counts: dict[str, float] = {}
@@ -59,10 +67,16 @@ class ChunkScorer:
                 raise done.exception()
         self.pending.append(self.pool.submit(score_with_counts, self.fns, rollout))
 
+    def add_scored(self, scored: Scored) -> None:
+        """Hand over one generation call's rows already scored (by the rollout worker)."""
+        done: Future = Future()
+        done.set_result(scored)
+        self.pending.append(done)
+
     def scored(self) -> Scored:
         """The draw's rows without auxiliary rows, their rewards, the auxiliary rows' rewards and
         the rewards' counts, rows in generation order (waits for the thread)."""
-        if self.pool is None:
+        if not self.pending:
             return score_with_counts(self.fns, self.join(self.rollouts))
         parts = [future.result() for future in self.pending]
         counts: dict[str, float] = {}

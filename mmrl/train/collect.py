@@ -26,9 +26,9 @@ from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
-from mmrl.train.chunk_scoring import ChunkScorer
+from mmrl.train.chunk_scoring import ChunkScorer, place_call
 from mmrl.train.records import Collected, Draw, add_counts, gather_objects
-from mmrl.train.rollout_worker import RolloutWorker
+from mmrl.train.rollout_worker import RolloutWorker, WorkerScores
 from mmrl.train.step_clock import StepClock
 
 
@@ -82,7 +82,8 @@ class RolloutCollector:
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
                 for groups in generation_calls(local, cfg.scoring.groups_per_call):
-                    scorer.add(self._generate(inputs, indices, groups, step, attempt))
+                    rollout, scores = self._generate(inputs, indices, groups, step, attempt)
+                    scorer.add(rollout) if scores is None else scorer.add_scored((rollout, *scores))
             with self.clock.phase("reward"):
                 rollout, rewards, auxiliary, counts = scorer.scored()
         # turning-point passes: as many as each process's samples need (an adapter without step rewards runs none)
@@ -113,22 +114,27 @@ class RolloutCollector:
             counts[name] = counts.get(name, 0.0) + value
         return counts
 
-    def _generate(self, inputs: StageInputs, indices: list[int], groups: range, step: int, attempt: int) -> Rollout:
+    def _generate(self, inputs: StageInputs, indices: list[int], groups: range, step: int,
+                  attempt: int) -> tuple[Rollout, WorkerScores | None]:
         """One generation call: the rollouts of the draw's groups `groups` (global group ids), with
-        their data columns."""
+        their data columns; and their scores where the rollout worker scored them (else None)."""
         cfg = inputs.cfg
         rows = [inputs.train_rows[indices[g]] for g in groups]
         seeds = [derive_seed(cfg.seed, step, attempt, g) for g in groups]
+        scores = None
         with self.clock.phase("generate"):
             if self.worker is not None:  # stamped by the worker with the version of its weights
-                rollout = self.worker.take((step, attempt, groups.start), rows, cfg.algorithm.group_size, seeds)
+                rollout, scores = self.worker.take_scored((step, attempt, groups.start), rows, cfg.algorithm.group_size,
+                                                          seeds)
             else:
                 rollout = self.policy.rollout(rows, cfg.algorithm.group_size, seeds)
                 rollout.stamp_version(step - 1)  # drawn by the weights after step - 1 updates
         self.idle_row = rollout.select([0])
-        rollout.group_id = rollout.group_id + groups.start + attempt * len(indices)
-        rollout.add_data_columns(rows)
-        return rollout
+        if scores is None:
+            place_call(rollout, rows, groups.start + attempt * len(indices))
+        else:  # the worker counted the group ids in the draw (its modes draw once: attempt 0)
+            rollout.add_data_columns(rows)
+        return rollout, scores
 
     def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
         """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and

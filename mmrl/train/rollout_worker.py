@@ -10,7 +10,8 @@ The weights travel over a process group of the two (mmrl/train/weights_broadcast
 carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
 receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
 attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
-version, the policy's counts of that generation: `Policy.pop_metrics`) or ("error", text).
+version, the policy's counts of that generation: `Policy.pop_metrics`, the worker's scores or None:
+`scoring.where`) or ("error", text).
 """
 
 from __future__ import annotations
@@ -20,17 +21,24 @@ import queue
 import signal
 import traceback
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from torch import Tensor
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
+from mmrl.serving.remote_reward import is_served
+from mmrl.train.chunk_scoring import place_call, score_with_counts
 from mmrl.train.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
+
+# the worker's scores of a rollout's kept rows: rewards, the auxiliary rows' rewards, the rewards' counts
+WorkerScores = tuple[dict[str, Tensor], dict[str, Tensor], dict[str, float]]
 
 POLL_S = 1.0  # how often a waiting trainer checks that the worker is alive
 JOIN_POLL_S = 0.05  # how often, while the worker starts, the trainer checks whether it has joined
@@ -49,6 +57,9 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
                      for name, value, default in (("weights_every", ro.weights_every, 1),
                                                   ("stale_rows", ro.stale_rows, "drop")) if value != default]
     if ro.mode == "sync":
+        if cfg.scoring.where == "worker":
+            problems.append("scoring.where=worker with rollout.mode=sync (there is no rollout worker: the "
+                            "trainer scores)")
         return problems
     if ro.mode == "one_step_off" and ro.max_staleness not in (0, 1):
         problems.append(f"rollout.max_staleness={ro.max_staleness}: one_step_off is 0 or 1 steps behind "
@@ -74,26 +85,43 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
                       f"eval.every={cfg.eval.every} and policy.rollout_engine=vllm (an evaluation samples in the "
                       "trainer's process, which builds no vLLM engine; evaluate the checkpoints with mmrl eval)")}
     problems += [f"{mode} with {why}" for ok, why in needs.values() if not ok]
+    if scores_in_worker(cfg):
+        problems += [f"scoring.where={cfg.scoring.where} with rewards.{name}.record (the trainer's evaluations "
+                     "and the worker would both write the record file)" for name, spec in cfg.rewards.items()
+                     if spec.record]
     return problems
+
+
+def scores_in_worker(cfg: TrainConfig) -> bool:
+    """Whether the rollout worker scores its rollouts (`scoring.where`; auto: every reward served)."""
+    if cfg.rollout.mode == "sync" or cfg.scoring.where == "trainer":
+        return False
+    return cfg.scoring.where == "worker" or all(is_served(spec) for spec in cfg.rewards.values())
 
 
 def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue,
            weights: tuple[int, Layout, torch.device]) -> None:
-    """The worker process: build the policy from the recipe, join the trainer's weights group
-    (`weights`: its port, the trainer's state dict layout and device), then answer messages until
-    ("stop",); with `newest_weights`, every waiting message is read before each generation."""
+    """The worker process: build the policy (and, with `scores_in_worker`, the rewards) from the
+    recipe, join the trainer's weights group (`weights`: its port, the trainer's state dict layout
+    and device), then answer messages until ("stop",); with `newest_weights`, every waiting message
+    is read before each generation."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
         signal.signal(stop, signal.SIG_IGN)
+    scorer = None
     try:
         torch.set_num_threads(1)
         from mmrl.config.parse import parse_config
-        from mmrl.registry import load_plugins
-        from mmrl.train.parts import build_policy
+        from mmrl.registry import import_user_module, load_plugins
+        from mmrl.train.parts import bound_rewards, build_policy
         load_plugins()
         cfg = parse_config(recipe, [])
         policy = build_policy(cfg)
         policy.prompt_column = cfg.data.prompt_column
         policy.model.eval()
+        if scores_in_worker(cfg):
+            for module in cfg.reward_modules:
+                import_user_module(module)
+            scorer = CallScorer(bound_rewards(cfg)[0], results)
         port, layout, trainer_device = weights
         receiver = WeightsReceiver(port, layout, policy.model, trainer_device)
         version, pending = 0, deque()
@@ -108,7 +136,10 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
                 policy.set_training_step(key[0])
                 rollout = policy.rollout(rows, group_size, seeds)
                 rollout.stamp_version(version)
-                results.put(("rollout", key, rollout, policy.pop_metrics()))
+                if scorer is None:
+                    results.put(("rollout", key, rollout, policy.pop_metrics(), None))
+                else:  # scored in the thread while the next request generates; sent once scored
+                    scorer.submit(key, rollout, rows, policy.pop_metrics())
             elif message[0] == "stop":
                 return
             elif message[0] == "weights":
@@ -119,6 +150,34 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
                 pending.append((key, pickle.loads(rows), group_size, seeds))
     except BaseException:  # the trainer raises it as RolloutWorkerDied
         results.put(("error", traceback.format_exc()))
+    finally:
+        if scorer is not None:
+            scorer.close()
+
+
+class CallScorer:
+    """The worker's scoring (`scoring.where`): each generation call's rollout placed in its draw and
+    scored in one background thread, in the order generated, then sent to the trainer with its
+    rewards; a reward's failure is sent as the worker's error."""
+
+    def __init__(self, reward_fns: dict, results: mp.Queue):
+        self.reward_fns, self.results = reward_fns, results
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mmrl-worker-reward")
+
+    def submit(self, key, rollout: Rollout, rows: list[dict], counts: dict[str, float]) -> None:
+        self.pool.submit(self._score, key, rollout, rows, counts)
+
+    def _score(self, key, rollout: Rollout, rows: list[dict], counts: dict[str, float]) -> None:
+        try:
+            own = set(rollout.columns)
+            kept, rewards, auxiliary, reward_counts = score_with_counts(self.reward_fns, place_call(rollout, rows, key[2]))
+            kept.columns = {k: v for k, v in kept.columns.items() if k in own}  # the data columns stay with the trainer
+            self.results.put(("rollout", key, kept, counts, (rewards, auxiliary, reward_counts)))
+        except BaseException:
+            self.results.put(("error", traceback.format_exc()))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RolloutWorker:
@@ -139,7 +198,7 @@ class RolloutWorker:
         self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
-        self.ready: dict[Any, tuple[Rollout, dict[str, float]]] = {}
+        self.ready: dict[Any, tuple[Rollout, dict[str, float], WorkerScores | None]] = {}
         self.counts: dict[str, float] = {}  # the worker's policy's counts of the rollouts taken (`pop_metrics`)
         self.asked: set = set()
         self.transfer_error: str | None = None  # why a weights transfer failed (raised when a rollout is awaited)
@@ -180,15 +239,22 @@ class RolloutWorker:
 
     def take(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> Rollout:
         """The rollouts asked for under `key` (asked for now if they were not), once they arrive."""
+        return self.take_scored(key, rows, group_size, seeds)[0]
+
+    def take_scored(self, key, rows: list[dict], group_size: int, seeds: list[int]) -> tuple[Rollout, WorkerScores | None]:
+        """`take`, with the worker's scores where it scores (`scores_in_worker`): then the rollout's
+        group ids are already counted in its draw and it holds only the kept rows (auxiliary rows
+        scored and left out), without the data columns (the trainer has them); else None, and the
+        trainer places and scores it."""
         if key not in self.asked:
             self.ask(key, rows, group_size, seeds)
         while key not in self.ready:
             self._receive()
         self.asked.discard(key)
-        rollout, counts = self.ready.pop(key)
+        rollout, counts, scores = self.ready.pop(key)
         for name, value in counts.items():
             self.counts[name] = self.counts.get(name, 0.0) + value
-        return rollout
+        return rollout, scores
 
     def pop_metrics(self) -> dict[str, float]:
         """The counts the worker's policy reported about the rollouts taken since the last call, summed
@@ -208,7 +274,7 @@ class RolloutWorker:
                                     f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
             raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
-        self.ready[message[1]] = message[2], message[3]
+        self.ready[message[1]] = message[2], message[3], message[4]
 
     def stop(self) -> None:
         if self.process.is_alive():

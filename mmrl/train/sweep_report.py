@@ -175,33 +175,47 @@ def _at_time(points: list[dict], t: float) -> dict[str, float] | None:
     return {k: last[k] for k in ("step", "proxy", "gold")} if last["train_s"] == t else None
 
 
-def _equal_time_lines(records: list[dict], cell_overrides) -> list[str]:
-    """sweep.md's table at equal training time: cells that train at different speeds (rollout modes,
-    methods of different step costs) compared after the same seconds of training, T, the earliest
-    any run's last evaluation came; per cell the seconds per step, the speed relative to cell 0 and,
-    at T, the steps taken, the proxy and the gold, each interpolated per run, mean ± SE over seeds."""
-    by_run: dict[tuple[int, int], list[dict]] = {}
+def equal_time(records: list[dict], cells: list) -> tuple[float, dict] | None:
+    """Cells that train at different speeds (rollout modes, methods of different step costs)
+    compared after the same seconds of training, T, the earliest any run's last evaluation came
+    (`records`: `sweep_evals.csv`'s rows). Per cell of `cells` that has runs: the seconds per step
+    (a run's last training time over its step, mean over seeds), the speed relative to the first
+    cell, and at T the steps taken, the proxy and the gold, each interpolated per run between its
+    evaluations, (mean, SE) over seeds. None with fewer than two cells whose runs logged step times."""
+    by_run: dict[tuple, list[dict]] = {}
     for r in records:
         by_run.setdefault((r["cell"], r["seed"]), []).append(r)
-    if len({cell for cell, _ in by_run}) < 2:
-        return []
     for points in by_run.values():
         points.sort(key=lambda r: r["train_s"])
+    by_run = {run: points for run, points in by_run.items() if points[-1]["train_s"] > 0}  # runs that logged step times
+    if len({cell for cell, _ in by_run}) < 2:
+        return None
     t = min(points[-1]["train_s"] for points in by_run.values())
     pace = {c: _mean_se([p[-1]["train_s"] / p[-1]["step"] for (cell, _), p in by_run.items() if cell == c])[0]
-            for c in cell_overrides}
+            for c in cells}
+    table = {}
+    for c in cells:
+        at = [v for (cell, _), p in by_run.items() if cell == c and (v := _at_time(p, t)) is not None]
+        if at:
+            table[c] = {"s_per_step": pace[c], "speed": pace[cells[0]] / pace[c], "runs": len(at),
+                        **{k: _mean_se([v[k] for v in at]) for k in ("step", "proxy", "gold")}}
+    return t, table
+
+
+def equal_time_lines(records: list[dict], cells: list, first: str = "cell 0") -> list[str]:
+    """sweep.md's table at equal training time (`equal_time`); `first` names the first cell."""
+    compared = equal_time(records, cells)
+    if compared is None:
+        return []
+    t, table = compared
     lines = ["", f"At equal training time, T = {t:.1f} s (the earliest last evaluation of any run; training time: the "
              "steps' `time_step_s` summed, evaluations left out), interpolated per run between its evaluations, "
-             "mean ± SE over seeds; speed: steps per second relative to cell 0 (compare only runs that ran alone on "
-             "the same machine):", "",
-             "| cell | s per step | speed vs cell 0 | steps by T | proxy at T | gold at T |", "|---|---|---|---|---|---|"]
-    for c in cell_overrides:
-        at = [v for (cell, _), p in by_run.items() if cell == c and (v := _at_time(p, t)) is not None]
-        if not at:
-            continue
-        stats = {k: _mean_se([v[k] for v in at]) for k in ("step", "proxy", "gold")}
-        lines.append(f"| {c} | {pace[c]:.3f} | {pace.get(0, math.nan) / pace[c]:.2f}x | {stats['step'][0]:.0f} | "
-                     f"{_fmt(*stats['proxy'])} | {_fmt(*stats['gold'])} |")
+             f"mean ± SE over seeds; speed: steps per second relative to {first} (compare only runs that ran alone "
+             "on the same machine):", "",
+             f"| cell | s per step | speed vs {first} | steps by T | proxy at T | gold at T |", "|---|---|---|---|---|---|"]
+    for c, row in table.items():
+        lines.append(f"| {c} | {row['s_per_step']:.3f} | {row['speed']:.2f}x | {row['step'][0]:.0f} | "
+                     f"{_fmt(*row['proxy'])} | {_fmt(*row['gold'])} |")
     return lines
 
 
@@ -221,7 +235,7 @@ def write_reports(out: Path, runs: list[Run], held_out_reward: str | None = None
     cell_overrides = {run.cell: run.overrides for run in runs}
     records, curves = _write_eval_steps(out, runs, rows, held_out_reward)
     (out / "sweep.md").write_text(_markdown(rows, cell_overrides, held_out_reward)
-                                  + "\n".join(_proxy_gold_lines(curves, cell_overrides) + _equal_time_lines(records, cell_overrides))
+                                  + "\n".join(_proxy_gold_lines(curves, cell_overrides) + equal_time_lines(records, list(cell_overrides)))
                                   + ("\n" if curves else ""))
     _figure(out, rows, cell_overrides, runs, curves, held_out_reward)
     return rows

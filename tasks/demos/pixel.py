@@ -1,7 +1,8 @@
 """Pixel-space flow-matching text-to-image pipelines for CPU demos: RGB pixels in [-1, 1] (no
 VAE), FlowMatchEulerDiscreteScheduler, a CLIP text encoder, and as the denoiser an SD3 MMDiT
 (token states and the pooled projection; `PixelFlowPipeline`) or a UNet that cross-attends to the
-token states (`PixelFlowUNetPipeline`, the t2i demo's). Each is a `DiffusionPipeline`, so it saves, loads
+token states (`PixelFlowUNetPipeline`, the t2i demo's); and for video the same UNet over a clip's
+frames stacked on the channel axis (`PixelFlowVideoPipeline`, the t2v demo's). Each is a `DiffusionPipeline`, so it saves, loads
 and moves like any diffusers pipeline; diffusers does not know the class, so a saved one loads with
 `PixelFlowPipeline.from_pretrained(path)` (or `PixelFlowUNetPipeline`), and `policy.model: path`
 finds the class through the loaders `tasks.demos` registers in
@@ -72,3 +73,45 @@ class PixelFlowUNet(PixelFlow):
     pipeline = "PixelFlowUNetPipeline"
     denoiser = SD15.denoiser
     predict = SD15.predict
+
+
+class PixelFlowVideoPipeline(DiffusionPipeline):
+    """The pixel UNet flow model for clips: the UNet sees a clip's T frames stacked on the channel
+    axis (in and out channels 3 T), so its first convolution mixes the frames (the temporal mixing)
+    and every later layer sees them all."""
+
+    def __init__(self, unet: UNet2DConditionModel, scheduler: FlowMatchEulerDiscreteScheduler, text_encoder,
+                 tokenizer):
+        super().__init__()
+        self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+@FAMILIES.register("pixel_flow_video")
+class PixelFlowVideo(PixelFlowUNet):
+    """Video latents are the clip's pixels [B, 3, T, H, W] in [-1, 1]; the denoiser is called on
+    them reshaped to [B, 3 T, H, W]. A completion is its list of T PIL frames."""
+
+    pipeline = "PixelFlowVideoPipeline"
+    fps = 8  # the t2v demo's clips (tasks/demos/synthetic/moving_shapes.py)
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        channels = pipe.unet.config.in_channels
+        if channels != 3 * num_frames:
+            raise ValueError(f"policy.num_frames={num_frames}: this PixelFlowVideoPipeline draws "
+                             f"{channels // 3} frames (its UNet takes {channels} = 3 x frames channels)")
+
+    def noise(self, generator, height, width):
+        return torch.randn((1, 3, self.num_frames, height, width), generator=generator, dtype=torch.float32)
+
+    def predict(self, model, x, t, cond, guidance_scale, guided):
+        b, c, f, h, w = x.shape
+        flat = x.transpose(1, 2).reshape(b, f * c, h, w)
+        pred = super().predict(model, flat, t, cond, guidance_scale, guided)
+        return pred.reshape(b, f, c, h, w).transpose(1, 2)
+
+    def decode(self, latents, height, width):
+        frames = latents.transpose(1, 2).flatten(0, 1)  # [B T, 3, H, W]
+        images = super().decode(frames, height, width)
+        t = latents.shape[2]
+        return [images[i:i + t] for i in range(0, len(images), t)]

@@ -115,12 +115,19 @@ def shape_judge(size: int = 16, seed: int = 0) -> ShapeJudge:
     a changed recipe retrains."""
     source = Path(__file__).read_bytes() + Path(draw_shape.__code__.co_filename).read_bytes()
     key = hashlib.sha256(source + f"{size}-{seed}".encode()).hexdigest()[:16]
-    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmrl" / f"shape_judge-{key}.pt"
+    return cached_judge(f"shape_judge-{key}", lambda: ShapeJudge(size), lambda: train_judge(size, seed))
+
+
+def cached_judge(name: str, empty, train):
+    """A demo judge trained once (`train()`), then loaded from ``$XDG_CACHE_HOME/mmrl/NAME.pt``
+    (``~/.cache/mmrl``) into `empty()`; written atomically, and trained again next time where the
+    cache is read-only."""
+    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mmrl" / f"{name}.pt"
     if path.is_file():
-        judge = ShapeJudge(size)
+        judge = empty()
         judge.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return judge.eval()
-    judge = train_judge(size, seed)
+    judge = train()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

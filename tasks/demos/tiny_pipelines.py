@@ -13,17 +13,17 @@ from .tiny_models import char_tokenizer
 MAX_PROMPT = 16
 
 
-def pipeline_tokenizer():
-    """The character tokenizer of the tiny pipelines, padded on the right to MAX_PROMPT tokens."""
+def pipeline_tokenizer(max_length: int = MAX_PROMPT):
+    """The character tokenizer of the tiny pipelines, padded on the right to `max_length` tokens."""
     tok = char_tokenizer()
     tok.padding_side = "right"
-    tok.model_max_length = MAX_PROMPT
+    tok.model_max_length = max_length
     return tok
 
 
 def _clip(tok, hidden=32, projection=True):
     config = CLIPTextConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=MAX_PROMPT,
+                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=tok.model_max_length,
                             projection_dim=hidden, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                             bos_token_id=tok.eos_token_id)
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config).eval()
@@ -134,6 +134,29 @@ def tiny_pixel_flow_unet(seed: int = 0, channels: tuple[int, ...] = (32, 64), si
                                     attention_head_dim=head_dim)
         return PixelFlowUNetPipeline(unet=unet, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
                                      text_encoder=_clip(tok), tokenizer=tok)
+
+
+@TINY_MODELS.register("pixel-flow-video")
+def tiny_pixel_flow_video(seed: int = 0, channels: tuple[int, ...] = (32, 64), size: int = 16, head_dim: int = 8,
+                          frames: int = 4):
+    """A PixelFlowVideoPipeline (`pixel.py`) for clips of `frames` frames of `size` x `size`: the
+    pixel-flow UNet with the frames stacked on its in and out channels; prompts of up to 32
+    characters ("yellow square moving right")."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
+
+    from .pixel import PixelFlowVideoPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = pipeline_tokenizer(max_length=32)
+        levels = len(channels)
+        unet = UNet2DConditionModel(sample_size=size, in_channels=3 * frames, out_channels=3 * frames,
+                                    layers_per_block=1, block_out_channels=tuple(channels), norm_num_groups=8,
+                                    cross_attention_dim=32,
+                                    down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (levels - 1),
+                                    up_block_types=("CrossAttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
+                                    attention_head_dim=head_dim)
+        return PixelFlowVideoPipeline(unet=unet, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+                                      text_encoder=_clip(tok), tokenizer=tok)
 
 
 def _umt5(tok, hidden=32):

@@ -565,12 +565,11 @@ class DiffusionPolicy(TurningPointRewards):
 
     # ----- warm start -------------------------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
-        """The denoising loss on the rows' target images (`target_column`: PIL images or paths),
-        prompts dropped to "" with probability `cfg_dropout` so that CFG has an unconditional model.
+        """The denoising loss on the rows' target images (`target_column`: PIL images or paths; for
+        a video family whose latents are pixels, clips: lists of frames), prompts dropped to "" with
+        probability `cfg_dropout` so that CFG has an unconditional model.
         Flow: x_s = (1 - s) x0 + s eps, s ~ U(0, 1), target v = eps - x0 (rectified flow);
         eps models: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t ~ U{0..T-1}, target eps (DDPM)."""
-        import numpy as np
-        from PIL import Image
         self._sync_devices()
         device, cfg = self.device, self.cfg
         pixels = []
@@ -578,11 +577,11 @@ class DiffusionPolicy(TurningPointRewards):
             image = row.get(target_column) if isinstance(row, dict) else None
             if image is None:
                 raise KeyError(f"warm start: row {i} has no target image column {target_column!r}")
-            if isinstance(image, (str, Path)):
-                with Image.open(image) as im:
-                    image = rgb_image(im, str(image))
-            arr = np.asarray(rgb_image(image, f"row {i}").resize((cfg.width, cfg.height)), dtype=np.float32)
-            pixels.append(torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1)
+            if isinstance(image, (list, tuple)):  # a clip's frames -> [3, T, H, W]
+                pixels.append(torch.stack([self._target_pixels(f, f"row {i} frame {t}")
+                                           for t, f in enumerate(image)], 1))
+            else:
+                pixels.append(self._target_pixels(image, f"row {i}"))
         with torch.no_grad():
             x0 = self.family.image_latents(torch.stack(pixels).to(device))
             keep = torch.rand(len(rows)) >= cfg.cfg_dropout
@@ -600,6 +599,16 @@ class DiffusionPolicy(TurningPointRewards):
             x, target = ab.sqrt() * x0 + (1 - ab).sqrt() * eps, eps
         pred = self.family.predict(model, x, t, cond, cfg.guidance_scale, False)
         return torch.nn.functional.mse_loss(pred.float(), target.float())
+
+    def _target_pixels(self, image: Any, where: str) -> Tensor:
+        """A target image (PIL or path) as [3, H, W] in [-1, 1] at the configured size."""
+        import numpy as np
+        from PIL import Image
+        if isinstance(image, (str, Path)):
+            with Image.open(image) as im:
+                image = rgb_image(im, str(image))
+        arr = np.asarray(rgb_image(image, where).resize((self.cfg.width, self.cfg.height)), dtype=np.float32)
+        return torch.from_numpy(arr).permute(2, 0, 1) / 127.5 - 1
 
     def _count(self, key: str, value: float) -> None:
         self._counts[key] = self._counts.get(key, 0.0) + value
