@@ -1,6 +1,6 @@
 """The zoom demo's data and evaluator (`mmrl demo zoom`): the dot is a pixel or two at the
-policy's input size and whole in the crop of the zoom call its warm start teaches; the
-evaluator counts zooms and zooms on the dot."""
+policy's input size and a quarter of the crop of the zoom call its warm start teaches; the
+evaluator counts zooms and zooms on the dot; the demo (slow) raises accuracy and zooms on the dot."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from mmrl.tasks.demos.evaluators import zoom_answers
 from mmrl.tasks.demos.synthetic.zoom_patches import zoom_patches
 from mmrl.tasks.demos.synthetic.shapes import COLOURS
 
-ARGS = dict(size=448, grid=4, dot=8, input_size=112, zoom_side=14)  # the recipe's
+ARGS = dict(size=448, grid=4, dot=8, input_size=112, zoom_side=4)  # the recipe's
 
 
 def _call_box(call: str) -> list[int]:
@@ -36,15 +36,16 @@ def test_the_dot_is_two_input_pixels_and_whole_in_the_taught_crop():
     dot = question["dot_box"]
     assert box[0] <= dot[0] and box[1] <= dot[1] and box[2] >= dot[2] and box[3] >= dot[3]
     crop = np.asarray(answer_turn["images"][1]).astype(int)
-    assert crop.shape == (56, 56, 3) and (np.abs(crop - colour).max(axis=2) == 0).sum() == 64
+    assert crop.shape == (16, 16, 3) and (np.abs(crop - colour).max(axis=2) == 0)[4:12, 4:12].all()  # a quarter of it
+    assert (np.abs(crop - colour).max(axis=2) == 0).sum() == 64
     assert answer_turn["target"] == f"<answer>{question['answer']}</answer>"
     assert answer_turn["prompt"][1]["content"] == question["target"] + "<eos>"
     assert [r["prompt"] for r in data["eval"]] == [question["prompt"]] * 4  # held out: questions only
 
 
 def test_the_model_reads_the_crop_at_its_input_size_with_the_dot_over_whole_patches():
-    """min_pixels = max_pixels: the 56-pixel crop enters the model at 112 x 112, as the canvas does;
-    the 8-pixel dot becomes 16 pixels there, more than a 14-pixel patch a side."""
+    """min_pixels = max_pixels: the 16-pixel crop enters the model at 112 x 112, as the canvas does;
+    the 8-pixel dot becomes 56 pixels there, the central 2 x 2 of the 4 x 4 merged tokens (28 pixels each)."""
     from mmrl.tasks.demos.tiny_multimodal import qwen25_vl_char
     _, processor = qwen25_vl_char(hidden=16, layers=1, vision_hidden=16, max_pixels=112 * 112, min_pixels=112 * 112)
     question, answer_turn = zoom_patches(n_train=1, n_eval=1, seed=2, **ARGS)["train"]
@@ -52,7 +53,7 @@ def test_the_model_reads_the_crop_at_its_input_size_with_the_dot_over_whole_patc
     assert grids.tolist() == [[1, 8, 8], [1, 8, 8]]
     crop = np.asarray(answer_turn["images"][1].resize((112, 112), Image.BICUBIC)).astype(int)
     near = np.abs(crop - np.array(COLOURS[question["answer"]])).max(axis=2) < 40
-    assert near[50:62, 50:62].all() and near.sum() <= 18 * 18  # at the centre, 16 x 16; its edges blur
+    assert near[30:82, 30:82].all() and near.sum() <= 60 * 60  # at the centre, 56 x 56; its edges blur
 
 
 def test_zoom_side_outside_the_dot_and_the_cell_is_refused():
@@ -77,8 +78,6 @@ def test_zoom_evaluator_scores_answers_and_counts_zooms_on_the_dot():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the goal is not met yet: the warm start rarely teaches reading the crop, RL at lr 1e-4 "
-                          "raises accuracy by under two standard errors (docs/demos.md, the zoom demo)", strict=False)
 def test_zoom_demo_raises_held_out_accuracy_and_zooms_on_the_dot(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "mmrl", "demo", "zoom", f"output_dir={tmp_path}",

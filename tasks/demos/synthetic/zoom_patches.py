@@ -124,7 +124,8 @@ def draw_episodes(rows: list[dict], before: list, after: list, out_png: str | Pa
             if boxes:
                 draw.rectangle([v * k for v in boxes[0]], outline=colour, width=2)
                 crop = image.crop([int(v) for v in boxes[0]])
-                crop.thumbnail((80, 80))  # the aspect kept
+                fit = 80 / max(crop.size)  # enlarged or shrunk to 80 pixels, the aspect kept, pixels sharp
+                crop = crop.resize((max(1, round(crop.width * fit)), max(1, round(crop.height * fit))), Image.NEAREST)
                 panel.paste(crop, (162 + 84 * j, 40))
             caption.append(f"{when}: {extract_answer(sample['text'], 'answer') or '-'}")
         panel.paste(shown, (0, 0))
