@@ -32,13 +32,19 @@ def _json(value) -> str:
     return json.dumps(value, indent=1, default=lambda o: f"<{type(o).__name__}>")
 
 
+def _figure_sample(sample: dict):
+    """The greedy completion a demo figure draws; an episode's as {"text", "tool_calls"}."""
+    calls = sample["greedy_columns"].get("tool_calls")
+    return sample["greedy"] if calls is None else {"text": sample["greedy"], "tool_calls": calls[0]}
+
+
 def _scored(trainer: Trainer, name: str, folder: Path) -> dict:
     """Held-out scores with the demo's evaluator, the scored samples written to `folder`, and
     the greedy completions of the figure's rows (``greedy_samples``)."""
     evaluator = DEMO_EVALUATORS.get(name) if name in DEMO_EVALUATORS else None
     scores = trainer.evaluate(evaluator=evaluator, keep_samples=True)
     samples = scores.pop("samples")
-    scores["greedy_samples"] = [s["greedy"] for s in samples[:FIGURE_ROWS]]  # the evaluation's own greedy pass
+    scores["greedy_samples"] = [_figure_sample(s) for s in samples[:FIGURE_ROWS]]  # the evaluation's own greedy pass
     if trainer.accelerator.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
         if name in DEMO_SAMPLE_WRITERS:

@@ -27,6 +27,7 @@ from mmrl.train.eval_samples import MEDIA_COLUMNS
 from mmrl.train.tracking import Progress
 
 EVAL_SEED_SALT = 0xE7A1
+KEPT_COLUMNS = MEDIA_COLUMNS + ("tool_calls",)  # kept with each sample: its medium's columns, an episode's calls
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
                 records.append({"row": row, "completions": list(kept.completions[span]),
                                 "rewards": total[span].tolist(),
                                 "eval": values[span] if values is not None else None,
-                                "columns": {k: list(kept.columns[k][span]) for k in MEDIA_COLUMNS
+                                "columns": {k: list(kept.columns[k][span]) for k in KEPT_COLUMNS
                                             if k in kept.columns}})
         progress.update(start + len(chunk), {})
     progress.close()

@@ -13,11 +13,11 @@ from mmrl.train.evaluation import Evaluator
 
 from ..diffusion.loading import PIPELINE_LOADERS
 from . import tiny_models, tiny_multimodal, tiny_pipelines  # noqa: F401  (registration)
-from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
+from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match, zoom_answers
 from .samples import write_samples
 from .clip_judge import clip_match
 from .shape_judge import shape_colour_match
-from .synthetic import colour_shapes, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones
+from .synthetic import colour_shapes, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones, zoom_patches
 
 # demo name -> recipe name; the file sits at the plugin's root, where `mmrl --help` reads it
 # without importing the plugin (mmrl.registry.shipped_demos)
@@ -32,6 +32,7 @@ DEMO_FIGURES.register("t2i")(colour_shapes.draw_samples)
 DEMO_FIGURES.register("t2v")(moving_shapes.draw_samples)
 DEMO_FIGURES.register("video")(moving_dot.draw_predictions)
 DEMO_FIGURES.register("audio")(tones.draw_predictions)
+DEMO_FIGURES.register("zoom")(zoom_patches.draw_episodes)
 
 # each demo's held-out evaluator: a second judge, never a training reward
 DEMO_EVALUATORS.register("text")(exact_match("answer"))
@@ -44,6 +45,7 @@ DEMO_EVALUATORS.register("t2v")(clip_match())
 # accuracy of the answer letter; the video's also on its frames shuffled (does the model read their order?)
 DEMO_EVALUATORS.register("video")(Evaluator("accuracy of the <answer> letter", exact_match("answer").score,
                                             variants={"shuffled_frames": moving_dot.shuffled_frames}))
+DEMO_EVALUATORS.register("zoom")(zoom_answers())
 DEMO_EVALUATORS.register("audio")(Evaluator("accuracy of the <answer> letter", exact_match("answer").score))
 
 

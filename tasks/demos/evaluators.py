@@ -12,6 +12,7 @@ never used as a reward (`mmrl.train.evaluation.Evaluator`, registered in `DEMO_E
   grounding);
 - `exact_transcript`: the whole transcript equals the `reference` column, case and whitespace
   aside, 1 or 0 (sentence accuracy; asr, whose reward is 1 - WER with partial credit per word);
+- `zoom_answers`: the answer colour right, 1 or 0, with the zoom-use and right-place counts (zoom);
 - the t2i demo's judge is a colour-and-shape classifier (`tasks.diffusion.shape_judge`).
 """
 
@@ -90,3 +91,21 @@ def boxes_at_iou(threshold: float = 0.5, coords: str = "pixels") -> Evaluator:
             out.append(hits / max(len(found), len(truth)))
         return out
     return Evaluator(f"fraction of boxes with IoU >= {threshold}", score)
+
+
+def zoom_answers() -> Evaluator:
+    """The zoom demo's: the <answer> is the dot's colour (1 or 0); it counts, as ``episodes``,
+    ``zoomed`` (episodes with a zoom that ran) and ``zoomed_on_dot`` (those whose first zoom's box
+    holds the whole dot), the zoom-use rate and the share of right places beside it."""
+    from .synthetic.zoom_patches import contains, zoom_boxes
+
+    def score(prompts, completions, answer, dot_box, scale, tool_calls, log_metric, **columns):
+        out = []
+        for c, truth, dot, k, calls in zip(completions, answer, dot_box, scale, tool_calls):
+            boxes = zoom_boxes(calls, k)
+            log_metric("episodes")
+            log_metric("zoomed", float(bool(boxes)))
+            log_metric("zoomed_on_dot", float(bool(boxes) and contains(boxes[0], dot)))
+            out.append(float((found := extract_answer(completion_text(c), "answer")) is not None and _same(found, truth)))
+        return out
+    return Evaluator("accuracy of the <answer> colour (zoom use and zooms on the dot counted)", score)

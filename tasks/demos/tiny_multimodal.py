@@ -22,15 +22,16 @@ QWEN_VL_TEMPLATE = (
 
 @TINY_MODELS.register("qwen2.5-vl-char")
 def qwen25_vl_char(hidden: int = 64, layers: int = 2, heads: int = 4, vision_hidden: int = 32,
-                   rope_theta: float = 10.0, max_pixels: int = 112 * 112, seed: int = 0):
+                   rope_theta: float = 10.0, max_pixels: int = 112 * 112, min_pixels: int = 28 * 28, seed: int = 0):
     """A Qwen2.5-VL (1-layer vision tower, `layers`-layer text model over characters) with its
-    processor: Qwen's image processor and a chat template with the vision tokens. A small
-    `rope_theta` lets a tiny model tell its few visual tokens apart."""
+    processor: Qwen's image processor (images resized to between `min_pixels` and `max_pixels`)
+    and a chat template with the vision tokens. A small `rope_theta` lets a tiny model tell its
+    few visual tokens apart."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     tokenizer = char_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_SPECIALS})
     tokenizer.chat_template = QWEN_VL_TEMPLATE
-    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels, patch_size=14, merge_size=2)
+    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14, merge_size=2)
     processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
                                     video_processor=Qwen2VLVideoProcessor(), chat_template=QWEN_VL_TEMPLATE)
     ids = tokenizer.convert_tokens_to_ids
