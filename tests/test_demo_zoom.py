@@ -105,3 +105,19 @@ def test_the_answer_turn_row_is_the_context_an_episode_reaches():
     episode = first + question["target"] + "<eos>" + tool_turn_text(render, [tool_message(call, True)], "<eos>")
     row = render(place_media(answer_turn["prompt"], [{"type": "image"}] * 2), tokenize=False, add_generation_prompt=True)
     assert row == episode
+
+
+def test_the_figure_shows_each_episodes_crop_enlarged_and_its_answers(tmp_path, monkeypatch):
+    from mmrl.tasks.demos.synthetic import zoom_patches as module
+    drawn = {}
+    monkeypatch.setattr(module, "plot_sample_grid", lambda panels, captions, out, ncols: drawn.update(p=panels, c=captions))
+    question = zoom_patches(n_train=1, n_eval=1, seed=3, **ARGS)["train"][0]
+    on_dot = {"name": "zoom", "arguments": {"bbox_2d": _call_box(question["target"])}, "error": None}
+    before = {"text": "<tool_call>", "tool_calls": []}
+    after = {"text": f"<answer>{question['answer']}</answer>", "tool_calls": [on_dot]}
+    module.draw_episodes([question], [before], [after], tmp_path / "samples.png")
+    assert drawn["c"] == [f"dot {question['answer']}; before -, after {question['answer']}"]
+    panel = np.asarray(drawn["p"][0]).astype(int)
+    # the 16-pixel crop enlarged to 80 (5 x): the dot is its middle 40 pixels, in the "after" slot
+    assert (np.abs(panel[60:100, 162 + 84 + 20:162 + 84 + 60] - COLOURS[question["answer"]]).max(axis=2) == 0).all()
+    assert (panel[40:120, 162:242] == 255).all()  # no zoom before RL: the slot stays empty

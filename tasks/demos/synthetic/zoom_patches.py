@@ -118,7 +118,7 @@ def draw_episodes(rows: list[dict], before: list, after: list, out_png: str | Pa
         x1, y1, x2, y2 = (v * k for v in row["dot_box"])
         draw.rectangle([x1 - 4, y1 - 4, x2 + 4, y2 + 4], outline=(0, 160, 0), width=1)  # around the dot, not on it
         panel = Image.new("RGB", (160 + 2 * 84, 160), "white")
-        caption = [f"truth {row['answer']}"]
+        answers = []
         for j, (sample, colour, when) in enumerate(((b, (220, 0, 0), "before"), (a, (0, 0, 230), "after"))):
             boxes = zoom_boxes(sample["tool_calls"], row["scale"])
             if boxes:
@@ -127,8 +127,8 @@ def draw_episodes(rows: list[dict], before: list, after: list, out_png: str | Pa
                 fit = 80 / max(crop.size)  # enlarged or shrunk to 80 pixels, the aspect kept, pixels sharp
                 crop = crop.resize((max(1, round(crop.width * fit)), max(1, round(crop.height * fit))), Image.NEAREST)
                 panel.paste(crop, (162 + 84 * j, 40))
-            caption.append(f"{when}: {extract_answer(sample['text'], 'answer') or '-'}")
+            answers.append(f"{when} {(extract_answer(sample['text'], 'answer') or '-')[:6]}")
         panel.paste(shown, (0, 0))
         panels.append(panel)
-        captions.append(" | ".join(caption))
+        captions.append(f"dot {row['answer']}; " + ", ".join(answers))  # within the grid's 40 characters
     plot_sample_grid(panels, captions, out_png, ncols=2)
