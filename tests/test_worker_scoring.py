@@ -70,3 +70,22 @@ def test_a_reward_that_fails_in_the_worker_stops_the_run_with_its_message(tmp_pa
                            "scoring_pid": {"weight": 0.0, "args": {"path": str(tmp_path / "missing" / "pids")}}})
     with pytest.raises(RolloutWorkerDied, match=r"(?s)the rollout worker failed:.*FileNotFoundError"):
         run(tmp_path, "failing", "rollout.mode=async", "scoring.where=worker", recipe=recipe)
+
+
+def test_a_users_error_in_the_worker_reads_as_one_line_and_keeps_the_traceback_for_debug():
+    """A served reward's RemoteRewardError in the worker stops the run in one line, as in the
+    trainer; any other error brings the worker's whole traceback; either way it is the cause."""
+    from mmrl.serving.remote_reward import RemoteRewardError
+    from mmrl.train.rollout_worker import WorkerTraceback, failure_message, worker_failure
+    try:
+        raise RemoteRewardError("rewards.digit_share: http://127.0.0.1:1 answered 500")
+    except RemoteRewardError as e:
+        users = worker_failure(failure_message(e))
+    try:
+        {}["missing"]
+    except KeyError as e:
+        other = worker_failure(failure_message(e))
+    assert str(users) == "the rollout worker stopped: rewards.digit_share: http://127.0.0.1:1 answered 500"
+    assert str(other).startswith("the rollout worker failed:\nTraceback") and "KeyError: 'missing'" in str(other)
+    for error in (users, other):
+        assert isinstance(error.__cause__, WorkerTraceback) and "Traceback" in str(error.__cause__)

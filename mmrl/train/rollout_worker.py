@@ -11,7 +11,7 @@ carry the messages. To the worker: ("weights", version), which announces a broad
 receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
 attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
 version, the policy's counts of that generation: `Policy.pop_metrics`, the worker's scores or None:
-`scoring.where`) or ("error", text).
+`scoring.where`) or ("error", traceback, the message of a user's error or None): `failure_message`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,26 @@ JOIN_POLL_S = 0.05  # how often, while the worker starts, the trainer checks whe
 
 class RolloutWorkerDied(UserError):
     """The rollout worker exited or failed; the run stops (after a checkpoint of the last step)."""
+
+
+class WorkerTraceback(Exception):
+    """The traceback of the worker's failure, the cause of `RolloutWorkerDied` (`--debug` prints it)."""
+
+
+def failure_message(error: BaseException) -> tuple:
+    """What a failing worker sends the trainer: its traceback, and where the error is one the user
+    can fix (a `UserError`, e.g. a served reward's `RemoteRewardError`) its own message."""
+    return "error", traceback.format_exc(), str(error) if isinstance(error, UserError) else None
+
+
+def worker_failure(message: tuple) -> RolloutWorkerDied:
+    """The trainer's error for a worker's `failure_message`: the user's error in one line, as the
+    trainer's own would be, or the whole traceback of any other; the traceback is its cause."""
+    _, trace, user_message = message
+    text = f"the rollout worker stopped: {user_message}" if user_message else f"the rollout worker failed:\n{trace}"
+    error = RolloutWorkerDied(text)
+    error.__cause__ = WorkerTraceback(trace)
+    return error
 
 
 def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
@@ -148,8 +168,8 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
             else:
                 key, rows, group_size, seeds = message[1:]
                 pending.append((key, pickle.loads(rows), group_size, seeds))
-    except BaseException:  # the trainer raises it as RolloutWorkerDied
-        results.put(("error", traceback.format_exc()))
+    except BaseException as error:  # the trainer raises it as RolloutWorkerDied
+        results.put(failure_message(error))
     finally:
         if scorer is not None:
             scorer.close()
@@ -173,8 +193,8 @@ class CallScorer:
             kept, rewards, auxiliary, reward_counts = score_with_counts(self.reward_fns, place_call(rollout, rows, key[2]))
             kept.columns = {k: v for k, v in kept.columns.items() if k in own}  # the data columns stay with the trainer
             self.results.put(("rollout", key, kept, counts, (rewards, auxiliary, reward_counts)))
-        except BaseException:
-            self.results.put(("error", traceback.format_exc()))
+        except BaseException as error:
+            self.results.put(failure_message(error))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -273,7 +293,7 @@ class RolloutWorker:
             raise RolloutWorkerDied(f"the rollout worker (pid {self.process.pid}) {ended} {why}; "
                                     f"rollout.mode={self.mode} cannot go on") from None
         if message[0] == "error":
-            raise RolloutWorkerDied(f"the rollout worker failed:\n{message[1]}")
+            raise worker_failure(message)
         self.ready[message[1]] = message[2], message[3], message[4]
 
     def stop(self) -> None:
