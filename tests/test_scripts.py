@@ -98,6 +98,7 @@ def test_bench_engine_peak_rss(tmp_path):
     assert_finite(report, "peak_rss_mb.bare", "peak_rss_mb.mmrl", *(("trl_peak_rss_ratio",) if HAS_TRL else ()))
 
 
+@pytest.mark.slow  # 17 s: hf and TRL's VLM rollouts (the default run stays under 15 minutes)
 def test_bench_vlm(tmp_path):
     report = bench("bench_vlm.py", tmp_path, "--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4",
                    "--prompts", "1", "--tokens", "8", "--image-size", "56", "--threads", "1", "--no-rss", TRL_OPTION)
@@ -134,6 +135,7 @@ def test_bench_prefix_against_trl(tmp_path):
     assert_finite(report, "trl_time_ratio_long_prefix", "trl_time_ratio_vlm")
 
 
+@pytest.mark.slow  # 22 s: every log-prob operator, forward and backward (the default run stays under 15 minutes)
 def test_bench_logprob(tmp_path):
     report = bench("bench_logprob.py", tmp_path, "--hidden", "32", "--vocab", "2048", "--tokens", "64,128",
                    "--chunk", "32", "--repeats", "1", "--threads", "1", "--step-hidden", "32", "--step-layers", "1",
@@ -289,6 +291,7 @@ def test_make_vllm_env_checks_without_building(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+@pytest.mark.slow  # 16 s: two transports, each in processes of its own (the default run stays under 15 minutes)
 def test_bench_weights_transfer(tmp_path):
     report = bench("bench_weights_transfer.py", tmp_path, "--repeats", "2", "--hidden", "32", "--layers", "1")
     assert_finite(report, "state_dict_mb", *(f"{transport}.{key}" for transport in ("queue", "broadcast")
@@ -296,6 +299,7 @@ def test_bench_weights_transfer(tmp_path):
     assert report["broadcast"]["latency_ms"] >= report["broadcast"]["send_ms"] > 0
 
 
+@pytest.mark.slow  # 22 s: a warm start and four runs, three with a worker (the default run stays under 15 minutes)
 def test_bench_async(tmp_path):
     report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",
                    "--hidden", "32", "--layers", "1", "--warm-start-steps", "5")
