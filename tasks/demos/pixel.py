@@ -55,14 +55,19 @@ class PixelFlow(SD3):
         return [Image.fromarray(a) for a in arr]
 
 
-class PixelFlowUNetPipeline(DiffusionPipeline):
-    """The same pixel-space flow model with a convolutional denoiser: a UNet2DConditionModel that
-    cross-attends to the text encoder's token states."""
+class UNetComponents(DiffusionPipeline):
+    """The components of the pixel UNet pipelines below (siblings, not one the other's subclass:
+    a family is found by `isinstance` on its pipeline class)."""
 
     def __init__(self, unet: UNet2DConditionModel, scheduler: FlowMatchEulerDiscreteScheduler, text_encoder,
                  tokenizer):
         super().__init__()
         self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+class PixelFlowUNetPipeline(UNetComponents):
+    """The same pixel-space flow model with a convolutional denoiser: a UNet2DConditionModel that
+    cross-attends to the text encoder's token states."""
 
 
 @FAMILIES.register("pixel_flow_unet")
@@ -75,15 +80,10 @@ class PixelFlowUNet(PixelFlow):
     predict = SD15.predict
 
 
-class PixelFlowVideoPipeline(DiffusionPipeline):
+class PixelFlowVideoPipeline(UNetComponents):
     """The pixel UNet flow model for clips: the UNet sees a clip's T frames stacked on the channel
     axis (in and out channels 3 T), so its first convolution mixes the frames (the temporal mixing)
     and every later layer sees them all."""
-
-    def __init__(self, unet: UNet2DConditionModel, scheduler: FlowMatchEulerDiscreteScheduler, text_encoder,
-                 tokenizer):
-        super().__init__()
-        self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
 @FAMILIES.register("pixel_flow_video")
