@@ -21,7 +21,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-MEDIA_COLUMNS = ("fps", "sampling_rate")  # the rollout columns a sample's medium reads
 SAMPLES_PER_PROMPT = 4  # the sampled completions logged per prompt, beside the greedy one
 DEFAULT_FPS, DEFAULT_SAMPLE_RATE = 8.0, 16000
 

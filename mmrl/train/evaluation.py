@@ -23,11 +23,9 @@ from mmrl.core.advantages import combined_total
 from mmrl.core.policy import Policy
 from mmrl.core.scoring import compute_rewards, reward_columns, score_rollout
 from mmrl.core.seeding import derive_seed
-from mmrl.train.eval_samples import MEDIA_COLUMNS
 from mmrl.train.tracking import Progress
 
 EVAL_SEED_SALT = 0xE7A1
-KEPT_COLUMNS = MEDIA_COLUMNS + ("tool_calls",)  # kept with each sample: its medium's columns, an episode's calls
 
 
 @dataclass(frozen=True)
@@ -61,8 +59,8 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
            evaluator: Evaluator | None = None, records: list[dict] | None = None,
            show_progress: bool = False, kept_rows: int | None = None) -> dict[str, float]:
     """Score `group_size` samples per row; with `records`, append each row's samples, rewards and
-    evaluator values to it ({"row", "completions", "rewards", "eval", and "columns": the rollout's
-    MEDIA_COLUMNS of the samples, e.g. a video's fps}) for the first `kept_rows` rows (None: all);
+    evaluator values to it ({"row", "completions", "rewards", "eval", and "columns": the columns the
+    policy gave the samples, e.g. a video's fps, an episode's tool calls}) for the first `kept_rows` rows (None: all);
     with `show_progress`, a bar over the rows."""
     totals: list[float] = []
     per_reward: dict[str, list[float]] = {k: [] for k in reward_fns}
@@ -75,6 +73,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
         chunk = rows[start:start + prompts_per_call]
         seeds = [derive_seed(seed, EVAL_SEED_SALT, start + i) for i in range(len(chunk))]
         rollout = policy.rollout(chunk, group_size, seeds, greedy=greedy)
+        own = tuple(rollout.columns)  # the policy's columns, before the data's join them
         rollout.add_data_columns(chunk)
         kept, rewards, _ = score_rollout(reward_fns, rollout, counts)
         total = combined_total(rewards, dict(weights), combine, dict(gates or {}))
@@ -92,8 +91,7 @@ def _score(policy: Policy, rows: Sequence[dict], reward_fns: Mapping[str, Callab
                 records.append({"row": row, "completions": list(kept.completions[span]),
                                 "rewards": total[span].tolist(),
                                 "eval": values[span] if values is not None else None,
-                                "columns": {k: list(kept.columns[k][span]) for k in KEPT_COLUMNS
-                                            if k in kept.columns}})
+                                "columns": {k: list(kept.columns[k][span]) for k in own}})
         progress.update(start + len(chunk), {})
     progress.close()
     out = dict(zip(("reward_mean", "reward_mean_se"), _mean_se(totals, group_size)))
