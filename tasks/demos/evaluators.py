@@ -13,7 +13,7 @@ never used as a reward (`mmrl.train.evaluation.Evaluator`, registered in `DEMO_E
 - `exact_transcript`: the whole transcript equals the `reference` column, case and whitespace
   aside, 1 or 0 (sentence accuracy; asr, whose reward is 1 - WER with partial credit per word);
 - `zoom_answers`: the answer colour right, 1 or 0, with the zoom-use and right-place counts (zoom);
-- the t2i demo's judge is a colour-and-shape classifier (`tasks.diffusion.shape_judge`).
+- the t2i demo's judge is a colour-and-shape classifier (`shape_judge.py`), the t2v demo's a clip judge (`clip_judge.py`).
 """
 
 from __future__ import annotations
