@@ -11,7 +11,7 @@ import importlib
 
 _PUBLIC = {"TrainConfig": "config.sections", "load_recipe": "config.parse", "parse_config": "config.parse",
            "Policy": "core.policy", "get_reward": "core.scoring", "register_reward": "core.scoring",
-           "Rollout": "core.rollout", "Trainer": "train.trainer"}
+           "Rollout": "core.rollout", "Trainer": "train.loop.trainer"}
 
 __all__ = ["Policy", "Rollout", "TrainConfig", "Trainer", "get_reward", "load_recipe", "parse_config", "register_reward"]
 __version__ = "0.1.0"

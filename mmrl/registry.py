@@ -129,5 +129,5 @@ DEMOS: Registry = Registry("demo")
 RECIPES: Registry = Registry("recipe")
 TOOLS: Registry = Registry("tool")  # a typed Python function with a docstring that an episode may call (docs/episodes.md)
 DEMO_FIGURES: Registry = Registry("demo figure")  # fn(rows, greedy_before, greedy_after, out_png)
-DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.train.evaluation.Evaluator: a held-out judge, never a reward
+DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.train.loop.evaluation.Evaluator: a held-out judge, never a reward
 DEMO_SAMPLE_WRITERS: Registry = Registry("demo sample writer")  # fn(samples, folder): held-out inputs and outputs as files

@@ -46,7 +46,7 @@ def run_mode(name: str, setting: tuple[str, int, str], args: argparse.Namespace,
     """One run; its throughput over the steps after the warm-up."""
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES, load_plugins
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     load_plugins()
     out, (mode, staleness, where) = folder / name, setting
     cfg = load_recipe(RECIPES.get("text_demo"), [

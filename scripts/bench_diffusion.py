@@ -92,7 +92,7 @@ def rollout_overhead(policy, prompts, group_size, repeats):
 
 def training_step(model, size, frames, family, steps, layers, group_size, repeats, tmp):
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     _, _, rewards = FAMILIES[family]
     recipe = {"task": "diffusion",
               "policy": {"model": model, "tiny_args": {"layers": layers} if model.startswith("tiny:") else {},
@@ -220,7 +220,7 @@ class ForwardCounter:
 def method_step_cost(method: str, args, tmp: str) -> dict:
     """One method's whole training steps, after a warm-up step: forwards, time, peak, samples trained."""
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     policy, algorithm, rewards = method_switches(method, args.steps)
     recipe = {"task": "diffusion",
               "policy": {"model": args.model, "tiny_args": {"layers": args.layers} if args.model.startswith("tiny:") else {},

@@ -112,7 +112,7 @@ class BareStep:
 def run_mmrl(args, bare: BareStep | None) -> tuple[list[float], list[float], list]:
     """mmrl's steps; their extras are the phases mmrl logs (`time_<phase>_s`)."""
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     recipe = mmrl_recipe(args, "causal_lm",
                          {"model": "tiny:qwen2-char", "tiny_args": model_args(args), "max_new_tokens": args.tokens,
                           "min_new_tokens": args.tokens, "temperature": 1.0, "prefix_sharing": "auto",

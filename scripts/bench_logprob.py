@@ -136,7 +136,7 @@ def step_prompt_file(args) -> str:
 
 def mmrl_steps(args, source: str) -> list[float]:
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     recipe = mmrl_recipe(args, "causal_lm",
                          {"model": "tiny:qwen2-char", "tiny_args": step_model_args(args), "max_new_tokens": args.tokens,
                           "min_new_tokens": args.tokens, "temperature": 1.0, "prefix_sharing": "off",

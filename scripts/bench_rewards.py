@@ -70,7 +70,7 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
     from mmrl.config.parse import load_recipe
     from mmrl.config.recipes import resolve_recipe
     from mmrl.core.scoring import REWARDS, register_reward
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     torch.set_num_threads(args.threads)
     if not modules and "bench_waiting_reward" not in REWARDS:
         register_reward("bench_waiting_reward")(waiting_reward(args.latency, args.request_rows))

@@ -83,7 +83,7 @@ def run_worker(args) -> None:
 
     from mmrl.cli.main import exit_without_teardown
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     recipe = {**sized(RECIPES[args.worker], args), "logging": {"report_to": ["none"], "progress": False},
               "max_steps": args.steps, "output_dir": tempfile.mkdtemp(prefix="bench_sharding_")}
     overrides = [f"distributed.strategy={args.strategy}", f"distributed.rollout_params={args.rollout_params}"]

@@ -129,7 +129,7 @@ def _data_file(args) -> str:
 def run_mmrl(args, bare: BareVLMStep | None) -> tuple[list[float], list[float], list[dict]]:
     """Steps alternate between the shared prefill and the plain one (same samples either way)."""
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     recipe = mmrl_recipe(args, "vlm", {"model": "tiny:qwen2.5-vl-char", "tiny_args": model_args(args.image_size),
                                        "max_new_tokens": args.tokens, "min_new_tokens": args.tokens,
                                        "temperature": 1.0},

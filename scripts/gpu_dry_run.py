@@ -25,7 +25,7 @@ import torch
 from bench_report import emit
 
 from mmrl.config.parse import load_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 
 def save_random_wan_t2v_1_3b(out: Path, text_layers: int) -> int:

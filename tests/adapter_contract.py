@@ -25,7 +25,7 @@ import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 TEST_REWARDS = str(Path(__file__).parent / "digit_reward.py")
 COMMON = {"logging": {"report_to": ["none"], "progress": False}, "max_steps": 1, "seed": 0}

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if a model or data set is loaded (validation must come first)."""
-    import mmrl.train.parts as parts
+    import mmrl.train.loop.parts as parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model or data set was loaded")

@@ -10,7 +10,7 @@ import torch
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy, load_audio
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 

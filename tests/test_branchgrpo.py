@@ -255,7 +255,7 @@ def test_a_pruned_depth_is_not_trained_and_settings_are_checked():
 def test_the_plan_names_a_group_size_that_is_not_the_trees_before_loading(tmp_path):
     from mmrl.config.parse import ConfigError, load_recipe
     from mmrl.registry import RECIPES
-    from mmrl.train.plan import validate
+    from mmrl.train.loop.plan import validate
     cfg = load_recipe(RECIPES.get("t2i_branchgrpo"), [f"output_dir={tmp_path}", "algorithm.group_size=8",
                                                       "policy.branching.at=[0,7]"])
     with pytest.raises(ConfigError) as err:
@@ -267,7 +267,7 @@ def test_the_plan_names_a_group_size_that_is_not_the_trees_before_loading(tmp_pa
 def test_the_recipe_trains_a_step_on_tree_advantages(tmp_path):
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     cfg = load_recipe(RECIPES.get("t2i_branchgrpo"), [f"output_dir={tmp_path}", "optim.prompts_per_step=1",
                                                       "max_steps=1", "logging.progress=false",
                                                       "logging.report_to=[none]"])

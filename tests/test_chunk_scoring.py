@@ -10,8 +10,8 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.scoring import RewardError, register_reward
-from mmrl.train.collect import generation_calls
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.collect import generation_calls
+from mmrl.train.loop.trainer import Trainer
 
 CALLS: list[tuple[str, int]] = []  # (thread name, rows) of each call of `row_digits`
 

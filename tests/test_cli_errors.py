@@ -16,7 +16,7 @@ from mmrl.cli import commands
 from mmrl.cli import main as cli
 from mmrl.config.parse import parse_config
 from mmrl.config.recipes import resolve_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 
 def run(capsys, *argv):
@@ -96,7 +96,7 @@ def test_eval_uses_the_run_config_refuses_an_untrained_model_and_writes_scores(t
 
 
 def test_eval_of_data_without_held_out_rows_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    import mmrl.train.parts as parts
+    import mmrl.train.loop.parts as parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("the policy was built")

@@ -15,7 +15,7 @@ from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_m
 from mmrl.tasks.diffusion.schedule import StepSchedule
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 SIZE = 32
 FAMILIES = {"sd3": ("tiny:sd3", "flow_sde", True), "flux": ("tiny:flux", "flow_sde", False),

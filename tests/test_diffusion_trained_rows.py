@@ -15,7 +15,7 @@ from mmrl.config.parse import load_recipe
 from mmrl.core.parallel import ParallelView
 from mmrl.core.regularisers import closed_form_kl
 from mmrl.registry import RECIPES
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 COMMON = ["optim.prompts_per_step=2", "max_steps=1", "logging.progress=false", "logging.report_to=[none]",
           "algorithm.eps_low=0.2", "algorithm.eps_high=0.2"]

@@ -12,7 +12,7 @@ from mmrl.tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, tra
 from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 PROMPTS = ["12+34=", "5+6="]
 

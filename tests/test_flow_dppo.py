@@ -14,7 +14,7 @@ from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_m
 from mmrl.config.algorithm import AlgorithmConfig
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.objectives import AGGREGATIONS, policy_loss
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 # ----- the authors' functions, transcribed (tensors [B, S, D]; sigma per step) -----------------------
 

@@ -10,7 +10,7 @@ from helpers import TINY_RECIPE, tiny_overrides
 from mmrl.config.parse import parse_config
 from mmrl.core.scoring import RewardError, bind_reward, compute_rewards, register_reward
 from mmrl.rewards.win_rate import win_rates
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 PREFER = f"{Path(__file__).parent / 'length_preference.py'}:longer"
 SEEN: list[list[int]] = []

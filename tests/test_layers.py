@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "mmrl"
 # lowest first; a module may import its own layer and any layer before it
 LAYERS = [("mmrl.errors", "mmrl.registry", "mmrl.sandbox"), ("mmrl.config",), ("mmrl.core",), ("mmrl.data",),
-          ("mmrl.distributed",), ("mmrl.serving",), ("mmrl.train",), ("mmrl.cli",)]
+          ("mmrl.distributed",), ("mmrl.serving",), ("mmrl.train",), ("mmrl.experiments",), ("mmrl.cli",)]
 ENTRY = ("mmrl", "mmrl.__main__")  # the package's lazy public names and `python -m mmrl` may import any layer
 
 
@@ -41,7 +41,7 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
-            # `from mmrl.train import checkpoint` imports the module mmrl.train.checkpoint
+            # `from mmrl.train import checkpoint` imports the module mmrl.train.safety.checkpoint
             found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
             found.append((node.lineno, module))
     return found
@@ -76,9 +76,9 @@ def test_imports_point_down(path: Path):
 def test_the_check_sees_an_upward_import(tmp_path):
     """The check itself: a core module importing the trainer inside a function is caught."""
     bad = ENGINE / "core" / "_layer_probe.py"
-    bad.write_text("def f():\n    from mmrl.train.trainer import Trainer\n    return Trainer\n")
+    bad.write_text("def f():\n    from mmrl.train.loop.trainer import Trainer\n    return Trainer\n")
     try:
-        with pytest.raises(AssertionError, match="mmrl.train.trainer"):
+        with pytest.raises(AssertionError, match="mmrl.train.loop.trainer"):
             test_imports_point_down(bad)
     finally:
         bad.unlink()

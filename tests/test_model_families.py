@@ -21,7 +21,7 @@ from PIL import Image
 from test_video import write_clip
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}

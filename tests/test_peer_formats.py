@@ -15,7 +15,7 @@ from PIL import Image
 from mmrl.config.parse import load_recipe
 from mmrl.core.scoring import score_completions
 from mmrl.registry import RECIPES, load_plugins
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 SMALL = ["algorithm.group_size=2", "optim.prompts_per_step=2", "optim.micro_batch_size=4", "max_steps=2",
          "logging.report_to=[none]", "logging.progress=false", "algorithm.beta=0.0"]

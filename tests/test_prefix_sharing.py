@@ -18,9 +18,9 @@ from PIL import Image
 from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.parts import build_policy
-from mmrl.train.plan import validate
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.parts import build_policy
+from mmrl.train.loop.plan import validate
+from mmrl.train.loop.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 TOL = 1e-5

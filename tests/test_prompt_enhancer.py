@@ -12,7 +12,7 @@ from mmrl.rewards.colour_shape import colour_shape_score
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.diffusion.prompt_enhancer import text_seed
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 
 def recipe_args():

@@ -12,7 +12,7 @@ from mmrl.rewards.iou import boxes_problem, iou_reward
 from mmrl.config.parse import parse_config
 from mmrl.core.scoring import bind_reward, column_checks, compute_rewards
 from mmrl.data import DataError
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 R1V_ROWS = [{"problem": f"Where is object {i}? Answer [x1, y1, x2, y2].",
              "solution": "<answer>[38, 53, 71, 86]</answer>"} for i in range(4)]

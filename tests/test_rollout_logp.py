@@ -17,7 +17,7 @@ from mmrl.config.parse import parse_config
 from mmrl.core.objectives import policy_loss
 from mmrl.core.rollout_correction import importance_weights, mismatch_metrics, mismatch_sums
 from mmrl.errors import UserError
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 TINY = {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 6}
 

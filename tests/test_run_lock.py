@@ -16,9 +16,9 @@ from test_safe_runs import forbid_loading
 
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.train.run_lock import LOCK_FILE
-from mmrl.train.tracking import read_metrics
-from mmrl.train.trainer import Trainer
+from mmrl.train.safety.run_lock import LOCK_FILE
+from mmrl.train.reporting.tracking import read_metrics
+from mmrl.train.loop.trainer import Trainer
 
 HERE = Path(__file__).parent
 
@@ -58,7 +58,7 @@ def test_a_live_run_refuses_a_second_one_naming_it(tmp_path, monkeypatch):
 
 def test_the_lock_of_a_killed_run_is_taken_over_with_a_note(tmp_path, capsys):
     out = tmp_path / "run"
-    killed = subprocess.Popen([sys.executable, "-c", "import os, signal; from mmrl.train.run_lock import RunLock; "
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal; from mmrl.train.safety.run_lock import RunLock; "
                                f"lock = RunLock({str(out)!r}); os.kill(os.getpid(), signal.SIGKILL)"])
     assert killed.wait(timeout=120) == -signal.SIGKILL
     assert f'"pid": {killed.pid}' in (out / LOCK_FILE).read_text()  # the record it could not empty

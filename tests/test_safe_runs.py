@@ -17,9 +17,9 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.train import checkpoint as ckpt
-from mmrl.train.tracking import read_metrics
-from mmrl.train.trainer import NonFiniteError, Trainer
+from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.reporting.tracking import read_metrics
+from mmrl.train.loop.trainer import NonFiniteError, Trainer
 
 
 def make(out, *extra):
@@ -77,7 +77,7 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_load(tmp_path, brok
 # ----- resuming with other settings ---------------------------------------------------------------
 def forbid_loading(monkeypatch):
     """From here on, loading a model or a data set fails the test (what the `no_model` fixture does)."""
-    import mmrl.train.parts as parts
+    import mmrl.train.loop.parts as parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model or data set was loaded")

@@ -188,7 +188,7 @@ def test_trainer_feeds_the_named_reward_to_the_variance_sampler(tmp_path):
     from helpers import TINY_RECIPE, tiny_overrides
 
     from mmrl.config.parse import parse_config
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     recipe = dict(TINY_RECIPE, sampling={"strategy": "variance", "variance_reward": "digits"})
     with pytest.raises(ValueError, match=r"sampling.variance_reward='digits' is not one of the rewards"):
         Trainer(parse_config(recipe, tiny_overrides(tmp_path)))

@@ -212,7 +212,7 @@ def test_a_run_launches_its_server_and_skips_what_fails(tmp_path):
 
 def test_remote_settings_that_cannot_work_are_refused_before_anything_loads():
     from mmrl.config.parse import ConfigError, parse_config
-    from mmrl.train.plan import validate
+    from mmrl.train.loop.plan import validate
     rewards = {"accuracy": {"weight": 1.0},
                "digit_share": {"record": "a.jsonl", "replay": "a.jsonl", "client": {"batch_size": 0},
                                "server": {"command": "mmrl serve-reward digit_share"}}}
@@ -233,7 +233,7 @@ def test_serve_reward_refuses_an_argument_the_reward_does_not_take(capsys):
 
 
 def test_a_resumed_run_may_move_its_reward_server(tmp_path):
-    from mmrl.train.run_dir import resume_config_changes
+    from mmrl.train.safety.run_dir import resume_config_changes
     saved = {"rewards": {"my.py:fn": {"url": "http://a:1", "client": {"timeout_s": 5},
                                       "columns": {"url": "link"}, "weight": 1.0}}}
     (tmp_path / "config.json").write_text(json.dumps(saved))

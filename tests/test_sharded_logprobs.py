@@ -19,7 +19,7 @@ TOL, GRAD_TOL = 1e-5, 1e-4
 PATHS_CHECK = r"""
 import json, sys, torch
 from mmrl.config.parse import load_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 rollout = t.prepare_batch(1).rollout
 rows = rollout.select(list(range(min(3, len(rollout.unit_mask)))))

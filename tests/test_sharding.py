@@ -155,7 +155,7 @@ SHARDED_BF16_CHECK = r"""
 import json, sys, torch
 from torch.distributed.tensor import DTensor
 from mmrl.config.parse import load_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 batch = t.prepare_batch(1)
 chunks = t.updater.micro_batches(batch)

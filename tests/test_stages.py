@@ -1,4 +1,4 @@
-"""Training in stages (mmrl/train/stages.py): validation at load time, settings switched at the right
+"""Training in stages (mmrl/train/loop/stages.py): validation at load time, settings switched at the right
 steps (read back from metrics.jsonl), exact resume across a stage boundary after SIGKILL, and
 the same run on 1 and 2 processes."""
 
@@ -16,8 +16,8 @@ from helpers import TINY_RECIPE
 from safetensors.torch import load_file
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.stages import StagePlan
-from mmrl.train.tracking import stage_starts
+from mmrl.train.loop.stages import StagePlan
+from mmrl.train.reporting.tracking import stage_starts
 
 HERE = Path(__file__).parent
 
@@ -122,7 +122,7 @@ def read(path):
 
 
 def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     cfg = parse_config(staged_recipe(output_dir=str(tmp_path)))
     trainer = Trainer(cfg)
     trainer.train()
@@ -143,7 +143,7 @@ def test_staged_run_switches_settings_at_the_right_steps(tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert len(saved["stages"]) == 2 and saved["policy"]["max_new_tokens"] == 8  # the recipe, as written
     # `mmrl eval` loads the last checkpoint into a fresh trainer: it takes that step's stage
-    from mmrl.train.checkpoint import latest_checkpoint
+    from mmrl.train.safety.checkpoint import latest_checkpoint
     fresh = Trainer(cfg, for_training=False)  # scores a checkpoint of the run in the same directory
     assert fresh.stage.index == 0 and fresh.policy.cfg.max_new_tokens == 2
     fresh.load_checkpoint(latest_checkpoint(tmp_path))
@@ -227,7 +227,7 @@ def test_staged_run_is_the_same_on_one_and_two_processes(tmp_path):
 def test_stage_recipes_run_on_cpu(tmp_path, name, overrides, lengths):
     from mmrl.config.parse import load_recipe
     from mmrl.config.recipes import resolve_recipe
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     small = ["max_steps=2", "warm_start.steps=0", "optim.prompts_per_step=2", "logging.report_to=[none]",
              "logging.progress=false", f"output_dir={tmp_path}"]
     cfg = load_recipe(resolve_recipe(name), [*overrides, *small])

@@ -1,4 +1,4 @@
-"""The step's time split (mmrl/train/step_clock.py): each phase holds the work done in it, measured
+"""The step's time split (mmrl/train/loop/step_clock.py): each phase holds the work done in it, measured
 against work of a known length placed in one phase."""
 
 import time
@@ -8,8 +8,8 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import parse_config
 from mmrl.core.scoring import REWARDS, register_reward
-from mmrl.train.step_clock import PHASES, StepClock
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.step_clock import PHASES, StepClock
+from mmrl.train.loop.trainer import Trainer
 
 SLEEP_S = 1.0
 SLEEPING = []  # the slow reward sleeps while this holds an item

@@ -17,8 +17,8 @@ from mmrl.cli import main as cli
 from mmrl.config.parse import load_recipe
 from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES
-from mmrl.train.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
-from mmrl.train.sweep_report import _curve, write_reports
+from mmrl.experiments.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
+from mmrl.experiments.sweep_report import _curve, write_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 # the text demo shrunk to seconds per run
@@ -217,7 +217,7 @@ def test_output_dir_is_refused_naming_out(tmp_path, capsys):
 
 
 def test_parallel_runs_share_the_cores_unless_the_user_set_threads():
-    from mmrl.train.sweep import run_environment
+    from mmrl.experiments.sweep import run_environment
     cores = os.cpu_count() or 1
     assert run_environment(1, {})["OMP_NUM_THREADS"] == str(cores)
     assert run_environment(2 * cores, {})["OMP_NUM_THREADS"] == "1"

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from mmrl.train.tracking import Progress, Tracker, plot_rewards, plot_sample_grid, wandb_run_id
+from mmrl.train.reporting.tracking import Progress, Tracker, plot_rewards, plot_sample_grid, wandb_run_id
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -143,7 +143,7 @@ def test_plot_redraws_keep_within_their_share_of_the_run_time(tmp_path, monkeypa
     """30 steps logged back to back with plot_every=1: under the 1% budget only the first redraws
     (the next would have to wait ~99 redraw-times); with the whole run's time allowed, every one.
     The real plot is drawn each time; only the number of draws is counted."""
-    import mmrl.train.tracking as tracking
+    import mmrl.train.reporting.tracking as tracking
     draws = []
 
     def counted(*args):

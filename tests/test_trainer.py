@@ -9,7 +9,7 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.scoring import RewardError, register_reward
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 
 def make_trainer(tmp_path, *extra):
@@ -99,7 +99,7 @@ def test_wrong_length_reward_is_an_error_naming_it(tmp_path):
 
 
 def test_unknown_reward_and_estimator_are_named(tmp_path):
-    # both are found with the whole recipe, before the model loads (mmrl.train.plan)
+    # both are found with the whole recipe, before the model loads (mmrl.train.loop.plan)
     with pytest.raises(ConfigError, match="no_such_reward"):
         make_trainer(tmp_path, "rewards={no_such_reward: {weight: 1.0}}")
     with pytest.raises(ConfigError, match="algorithm.estimator: 'no_such_estimator'"):
@@ -116,7 +116,7 @@ def test_dynamic_sampling_draws_until_groups_vary(tmp_path):
 
 
 def test_batch_positions_follow_groups_not_process_order():
-    from mmrl.train.batching import batch_positions
+    from mmrl.train.loop.batching import batch_positions
     # whole batch in draw order: draw 0 (groups 0, 1), draw 1 (groups 4, 5); this process kept 1 and 5
     batch = torch.tensor([0, 0, 1, 1, 4, 4, 5, 5])
     assert batch_positions(batch, torch.tensor([1, 1, 5, 5])).tolist() == [2, 3, 6, 7]

@@ -16,9 +16,9 @@ from mmrl.config.peer_names import TRL, VERL
 from mmrl.errors import UserError
 from mmrl.data import load_data
 from mmrl.config.sections import DataConfig
-from mmrl.train.parts import build_policy
-from mmrl.train.plan import validate
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.parts import build_policy
+from mmrl.train.loop.plan import validate
+from mmrl.train.loop.trainer import Trainer
 from mmrl.tasks.demos.tiny_models import chat_template, qwen2_char
 
 # TRL's documented reward functions, as the TRL docs write them: the GRPO quick start's

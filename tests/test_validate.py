@@ -5,8 +5,8 @@ import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.plan import validate
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.plan import validate
+from mmrl.train.loop.trainer import Trainer
 
 
 def problems(tmp_path, *overrides):
@@ -87,7 +87,7 @@ def test_a_stage_is_checked_like_the_recipe(tmp_path, no_model):
 
 def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
     """`logging.plot_every: 0` is accepted (the benchmarks' harness sets it) and draws no plot mid-run."""
-    from mmrl.train.tracking import Tracker
+    from mmrl.train.reporting.tracking import Tracker
     validate(parse_config({**TINY_RECIPE, "logging": {"plot_every": 0}}))
     tracker = Tracker(tmp_path, ["none"], plot_every=0, config={})
     tracker.log(1, {"reward_mean": 0.5})
@@ -99,7 +99,7 @@ def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
 @pytest.fixture
 def no_weights(monkeypatch):
     """Fail the test if the policy is built (the data is read, the model is not)."""
-    import mmrl.train.parts as parts
+    import mmrl.train.loop.parts as parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("the policy was built")

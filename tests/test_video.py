@@ -17,7 +17,7 @@ from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 
 from mmrl.config.parse import parse_config
 from mmrl.core.scoring import metric_logger
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 SMALL_FRAMES = {"video_min_pixels": 28 * 28, "video_max_pixels": 56 * 56}

@@ -15,7 +15,7 @@ from PIL import Image
 
 from mmrl.config.parse import load_recipe
 from mmrl.registry import RECIPES
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 SIZE, FRAMES = 32, 5
 IMAGE = Image.new("RGB", (40, 24), (200, 30, 30))
@@ -140,7 +140,7 @@ WAN_RECIPE = {"task": "diffusion",
 
 def train_wan(tmp_path, *overrides):
     from mmrl.config.parse import parse_config
-    from mmrl.train.checkpoint import latest_checkpoint
+    from mmrl.train.safety.checkpoint import latest_checkpoint
     t = Trainer(parse_config(WAN_RECIPE, [f"output_dir={tmp_path}", *overrides]))
     t.train()
     t.policy.cfg.noise_level = 0.0  # the trained policy's ODE sample

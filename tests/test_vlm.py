@@ -9,7 +9,7 @@ from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy
 from PIL import Image
 
 from mmrl.config.parse import parse_config
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 RNG = np.random.default_rng(0)
 

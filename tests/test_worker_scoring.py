@@ -10,8 +10,8 @@ from helpers import TINY_RECIPE
 from served import HERE, free_port, running, serve_command
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.plan import validate
-from mmrl.train.rollout_worker import scores_in_worker
+from mmrl.train.loop.plan import validate
+from mmrl.train.placement.rollout_worker import scores_in_worker
 from test_async import assert_same_run, run
 
 PID_REWARD = str(HERE / "pid_reward.py")
@@ -64,7 +64,7 @@ def test_worker_scoring_without_a_worker_or_with_a_record_file_is_refused(tmp_pa
 
 
 def test_a_reward_that_fails_in_the_worker_stops_the_run_with_its_message(tmp_path):
-    from mmrl.train.rollout_worker import RolloutWorkerDied
+    from mmrl.train.placement.rollout_worker import RolloutWorkerDied
     recipe = dict(TINY_RECIPE, reward_modules=[*TINY_RECIPE["reward_modules"], PID_REWARD],
                   rewards={"accuracy": {"weight": 1.0},
                            "scoring_pid": {"weight": 0.0, "args": {"path": str(tmp_path / "missing" / "pids")}}})
@@ -76,7 +76,7 @@ def test_a_users_error_in_the_worker_reads_as_one_line_and_keeps_the_traceback_f
     """A served reward's RemoteRewardError in the worker stops the run in one line, as in the
     trainer; any other error brings the worker's whole traceback; either way it is the cause."""
     from mmrl.serving.remote_reward import RemoteRewardError
-    from mmrl.train.rollout_worker import WorkerTraceback, failure_message, worker_failure
+    from mmrl.train.placement.rollout_worker import WorkerTraceback, failure_message, worker_failure
     try:
         raise RemoteRewardError("rewards.digit_share: http://127.0.0.1:1 answered 500")
     except RemoteRewardError as e:

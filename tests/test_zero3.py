@@ -24,7 +24,7 @@ from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, check_resumes_e
 
 from mmrl.config.parse import ConfigError, load_recipe
 from mmrl.distributed import zero3 as zero
-from mmrl.train.plan import validate
+from mmrl.train.loop.plan import validate
 
 needs_deepspeed = pytest.mark.skipif(not zero.available(), reason="DeepSpeed is not installed (pip install deepspeed)")
 ZERO3 = "distributed.strategy=zero3"
@@ -80,7 +80,7 @@ def test_zero3_resumes_exactly_after_kill_9(tmp_path):
 NONFINITE_CHECK = r"""
 import json, math, sys
 from mmrl.config.parse import load_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 param = next(p for p in t.unwrapped.parameters() if p.requires_grad)
 param.register_hook(lambda g: g * math.inf if t.step == 1 else g)  # step 2's gradients are not finite
@@ -106,7 +106,7 @@ def test_zero3_skips_a_step_with_a_nonfinite_gradient(tmp_path):
 ZERO3_BF16_CHECK = r"""
 import json, sys, torch
 from mmrl.config.parse import load_recipe
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 t = Trainer(load_recipe(sys.argv[1], sys.argv[2:]))
 batch = t.prepare_batch(1)
 chunks = t.updater.micro_batches(batch)

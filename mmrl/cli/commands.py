@@ -55,8 +55,8 @@ def run_eval(args) -> int:
     """`mmrl eval [RECIPE] [--checkpoint DIR] [--base] [key=value ...]`: print the scores as JSON and
     write them to ``CHECKPOINT.eval.json``, or with --base (the untrained model, whatever checkpoints
     the run has) to ``OUTPUT_DIR/base.eval.json``."""
-    from mmrl.train import checkpoint as ckpt
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.safety import checkpoint as ckpt
+    from mmrl.train.loop.trainer import Trainer
     if args.base and args.checkpoint:
         raise UserError("mmrl eval: --base scores the untrained model and --checkpoint a trained one; give one")
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
@@ -94,14 +94,14 @@ def run_explain(args) -> int:
 
 
 def run_demo_command(args) -> int:
-    from mmrl.train.demo import run_demo
+    from mmrl.experiments.demo import run_demo
     """`mmrl demo NAME [key=value ...]`."""
     run_demo(args.name, args.overrides)
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from mmrl.train.export import merge_lora
+    from mmrl.train.loop.export import merge_lora
     """`mmrl export CHECKPOINT --merge OUT` (mmrl/cli/main.py parses its arguments)."""
     print(merge_lora(args.checkpoint, args.merge))
     return 0
@@ -109,7 +109,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
-    from mmrl.train.trainer import Trainer
+    from mmrl.train.loop.trainer import Trainer
     trainer = Trainer(cfg)
     if not trainer.resumed:  # a resumed run's weights were warm-started before its first checkpoint
         trainer.warm_start()
@@ -163,7 +163,7 @@ def run_serve_reward(args: argparse.Namespace) -> int:
 # ----- command lines ----------------------------------------------------------------------------
 def run_sweep(args: argparse.Namespace) -> int:
     """`mmrl sweep` (mmrl/cli/main.py parses its arguments)."""
-    from mmrl.train.sweep import sweep
+    from mmrl.experiments.sweep import sweep
     overrides = args.overrides
     for item in overrides:
         if "=" not in item or item.startswith("-"):

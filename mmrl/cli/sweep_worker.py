@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mmrl.train.sweep import run_one
+from mmrl.experiments.sweep import run_one
 
 
 def _worker(argv: list[str]) -> int:

@@ -354,5 +354,5 @@ class TrainConfig:
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "
-                "stage may change (mmrl/train/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
+                "stage may change (mmrl/train/loop/stages.py: e.g. policy.max_new_tokens, algorithm.group_size, "
                 "optim.lr, data.path, sampling.*, rewards.NAME.weight); max_steps <= the sum of steps"})

@@ -1,4 +1,3 @@
-"""One run: the recipe validated once into a plan, the run's parts, a step's rollouts and rewards,
-batching, the update passes, stages, evaluation, checkpoints, run directory, signals, tracking; the
-`Trainer` orchestrates them.
-"""
+"""One run of training, in rooms by concern (each imports only the rooms listed after it):
+loop/ the run and its step, placement/ where rollouts and scoring run, safety/ the run's files and
+stops, reporting/ what users see."""

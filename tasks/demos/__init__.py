@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS
-from mmrl.train.evaluation import Evaluator
+from mmrl.train.loop.evaluation import Evaluator
 
 from ..diffusion.loading import PIPELINE_LOADERS
 from . import tiny_models, tiny_multimodal, tiny_pipelines  # noqa: F401  (registration)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmrl.train.evaluation import Evaluator
+from mmrl.train.loop.evaluation import Evaluator
 
 from .shape_judge import COLOUR_NAMES, SHAPE_CLASSES, _not_a_shape, cached_judge, to_tensor
 from .synthetic.colour_shapes import SHAPES

@@ -1,5 +1,5 @@
 """The embedded demos' held-out evaluators: a second judge beside each demo's training reward,
-never used as a reward (`mmrl.train.evaluation.Evaluator`, registered in `DEMO_EVALUATORS` by
+never used as a reward (`mmrl.train.loop.evaluation.Evaluator`, registered in `DEMO_EVALUATORS` by
 `tasks/__init__.py`). Each scores one sample in [0, 1]:
 
 - `exact_match`: the last ``<tag>...</tag>`` block equals the `answer` column (whitespace
@@ -27,7 +27,7 @@ from mmrl.rewards.latex_render import extract_latex
 from mmrl.rewards.latex_sandbox import compile_latex, tex_available
 from mmrl.rewards.text import completion_text, extract_answer
 
-from mmrl.train.evaluation import Evaluator
+from mmrl.train.loop.evaluation import Evaluator
 
 
 def _same(a: str, b: str) -> bool:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mmrl.train.tracking import plot_sample_grid
+from mmrl.train.reporting.tracking import plot_sample_grid
 
 PANEL_WIDTH = 320
 

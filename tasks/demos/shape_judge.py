@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mmrl.train.evaluation import Evaluator
+from mmrl.train.loop.evaluation import Evaluator
 
 from .synthetic.colour_shapes import BACKGROUND, COLOURS, SHAPES, draw_shape
 

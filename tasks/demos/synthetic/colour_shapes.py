@@ -43,7 +43,7 @@ def draw_samples(rows: list[dict], before: list, after: list, out_png) -> None:
     same prompt and seed before and after RL."""
     from PIL import Image
 
-    from mmrl.train.tracking import plot_sample_grid
+    from mmrl.train.reporting.tracking import plot_sample_grid
     images, captions = [], []
     for row, b, a in zip(rows, before, after):
         for image, tag in ((row["image"], "target"), (b, "before"), (a, "after")):

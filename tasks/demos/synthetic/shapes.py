@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from mmrl.registry import DATASETS
-from mmrl.train.tracking import plot_sample_grid
+from mmrl.train.reporting.tracking import plot_sample_grid
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40)}
 SHAPES = ("circle", "square")

@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 
 from mmrl.registry import DATASETS
-from mmrl.train.tracking import plot_sample_grid
+from mmrl.train.reporting.tracking import plot_sample_grid
 
 from .shapes import COLOURS
 

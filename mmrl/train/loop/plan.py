@@ -32,9 +32,9 @@ from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.serving.remote_reward import remote_problems
-from mmrl.train.rollout_worker import rollout_mode_problems
-from mmrl.train.stages import StagePlan
-from mmrl.train.tracking import REPORTER_PACKAGES, REPORTERS
+from mmrl.train.placement.rollout_worker import rollout_mode_problems
+from mmrl.train.loop.stages import StagePlan
+from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 
 # dotted key -> (rule, what the rule says); a value of None (an unset optional) is not checked
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {}

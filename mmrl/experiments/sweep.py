@@ -40,9 +40,9 @@ from mmrl.config.parse import ConfigError, load_recipe, to_dict
 from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
 from mmrl.registry import DEMOS, RECIPES, load_plugins
-from mmrl.train.demo import run_scored
-from mmrl.train.plan import validate
-from mmrl.train.sweep_report import read_summary, write_reports
+from mmrl.experiments.demo import run_scored
+from mmrl.train.loop.plan import validate
+from mmrl.experiments.sweep_report import read_summary, write_reports
 
 WARM_DIR = "warm_starts"
 

@@ -1,4 +1,4 @@
-"""The records a training step's phases hand each other (mmrl/train/trainer.py numbers the phases),
+"""The records a training step's phases hand each other (mmrl/train/loop/trainer.py numbers the phases),
 and the one helper that gathers a record from every process."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from mmrl.config.parse import parse_config
 from mmrl.errors import MissingFileError, UserError
 from mmrl.registry import load_plugins
-from mmrl.train.parts import build_policy
+from mmrl.train.loop.parts import build_policy
 
 ADAPTER_CONFIG = "adapter_config.json"
 

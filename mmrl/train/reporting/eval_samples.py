@@ -81,7 +81,7 @@ class LoggedSample:
 
 def logged_samples(samples: Sequence[dict], prompts: int) -> list[LoggedSample]:
     """The greedy and the first SAMPLES_PER_PROMPT sampled completions of the first `prompts`
-    evaluation samples (`mmrl.train.evaluation.evaluate`'s ``samples``)."""
+    evaluation samples (`mmrl.train.loop.evaluation.evaluate`'s ``samples``)."""
     out = []
     for p, sample in enumerate(samples[:prompts]):
         row = sample["row"]
@@ -150,7 +150,7 @@ def _wandb_value(wandb, m: Medium):
 
 def log_eval_samples(tracker, step: int, samples: Sequence[dict], prompts: int) -> None:
     """The first `prompts` evaluation samples to the tracker's TensorBoard writer and W&B run
-    (`mmrl.train.tracking.Tracker`), where it has them."""
+    (`mmrl.train.reporting.tracking.Tracker`), where it has them."""
     if not tracker.enabled or prompts <= 0 or (tracker.writer is None and tracker.wandb is None):
         return
     logged = logged_samples(samples, prompts)

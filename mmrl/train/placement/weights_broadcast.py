@@ -7,7 +7,7 @@ otherwise. Only gloo is tested.
 A transfer is the state dict flattened into one buffer per dtype, broadcast from the trainer. The
 trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
 broadcast and goes on training; the worker receives the buffers when it reads the transfer's
-("weights", version) message (mmrl/train/rollout_worker.py) and copies them into its model in
+("weights", version) message (mmrl/train/placement/rollout_worker.py) and copies them into its model in
 place. The buffers of a completed broadcast are reused by the next transfer; a failed one (the
 worker died: its connection closed) raises there.
 """

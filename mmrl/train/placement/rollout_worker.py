@@ -1,12 +1,12 @@
 """A rollout worker for `rollout.mode: one_step_off` and `async` (docs/async.md): a process of its
 own, with one torch thread, that holds a copy of the policy, receives the trained weights after
 updates and generates the rollouts it is asked for. Before step k's update the trainer asks for the
-rollouts of the steps up to k + `max_staleness` (mmrl/train/collect.py), and takes each step's when
+rollouts of the steps up to k + `max_staleness` (mmrl/train/loop/collect.py), and takes each step's when
 it collects it: at most max_staleness + 1 steps of prompt groups are asked for and not yet taken.
 one_step_off answers in the order asked, with the weights received before each request; async
 reads every waiting message before each generation, so it generates from the newest weights it has.
 
-The weights travel over a process group of the two (mmrl/train/weights_broadcast.py); the queues
+The weights travel over a process group of the two (mmrl/train/placement/weights_broadcast.py); the queues
 carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
 receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
 attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
@@ -34,8 +34,8 @@ from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 from mmrl.serving.remote_reward import is_served
-from mmrl.train.chunk_scoring import place_call, score_with_counts
-from mmrl.train.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
+from mmrl.train.placement.chunk_scoring import place_call, score_with_counts
+from mmrl.train.placement.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
 
 # the worker's scores of a rollout's kept rows: rewards, the auxiliary rows' rewards, the rewards' counts
 WorkerScores = tuple[dict[str, Tensor], dict[str, Tensor], dict[str, float]]
@@ -132,7 +132,7 @@ def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Q
         torch.set_num_threads(1)
         from mmrl.config.parse import parse_config
         from mmrl.registry import import_user_module, load_plugins
-        from mmrl.train.parts import bound_rewards, build_policy
+        from mmrl.train.loop.parts import bound_rewards, build_policy
         load_plugins()
         cfg = parse_config(recipe, [])
         policy = build_policy(cfg)

@@ -23,8 +23,8 @@ from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.registry import ADAPTERS
 from mmrl.serving.remote_reward import is_served, served_reward
-from mmrl.train.collect import StageInputs
-from mmrl.train.stages import Stage, StagePlan
+from mmrl.train.loop.collect import StageInputs
+from mmrl.train.loop.stages import Stage, StagePlan
 
 
 def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, float]]:

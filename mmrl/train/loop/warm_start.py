@@ -11,7 +11,7 @@ from torch import nn
 from mmrl.config.sections import TrainConfig
 from mmrl.core.policy import Policy
 from mmrl.core.seeding import derive_seed
-from mmrl.train.tracking import Progress
+from mmrl.train.reporting.tracking import Progress
 
 WARM_START_SALT = 0xA11CE
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from mmrl.errors import UserError
 
 if TYPE_CHECKING:
-    from mmrl.train.sweep import Run
+    from mmrl.experiments.sweep import Run
 
 SUMMARY = "summary.json"
 

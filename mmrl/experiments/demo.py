@@ -22,7 +22,7 @@ from pathlib import Path
 from mmrl.config.parse import load_recipe
 from mmrl.errors import reading_user_input
 from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DEMOS, RECIPES
-from mmrl.train.trainer import Trainer
+from mmrl.train.loop.trainer import Trainer
 
 FIGURE_ROWS = 8
 

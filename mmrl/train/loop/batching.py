@@ -11,7 +11,7 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import compute_advantages, row_magnitude
 from mmrl.core.objectives import AGGREGATIONS
 from mmrl.core.policy import Policy
-from mmrl.train.records import Collected, ShareCounts, StepBatch, gather_objects
+from mmrl.train.loop.records import Collected, ShareCounts, StepBatch, gather_objects
 
 
 def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:

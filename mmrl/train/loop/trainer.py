@@ -3,10 +3,10 @@
 A step (`train_step`):
   1. enter the stage of the step (its settings, rewards, data; the model and optimizer carry on);
   2. collect: draw prompt groups, roll out this process's share, score, gather the rewards
-     (mmrl/train/collect.py; DAPO dynamic sampling draws again);
+     (mmrl/train/loop/collect.py; DAPO dynamic sampling draws again);
   3. batch: advantages over the whole batch, this process's rows and the aggregation weights
-     (mmrl/train/batching.py);
-  4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/update.py).
+     (mmrl/train/loop/batching.py);
+  4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/loop/update.py).
 The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
 every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps and on an
 error (the state after the last completed step). The run holds its output directory's lock throughout.
@@ -31,23 +31,23 @@ from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
 from mmrl.serving.launch import LaunchedServers
-from mmrl.train import checkpoint as ckpt
-from mmrl.train import run_dir
-from mmrl.train.batching import step_batch
-from mmrl.train.collect import RolloutCollector
-from mmrl.train.eval_samples import log_eval_samples
-from mmrl.train.evaluation import Evaluator, evaluate
-from mmrl.train.health import RunHealth
-from mmrl.train.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
-from mmrl.train.plan import validate
-from mmrl.train.records import StepBatch, gather_objects
-from mmrl.train.rollout_worker import RolloutWorker
-from mmrl.train.signals import RunInterrupted, StopSignals
-from mmrl.train.stages import Stage
-from mmrl.train.step_clock import StepClock
-from mmrl.train.tracking import Progress, Tracker, end_line, start_summary
-from mmrl.train.update import PolicyUpdate
-from mmrl.train.warm_start import warm_start
+from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.safety import run_dir
+from mmrl.train.loop.batching import step_batch
+from mmrl.train.loop.collect import RolloutCollector
+from mmrl.train.reporting.eval_samples import log_eval_samples
+from mmrl.train.loop.evaluation import Evaluator, evaluate
+from mmrl.train.safety.health import RunHealth
+from mmrl.train.loop.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
+from mmrl.train.loop.plan import validate
+from mmrl.train.loop.records import StepBatch, gather_objects
+from mmrl.train.placement.rollout_worker import RolloutWorker
+from mmrl.train.safety.signals import RunInterrupted, StopSignals
+from mmrl.train.loop.stages import Stage
+from mmrl.train.loop.step_clock import StepClock
+from mmrl.train.reporting.tracking import Progress, Tracker, end_line, start_summary
+from mmrl.train.loop.update import PolicyUpdate
+from mmrl.train.loop.warm_start import warm_start
 
 
 class NonFiniteError(UserError):
@@ -144,7 +144,7 @@ class Trainer:
                           self.accelerator, self.collector.idle_row)
 
     def _enter_stage(self, stage: Stage) -> None:
-        """Take `stage`'s settings before its first step (mmrl/train/stages.py); the model, the optimizer
+        """Take `stage`'s settings before its first step (mmrl/train/loop/stages.py); the model, the optimizer
         state and, when the stage keeps the data and sampling settings, the data position carry on."""
         if stage.index == self.stage.index:
             return
@@ -184,7 +184,7 @@ class Trainer:
         metrics = {**batch.metrics, **update}
         if self.plan.staged:
             metrics["stage"] = self.stage.index
-        metrics.update(self.clock.stop())  # time_step_s and its phases (mmrl/train/step_clock.py)
+        metrics.update(self.clock.stop())  # time_step_s and its phases (mmrl/train/loop/step_clock.py)
         self.step = step
         return metrics
 
@@ -279,7 +279,7 @@ class Trainer:
 
     def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False,
                  kept_rows: int | None = None) -> dict:
-        """Held-out scores (`mmrl.train.evaluation.evaluate`), with `evaluator`'s beside the reward's
+        """Held-out scores (`mmrl.train.loop.evaluation.evaluate`), with `evaluator`'s beside the reward's
         (and the samples of the first `kept_rows` rows with `keep_samples`)."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]

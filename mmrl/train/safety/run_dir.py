@@ -22,9 +22,9 @@ from typing import Any
 from mmrl.config.parse import ConfigError, parse_config, to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.errors import UserError
-from mmrl.train import checkpoint as ckpt
-from mmrl.train.records import gather_objects
-from mmrl.train.run_lock import RunLock
+from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.loop.records import gather_objects
+from mmrl.train.safety.run_lock import RunLock
 
 # Files and folders a run writes into its output directory; the first three mark a run.
 RUN_MARKERS = ("metrics.jsonl", "config.json", "checkpoints")

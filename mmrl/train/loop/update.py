@@ -20,8 +20,8 @@ from mmrl.core.rollout import Rollout
 from mmrl.core.rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
-from mmrl.train.records import MicroBatchCounts, StepBatch, gather_objects
-from mmrl.train.step_clock import StepClock
+from mmrl.train.loop.records import MicroBatchCounts, StepBatch, gather_objects
+from mmrl.train.loop.step_clock import StepClock
 
 MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}
 

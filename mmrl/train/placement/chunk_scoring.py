@@ -19,7 +19,7 @@ from torch import Tensor
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.scoring import RewardFn, score_rollout
-from mmrl.train.records import add_counts
+from mmrl.train.loop.records import add_counts
 
 Scored = tuple[Rollout, dict[str, Tensor], dict[str, Tensor], dict[str, float]]  # kept rows, rewards, auxiliary rows' rewards, counts
 

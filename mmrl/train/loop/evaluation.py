@@ -23,7 +23,7 @@ from mmrl.core.advantages import combined_total
 from mmrl.core.policy import Policy
 from mmrl.core.scoring import compute_rewards, reward_columns, score_rollout
 from mmrl.core.seeding import derive_seed
-from mmrl.train.tracking import Progress
+from mmrl.train.reporting.tracking import Progress
 
 EVAL_SEED_SALT = 0xE7A1
 
