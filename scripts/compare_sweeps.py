@@ -1,5 +1,5 @@
 """Cells of several `mmrl sweep` folders compared at equal training time: sweep.md's equal-time
-table (mmrl/experiments/sweep_report.py, `equal_time`) over cells that ran in different sweeps, e.g. the
+table (mmrl/experiments/sweep_equal_time.py, `equal_time`) over cells that ran in different sweeps, e.g. the
 rollout-worker cells of one sweep against a synchronous cell run in another with a different
 thread layout (`OMP_NUM_THREADS=1`). Each argument is a sweep folder, optionally with the cells to
 take from it (`FOLDER:0,2`; all by default); the first cell named is the one speeds are relative
@@ -24,7 +24,7 @@ def cells_of(arg: str) -> tuple[Path, list[int] | None]:
 
 
 def main() -> None:
-    from mmrl.experiments.sweep_report import equal_time, equal_time_lines
+    from mmrl.experiments.sweep_equal_time import equal_time, equal_time_lines
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", metavar="FOLDER[:CELLS]")
     parser.add_argument("--json", type=Path, help="also write the numbers here")

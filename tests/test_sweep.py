@@ -16,9 +16,12 @@ import pytest
 from mmrl.cli import main as cli
 from mmrl.config.parse import load_recipe
 from mmrl.errors import UserError
+from mmrl.experiments.sweep import sweep
+from mmrl.experiments.sweep_grid import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values
+from mmrl.experiments.sweep_report import write_reports
+from mmrl.experiments.sweep_runs import training_curve as _curve
+from mmrl.experiments.warm_start_cache import warm_key
 from mmrl.registry import DEMOS, RECIPES
-from mmrl.experiments.sweep import Run, cells, parse_cells, parse_grid, parse_shard, plan, split_values, sweep, warm_key
-from mmrl.experiments.sweep_report import _curve, write_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 # the text demo shrunk to seconds per run

@@ -11,7 +11,7 @@ from served import HERE, free_port, running, serve_command
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.loop.plan import validate
-from mmrl.train.placement.rollout_worker import scores_in_worker
+from mmrl.train.placement.rollout_modes import scores_in_worker
 from test_async import assert_same_run, run
 
 PID_REWARD = str(HERE / "pid_reward.py")
@@ -76,7 +76,8 @@ def test_a_users_error_in_the_worker_reads_as_one_line_and_keeps_the_traceback_f
     """A served reward's RemoteRewardError in the worker stops the run in one line, as in the
     trainer; any other error brings the worker's whole traceback; either way it is the cause."""
     from mmrl.serving.remote_reward import RemoteRewardError
-    from mmrl.train.placement.rollout_worker import WorkerTraceback, failure_message, worker_failure
+    from mmrl.train.placement.rollout_worker import worker_failure
+    from mmrl.train.placement.worker_process import WorkerTraceback, failure_message
     try:
         raise RemoteRewardError("rewards.digit_share: http://127.0.0.1:1 answered 500")
     except RemoteRewardError as e:

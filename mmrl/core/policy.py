@@ -11,8 +11,11 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor, nn
 
+from mmrl.config.parse import from_dict
+from mmrl.config.sections import TrainConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.rollout import Rollout
+from mmrl.registry import ADAPTERS
 
 
 class Policy(ABC):
@@ -217,3 +220,11 @@ class Policy(ABC):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+
+def build_policy(cfg: TrainConfig, policy_cfg: Any = None) -> Policy:
+    """The adapter of `cfg.task` built from its typed ``policy:`` section (typed here if not given)."""
+    adapter = ADAPTERS.get(cfg.task)
+    if policy_cfg is None:
+        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    return adapter(policy_cfg)

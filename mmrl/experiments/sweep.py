@@ -23,105 +23,24 @@ each cell's training reward curve, mean over seeds, overlaid). See docs/sweep.md
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from mmrl.config.parse import ConfigError, load_recipe, to_dict
+from mmrl.config.parse import ConfigError, load_recipe
 from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
-from mmrl.registry import DEMOS, RECIPES, load_plugins
 from mmrl.experiments.demo import run_scored
+from mmrl.experiments.sweep_grid import Run, cells, parse_cells, parse_grid, parse_shard, plan
+from mmrl.experiments.sweep_report import write_reports
+from mmrl.experiments.sweep_runs import read_summary
+from mmrl.experiments.warm_start_cache import WARM_DIR, cached_warm_start
+from mmrl.registry import DEMOS, RECIPES, load_plugins
 from mmrl.train.loop.plan import validate
-from mmrl.experiments.sweep_report import read_summary, write_reports
-
-WARM_DIR = "warm_starts"
-
-
-# the parts of a config the supervised warm start reads
-WARM_START_KEYS = ("task", "policy", "data", "warm_start", "reward_modules", "seed", "optim.lora")
-
-
-@dataclass(frozen=True)
-class Run:
-    cell: int
-    overrides: tuple[str, ...]  # the cell's key=value settings
-    seed: int
-
-    @property
-    def dirname(self) -> str:
-        slug = re.sub(r"[^A-Za-z0-9.=_-]+", "_", "_".join(o.split(".")[-1] for o in self.overrides))[:80]
-        digest = hashlib.sha256("\n".join(self.overrides).encode()).hexdigest()[:8]
-        return f"{slug or 'base'}-{digest}/seed-{self.seed}"
-
-
-# ----- the plan --------------------------------------------------------------------------------
-def split_values(text: str) -> list[str]:
-    """V1,V2,... split at the commas outside brackets (a value may be a YAML list or mapping)."""
-    values, depth, current = [], 0, ""
-    for ch in text:
-        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            values.append(current)
-            current = ""
-        else:
-            current += ch
-    values.append(current)
-    return values
-
-
-def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
-    grid, seen = [], set()
-    for item in items:
-        key, sep, raw = item.partition("=")
-        values = split_values(raw)
-        if not sep or not key or any(v == "" for v in values):
-            raise UserError(f"--grid {item!r} is not of the form KEY=V1,V2,...")
-        if key in seen:
-            raise UserError(f"--grid names {key!r} twice")
-        seen.add(key)
-        grid.append((key, values))
-    return grid
-
-
-def parse_cells(items: list[str]) -> list[tuple[str, ...]]:
-    """`--cell "k=v k2=v2"`: one cell's settings (methods that differ in several keys)."""
-    out = []
-    for item in items:
-        overrides = tuple(shlex.split(item))
-        if not overrides or any("=" not in o or o.startswith("=") for o in overrides):
-            raise UserError(f"--cell {item!r} is not a space-separated list of key=value")
-        out.append(overrides)
-    return out
-
-
-def cells(grid: list[tuple[str, list[str]]], bundles: list[tuple[str, ...]] = ()) -> list[tuple[str, ...]]:
-    """The product of the `--cell` list (one axis) and the `--grid` axes."""
-    axes = ([list(bundles)] if bundles else []) + [[(f"{k}={v}",) for v in values] for k, values in grid]
-    return [sum(combo, ()) for combo in itertools.product(*axes)]
-
-
-def parse_shard(text: str | None) -> tuple[int, int]:
-    if text is None:
-        return 0, 1
-    m = re.fullmatch(r"(\d+)/(\d+)", text)
-    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
-        raise UserError(f"--shard {text!r} must be i/n with 0 <= i < n")
-    return int(m.group(1)), int(m.group(2))
-
-
-def plan(grid_cells: list[tuple[str, ...]], seeds: int) -> list[Run]:
-    """Cell-major, so that parallel runs start on different seeds' warm starts."""
-    return [Run(c, overrides, s) for c, overrides in enumerate(grid_cells) for s in range(seeds)]
 
 
 def recipe_of(target: str):
@@ -134,65 +53,6 @@ def recipe_of(target: str):
 def run_overrides(common: list[str], run: Run, run_dir: Path) -> list[str]:
     # a run without a complete summary starts again from scratch (overwrite: a killed run's files go)
     return [*common, *run.overrides, f"seed={run.seed}", f"output_dir={run_dir}", "overwrite=true"]
-
-
-# ----- the cached warm start (inside a run's process) -------------------------------------------
-def warm_key(cfg, ignores: list[str]) -> str:
-    full = to_dict(cfg)
-    picked: dict = {}
-    for key in WARM_START_KEYS:
-        node, parts = full, key.split(".")
-        for part in parts:
-            node = node[part]
-        picked[key] = node
-    for key in ignores:
-        head, *rest = key.split(".")
-        node = picked.get(head)
-        for part in rest[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if rest and isinstance(node, dict):
-            node.pop(rest[-1], None)
-        elif not rest:
-            picked.pop(head, None)
-    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def cached_warm_start(cache: Path, ignores: list[str]) -> Callable:
-    """A `warm_start(trainer)` that computes the warm start once per key and loads it afterwards."""
-    import fcntl
-
-    import torch
-
-    def warm_start(trainer) -> None:
-        cfg = trainer.cfg
-        record = {"key": None, "reused": False}
-        if cfg.warm_start.steps > 0:
-            key = warm_key(cfg, ignores)
-            path = cache / f"{key}.pt"
-            cache.mkdir(parents=True, exist_ok=True)
-            with open(cache / f"{key}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # one process computes, the others wait and load
-                if path.is_file():
-                    state = torch.load(path, map_location="cpu", weights_only=True)
-                    trainer.unwrapped.load_state_dict(state["model"])
-                    trainer.reference_from_policy()
-                    torch.set_rng_state(state["rng"])
-                    record = {"key": key, "reused": True}
-                else:
-                    t0 = time.perf_counter()
-                    loss = trainer.warm_start()
-                    tmp = path.with_suffix(".tmp")
-                    torch.save({"model": trainer.unwrapped.state_dict(), "rng": torch.get_rng_state()}, tmp)
-                    os.replace(tmp, path)
-                    record = {"key": key, "reused": False}
-                    with open(cache / "log.jsonl", "a") as log:
-                        log.write(json.dumps({"key": key, "seed": cfg.seed, "run": cfg.output_dir, "loss": loss,
-                                              "wall_s": time.perf_counter() - t0}) + "\n")
-        out = Path(cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "warm_start.json").write_text(json.dumps(record))
-
-    return warm_start
 
 
 def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) -> None:

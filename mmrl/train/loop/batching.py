@@ -11,7 +11,8 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import compute_advantages, row_magnitude
 from mmrl.core.objectives import AGGREGATIONS
 from mmrl.core.policy import Policy
-from mmrl.train.loop.records import Collected, ShareCounts, StepBatch, gather_objects
+from mmrl.distributed.gather import gather_objects
+from mmrl.train.loop.records import Collected, ShareCounts, StepBatch
 
 
 def batch_positions(batch_group_id: Tensor, local_group_id: Tensor) -> Tensor:

@@ -25,9 +25,10 @@ from mmrl.core.rollout import Rollout, staleness_metrics
 from mmrl.core.scoring import RewardFn, score_completions
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
+from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.strategy import Strategy
-from mmrl.train.placement.chunk_scoring import ChunkScorer, place_call
-from mmrl.train.loop.records import Collected, Draw, add_counts, gather_objects
+from mmrl.train.placement.chunk_scoring import ChunkScorer, add_counts, place_call
+from mmrl.train.loop.records import Collected, Draw
 from mmrl.train.placement.rollout_worker import RolloutWorker, WorkerScores
 from mmrl.train.loop.step_clock import StepClock
 

@@ -12,31 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmrl.config.parse import from_dict
 from mmrl.config.sections import TrainConfig
-from mmrl.core.advantages import check_reward_combine
-from mmrl.core.policy import Policy
+from mmrl.core.policy import Policy, build_policy
 from mmrl.core.regularisers import regulariser_needs
-from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, bind_reward, column_checks
+from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, column_checks
 from mmrl.data import Rows, load_data, reward_columns_needed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.registry import ADAPTERS
-from mmrl.serving.remote_reward import is_served, served_reward
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.loop.stages import Stage, StagePlan
-
-
-def bound_rewards(cfg: TrainConfig) -> tuple[dict[str, RewardFn], dict[str, float]]:
-    """The recipe's rewards bound to their arguments and columns, and their weights (checked)."""
-    fns = {name: served_reward(name, spec) if is_served(spec) else bind_reward(name, spec.args, spec.columns)
-           for name, spec in cfg.rewards.items()}
-    weights = {name: spec.weight for name, spec in cfg.rewards.items()}
-    if cfg.sampling.variance_reward is not None and cfg.sampling.variance_reward not in weights:
-        raise ValueError(f"sampling.variance_reward={cfg.sampling.variance_reward!r} is not one of the "
-                         f"rewards {sorted(weights)}")
-    check_reward_combine(cfg.algorithm.reward_combine, cfg.algorithm.gates, weights)
-    return fns, weights
+from mmrl.train.placement.reward_binding import bound_rewards
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
@@ -67,14 +53,6 @@ def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=
     train, held_out = load_validated_data(stage.config, stage.policy, reward_fns)
     return StageInputs(stage.config, reward_fns, reward_weights, train, held_out,
                        PromptSampler(train, stage.config.sampling, plan.sampler_seed(stage)))
-
-
-def build_policy(cfg: TrainConfig, policy_cfg: Any = None) -> Policy:
-    """The adapter of `cfg.task` built from its typed ``policy:`` section (typed here if not given)."""
-    adapter = ADAPTERS.get(cfg.task)
-    if policy_cfg is None:
-        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
-    return adapter(policy_cfg)
 
 
 @dataclass

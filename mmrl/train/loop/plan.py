@@ -32,7 +32,7 @@ from mmrl.core.scoring import HOW_TO_NAME, REWARDS, get_reward
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, Registry, import_user_module, load_plugins
 from mmrl.serving.remote_reward import remote_problems
-from mmrl.train.placement.rollout_worker import rollout_mode_problems
+from mmrl.train.placement.rollout_modes import rollout_mode_problems
 from mmrl.train.loop.stages import StagePlan
 from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 

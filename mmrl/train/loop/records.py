@@ -1,27 +1,11 @@
-"""The records a training step's phases hand each other (mmrl/train/loop/trainer.py numbers the phases),
-and the one helper that gathers a record from every process."""
+"""The records a training step's phases hand each other (mmrl/train/loop/trainer.py numbers the phases)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from torch import Tensor
 
 from mmrl.core.rollout import Rollout
-
-
-def gather_objects(accelerator, obj: Any) -> list[Any]:
-    """One object from each process, in process order (the identity on one process)."""
-    if accelerator.num_processes == 1:
-        return [obj]
-    from accelerate.utils import gather_object
-    return gather_object([obj])
-
-
-def add_counts(into: dict[str, float], counts: dict[str, float]) -> None:
-    for key, value in counts.items():
-        into[key] = into.get(key, 0.0) + value
 
 
 @dataclass

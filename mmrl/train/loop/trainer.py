@@ -27,6 +27,7 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.distributed import build_strategy
+from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
@@ -40,7 +41,7 @@ from mmrl.train.loop.evaluation import Evaluator, evaluate
 from mmrl.train.safety.health import RunHealth
 from mmrl.train.loop.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.loop.plan import validate
-from mmrl.train.loop.records import StepBatch, gather_objects
+from mmrl.train.loop.records import StepBatch
 from mmrl.train.placement.rollout_worker import RolloutWorker
 from mmrl.train.safety.signals import RunInterrupted, StopSignals
 from mmrl.train.loop.stages import Stage

@@ -18,9 +18,10 @@ from mmrl.core.policy import Policy
 from mmrl.core.regularisers import closed_form_kl, metric_names, reference_pass, regulariser_needs
 from mmrl.core.rollout import Rollout
 from mmrl.core.rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
+from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
-from mmrl.train.loop.records import MicroBatchCounts, StepBatch, gather_objects
+from mmrl.train.loop.records import MicroBatchCounts, StepBatch
 from mmrl.train.loop.step_clock import StepClock
 
 MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}

@@ -19,9 +19,14 @@ from torch import Tensor
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.scoring import RewardFn, score_rollout
-from mmrl.train.loop.records import add_counts
 
 Scored = tuple[Rollout, dict[str, Tensor], dict[str, Tensor], dict[str, float]]  # kept rows, rewards, auxiliary rows' rewards, counts
+
+
+def add_counts(into: dict[str, float], counts: dict[str, float]) -> None:
+    """Add each of `counts` into `into` (a reward's or a policy's counters, summed over calls)."""
+    for key, value in counts.items():
+        into[key] = into.get(key, 0.0) + value
 
 
 def place_call(rollout: Rollout, rows: list[dict], first_group: int) -> Rollout:

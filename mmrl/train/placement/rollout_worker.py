@@ -1,27 +1,24 @@
-"""A rollout worker for `rollout.mode: one_step_off` and `async` (docs/async.md): a process of its
-own, with one torch thread, that holds a copy of the policy, receives the trained weights after
-updates and generates the rollouts it is asked for. Before step k's update the trainer asks for the
-rollouts of the steps up to k + `max_staleness` (mmrl/train/loop/collect.py), and takes each step's when
-it collects it: at most max_staleness + 1 steps of prompt groups are asked for and not yet taken.
-one_step_off answers in the order asked, with the weights received before each request; async
-reads every waiting message before each generation, so it generates from the newest weights it has.
+"""The trainer's handle on the rollout worker for `rollout.mode: one_step_off` and `async`
+(docs/async.md). The worker (placement/worker_process.py) is a process of its own, with one torch
+thread, that holds a copy of the policy, receives the trained weights after updates and generates the
+rollouts it is asked for. Before step k's update the trainer asks for the rollouts of the steps up to
+k + `max_staleness` (mmrl/train/loop/collect.py), and takes each step's when it collects it: at most
+max_staleness + 1 steps of prompt groups are asked for and not yet taken. one_step_off answers in the
+order asked, with the weights received before each request; async reads every waiting message before
+each generation, so it generates from the newest weights it has.
 
-The weights travel over a process group of the two (mmrl/train/placement/weights_broadcast.py); the queues
-carry the messages. To the worker: ("weights", version), which announces a broadcast the worker
-receives when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step,
-attempt, first group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights
-version, the policy's counts of that generation: `Policy.pop_metrics`, the worker's scores or None:
-`scoring.where`) or ("error", traceback, the message of a user's error or None): `failure_message`.
+The weights travel over a process group of the two (placement/weights_broadcast.py); the queues carry
+the messages. To the worker: ("weights", version), which announces a broadcast the worker receives
+when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step, attempt, first
+group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version, the policy's
+counts of that generation: `Policy.pop_metrics`, the worker's scores or None: `scoring.where`) or
+("error", traceback, the message of a user's error or None): `worker_process.failure_message`.
 """
 
 from __future__ import annotations
 
 import pickle
 import queue
-import signal
-import traceback
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -32,10 +29,8 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
-from mmrl.registry import ADAPTERS
-from mmrl.serving.remote_reward import is_served
-from mmrl.train.placement.chunk_scoring import place_call, score_with_counts
-from mmrl.train.placement.weights_broadcast import Layout, WeightsReceiver, WeightsSender, layout_of, model_device
+from mmrl.train.placement.weights_broadcast import WeightsSender, layout_of, model_device
+from mmrl.train.placement.worker_process import WorkerTraceback, serve
 
 # the worker's scores of a rollout's kept rows: rewards, the auxiliary rows' rewards, the rewards' counts
 WorkerScores = tuple[dict[str, Tensor], dict[str, Tensor], dict[str, float]]
@@ -48,16 +43,6 @@ class RolloutWorkerDied(UserError):
     """The rollout worker exited or failed; the run stops (after a checkpoint of the last step)."""
 
 
-class WorkerTraceback(Exception):
-    """The traceback of the worker's failure, the cause of `RolloutWorkerDied` (`--debug` prints it)."""
-
-
-def failure_message(error: BaseException) -> tuple:
-    """What a failing worker sends the trainer: its traceback, and where the error is one the user
-    can fix (a `UserError`, e.g. a served reward's `RemoteRewardError`) its own message."""
-    return "error", traceback.format_exc(), str(error) if isinstance(error, UserError) else None
-
-
 def worker_failure(message: tuple) -> RolloutWorkerDied:
     """The trainer's error for a worker's `failure_message`: the user's error in one line, as the
     trainer's own would be, or the whole traceback of any other; the traceback is its cause."""
@@ -66,138 +51,6 @@ def worker_failure(message: tuple) -> RolloutWorkerDied:
     error = RolloutWorkerDied(text)
     error.__cause__ = WorkerTraceback(trace)
     return error
-
-
-def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
-    """What `rollout.mode` and its settings cannot do with the rest of the recipe."""
-    ro = cfg.rollout
-    problems = []
-    if ro.mode != "async":
-        problems += [f"rollout.{name}={value!r} is async's (rollout.mode={ro.mode})"
-                     for name, value, default in (("weights_every", ro.weights_every, 1),
-                                                  ("stale_rows", ro.stale_rows, "drop")) if value != default]
-    if ro.mode == "sync":
-        if cfg.scoring.where == "worker":
-            problems.append("scoring.where=worker with rollout.mode=sync (there is no rollout worker: the "
-                            "trainer scores)")
-        return problems
-    if ro.mode == "one_step_off" and ro.max_staleness not in (0, 1):
-        problems.append(f"rollout.max_staleness={ro.max_staleness}: one_step_off is 0 or 1 steps behind "
-                        "(rollout.mode=async takes more)")
-    if ro.max_staleness < 0:
-        problems.append(f"rollout.max_staleness={ro.max_staleness} must be 0 or more")
-    if ro.weights_every < 1:
-        problems.append(f"rollout.weights_every={ro.weights_every} must be 1 or more")
-    if ro.stale_rows == "keep" and cfg.algorithm.rollout_correction == "none":
-        problems.append("rollout.stale_rows=keep with algorithm.rollout_correction=none (kept stale rows are "
-                        "weighted by tis or mis)")
-    mode = f"rollout.mode={ro.mode}"
-    workers = [name for name in ADAPTERS.names() if ADAPTERS.get(name).runs_in_rollout_worker]
-    adapter = ADAPTERS.get(cfg.task) if cfg.task in ADAPTERS else None
-    policy_problem = adapter.rollout_worker_problem(cfg.policy) if cfg.task in workers else None
-    needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {', '.join(workers)})"),
-             "policy": (policy_problem is None, policy_problem),
-             "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
-             "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
-             "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
-             "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
-             "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),
-                      f"eval.every={cfg.eval.every} and policy.rollout_engine=vllm (an evaluation samples in the "
-                      "trainer's process, which builds no vLLM engine; evaluate the checkpoints with mmrl eval)")}
-    problems += [f"{mode} with {why}" for ok, why in needs.values() if not ok]
-    if scores_in_worker(cfg):
-        problems += [f"scoring.where={cfg.scoring.where} with rewards.{name}.record (the trainer's evaluations "
-                     "and the worker would both write the record file)" for name, spec in cfg.rewards.items()
-                     if spec.record]
-    return problems
-
-
-def scores_in_worker(cfg: TrainConfig) -> bool:
-    """Whether the rollout worker scores its rollouts (`scoring.where`; auto: every reward served)."""
-    if cfg.rollout.mode == "sync" or cfg.scoring.where == "trainer":
-        return False
-    return cfg.scoring.where == "worker" or all(is_served(spec) for spec in cfg.rewards.values())
-
-
-def _serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue,
-           weights: tuple[int, Layout, torch.device]) -> None:
-    """The worker process: build the policy (and, with `scores_in_worker`, the rewards) from the
-    recipe, join the trainer's weights group (`weights`: its port, the trainer's state dict layout
-    and device), then answer messages until ("stop",); with `newest_weights`, every waiting message
-    is read before each generation."""
-    for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
-        signal.signal(stop, signal.SIG_IGN)
-    scorer = None
-    try:
-        torch.set_num_threads(1)
-        from mmrl.config.parse import parse_config
-        from mmrl.registry import import_user_module, load_plugins
-        from mmrl.train.loop.parts import bound_rewards, build_policy
-        load_plugins()
-        cfg = parse_config(recipe, [])
-        policy = build_policy(cfg)
-        policy.prompt_column = cfg.data.prompt_column
-        policy.model.eval()
-        if scores_in_worker(cfg):
-            for module in cfg.reward_modules:
-                import_user_module(module)
-            scorer = CallScorer(bound_rewards(cfg)[0], results)
-        port, layout, trainer_device = weights
-        receiver = WeightsReceiver(port, layout, policy.model, trainer_device)
-        version, pending = 0, deque()
-        while True:
-            read = newest_weights or not pending  # one_step_off: each request generated as it is read
-            try:
-                message = requests.get(block=not pending) if read else None
-            except queue.Empty:
-                message = None
-            if message is None:
-                key, rows, group_size, seeds = pending.popleft()
-                policy.set_training_step(key[0])
-                rollout = policy.rollout(rows, group_size, seeds)
-                rollout.stamp_version(version)
-                if scorer is None:
-                    results.put(("rollout", key, rollout, policy.pop_metrics(), None))
-                else:  # scored in the thread while the next request generates; sent once scored
-                    scorer.submit(key, rollout, rows, policy.pop_metrics())
-            elif message[0] == "stop":
-                return
-            elif message[0] == "weights":
-                version = message[1]
-                receiver.receive()
-            else:
-                key, rows, group_size, seeds = message[1:]
-                pending.append((key, pickle.loads(rows), group_size, seeds))
-    except BaseException as error:  # the trainer raises it as RolloutWorkerDied
-        results.put(failure_message(error))
-    finally:
-        if scorer is not None:
-            scorer.close()
-
-
-class CallScorer:
-    """The worker's scoring (`scoring.where`): each generation call's rollout placed in its draw and
-    scored in one background thread, in the order generated, then sent to the trainer with its
-    rewards; a reward's failure is sent as the worker's error."""
-
-    def __init__(self, reward_fns: dict, results: mp.Queue):
-        self.reward_fns, self.results = reward_fns, results
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mmrl-worker-reward")
-
-    def submit(self, key, rollout: Rollout, rows: list[dict], counts: dict[str, float]) -> None:
-        self.pool.submit(self._score, key, rollout, rows, counts)
-
-    def _score(self, key, rollout: Rollout, rows: list[dict], counts: dict[str, float]) -> None:
-        try:
-            own = set(rollout.columns)
-            kept, rewards, auxiliary, reward_counts = score_with_counts(self.reward_fns, place_call(rollout, rows, key[2]))
-            kept.columns = {k: v for k, v in kept.columns.items() if k in own}  # the data columns stay with the trainer
-            self.results.put(("rollout", key, kept, counts, (rewards, auxiliary, reward_counts)))
-        except BaseException as error:
-            self.results.put(failure_message(error))
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RolloutWorker:
@@ -215,7 +68,7 @@ class RolloutWorker:
         self.trainer_threads = torch.get_num_threads()
         if device.type == "cpu" and self.trainer_threads > 1:
             torch.set_num_threads(self.trainer_threads - 1)
-        self.process = context.Process(target=_serve, args=(to_dict(cfg), self.mode == "async", self.requests,
+        self.process = context.Process(target=serve, args=(to_dict(cfg), self.mode == "async", self.requests,
                                                             self.results, weights), daemon=True)
         self.process.start()
         self.ready: dict[Any, tuple[Rollout, dict[str, float], WorkerScores | None]] = {}

@@ -21,9 +21,9 @@ from typing import Any
 
 from mmrl.config.parse import ConfigError, parse_config, to_dict
 from mmrl.config.sections import TrainConfig
+from mmrl.distributed.gather import gather_objects
 from mmrl.errors import UserError
 from mmrl.train.safety import checkpoint as ckpt
-from mmrl.train.loop.records import gather_objects
 from mmrl.train.safety.run_lock import RunLock
 
 # Files and folders a run writes into its output directory; the first three mark a run.
