@@ -66,7 +66,7 @@ def sized(recipe: dict, args) -> dict:
 
 
 def tensor_bytes(tensors) -> int:
-    from mmrl.distributed.fsdp import local_tensor
+    from mmrl.distributed.fsdp_view import local_tensor
     seen, total = set(), 0
     for t in tensors:
         if t is None or id(t) in seen:

@@ -19,10 +19,10 @@ from mmrl.core.rollout_correction import importance_weights
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS, import_user_module
 from mmrl.tasks.lm.causal_lm import CausalLMPolicy
+from mmrl.train.loop.trainer import Trainer
 from mmrl.train.placement.rollout_worker import RolloutWorker, RolloutWorkerDied
 from mmrl.train.placement.weights_broadcast import backend_for
-from mmrl.train.loop.plan import validate
-from mmrl.train.loop.trainer import Trainer
+from mmrl.train.plan.validate import validate
 
 
 def trainer(tmp_path, *overrides):

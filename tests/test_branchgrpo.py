@@ -255,7 +255,7 @@ def test_a_pruned_depth_is_not_trained_and_settings_are_checked():
 def test_the_plan_names_a_group_size_that_is_not_the_trees_before_loading(tmp_path):
     from mmrl.config.parse import ConfigError, load_recipe
     from mmrl.registry import RECIPES
-    from mmrl.train.loop.plan import validate
+    from mmrl.train.plan.validate import validate
     cfg = load_recipe(RECIPES.get("t2i_branchgrpo"), [f"output_dir={tmp_path}", "algorithm.group_size=8",
                                                       "policy.branching.at=[0,7]"])
     with pytest.raises(ConfigError) as err:

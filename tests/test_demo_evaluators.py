@@ -9,8 +9,8 @@ import pytest
 from mmrl.rewards.latex_sandbox import tex_available
 from mmrl.tasks.demos.evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match
 
-from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
 from mmrl.experiments.demo import run_scored
+from mmrl.registry import DEMO_EVALUATORS, DEMOS, RECIPES
 
 TINY = ["max_steps=2", "warm_start.steps=20", "warm_start.batch_size=8", "eval.max_prompts=6",
         "eval.group_size=3", "optim.prompts_per_step=2", "optim.micro_batch_size=8", "algorithm.group_size=2",

@@ -7,9 +7,10 @@ import types
 import numpy as np
 import torch
 from mmrl.config.parse import parse_config
-from mmrl.train.reporting.eval_samples import log_eval_samples, medium
-from mmrl.train.reporting.tracking import Tracker
+from mmrl.core.media import medium
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.reporting.eval_samples import log_eval_samples
+from mmrl.train.reporting.tracking import Tracker
 from PIL import Image
 
 from helpers import TINY_RECIPE, tiny_overrides

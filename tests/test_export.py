@@ -16,8 +16,8 @@ from test_vlm import RECIPE as VLM_RECIPE
 
 from mmrl.cli.main import main
 from mmrl.config.parse import parse_config
-from mmrl.train.safety.checkpoint import latest_checkpoint
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.safety.checkpoint import latest_checkpoint
 
 PROMPT, SEED, STEPS = "red circle", 7, 4
 

@@ -84,6 +84,44 @@ def test_the_check_sees_an_upward_import(tmp_path):
         bad.unlink()
 
 
+# the rooms of mmrl/train/, lowest first: a module may import its own room and the rooms before it
+TRAIN_ROOMS = ["mmrl.train.reporting", "mmrl.train.safety", "mmrl.train.placement", "mmrl.train.plan", "mmrl.train.loop"]
+
+
+def room_of(module: str) -> int | None:
+    return next((i for i, room in enumerate(TRAIN_ROOMS) if module == room or module.startswith(room + ".")), None)
+
+
+TRAIN_FILES = [p for p in engine_files() if ENGINE / "train" in p.parents]
+
+
+def test_every_train_module_is_in_a_room():
+    """mmrl/train/ holds its rooms (sub-packages) and nothing else but its own `__init__`."""
+    loose = [module_name(p) for p in TRAIN_FILES if module_name(p) != "mmrl.train" and room_of(module_name(p)) is None]
+    assert not loose, f"modules of mmrl/train/ outside the rooms {TRAIN_ROOMS}: {loose}"
+
+
+@pytest.mark.parametrize("path", TRAIN_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_rooms_of_train_import_one_way(path: Path):
+    room = room_of(module_name(path))
+    if room is None:
+        return
+    upward = [f"line {line}: {module} (room {TRAIN_ROOMS[target]} is above {TRAIN_ROOMS[room]})"
+              for line, module in imported_modules(path)
+              if (target := room_of(module)) is not None and target > room]
+    assert not upward, f"{module_name(path)} imports a room above its own:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_a_room_importing_upward():
+    bad = ENGINE / "train" / "safety" / "_room_probe.py"
+    bad.write_text("def f():\n    from mmrl.train.loop.parts import build_parts\n    return build_parts\n")
+    try:
+        with pytest.raises(AssertionError, match="room mmrl.train.loop is above mmrl.train.safety"):
+            test_the_rooms_of_train_import_one_way(bad)
+    finally:
+        bad.unlink()
+
+
 STRATEGY_NAMES = {"ddp", "fsdp", "zero3"}
 CHOICES = ENGINE / "config" / "sections.py"  # the recipe's `distributed.strategy` choices and their help
 OUTSIDE_DISTRIBUTED = [p for root in ("mmrl", "tasks", "rewards") for p in sorted((ROOT / root).rglob("*.py"))

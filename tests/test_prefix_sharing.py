@@ -19,8 +19,8 @@ from transformers import Gemma3Config, Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.train.loop.parts import build_policy
-from mmrl.train.loop.plan import validate
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.plan.validate import validate
 
 RNG = np.random.default_rng(0)
 TOL = 1e-5

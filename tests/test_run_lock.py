@@ -16,9 +16,9 @@ from test_safe_runs import forbid_loading
 
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.train.safety.run_lock import LOCK_FILE
-from mmrl.train.reporting.tracking import read_metrics
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.reporting.tracking import read_metrics
+from mmrl.train.safety.run_lock import LOCK_FILE
 
 HERE = Path(__file__).parent
 

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from helpers import TINY_RECIPE
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.safety.health import NoRewardError, RunHealth
-from mmrl.train.reporting.tracking import read_metrics
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.reporting.tracking import read_metrics
+from mmrl.train.safety.health import NoRewardError, RunHealth
 
 HERE = Path(__file__).parent
 

@@ -17,9 +17,10 @@ from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
-from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.loop.trainer import Trainer
 from mmrl.train.reporting.tracking import read_metrics
-from mmrl.train.loop.trainer import NonFiniteError, Trainer
+from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.safety.health import NonFiniteError
 
 
 def make(out, *extra):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from mmrl.config.sections import SamplingConfig
+from mmrl.config.rollouts import SamplingConfig
 from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler, curriculum_order
 

@@ -212,7 +212,7 @@ def test_a_run_launches_its_server_and_skips_what_fails(tmp_path):
 
 def test_remote_settings_that_cannot_work_are_refused_before_anything_loads():
     from mmrl.config.parse import ConfigError, parse_config
-    from mmrl.train.loop.plan import validate
+    from mmrl.train.plan.validate import validate
     rewards = {"accuracy": {"weight": 1.0},
                "digit_share": {"record": "a.jsonl", "replay": "a.jsonl", "client": {"batch_size": 0},
                                "server": {"command": "mmrl serve-reward digit_share"}}}

@@ -250,8 +250,8 @@ from torch.distributed.tensor import DTensor
 from mmrl.config.sections import DistributedConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.distributed.fsdp import FullyShardedView, Sharding
-from mmrl.tasks.model_loading import load_tiny
 from mmrl.tasks.lm.vllm_weights import export_weights
+from mmrl.tasks.model_loading import load_tiny
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model, _ = load_tiny("tiny:qwen2-char", {"hidden": 32, "layers": 3, "heads": 2}, "float32")

@@ -1,4 +1,4 @@
-"""Training in stages (mmrl/train/loop/stages.py): validation at load time, settings switched at the right
+"""Training in stages (mmrl/train/plan/stages.py): validation at load time, settings switched at the right
 steps (read back from metrics.jsonl), exact resume across a stage boundary after SIGKILL, and
 the same run on 1 and 2 processes."""
 
@@ -16,7 +16,7 @@ from helpers import TINY_RECIPE
 from safetensors.torch import load_file
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.loop.stages import StagePlan
+from mmrl.train.plan.stages import StagePlan
 from mmrl.train.reporting.tracking import stage_starts
 
 HERE = Path(__file__).parent

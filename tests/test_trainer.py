@@ -99,7 +99,7 @@ def test_wrong_length_reward_is_an_error_naming_it(tmp_path):
 
 
 def test_unknown_reward_and_estimator_are_named(tmp_path):
-    # both are found with the whole recipe, before the model loads (mmrl.train.loop.plan)
+    # both are found with the whole recipe, before the model loads (mmrl.train.plan.validate)
     with pytest.raises(ConfigError, match="no_such_reward"):
         make_trainer(tmp_path, "rewards={no_such_reward: {weight: 1.0}}")
     with pytest.raises(ConfigError, match="algorithm.estimator: 'no_such_estimator'"):

@@ -13,13 +13,13 @@ from helpers import TINY_RECIPE
 from mmrl.config.help import lookup
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.config.peer_names import TRL, VERL
-from mmrl.errors import UserError
-from mmrl.data import load_data
 from mmrl.config.sections import DataConfig
-from mmrl.train.loop.parts import build_policy
-from mmrl.train.loop.plan import validate
-from mmrl.train.loop.trainer import Trainer
+from mmrl.data import load_data
+from mmrl.errors import UserError
 from mmrl.tasks.demos.tiny_models import chat_template, qwen2_char
+from mmrl.train.loop.parts import build_policy
+from mmrl.train.loop.trainer import Trainer
+from mmrl.train.plan.validate import validate
 
 # TRL's documented reward functions, as the TRL docs write them: the GRPO quick start's
 # `reward_len` (standard format), "Example 2: Reward completions with a specific format"

@@ -5,8 +5,8 @@ import pytest
 from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.loop.plan import validate
 from mmrl.train.loop.trainer import Trainer
+from mmrl.train.plan.validate import validate
 
 
 def problems(tmp_path, *overrides):

@@ -237,8 +237,8 @@ def test_wan_unipc_scheduler_becomes_the_euler_flow_scheduler_with_its_shift():
 def test_image_to_video_rows_are_checked_and_resolved_before_the_model_loads(tmp_path):
     import json
 
-    from mmrl.data import DataError, load_data
     from mmrl.config.sections import DataConfig
+    from mmrl.data import DataError, load_data
     (tmp_path / "img").mkdir()
     IMAGE.save(tmp_path / "img" / "red.png")
     path = tmp_path / "rows.jsonl"

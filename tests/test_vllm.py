@@ -22,8 +22,8 @@ from mmrl.tasks.lm.rollout_batches import eos_token_ids  # noqa: E402
 from mmrl.tasks.lm.vllm_weights import export_weights  # noqa: E402
 
 from mmrl.config.parse import parse_config  # noqa: E402
-from mmrl.train.reporting.tracking import read_metrics  # noqa: E402
 from mmrl.train.loop.trainer import Trainer  # noqa: E402
+from mmrl.train.reporting.tracking import read_metrics  # noqa: E402
 
 TOL = 1e-3
 # vLLM's CPU attention takes head_dim 64 (not 16): hidden 256 over 4 heads

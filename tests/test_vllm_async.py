@@ -20,9 +20,9 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 from mmrl.config.parse import ConfigError, parse_config  # noqa: E402
-from mmrl.train.loop.plan import validate  # noqa: E402
-from mmrl.train.placement.rollout_worker import RolloutWorker  # noqa: E402
 from mmrl.train.loop.trainer import Trainer  # noqa: E402
+from mmrl.train.placement.rollout_worker import RolloutWorker  # noqa: E402
+from mmrl.train.plan.validate import validate  # noqa: E402
 
 VLLM_RECIPE = {**TINY_RECIPE, "policy": {**TINY_RECIPE["policy"], "tiny_args": TINY, "rollout_engine": "vllm"}}
 KEYS = ("reward_mean", "reward/accuracy", "reward/digit_share", "completion_length", "loss")

@@ -47,7 +47,7 @@ def test_adapters_without_vllm_support_refuse_it(tmp_path, no_model, monkeypatch
 
 
 def test_vlm_takes_vllm_for_images_and_videos_and_checks_its_media_limits(tmp_path, no_model, monkeypatch):
-    from mmrl.train.loop.plan import validate
+    from mmrl.train.plan.validate import validate
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     vlm = {**TINY_RECIPE, "task": "vlm", "policy": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 8}}
     validate(parse_config(vlm, tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm",
@@ -62,7 +62,7 @@ def test_vllm_under_fsdp_is_accepted_but_an_engine_cannot_span_processes(tmp_pat
     """fsdp + vllm passes the recipe check (each process's engine is sent the gathered weights); a
     tensor-parallel engine under several processes is refused: every process drives an engine of
     its own on its own prompts."""
-    from mmrl.train.loop.plan import validate
+    from mmrl.train.plan.validate import validate
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     base = tiny_overrides(tmp_path / "run") + ["policy.rollout_engine=vllm", "distributed.strategy=fsdp"]
     validate(parse_config(TINY_RECIPE, base), num_processes=2)

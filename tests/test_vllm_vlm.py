@@ -23,8 +23,8 @@ from mmrl.tasks.demos.synthetic.moving_dot import moving_dot  # noqa: E402
 from mmrl.tasks.lm.vlm import VLMConfig, VLMPolicy  # noqa: E402
 
 from mmrl.config.parse import parse_config  # noqa: E402
-from mmrl.train.reporting.tracking import read_metrics  # noqa: E402
 from mmrl.train.loop.trainer import Trainer  # noqa: E402
+from mmrl.train.reporting.tracking import read_metrics  # noqa: E402
 
 vllm_without_torchvision.apply()
 

@@ -10,8 +10,8 @@ from helpers import TINY_RECIPE
 from served import HERE, free_port, running, serve_command
 
 from mmrl.config.parse import ConfigError, parse_config
-from mmrl.train.loop.plan import validate
 from mmrl.train.placement.rollout_modes import scores_in_worker
+from mmrl.train.plan.validate import validate
 from test_async import assert_same_run, run
 
 PID_REWARD = str(HERE / "pid_reward.py")

@@ -24,7 +24,7 @@ from test_sharding import FAMILY_RECIPES, HERE, LM, assert_same, check_resumes_e
 
 from mmrl.config.parse import ConfigError, load_recipe
 from mmrl.distributed import zero3 as zero
-from mmrl.train.loop.plan import validate
+from mmrl.train.plan.validate import validate
 
 needs_deepspeed = pytest.mark.skipif(not zero.available(), reason="DeepSpeed is not installed (pip install deepspeed)")
 ZERO3 = "distributed.strategy=zero3"

@@ -55,8 +55,8 @@ def run_eval(args) -> int:
     """`mmrl eval [RECIPE] [--checkpoint DIR] [--base] [key=value ...]`: print the scores as JSON and
     write them to ``CHECKPOINT.eval.json``, or with --base (the untrained model, whatever checkpoints
     the run has) to ``OUTPUT_DIR/base.eval.json``."""
-    from mmrl.train.safety import checkpoint as ckpt
     from mmrl.train.loop.trainer import Trainer
+    from mmrl.train.safety import checkpoint as ckpt
     if args.base and args.checkpoint:
         raise UserError("mmrl eval: --base scores the untrained model and --checkpoint a trained one; give one")
     checkpoint = Path(args.checkpoint) if args.checkpoint else None

@@ -161,7 +161,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 def parse_config(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
     data = apply_overrides(copy.deepcopy(data), list(overrides))
-    return from_dict(TrainConfig, data)  # the stages' overrides are checked with the whole recipe (mmrl/train/loop/plan.py)
+    return from_dict(TrainConfig, data)  # the stages' overrides are checked with the whole recipe (mmrl/train/plan/validate.py)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

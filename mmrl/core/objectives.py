@@ -135,7 +135,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
         per_unit = torch.maximum(unclipped, clipped)
         limited = clipped > unclipped
-    if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/loop/plan.py)
+    if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan/validate.py)
         per_unit = torch.where(adv < 0, torch.minimum(per_unit, -cfg.dual_clip * adv), per_unit)
     if step_scales is not None:
         per_unit = per_unit * step_scales[1]

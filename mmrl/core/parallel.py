@@ -2,7 +2,7 @@
 (`Policy.use_parallel`); adapters never import `mmrl.distributed`.
 
 The default view is one process with whole weights. A sharding strategy gives a view of its own
-(mmrl/distributed/fsdp.py, zero3.py), so that an adapter can generate in lockstep with the other
+(in mmrl/distributed/), so that an adapter can generate in lockstep with the other
 processes and read the whole weights one shard unit at a time (a vLLM engine's weight sync) without
 knowing which strategy runs.
 """

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from mmrl.config.parse import from_dict
 from mmrl.config.sections import TrainConfig
+from mmrl.core.media import Medium, medium
 from mmrl.core.parallel import ParallelView
 from mmrl.core.rollout import Rollout
 from mmrl.registry import ADAPTERS
@@ -42,8 +43,8 @@ class Policy(ABC):
     @property
     def rollout_runs_model(self) -> bool:
         """Whether `rollout` runs `model` itself (True), or an engine of its own that is sent the
-        weights (a vLLM engine). The engine gathers the rollouts' parameters under FSDP only for the
-        former: the latter's weight sync gathers one shard unit at a time."""
+        weights (a vLLM engine). Under a strategy that shards the parameters, the engine gathers them
+        for the rollouts only for the former: the latter's weight sync gathers one shard unit at a time."""
         return True
 
     @abstractmethod
@@ -184,6 +185,12 @@ class Policy(ABC):
         BranchGRPO's tree: a step's reward is the mean over the leaves under its node), or None.
         Called in training after `step_rewards` returned None; the result replaces the rewards."""
         return None
+
+    def sample_medium(self, completion: Any, columns: dict[str, Any]) -> Medium:
+        """What one completion is for the users who look at it (held-out samples in TensorBoard and
+        W&B): text, an image, a video or audio (`columns`: its row's column values, e.g. a video's
+        `fps`). The default tells it by the completion's type (mmrl/core/media.py)."""
+        return medium(completion, columns)
 
     def pop_metrics(self) -> dict[str, float]:
         """Counts the adapter reports about its last rollouts (summed over processes), logged as

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mmrl.config.sections import SamplingConfig
+from mmrl.config.rollouts import SamplingConfig
 from mmrl.core.seeding import derive_seed
 
 UNSEEN_VPS = 0.25  # the largest variance of a 0/1 outcome: p(1-p) at p = 1/2

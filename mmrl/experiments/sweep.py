@@ -40,7 +40,7 @@ from mmrl.experiments.sweep_report import write_reports
 from mmrl.experiments.sweep_runs import read_summary
 from mmrl.experiments.warm_start_cache import WARM_DIR, cached_warm_start
 from mmrl.registry import DEMOS, RECIPES, load_plugins
-from mmrl.train.loop.plan import validate
+from mmrl.train.plan.validate import validate
 
 
 def recipe_of(target: str):

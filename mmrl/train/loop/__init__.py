@@ -1,2 +1,3 @@
-"""The run and its step: the recipe validated once into a plan, the parts built from it, each step's
-phases (collect, batch, update), evaluation, the warm start and the export; the `Trainer` orchestrates."""
+"""The run and its step: the parts built from the plan, each step's phases (collect, batch, update,
+the no-grad passes before it), evaluation, the warm start, the run's checkpoints and the export; the
+`Trainer` orchestrates."""

@@ -27,10 +27,10 @@ from mmrl.core.seeding import derive_seed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.strategy import Strategy
-from mmrl.train.placement.chunk_scoring import ChunkScorer, add_counts, place_call
 from mmrl.train.loop.records import Collected, Draw
-from mmrl.train.placement.rollout_worker import RolloutWorker, WorkerScores
 from mmrl.train.loop.step_clock import StepClock
+from mmrl.train.placement.chunk_scoring import ChunkScorer, add_counts, place_call
+from mmrl.train.placement.rollout_worker import RolloutWorker, WorkerScores
 
 
 @dataclass

@@ -21,8 +21,8 @@ from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.registry import ADAPTERS
 from mmrl.train.loop.collect import StageInputs
-from mmrl.train.loop.stages import Stage, StagePlan
 from mmrl.train.placement.reward_binding import bound_rewards
+from mmrl.train.plan.stages import Stage, StagePlan
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:

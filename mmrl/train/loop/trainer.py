@@ -15,13 +15,11 @@ error (the state after the last completed step). The run holds its output direct
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
@@ -32,35 +30,32 @@ from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
 from mmrl.serving.launch import LaunchedServers
-from mmrl.train.safety import checkpoint as ckpt
-from mmrl.train.safety import run_dir
 from mmrl.train.loop.batching import step_batch
 from mmrl.train.loop.collect import RolloutCollector
-from mmrl.train.reporting.eval_samples import log_eval_samples
 from mmrl.train.loop.evaluation import Evaluator, evaluate
-from mmrl.train.safety.health import RunHealth
-from mmrl.train.loop.parts import bound_rewards, build_parts, set_base_lr, stage_inputs, take_optimizer_settings
-from mmrl.train.loop.plan import validate
+from mmrl.train.loop.parts import build_parts, set_base_lr, stage_inputs, take_optimizer_settings
 from mmrl.train.loop.records import StepBatch
-from mmrl.train.placement.rollout_worker import RolloutWorker
-from mmrl.train.safety.signals import RunInterrupted, StopSignals
-from mmrl.train.loop.stages import Stage
+from mmrl.train.loop.run_checkpoints import RunCheckpoints
 from mmrl.train.loop.step_clock import StepClock
-from mmrl.train.reporting.tracking import Progress, Tracker, end_line, start_summary
 from mmrl.train.loop.update import PolicyUpdate
 from mmrl.train.loop.warm_start import warm_start
-
-
-class NonFiniteError(UserError):
-    """`max_bad_steps` optimizer steps in a row had a NaN/inf loss or gradient norm."""
+from mmrl.train.placement.reward_binding import bound_rewards
+from mmrl.train.placement.rollout_worker import RolloutWorker
+from mmrl.train.plan.stages import Stage
+from mmrl.train.plan.validate import validate
+from mmrl.train.reporting.eval_samples import log_eval_samples
+from mmrl.train.reporting.tracking import Progress, Tracker, end_line, start_summary
+from mmrl.train.safety import checkpoint as ckpt
+from mmrl.train.safety import run_dir
+from mmrl.train.safety.health import NonFiniteError, RunHealth
+from mmrl.train.safety.signals import RunInterrupted, StopSignals
 
 
 logger = logging.getLogger(__name__)
 _UNSET = object()  # a policy field a stage's recipe does not give
-REFERENCE_FILE = "reference.safetensors"  # a checkpoint's KL reference, where it is a warm start's
 
 
-class Trainer:
+class Trainer(RunCheckpoints):
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
                  held_out_evaluator: Evaluator | None = None):
@@ -74,7 +69,7 @@ class Trainer:
             import_user_module(module)
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
-        cfg = with_launcher_settings(cfg)  # `accelerate launch` with an FSDP or DeepSpeed config
+        cfg = with_launcher_settings(cfg)  # `accelerate launch` with a config that names a strategy
         self.strategy = build_strategy(cfg)  # an unknown name: the registry's error, with the registered ones
         acc = self.accelerator = self.strategy.accelerator(accelerator)
         check_world_size(acc.num_processes)
@@ -145,7 +140,7 @@ class Trainer:
                           self.accelerator, self.collector.idle_row)
 
     def _enter_stage(self, stage: Stage) -> None:
-        """Take `stage`'s settings before its first step (mmrl/train/loop/stages.py); the model, the optimizer
+        """Take `stage`'s settings before its first step (mmrl/train/plan/stages.py); the model, the optimizer
         state and, when the stage keeps the data and sampling settings, the data position carry on."""
         if stage.index == self.stage.index:
             return
@@ -256,7 +251,8 @@ class Trainer:
         if every and self.step % every == 0 and self.inputs.eval_rows:
             scores = self.evaluate(evaluator=self.held_out_evaluator, keep_samples=self.cfg.eval.log_samples > 0,
                                    kept_rows=self.cfg.eval.log_samples)
-            log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples)
+            log_eval_samples(self.tracker, self.step, scores.pop("samples", []), self.cfg.eval.log_samples,
+                             self.policy.sample_medium)
             self.last_eval = (self.step, scores["reward_mean"])
             metrics.update({f"eval/{k}": v for k, v in scores.items()})
 
@@ -300,83 +296,3 @@ class Trainer:
             if self.accelerator.is_main_process:
                 print(f"warm start: {self.cfg.warm_start.steps} supervised steps, last loss {loss:.4g}")
         return loss
-
-    def reference_from_policy(self) -> None:
-        """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
-        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
-        if self.reference is None:
-            return
-        mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())
-        if mine.keys() != theirs.keys():
-            raise RuntimeError("the reference's parameters are not the policy's: cannot copy the warm start into it")
-        with torch.no_grad():
-            for name, param in mine.items():
-                param.copy_(theirs[name])
-
-    # ----- checkpoints ------------------------------------------------------------------------
-    def _failure_checkpoint(self) -> str:
-        """After an error in the loop: save the state after the last completed step; say where it is."""
-        newest = ckpt.latest_checkpoint(self.output_dir)
-        if self._phase == "changing":
-            return (f"step {self.step + 1} failed after it began changing the weights or the stage, so the state "
-                    f"after step {self.step} cannot be saved; the newest checkpoint is {newest}")
-        if self.accelerator.num_processes == 1 and newest != ckpt.checkpoint_dir(self.output_dir, self.step):
-            try:  # (with several processes, the others may never reach the save)
-                newest = self.save_checkpoint(self._position_before_step if self._phase == "collect" else None)
-            except Exception as e:
-                return f"the run failed after step {self.step}; saving it failed too ({e}); the newest checkpoint is {newest}"
-        saved = newest == ckpt.checkpoint_dir(self.output_dir, self.step)
-        return (f"the run failed after step {self.step}, which is saved in {newest}; fix the cause, then resume=true"
-                if saved else f"the run failed after step {self.step}; the newest checkpoint is {newest}")
-
-    def save_checkpoint(self, data_position: dict | None = None) -> Path:
-        """Write the step's checkpoint into a temporary directory, then publish it (atomic, verified);
-        `data_position` replaces the run's own (`_data_position` before a step that failed)."""
-        acc = self.accelerator
-        final = ckpt.checkpoint_dir(self.output_dir, self.step)
-        tmp = ckpt.temporary_dir(self.output_dir, self.step)
-        if acc.is_main_process and tmp.exists():
-            shutil.rmtree(tmp)
-        acc.wait_for_everyone()
-        with ckpt.removed_if_unfinished(tmp, self.output_dir, final, acc.is_main_process):
-            self.strategy.save(self.model, self.optimizer, self.policy, tmp)
-            if acc.is_main_process and self.reference is not None and self.cfg.warm_start.steps > 0:
-                # the reference is the warm start's, which the run's model source does not rebuild
-                save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
-            if acc.is_main_process:
-                position = self._data_position() if data_position is None else data_position
-                state = {"step": self.step, **position, "bad_steps": self.bad_steps}
-                if self.last_eval is not None and self.last_eval[0] == self.step:
-                    state["eval_reward_mean"] = self.last_eval[1]
-                ckpt.publish(tmp, final, state)
-        if acc.is_main_process and self.cfg.save_total_limit is not None:
-            ckpt.prune(self.output_dir, self.cfg.save_total_limit, self.cfg.eval.keep_best)
-        acc.wait_for_everyone()
-        return final
-
-    def _data_position(self) -> dict:
-        """The data sampler's state and the prompts of the steps drawn ahead for the rollout worker
-        (a resumed run asks for their rollouts again): what a resumed run needs to draw the same prompts."""
-        return {"sampler": self.inputs.sampler.state_dict(),
-                "drawn_ahead": {str(step): list(indices) for step, indices in self.collector.prefetched.items()}}
-
-    def load_checkpoint(self, path: Path) -> None:
-        try:
-            self.strategy.load(self.model, self.optimizer, path)
-        except RuntimeError as e:  # a state dict of another model: torch lists every tensor
-            if "state_dict" not in str(e):
-                raise
-            first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), "")
-            raise UserError(f"checkpoint {path} does not fit this run's model ({first} ...); resume with the "
-                            "settings it was saved with (the run's config.json)") from None
-        if (path / REFERENCE_FILE).is_file():
-            if self.reference is None:
-                raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
-                                "run has none (algorithm.beta); resume with the settings it was saved with")
-            load_model(self.reference, str(path / REFERENCE_FILE))
-        state = ckpt.read_trainer_state(path)
-        self.step = int(state["step"])
-        self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings
-        self.bad_steps = int(state.get("bad_steps", 0))
-        self.inputs.sampler.load_state_dict(state["sampler"])
-        self.collector.prefetched = {int(step): indices for step, indices in state.get("drawn_ahead", {}).items()}

@@ -5,7 +5,6 @@ steps skipped. Everything that depends on the distribution goes through the run'
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -15,19 +14,20 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import row_magnitude
 from mmrl.core.objectives import ratio_segments
 from mmrl.core.policy import Policy
-from mmrl.core.regularisers import closed_form_kl, metric_names, reference_pass, regulariser_needs
+from mmrl.core.regularisers import closed_form_kl, metric_names, regulariser_needs
 from mmrl.core.rollout import Rollout
 from mmrl.core.rollout_correction import add_sums, importance_weights, mismatch_metrics, mismatch_sums
 from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
+from mmrl.train.loop.kept_logprobs import KeptLogprobs
 from mmrl.train.loop.records import MicroBatchCounts, StepBatch
 from mmrl.train.loop.step_clock import StepClock
 
 MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}
 
 
-class PolicyUpdate:
+class PolicyUpdate(KeptLogprobs):
     """Updates `model` (the policy's trained module, as the strategy prepared it) from step batches.
     `cfg` is the current stage's recipe (the trainer replaces it when a stage starts)."""
 
@@ -37,15 +37,6 @@ class PolicyUpdate:
         self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
         self.clock = clock  # the phases of the step's update: forward, backward, optimizer
         self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
-
-    @contextmanager
-    def reference_model(self):
-        """The reference module: the frozen copy, or the model with its LoRA adapter disabled."""
-        if self.reference is not None:
-            yield self.reference
-        else:
-            with self.strategy.unwrap(self.model).disable_adapter():
-                yield self.model
 
     def micro_batches(self, batch: StepBatch) -> list[Tensor]:
         """Row indices of each micro-batch. Rows without gradient (zero advantage, and no active
@@ -93,48 +84,6 @@ class PolicyUpdate:
             raise UserError(f"the processes split a micro-batch's units differently ({every}); "
                             f"{type(self.policy).__name__}.unit_slices must give single units where it does")
         return [slice(start, stop) for start, stop in union]
-
-    def no_grad_logprobs(self, batch: StepBatch, chunks: list[Tensor], reference: bool) -> Tensor:
-        """Old (or reference) log-probs of every row, in the same micro-batch layout as training,
-        so that the on-policy ratio of the first pass is exactly 1."""
-        return self._no_grad_units(batch, chunks, reference, with_means=False)[0]
-
-    def old_logprobs_and_means(self, batch: StepBatch, chunks: list[Tensor]) -> tuple[Tensor, Tensor | None]:
-        """The old log-probs [N, U] and the old policy's unit means [N, U, ...] (`algorithm.trust_region:
-        dppo`), taken together before the first update pass and kept for every pass."""
-        return self._no_grad_units(batch, chunks, False, with_means=True)
-
-    @torch.no_grad()
-    def _no_grad_units(self, batch: StepBatch, chunks: list[Tensor], reference: bool,
-                       with_means: bool) -> tuple[Tensor, Tensor | None]:
-        local = batch.rollout
-        out, means = torch.zeros_like(local.unit_mask), None
-        source = local if len(local) else batch.idle_row
-        model = self.reference if reference and self.reference is not None else self.model
-        with self.strategy.gathered(model), self.clock.phase("forward"):
-            for rows in chunks:
-                padding = len(rows) == 0 or len(local) == 0  # a pass at zero, only to keep the processes in step
-                if padding and not self.strategy.forwards_in_step:
-                    continue
-                mb = source.select(rows if not padding else [0])
-                for units, _ in self.unit_slices(mb, in_step=self.strategy.forwards_in_step):
-                    unit_mean = None
-                    if reference:
-                        with self.reference_model() as ref:
-                            logp, _ = self.policy.logprobs(ref, mb, units)
-                    elif with_means:
-                        logp, unit_mean = self.policy.logprobs_and_means(self.model, mb, units)
-                    else:
-                        logp, _ = self.policy.logprobs(self.model, mb, units)
-                    if padding:
-                        continue
-                    cols = torch.arange(out.shape[1])[units].unsqueeze(0)
-                    out[rows.unsqueeze(1), cols] = logp.float().cpu()
-                    if unit_mean is not None:
-                        if means is None:
-                            means = torch.zeros(*out.shape, *unit_mean.shape[2:])
-                        means[rows.unsqueeze(1), cols] = unit_mean.float().cpu()
-        return out, means
 
     def _micro_batch_terms(self, batch: StepBatch, idx: Tensor, units: slice, segs, old_logp: Tensor | None,
                            ref_logp: Tensor | None, with_entropy: bool, sums: dict[str, float], empty: bool,
@@ -235,27 +184,6 @@ class PolicyUpdate:
             if not empty:
                 add_terms(sums, terms)
         return sums
-
-    def _old_and_reference(self, batch: StepBatch, chunks: list[Tensor], passes: list[StepBatch], redrawn: bool):
-        """Per pass: the old log-probs (kept when the ratio moves over several passes), the reference's,
-        and the old unit means (`algorithm.trust_region: dppo`; None otherwise)."""
-        algo = self.cfg.algorithm
-
-        def per_pass(reference: bool) -> list[Tensor]:
-            if not redrawn:
-                return [self.no_grad_logprobs(batch, chunks, reference)] * algo.mu
-            return [self.no_grad_logprobs(p, chunks, reference) for p in passes]
-
-        keep_old = algo.mu > 1 and self.objective.uses_ratio
-        old_means = [None] * algo.mu
-        if keep_old and algo.trust_region == "dppo":
-            kept = ([self.old_logprobs_and_means(p, chunks) for p in passes] if redrawn
-                    else [self.old_logprobs_and_means(batch, chunks)] * algo.mu)
-            old_logp, old_means = [k[0] for k in kept], [k[1] for k in kept]
-        else:
-            old_logp = per_pass(reference=False) if keep_old else [None] * algo.mu
-        ref_logp = per_pass(reference=True) if reference_pass(algo) else [None] * algo.mu
-        return old_logp, ref_logp, old_means
 
     def update(self, batch: StepBatch) -> dict[str, float]:
         """`mu` optimizer steps on the batch, old log-probs kept from before the first. A policy

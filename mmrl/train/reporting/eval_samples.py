@@ -1,10 +1,8 @@
 """Held-out samples where users look: at each evaluation the samples of the first
 `eval.log_samples` prompts, with their prompts and rewards, go to TensorBoard and W&B.
 
-Each completion becomes one medium by what it is (`medium`): text; an image (a PIL image); a
-video (a [T, C, H, W] tensor or array, float in [0, 1] or uint8, or a list of PIL frames; its
-frame rate from the row's `fps` column, else 8); audio (a 1-D float array, or {"array",
-"sampling_rate"}; the rate from the row's `sampling_rate` column, else 16000). TensorBoard gets
+Each completion becomes one `Medium` (text, image, video or audio), as the policy says
+(`Policy.sample_medium`; mmrl/core/media.py by default). TensorBoard gets
 ``samples/<p>/<k>`` per medium (images; videos as animated GIFs in the images tab, encoded here,
 so no moviepy is needed; audio) and ``samples/<p>`` a text table of the prompt, each sample's
 reward and, for text, the sample. W&B gets one table ``samples`` per evaluation (step, prompt,
@@ -16,56 +14,13 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
-import torch
+
+from mmrl.core.media import Medium, MediumOf, medium
 
 SAMPLES_PER_PROMPT = 4  # the sampled completions logged per prompt, beside the greedy one
-DEFAULT_FPS, DEFAULT_SAMPLE_RATE = 8.0, 16000
-
-
-@dataclass
-class Medium:
-    """kind: text | image | video | audio; data: str, uint8 [H, W, 3], uint8 [T, H, W, 3], or float
-    [S] in [-1, 1]; rate: frames or samples per second (video, audio)."""
-
-    kind: str
-    data: Any
-    rate: float | None = None
-
-
-def _uint8_frames(frames: Any) -> np.ndarray:
-    """[T, H, W, 3] uint8 from a [T, C, H, W] tensor / array (float in [0, 1] or uint8) or PIL frames."""
-    if isinstance(frames, (list, tuple)):
-        return np.stack([np.asarray(f.convert("RGB")) for f in frames])
-    if hasattr(frames, "detach"):
-        frames = frames.detach().cpu()
-        frames = frames if frames.dtype == torch.uint8 else frames.float()
-    array = np.asarray(frames)
-    if array.dtype != np.uint8:
-        array = (np.clip(array, 0, 1) * 255).round().astype(np.uint8)
-    array = array.transpose(0, 2, 3, 1)
-    return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array
-
-
-def medium(completion: Any, columns: dict[str, Any]) -> Medium:
-    """The medium of one completion (module docstring); `columns` its row's column values."""
-    if isinstance(completion, str):
-        return Medium("text", completion)
-    if hasattr(completion, "convert") and hasattr(completion, "size"):
-        return Medium("image", np.asarray(completion.convert("RGB")))
-    if isinstance(completion, dict) and "array" in completion:
-        return Medium("audio", np.asarray(completion["array"], dtype=np.float32).reshape(-1),
-                      float(completion.get("sampling_rate", DEFAULT_SAMPLE_RATE)))
-    shape = getattr(completion, "shape", None)
-    if isinstance(completion, (list, tuple)) or (shape is not None and len(shape) == 4):
-        return Medium("video", _uint8_frames(completion), float(columns.get("fps") or DEFAULT_FPS))
-    if shape is not None and len(shape) == 1:
-        samples = completion.detach().cpu().float().numpy() if hasattr(completion, "detach") else completion
-        return Medium("audio", np.asarray(samples, dtype=np.float32),
-                      float(columns.get("sampling_rate") or DEFAULT_SAMPLE_RATE))
-    return Medium("text", str(completion))
 
 
 @dataclass
@@ -79,19 +34,20 @@ class LoggedSample:
     medium: Medium
 
 
-def logged_samples(samples: Sequence[dict], prompts: int) -> list[LoggedSample]:
+def logged_samples(samples: Sequence[dict], prompts: int, medium_of: MediumOf = medium) -> list[LoggedSample]:
     """The greedy and the first SAMPLES_PER_PROMPT sampled completions of the first `prompts`
-    evaluation samples (`mmrl.train.loop.evaluation.evaluate`'s ``samples``)."""
+    evaluation samples (`mmrl.train.loop.evaluation.evaluate`'s ``samples``), each made a medium by
+    `medium_of` (the policy's `sample_medium`)."""
     out = []
     for p, sample in enumerate(samples[:prompts]):
         row = sample["row"]
         prompt = str(row.get("prompt", "")) if isinstance(row, dict) else str(row)
         columns = sample.get("columns") or {}
         greedy_columns = {k: v[0] for k, v in (sample.get("greedy_columns") or {}).items()}
-        out.append(LoggedSample(p, prompt, "greedy", sample["greedy_reward"], medium(sample["greedy"], greedy_columns)))
+        out.append(LoggedSample(p, prompt, "greedy", sample["greedy_reward"], medium_of(sample["greedy"], greedy_columns)))
         for k, (completion, reward) in enumerate(zip(sample["completions"][:SAMPLES_PER_PROMPT], sample["rewards"])):
             row_columns = {name: values[k] for name, values in columns.items()}
-            out.append(LoggedSample(p, prompt, f"sample {k}", reward, medium(completion, row_columns)))
+            out.append(LoggedSample(p, prompt, f"sample {k}", reward, medium_of(completion, row_columns)))
     return out
 
 
@@ -148,12 +104,13 @@ def _wandb_value(wandb, m: Medium):
     return m.data
 
 
-def log_eval_samples(tracker, step: int, samples: Sequence[dict], prompts: int) -> None:
+def log_eval_samples(tracker, step: int, samples: Sequence[dict], prompts: int, medium_of: MediumOf = medium) -> None:
     """The first `prompts` evaluation samples to the tracker's TensorBoard writer and W&B run
-    (`mmrl.train.reporting.tracking.Tracker`), where it has them."""
+    (`mmrl.train.reporting.tracking.Tracker`), where it has them; `medium_of` makes each completion a
+    medium (the policy's `sample_medium`)."""
     if not tracker.enabled or prompts <= 0 or (tracker.writer is None and tracker.wandb is None):
         return
-    logged = logged_samples(samples, prompts)
+    logged = logged_samples(samples, prompts, medium_of)
     if tracker.writer is not None:
         write_tensorboard(tracker.writer, step, logged)
         tracker.writer.flush()

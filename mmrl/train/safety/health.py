@@ -15,6 +15,11 @@ logger = logging.getLogger(__name__)
 SATURATED_STEPS = 3  # steps in a row with rows to train and a gradient norm of exactly 0
 
 
+class NonFiniteError(UserError):
+    """`max_bad_steps` optimizer steps in a row had a NaN/inf loss or gradient norm (the trainer stops
+    the run after a checkpoint)."""
+
+
 class NoRewardError(UserError):
     """`max_bad_steps` steps in a row in which no reward gave a value for any row."""
 

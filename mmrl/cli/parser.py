@@ -1,0 +1,122 @@
+"""The command line's parser: one function per sub-command adds its arguments. Help answers without
+importing torch or the plugins (recipes and demos are read from the plugins' files)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from mmrl.registry import shipped_demos, shipped_recipes
+
+EXAMPLES = """examples:
+  mmrl demo text                                   a CPU demo end to end (no download)
+  mmrl train text_demo output_dir=runs/a max_steps=50 algorithm.group_size=4
+  mmrl train my_recipe.yaml resume=auto            continue the run in output_dir if it has a checkpoint
+  mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
+  mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
+  mmrl export runs/a/checkpoints/step-000050 --merge merged/   a LoRA merged into a from_pretrained directory
+  mmrl explain algorithm.mu                        a recipe key's help, type, default and allowed values
+  mmrl list                                        every registered adapter, estimator, loss, reward"""
+
+
+def _columns(names) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+Add = Callable[..., argparse.ArgumentParser]  # add(name, help, epilog="") -> the sub-command's parser
+
+
+def _train(add: Add, recipe_list: str) -> None:
+    p = add("train", "train from a recipe (a shipped recipe's name, or a path to a .yaml file)",
+            f"{recipe_list}\n\nresume=true|auto|false, resume_changes=allow, overwrite=true, save_total_limit=N; "
+            "SIGINT/SIGTERM save a checkpoint and stop")
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+
+
+def _eval(add: Add, recipe_list: str) -> None:
+    p = add("eval", "score a checkpoint on its run's held-out prompts (the run's config.json, with overrides)",
+            f"{recipe_list}\n\nwithout --checkpoint: the newest good checkpoint of the recipe's output_dir; "
+            "scores go to CHECKPOINT.eval.json")
+    p.add_argument("args", nargs="*", metavar="[RECIPE] key=value",
+                   help="a recipe (optional with --checkpoint) and overrides, in any order")
+    p.add_argument("--checkpoint", help="a checkpoint directory (default: newest good one in output_dir)")
+    p.add_argument("--base", action="store_true",
+                   help="score the untrained model (policy.model), even where the run has checkpoints; "
+                        "scores go to OUTPUT_DIR/base.eval.json")
+
+
+def _serve_reward(add: Add) -> None:
+    p = add("serve-reward", "serve a registered reward over HTTP (POST /score, GET /health) for recipes "
+                            "that name it with rewards.NAME.url (docs/rewards.md#served-rewards)")
+    p.add_argument("name", metavar="NAME", help="a registered reward, or FILE.py:FUNCTION")
+    p.add_argument("args", nargs="*", metavar="key=value", help="arguments bound to the reward")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--device", help="the reward's device argument (e.g. cuda:1)")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per call of the reward (default 64)")
+    p.add_argument("--reward-module", action="append", default=[], metavar="FILE",
+                   help="a file or module to import first, so its @register_reward names can be served")
+
+
+def _demo_list_explain_export(add: Add, demos: list[str]) -> None:
+    p = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
+    p.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    p = add("explain", "print a recipe key's help, type, default and allowed values")
+    p.add_argument("key", help="a dotted recipe key, e.g. algorithm.mu or policy.p_mask")
+    p.add_argument("--task", help="the adapter whose policy section to read (default: causal_lm)")
+    p = add("export", "write a checkpoint where users load it (--merge: the LoRA merged into the base, "
+                      "a plain from_pretrained directory with its tokenizer / processor, or a diffusers pipeline)")
+    p.add_argument("checkpoint", help="OUTPUT_DIR/checkpoints/step-N")
+    p.add_argument("--merge", required=True, metavar="OUT", help="directory for the merged model")
+
+
+def _sweep(add: Add) -> None:
+    p = add("sweep", "run a grid of settings x seeds as separate runs, with mean and standard error per "
+                     "cell (see docs/sweep.md)")
+    p.add_argument("target", metavar="RECIPE_OR_DEMO", help="a demo name, a recipe name or a YAML path")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="one grid axis (repeat for more); the cells are the product of the axes")
+    p.add_argument("--cell", action="append", default=[], metavar='"K=V K2=V2"',
+                   help="one cell given as several settings (repeat; together one more grid axis)")
+    p.add_argument("--seeds", type=int, required=True, help="seeds 0 .. N-1 for every cell")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    p.add_argument("--shard", help="i/n: only runs i, i + n, ... (0 <= i < n), e.g. one per machine")
+    p.add_argument("--out", help="output directory (default outputs/sweep-TARGET)")
+    p.add_argument("--warm-start-ignores", action="append", default=[], metavar="KEY",
+                   help="a config key the warm start does not read (e.g. policy.sampler): cells "
+                        "differing only there share a warm start")
+    p.add_argument("--held-out-reward", metavar="NAME",
+                   help="compare the cells on this reward component (every cell declares it, any weight) "
+                        "instead of the combined reward, e.g. when a cell trains on a win rate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command (each added by its function above, in the order `--help` lists them)."""
+    recipes, demos = shipped_recipes(), shipped_demos()
+    parser = argparse.ArgumentParser(
+        prog="mmrl", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Group-relative RL fine-tuning (GRPO and descendants) for generative models.",
+        epilog=f"recipes: {_columns(recipes)}\ndemos: {_columns(demos)}\n\n{EXAMPLES}\n\n"
+               "any recipe field can be overridden as key=value (dotted for nested fields, e.g. "
+               "algorithm.beta=0.04); `mmrl list` prints every registered name")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of every error")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str, epilog: str = "") -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of every error")
+        return p
+
+    recipe_list = f"recipes: {_columns(recipes)}"
+    _train(add, recipe_list)
+    _eval(add, recipe_list)
+    _serve_reward(add)
+    _demo_list_explain_export(add, demos)
+    _sweep(add)
+    return parser

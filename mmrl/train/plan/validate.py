@@ -1,0 +1,167 @@
+"""The whole recipe, checked before any model, data set or reward model loads.
+
+`validate(cfg)` reports every problem at once, each naming its dotted key and value:
+- the ``policy:`` section against the chosen adapter's own ``Config`` dataclass, and local model
+  paths that do not exist;
+- each reward's ``args`` against the reward function's signature (an argument it does not name
+  is an error even when it takes ``**kwargs``, with the closest name as a suggestion);
+- every registry name (task, data set, reward, estimator, objective, aggregation, KL estimator,
+  LR schedule, reporter);
+- the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
+The checks of each concern are modules of their own: range_checks, registry_names,
+method_checks, reward_checks.
+The structure of the recipe (unknown keys, types) is checked when it is parsed
+(`mmrl.config.from_dict`), for every dataclass field whoever adds it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from mmrl.config.parse import ConfigError, from_dict
+from mmrl.config.sections import TrainConfig
+from mmrl.core.objectives import OBJECTIVES
+from mmrl.core.regularisers import regulariser_needs
+from mmrl.distributed import STRATEGIES
+from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
+from mmrl.train.placement.rollout_modes import rollout_mode_problems
+from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
+from mmrl.train.plan.range_checks import check_ranges
+from mmrl.train.plan.registry_names import check_name, unknown_name
+from mmrl.train.plan.reward_checks import check_rewards
+from mmrl.train.plan.stages import StagePlan
+from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
+
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
+    if not check_name(problems, ADAPTERS, "task", cfg.task):
+        return
+    adapter = ADAPTERS.get(cfg.task)
+    try:
+        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    except ConfigError as e:
+        problems += str(e).splitlines()
+        return
+    except (TypeError, ValueError) as e:
+        problems.append(f"policy: {e}")
+        return
+    for name, value in vars(policy_cfg).items():
+        if isinstance(value, str) and value.startswith(LOCAL_PATH_PREFIXES) and not Path(value).expanduser().exists():
+            problems.append(f"policy.{name}: local path {value!r} does not exist")
+    check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
+    if check is not None:
+        problems += check(policy_cfg)
+    group_check = getattr(adapter, "group_size_problems", None)
+    if group_check is not None:
+        problems += group_check(policy_cfg, cfg.algorithm.group_size)
+    if cfg.algorithm.objective in OBJECTIVES.names():
+        check_unit_terms(cfg, adapter.unit_terms(policy_cfg), problems)
+    if cfg.algorithm.ratio_norm != "none":
+        check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
+    if cfg.algorithm.trust_region == "dppo":
+        check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+
+
+def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    from transformers import SchedulerType
+    schedules = [s.value for s in SchedulerType]
+    if cfg.optim.schedule not in schedules:
+        problems.append(unknown_name("LR schedule", "optim.schedule", cfg.optim.schedule, schedules))
+    pps = cfg.optim.prompts_per_step
+    if pps >= 1 and pps % num_processes:
+        problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
+
+
+def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int) -> StagePlan | None:
+    """The run's stage plan, each stage's settings checked as the recipe's (ranges, prompts per step
+    against the processes); None where the recipe's own problems, already reported, keep it from
+    being built."""
+    if not cfg.stages and problems:
+        return None
+    plan = StagePlan(cfg)
+    for stage in plan.stages if cfg.stages else ():
+        found: list[str] = []
+        check_ranges(stage.config, found)
+        pps = stage.config.optim.prompts_per_step
+        if pps >= 1 and pps % num_processes:
+            found.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
+        problems.extend(f"stages[{stage.index}].{p}" for p in found if p not in problems)
+    return plan
+
+
+def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
+    data = cfg.data
+    if (data.name is None) == (data.path is None):
+        problems.append(f"data: give exactly one of data.name (a registered data set) or data.path "
+                        f"(got name={data.name!r}, path={data.path!r})")
+    if data.name is not None:
+        check_name(problems, DATASETS, "data.name", data.name)
+    for key in ("path", "eval_path"):
+        value = getattr(data, key, None)
+        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists():
+            problems.append(f"data.{key}: {value!r} does not exist")
+    report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
+    for r in report_to:
+        if r not in REPORTERS:
+            problems.append(f"logging.report_to: {r!r} is not one of {list(REPORTERS)}")
+        elif r in REPORTER_PACKAGES and importlib.util.find_spec(REPORTER_PACKAGES[r]) is None:
+            problems.append(f"logging.report_to: {r!r} needs the {REPORTER_PACKAGES[r]!r} package, which is not "
+                            f"installed; install it or leave {r!r} out")
+
+
+def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    dist = cfg.distributed
+    if dist.shard_modules is not None and not dist.shard_modules:
+        problems.append("distributed.shard_modules=[]: name at least one block class, or null for the model's own")
+    if check_name(problems, STRATEGIES, "distributed.strategy", dist.strategy):
+        problems += STRATEGIES.get(dist.strategy).config_problems(cfg)
+    vllm = cfg.policy.get("vllm") or {}
+    tensor_parallel = vllm.get("tensor_parallel_size", 1) if isinstance(vllm, dict) else 1
+    if (cfg.policy.get("rollout_engine") == "vllm" and num_processes > 1 and isinstance(tensor_parallel, int)
+            and tensor_parallel > 1):
+        problems.append(f"policy.vllm.tensor_parallel_size={tensor_parallel} with {num_processes} processes: each "
+                        "process drives a vLLM engine of its own on its own prompts, so an engine cannot span "
+                        "processes; use tensor_parallel_size 1 under a multi-process launch")
+
+
+def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
+    """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
+    (Trainer.reference_from_policy), not an adapter switched off (the strategies say what they keep)."""
+    if cfg.warm_start.steps <= 0 or not regulariser_needs(cfg.algorithm, "reference"):
+        return
+    if cfg.optim.lora.r > 0:
+        problems.append(f"warm_start.steps={cfg.warm_start.steps} with optim.lora.r={cfg.optim.lora.r} and a KL "
+                        f"(algorithm.beta={cfg.algorithm.beta}): the LoRA reference is the adapter switched off, "
+                        "the model before the warm start; train without LoRA, or without the KL")
+
+
+def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
+    """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
+    each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
+    plugins and the recipe's `reward_modules` (to know their names), loads no model, data set or
+    reward model."""
+    load_plugins()
+    problems: list[str] = []
+    for module in cfg.reward_modules:
+        try:
+            import_user_module(module)
+        except (ImportError, FileNotFoundError) as e:
+            problems.append(f"reward_modules: {module!r}: {e}")
+    _check_policy(cfg, problems)
+    check_rewards(cfg, problems)
+    check_algorithm(cfg, problems)
+    _check_optim(cfg, problems, num_processes)
+    _check_data_and_logging(cfg, problems)
+    _check_distributed(cfg, problems, num_processes)
+    _check_warm_start(cfg, problems)
+    check_ranges(cfg, problems)
+    problems += rollout_mode_problems(cfg, num_processes)
+    plan = _stage_plan(cfg, problems, num_processes)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems in the recipe:\n  " + "\n  ".join(problems))
+    return plan
