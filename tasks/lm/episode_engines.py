@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList
 
-from .episodes import EpisodeState, joined_media
+from .episode_state import EpisodeState, joined_media
 from .rollout_batches import eos_token_ids
 
 
