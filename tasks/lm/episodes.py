@@ -88,8 +88,8 @@ class EpisodeRunner:
         3. the Rollout record."""
         policy = self.policy
         if policy.parallel.lockstep:
-            raise ValueError("policy.episode: episodes do not run on sharded parameters (ZeRO-3, FSDP's sharded "
-                             "rollouts) yet")
+            raise ValueError(f"policy.episode: episodes do not run on sharded parameters yet "
+                             f"({policy.parallel.description})")
         parts = policy._prompt_parts(prompts)
         encoded = policy._encode_parts(parts)
         policy._check_prompt_lengths(encoded["prompt_mask"], prompts)

@@ -92,7 +92,7 @@ class TokenRollouts(Policy):
         was_training = self.model.training
         self.model.eval()
         # no autograd bookkeeping at all (what comes out is copied below), except where every forward
-        # gathers sharded parameters (ZeRO-3, FSDP's sharded rollouts): parameters materialised in
+        # gathers sharded parameters (`parallel.lockstep`): parameters materialised in
         # inference mode could not be trained afterwards
         with torch.inference_mode(not self.parallel.lockstep):
             inputs = None

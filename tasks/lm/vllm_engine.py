@@ -13,9 +13,10 @@ and weights freed) after each rollout, and wakes its weights, takes the new ones
 KV cache for the next.
 
 Under several processes (torchrun / accelerate launch) each process drives an engine of its own
-on its own groups. With ``distributed.strategy: fsdp`` the policy is sharded, and the weight sync
-gathers it one shard unit at a time as the engine loads it (`vllm_weights.export_weights`): every process takes
-part in each gather, and the rollout itself needs no gathered training model.
+on its own groups. Under a strategy that shards parameters (see docs/distributed.md) the weight
+sync gathers the policy one shard unit at a time as the engine loads it
+(`vllm_weights.export_weights`, `ParallelView.weights_in_turn`): every process takes part in each
+gather, and the rollout itself needs no gathered training model.
 
 Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
 seed derived from its group's seed and its index in the group, so rollouts do not depend on
@@ -50,7 +51,7 @@ def sample_seed(group_seed: int, index: int) -> int:
 
 
 def launcher_backend() -> dict:
-    """vLLM's executor settings under a multi-process launch (torchrun, accelerate; ddp or fsdp):
+    """vLLM's executor settings under a multi-process launch (torchrun, accelerate):
     every process drives its own engine, inside itself, on its own prompts, as TRL's colocate mode
     does: vLLM's external_launcher backend, which takes the launcher's process group instead of
     starting its own (with tensor_parallel_size 1, each process is a tensor-parallel group of one;
