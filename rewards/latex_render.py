@@ -28,13 +28,11 @@ from rapidfuzz.distance import Levenshtein
 
 from mmrl.core.scoring import register_reward
 
-from . import latex_sandbox, table2latex_rl
-from .latex_sandbox import Render, compile_latex
+from .latex_sandbox import FORBIDDEN, Render, compile_latex, failure_reason, resolve_renderer
+from .table2latex_rl import preset_scores
 from .teds import teds
 from .text import completion_text
 
-FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|special|catcode|"
-                       r"usepackage|documentclass|newwrite|newread|end\{document\})", re.IGNORECASE)
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\s]")
 _reference_cache: OrderedDict[tuple, Render] = OrderedDict()
 _completion_cache: OrderedDict[tuple, Render] = OrderedDict()
@@ -120,63 +118,7 @@ def _kind(reference: str, kind: str) -> str:
     return "table" if "\\begin{tabular}" in reference else "formula"
 
 
-def _reason(error: str) -> str:
-    if error.startswith("forbidden"):
-        return "forbidden"
-    if error == "timeout":
-        return "timeout"
-    if "capacity exceeded" in error:
-        return "capacity"
-    if "larger than" in error or error == "binary input":
-        return "input"
-    return "compile"
-
-
 PRESETS = ("table2latex_rl",)
-COMPONENTS = ("sum", "format", "accuracy")
-
-
-def _table2latex_rl(completions, reference, component: str, timeout: float, workers: int,
-                    log_metric) -> list[float | None]:
-    """Table2LaTeX-RL's format and accuracy rewards on the raw completion text (as its code
-    reads it), `component` both summed or one of them; sandboxed renders, cached by text. A
-    reference that does not compile is an error (their code would score every completion 0)."""
-    if component not in COMPONENTS:
-        raise ValueError(f"latex_render: component={component!r} is not one of {', '.join(COMPONENTS)}")
-    codes = [completion_text(c) for c in completions]
-    pages: dict[str, Render] = {}
-
-    def page(code: str) -> Render:
-        if code not in pages:
-            bad = FORBIDDEN.search(code)
-            pages[code] = (Render(None, "latex", f"forbidden command {bad.group(0)}") if bad
-                           else table2latex_rl.render_page(code, timeout))
-        return pages[code]
-
-    def render_candidate(code: str) -> np.ndarray | None:
-        result = page(code)
-        log_metric(f"renderer/{result.renderer}")
-        if result.image is None:
-            log_metric(f"fail/{_reason(result.error)}")
-        return result.image
-
-    def render_reference(code: str) -> np.ndarray:
-        result = page(code)
-        if result.image is None:
-            raise ValueError(f"latex_render: a reference does not render with preset table2latex_rl "
-                             f"({result.error}): {code[:80]!r}")
-        return result.image
-
-    def score(i: int) -> float | None:
-        if reference[i] is None:
-            return None
-        fmt = table2latex_rl.format_reward(codes[i], reference[i]) if component != "accuracy" else 0.0
-        acc = (table2latex_rl.accuracy_reward(codes[i], reference[i], render_candidate, render_reference)
-               if component != "format" else 0.0)
-        return fmt + acc
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(score, range(len(codes))))
 
 
 def _remember(cache: OrderedDict, fresh: dict, used: list, size: int) -> None:
@@ -238,7 +180,7 @@ def _blend(codes: list[str], kinds: list[str | None], reference, candidates: lis
             log_metric(f"renderer/{cand.renderer}")
         if cand.image is None:
             if log_metric is not None:
-                log_metric(f"fail/{_reason(cand.error)}")
+                log_metric(f"fail/{failure_reason(cand.error)}")
             out.append(0.0)
             continue
         if kinds[i] == "table":
@@ -270,12 +212,12 @@ def latex_render_reward(prompts, completions, reference, kind: str = "auto", vis
         if (kind, visual_weight, structure_weight, renderer) != ("auto", 0.5, 0.5, "auto"):
             raise ValueError(f"latex_render: preset={preset!r} follows its authors' rules; kind / visual_weight / "
                              "structure_weight / renderer do not apply")
-        return _table2latex_rl(completions, reference, component, timeout, workers,
-                               log_metric or (lambda key, value=1.0: None))
+        return preset_scores(completions, reference, component, timeout, workers,
+                             log_metric or (lambda key, value=1.0: None))
     if visual_weight < 0 or structure_weight < 0 or visual_weight + structure_weight <= 0:
         raise ValueError(f"latex_render: weights ({visual_weight}, {structure_weight}) must be >= 0, not both 0")
     codes = [extract_latex(completion_text(c)) for c in completions]
     kinds = [None if r is None else _kind(r, kind) for r in reference]
-    renderer = latex_sandbox.resolve_renderer(renderer)
+    renderer = resolve_renderer(renderer)
     candidates, references = _renders(codes, kinds, reference, renderer, timeout, workers)
     return _blend(codes, kinds, reference, candidates, references, visual_weight, structure_weight, log_metric)

@@ -7,6 +7,9 @@ wall-time limit (the whole process group is killed), CPU-time, address-space and
 limits on each process, a cap on input size, and a page cap (only page 1 is rendered; a page
 counter hook stops TeX after `max_pages`). A failed or killed compile returns no image and the
 reason. Without TeX on the machine, formulas fall back to matplotlib's mathtext.
+
+`FORBIDDEN` names the primitives the rewards refuse a snippet for before any compile, and
+`failure_reason` sorts a failed render's error into the kinds they count.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -32,6 +36,10 @@ PREAMBLE = r"""\documentclass[12pt]{article}
 """
 
 _MATHTEXT_LOCK = threading.Lock()
+# primitives a model-written snippet may not use (file access, catcodes, a document of its own): the
+# rewards refuse a snippet that names one before any compile
+FORBIDDEN = re.compile(r"\\(write|openin|openout|read|input|include|immediate|special|catcode|"
+                       r"usepackage|documentclass|newwrite|newread|end\{document\})", re.IGNORECASE)
 
 
 @dataclass
@@ -140,6 +148,20 @@ def compile_pdf_page(document: str, dpi: int = 300, timeout: float = 20.0, memor
 
 
 PAGE_CAP = r"\AddToHook{shipout/after}{\ifnum\value{page}>1 \batchmode\csname @@end\endcsname\fi}"
+
+
+def failure_reason(error: str) -> str:
+    """The kind of a failed render's `Render.error`, as the rewards count it (``fail/<kind>``):
+    forbidden, timeout, capacity, input or compile."""
+    if error.startswith("forbidden"):
+        return "forbidden"
+    if error == "timeout":
+        return "timeout"
+    if "capacity exceeded" in error:
+        return "capacity"
+    if "larger than" in error or error == "binary input":
+        return "input"
+    return "compile"
 
 
 def _first_error(log: str) -> str:

@@ -25,23 +25,28 @@ v = (p00 - p01) / 2, d = (p00 - p11) / 2, the sums and differences taken in uint
 completion's page is first resized to the reference's (PIL's default filter). Their GPU path
 (used when CUDA is present) takes the variances unbiased and the covariance biased: a relative
 difference of 1/n, n ~ 2 million band pixels at 300 dpi.
+
+`preset_scores` applies both rules to a batch of completions, as ``latex_render`` scores them under
+the preset (sandboxed renders on a thread pool, each distinct text rendered once per call).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import latex_sandbox
+from .latex_sandbox import FORBIDDEN, PAGE_CAP, Render, compile_pdf_page, failure_reason
 from .teds import Node, tree_edit_distance
+from .text import completion_text
 
 FORMAT_ABOVE, STRUCTURE_BELOW, CW_SSIM_ABOVE, DPI = 0.9, 0.3, 0.6, 300
 
 DOCUMENT = (r"\documentclass[standalone]{article}\usepackage[utf8]{inputenc}\usepackage[T1]{fontenc}"
             r"\usepackage{amsmath, amsthm, amssymb, graphicx, geometry, array,xcolor}"
-            r"\usepackage{booktabs, multirow, natbib, tabularx, multicol, bm}" + "\n" + latex_sandbox.PAGE_CAP + "\n"
+            r"\usepackage{booktabs, multirow, natbib, tabularx, multicol, bm}" + "\n" + PAGE_CAP + "\n"
             r"\begin{document}\begin{table}\centering\resizebox{0.5\columnwidth}{!}{%s}\end{table}\end{document}")
 
 _RULES = re.compile(r"\\cmidrule{\s*}|\\cdashline\{[0-9]+(-[0-9]+)?\}\s*|"
@@ -179,10 +184,10 @@ def cw_ssim(candidate: np.ndarray, reference: np.ndarray) -> float:
     return float(np.mean([_global_ssim(a, b) for a, b in zip(_bands(candidate), _bands(reference))]))
 
 
-def render_page(code: str, timeout: float = 20.0) -> latex_sandbox.Render:
+def render_page(code: str, timeout: float = 20.0) -> Render:
     """Page 1 of their document around `code`, 300 dpi, uint8 grayscale (no image, and the
     reason, if it does not compile)."""
-    return latex_sandbox.compile_pdf_page(DOCUMENT % code, dpi=DPI, timeout=timeout)
+    return compile_pdf_page(DOCUMENT % code, dpi=DPI, timeout=timeout)
 
 
 def format_reward(candidate: str, reference: str) -> float:
@@ -197,3 +202,51 @@ def accuracy_reward(candidate: str, reference: str, render_candidate, render_ref
     if a is None or b is None:
         return 0.0
     return 1.0 if cw_ssim(a, b) > CW_SSIM_ABOVE else 0.0
+
+
+# -- the preset: both rules over a batch ---------------------------------------------------------
+
+COMPONENTS = ("sum", "format", "accuracy")
+
+
+def preset_scores(completions, reference, component: str, timeout: float, workers: int,
+                  log_metric) -> list[float | None]:
+    """Table2LaTeX-RL's format and accuracy rewards on the raw completion text (as its code
+    reads it), `component` both summed or one of them; sandboxed renders, cached by text. A
+    reference that does not compile is an error (their code would score every completion 0)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"latex_render: component={component!r} is not one of {', '.join(COMPONENTS)}")
+    codes = [completion_text(c) for c in completions]
+    pages: dict[str, Render] = {}
+
+    def page(code: str) -> Render:
+        if code not in pages:
+            bad = FORBIDDEN.search(code)
+            pages[code] = (Render(None, "latex", f"forbidden command {bad.group(0)}") if bad
+                           else render_page(code, timeout))
+        return pages[code]
+
+    def render_candidate(code: str) -> np.ndarray | None:
+        result = page(code)
+        log_metric(f"renderer/{result.renderer}")
+        if result.image is None:
+            log_metric(f"fail/{failure_reason(result.error)}")
+        return result.image
+
+    def render_reference(code: str) -> np.ndarray:
+        result = page(code)
+        if result.image is None:
+            raise ValueError(f"latex_render: a reference does not render with preset table2latex_rl "
+                             f"({result.error}): {code[:80]!r}")
+        return result.image
+
+    def score(i: int) -> float | None:
+        if reference[i] is None:
+            return None
+        fmt = format_reward(codes[i], reference[i]) if component != "accuracy" else 0.0
+        acc = (accuracy_reward(codes[i], reference[i], render_candidate, render_reference)
+               if component != "format" else 0.0)
+        return fmt + acc
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(score, range(len(codes))))

@@ -174,7 +174,7 @@ def main() -> None:
         emit(served_report(args) if args.served else overlap_report(args), args.json)
         return
     from mmrl.rewards.latex_sandbox import compile_latex, tex_available
-    from mmrl.rewards.wer import error_rates, word_error_rate
+    from mmrl.rewards.error_rates import error_rates, word_error_rate
 
     rng = random.Random(0)
     refs = [" ".join(rng.choices(WORDS, k=rng.randint(5, 25))) for _ in range(args.batch)]

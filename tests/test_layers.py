@@ -4,6 +4,7 @@ the layers below it, function-level imports included, and the engine imports no 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,16 @@ def test_the_check_sees_a_strategy_branch_and_an_adapter_import():
                                                  "line 2: imports mmrl.distributed.fsdp.Sharding"}
     finally:
         probe.unlink()
+
+
+STRATEGY_PROSE = re.compile(r"(?i:\b(ddp|fsdp2?|zero-?3|deepspeed)\b)|\bZeRO\b")
+ADAPTERS_AND_REWARDS = [p for root in ("tasks", "rewards") for p in sorted((ROOT / root).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", ADAPTERS_AND_REWARDS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_adapters_and_rewards_do_not_name_a_strategy_even_in_prose(path: Path):
+    """Docstrings, comments, help text and messages of adapters and rewards say "a strategy that
+    shards parameters" and ask `Policy.parallel` (its `description` where a message must say which)."""
+    found = [f"line {n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if STRATEGY_PROSE.search(line)]
+    assert not found, f"{path.relative_to(ROOT)} names a distribution strategy:\n" + "\n".join(found)

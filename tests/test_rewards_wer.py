@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 from mmrl.rewards import wer as W
-from mmrl.rewards.wer import char_error_rate, normalize_transcript, number_to_words, resample, word_error_rate
+from mmrl.rewards.error_rates import char_error_rate, normalize_transcript, number_to_words, word_error_rate
+from mmrl.rewards.wer import resample
 
 from mmrl.core.scoring import get_reward
 
@@ -188,7 +189,7 @@ def test_asr_wer_bad_audio(tiny_whisper):
 def test_batched_error_rates_equal_one_pair_at_a_time():
     import random
 
-    from mmrl.rewards.wer import char_error_rate, error_rates, word_error_rate
+    from mmrl.rewards.error_rates import char_error_rate, error_rates, word_error_rate
     rng = random.Random(0)
     words = "the a cat dog sat on mat blue red went home fast".split()
     refs = [" ".join(rng.choices(words, k=rng.randint(0, 10))) for _ in range(200)]

@@ -174,7 +174,7 @@ def test_the_samplers_min_new_tokens_ban_draws_what_generates_own_processor_does
     reference: transformers' min_new_tokens processor in front of a sampler without the ban. EOS is
     made the likeliest token, so the ban decides every row's first tokens."""
     from transformers import GenerationConfig
-    from mmrl.tasks.lm.generation import GroupSeededSampler
+    from mmrl.tasks.lm.seeded_sampler import GroupSeededSampler
     policy = CausalLMPolicy(CausalLMConfig(**TINY, min_new_tokens=4, shared_prefill=False))
     eos, prompts, seeds = policy.tokenizer.eos_token_id, ["1+2=", "3+4="], [5, 6]
     rows = policy._expand(policy._encode_prompts(prompts), 3)

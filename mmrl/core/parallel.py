@@ -24,6 +24,9 @@ class ParallelView:
     # forward and backward, and reduce their gradients then): code that projects with a module's
     # parameters runs as that module's call
     gathers_in_module_calls: bool = False
+    # the distribution in words (the strategy and its settings as the recipe names them), for a message
+    # that must say which one runs: each strategy's view says its own, so an adapter names none
+    description: str = "whole weights on every process"
 
     def is_sharded(self, model: nn.Module) -> bool:
         """Whether `model`'s parameters are split over the processes."""

@@ -72,6 +72,7 @@ class FullyShardedView(ParallelView):
 
     def __init__(self, lockstep: bool, offloaded: bool = False):
         self.lockstep = lockstep
+        self.description = "distributed.strategy=fsdp" + (" with distributed.rollout_params=sharded" if lockstep else "")
         if offloaded:
             self.whole_unavailable = "distributed.offload keeps the shards on the CPU"
 

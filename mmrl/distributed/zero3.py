@@ -123,6 +123,7 @@ class ZeroThreeView(ParallelView):
 
     lockstep = True
     gathers_in_module_calls = True
+    description = "distributed.strategy=zero3"
 
     def is_sharded(self, model: nn.Module) -> bool:
         """ZeRO-3 partitions every parameter it wraps (each keeps a `ds_id`); a parameter read outside a

@@ -31,8 +31,9 @@ from .logprob_settings import (
 )
 from .prefix_sharing import SHARED_ATTENTION, unsupported_reason
 from .scoring import TokenScoring
-from .vllm_engine import VLLMConfig, VLLMEngine
-from .vllm_engine import config_problems as vllm_config_problems
+from .vllm_config import VLLMConfig
+from .vllm_config import config_problems as vllm_config_problems
+from .vllm_engine import VLLMEngine
 
 
 @dataclass

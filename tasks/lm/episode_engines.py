@@ -14,8 +14,10 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList
 
-from .episodes import EpisodeState, joined_media
+from .episode_state import EpisodeState, joined_media
 from .rollout_batches import eos_token_ids
+from .seeded_sampler import GroupSeededSampler
+from .vllm_engine import check_prompt_ids
 
 
 @dataclass
@@ -48,7 +50,6 @@ class HFTurns:
 
     def continue_contexts(self, states: Sequence[EpisodeState], seeds: Sequence[int], rooms: Sequence[int],
                           greedy: bool) -> list[Continuation]:
-        from .generation import GroupSeededSampler
         policy, cfg = self.policy, self.policy.cfg
         rows = self._context_rows(states)
         eos = policy.model.generation_config.eos_token_id or policy.tokenizer.eos_token_id
@@ -108,7 +109,6 @@ class VLLMTurns:
 
     def continue_contexts(self, states: Sequence[EpisodeState], seeds: Sequence[int], rooms: Sequence[int],
                           greedy: bool) -> list[Continuation]:
-        from .vllm_engine import check_prompt_ids
         policy, cfg = self.policy, self.policy.cfg
         if policy._vllm is None:
             policy._vllm = policy._vllm_engine()

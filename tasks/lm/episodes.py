@@ -30,6 +30,8 @@ from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 from mmrl.rewards.box_frames import FRAMES
 
+from .episode_engines import turn_engine
+from .episode_state import EpisodeState, joined_media
 from .rollout_batches import eos_token_ids
 from .tools import EpisodeView, ToolCall, parse_tool_calls, resolve_tools, run_tool, tool_schema
 
@@ -67,45 +69,6 @@ def episode_config_problems(cfg: EpisodeConfig) -> list[str]:
     return problems
 
 
-@dataclass
-class EpisodeState:
-    """One episode while it runs. `ids` / `units` / `turn` / `logp`: per token after the prompt
-    (units: 1 model, 0 tool; turn: the model turn, -1 a tool token); `token_keys`: per-token
-    processor outputs of those tokens; `media`: the row's per-row processor outputs (prompt's
-    first, then each tool turn's); `part`: the prompt's `_prompt_parts` entry and `context_text`
-    the text of each turn after it (model turns with their special tokens, tool turns as the chat
-    template writes them, before a processor expands their images), which a text-taking engine reads."""
-
-    prompt_ids: list[int]
-    prompt_keys: dict[str, list[int]]
-    media: dict[str, list[Tensor]]
-    view: EpisodeView
-    part: Any = None
-    context_text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    units: list[int] = field(default_factory=list)
-    turn: list[int] = field(default_factory=list)
-    logp: list[float] = field(default_factory=list)
-    token_keys: dict[str, list[int]] = field(default_factory=dict)
-    calls: list[dict] = field(default_factory=list)
-    turn_texts: list[str] = field(default_factory=list)
-    images_returned: int = 0
-    done: bool = False
-    truncated: bool = False
-
-    def append(self, ids: list[int], unit: int, turn: int, logp: list[float], keys: dict[str, list[int]]) -> None:
-        self.ids += ids
-        self.units += [unit] * len(ids)
-        self.turn += [turn] * len(ids)
-        self.logp += logp
-        for key in set(self.token_keys) | set(keys):
-            done = len(self.ids) - len(ids)
-            self.token_keys.setdefault(key, [0] * done).extend(keys.get(key, [0] * len(ids)))
-
-    def stop(self, truncated: bool) -> None:
-        self.done, self.truncated = True, truncated
-
-
 class EpisodeRunner:
     """Runs the episodes of a token policy (`TokenRollouts`): it reads the policy's `cfg`,
     `model`, `tokenizer` (and `processor` for a multimodal one) and its prompt encoding."""
@@ -117,7 +80,6 @@ class EpisodeRunner:
         self.tools = resolve_tools(cfg.tools, cfg.tool_modules)
         self.schemas = [tool_schema(fn, name) for name, fn in self.tools.items()]
         self.counts: Counter = Counter()
-        from .episode_engines import turn_engine  # it builds on this module's EpisodeState
         self.engine = turn_engine(policy)
 
     # ----- the episode loop ------------------------------------------------------------------
@@ -126,8 +88,8 @@ class EpisodeRunner:
         3. the Rollout record."""
         policy = self.policy
         if policy.parallel.lockstep:
-            raise ValueError("policy.episode: episodes do not run on sharded parameters (ZeRO-3, FSDP's sharded "
-                             "rollouts) yet")
+            raise ValueError(f"policy.episode: episodes do not run on sharded parameters yet "
+                             f"({policy.parallel.description})")
         parts = policy._prompt_parts(prompts)
         encoded = policy._encode_parts(parts)
         policy._check_prompt_lengths(encoded["prompt_mask"], prompts)
@@ -275,16 +237,6 @@ class EpisodeRunner:
         out = {k: float(v) for k, v in self.counts.items()}
         self.counts.clear()
         return out
-
-
-def joined_media(states: list[EpisodeState]) -> dict[str, list[Tensor]]:
-    """Each row's per-row media (its prompt's, then its tool turns'), joined; a row without an input
-    that another row has gets 0 rows of it."""
-    out = {}
-    for key in {k for s in states for k in s.media}:
-        empty = next(s.media[key][0][:0] for s in states if key in s.media)
-        out[key] = [torch.cat(s.media[key], 0) if key in s.media else empty for s in states]
-    return out
 
 
 def tool_message(call: ToolCall, with_media: bool) -> dict[str, Any]:

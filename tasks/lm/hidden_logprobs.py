@@ -8,10 +8,11 @@ logits to accumulate the gradients of h, W and b, so at most one chunk of logits
 a time in either pass. The projection runs in the inputs' dtype (as the model's head does), the
 softmax in fp32; the gradients of W and b accumulate in their own dtype, one chunk at a time.
 
-Sharded parameters (FSDP2, ZeRO-3: `ParallelView.whole`) are gathered whole for the forward and
-again for the backward, and freed in between; the backward's gradients of W and b are reduced into
-their shards (`ParallelView.whole_gradient`) as the strategy reduces its modules'. A gathered fp32
-master weight projects in the hidden states' (compute) dtype, as the sharded model's head would.
+Sharded parameters (under a strategy that shards them: `ParallelView.whole`) are gathered whole
+for the forward and again for the backward, and freed in between; the backward's gradients of W
+and b are reduced into their shards (`ParallelView.whole_gradient`) as the strategy reduces its
+modules'. A gathered fp32 master weight projects in the hidden states' (compute) dtype, as the
+sharded model's head would.
 
 A frozen projection (LoRA on the other layers, a frozen head): only the hidden states take a
 gradient, and d log p(y) / dh and dH / dh [N, H] do not depend on the loss above them, so the

@@ -25,10 +25,10 @@ def logprobs_from_field(default: str = "hidden_states", note: str = "") -> Any:
         "Where log-probs come from: hidden_states (the model runs without its output head, which projects the "
         "scored positions' hidden states a chunk of tokens at a time in the forward and the backward, so the "
         "logits are never whole), or logits (the model's logits, log-softmax a chunk of rows at a time). Models the "
-        "first cannot serve (logit soft-capping, a LoRA output head with sharded parameters, fsdp with "
-        "distributed.offload on an accelerator) take the second, with a warning. Under distributed.strategy fsdp or "
-        "zero3, the sharded output head's weight is gathered whole for the log-probs' forward and again for their "
-        "backward, and its gradient averaged into the shards." + note)})
+        "first cannot serve (logit soft-capping, a LoRA output head with sharded parameters, shards offloaded to "
+        "the CPU by distributed.offload on an accelerator) take the second, with a warning. Under a strategy that "
+        "shards parameters (see docs/distributed.md), the sharded output head's weight is gathered whole for the "
+        "log-probs' forward and again for their backward, and its gradient averaged into the shards." + note)})
 
 
 def logprob_chunk_tokens_field() -> Any:

