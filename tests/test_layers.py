@@ -160,13 +160,11 @@ def test_the_check_sees_a_strategy_branch_and_an_adapter_import():
 
 
 STRATEGY_PROSE = re.compile(r"(?i:\b(ddp|fsdp2?|zero-?3|deepspeed)\b)|\bZeRO\b")
-ADAPTERS_AND_REWARDS = [p for root in ("tasks", "rewards") for p in sorted((ROOT / root).rglob("*.py"))]
-
-
-@pytest.mark.parametrize("path", ADAPTERS_AND_REWARDS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_adapters_and_rewards_do_not_name_a_strategy_even_in_prose(path: Path):
-    """Docstrings, comments, help text and messages of adapters and rewards say "a strategy that
-    shards parameters" and ask `Policy.parallel` (its `description` where a message must say which)."""
+@pytest.mark.parametrize("path", OUTSIDE_DISTRIBUTED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_strategy_is_named_outside_distributed_even_in_prose(path: Path):
+    """Docstrings, comments, help text and messages outside mmrl/distributed/ (the recipe's
+    `distributed.strategy` help excepted) say "a strategy that shards parameters"; adapters ask
+    `Policy.parallel` (its `description` where a message must say which)."""
     found = [f"line {n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
              if STRATEGY_PROSE.search(line)]
     assert not found, f"{path.relative_to(ROOT)} names a distribution strategy:\n" + "\n".join(found)
