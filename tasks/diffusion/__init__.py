@@ -4,4 +4,4 @@ trained-step schedule, pipeline loading, the adapter, Chunk-GRPO chunks, TP-GRPO
 (The tiny pipelines, the t2i demo's pixel-space flow pipelines and its synthetic coloured shapes
 are the demos': `tasks.demos`.)"""
 
-from . import policy, prompt_enhancer  # noqa: F401  (registration)
+from . import families, policy, prompt_enhancer, video_families  # noqa: F401  (registration)

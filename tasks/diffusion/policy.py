@@ -49,13 +49,12 @@ from mmrl.registry import ADAPTERS
 from ..model_loading import DTYPES
 from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
-from .families import Family, family_of, sd15_with_ddim
+from .family import Family, family_of
 from .forward_process import implicit_velocity_losses, renoised
 from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
-from .video_families import VideoFamily
 
 NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
 
@@ -126,11 +125,11 @@ class DiffusionPolicy(TurningPointRewards):
         if cfg.num_steps < 2 or cfg.eval_num_steps < 1:
             raise ValueError(f"policy.num_steps={cfg.num_steps} must be >= 2 (the last step is never trained)")
         self.cfg = cfg
-        self.pipe = sd15_with_ddim(pipe) if pipe is not None else load_pipeline(cfg)
+        self.pipe = pipe if pipe is not None else load_pipeline(cfg)
         self.family: Family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
-        self._check_video_settings()
+        self.family.check_settings(cfg)
         if cfg.flow_shift is not None:
-            self._set_flow_shift(cfg.flow_shift)
+            self.family.set_flow_shift(cfg.flow_shift)
         if (cfg.sampler in EPS_SAMPLERS) != (self.family.kind == "eps"):
             raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {type(self.family).__name__} "
                              f"model ({'ddim' if self.family.kind == 'eps' else 'flow_sde, dance, cps or ode'})")
@@ -156,29 +155,6 @@ class DiffusionPolicy(TurningPointRewards):
             self.pipe.to(cfg.device)
         self.training_step = 0
         self._counts: dict[str, float] = {}
-
-    def _check_video_settings(self) -> None:
-        cfg, name = self.cfg, type(self.family).__name__
-        if isinstance(self.family, VideoFamily):
-            factor = self.pipe.vae_scale_factor_temporal
-            if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
-                raise ValueError(f"policy.num_frames={cfg.num_frames}: {name} needs {factor}k + 1 frames "
-                                 f"(its VAE compresses time {factor}x)")
-        if self.family.conditioning_image and not cfg.image_column:
-            raise ValueError(f"policy.image_column is not set: {name} conditions each prompt on an image; name the "
-                             "data column that holds it")
-        if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
-            raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
-
-    def _set_flow_shift(self, shift: float) -> None:
-        sched = self.pipe.scheduler
-        if self.family.kind != "flow" or "shift" not in sched.config:
-            raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
-                             "is not a flow-matching scheduler with a shift")
-        if sched.config.get("use_dynamic_shifting", False):
-            raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
-                             "resolution (use_dynamic_shifting); a fixed shift would be ignored")
-        self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
 
     @classmethod
     def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
@@ -239,7 +215,7 @@ class DiffusionPolicy(TurningPointRewards):
         texts = [str(self.prompt_of(p)) for p in prompts]
         n = len(texts) * group_size
         steps = cfg.eval_num_steps if greedy else cfg.num_steps
-        sampler = ("ddim" if self.family.kind == "eps" else "ode") if greedy else cfg.sampler
+        sampler = self.family.deterministic_sampler if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
         cond = self.family.encode(texts, cfg.classifier_free_guidance)
@@ -331,8 +307,7 @@ class DiffusionPolicy(TurningPointRewards):
 
     def _video_columns(self, n: int) -> dict[str, list]:
         """The video reward contract's `fps` column (a video family's completions are frames)."""
-        fps = self.family.fps
-        return {} if fps is None else {"fps": [self.cfg.fps or fps] * n}
+        return {key: [value] * n for key, value in self.family.completion_columns(self.cfg).items()}
 
     def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
         """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
@@ -587,16 +562,7 @@ class DiffusionPolicy(TurningPointRewards):
             keep = torch.rand(len(rows)) >= cfg.cfg_dropout
             texts = [str(self.prompt_of(r)) if k else "" for r, k in zip(rows, keep.tolist())]
             cond = self.family.encode(texts, False)
-        eps = torch.randn_like(x0)
-        shape = (-1,) + (1,) * (x0.dim() - 1)
-        if self.family.kind == "flow":
-            s = torch.rand(len(rows), device=device)
-            x = (1 - s.view(shape)) * x0 + s.view(shape) * eps
-            target, t = eps - x0, s * self.pipe.scheduler.config.num_train_timesteps
-        else:
-            t = torch.randint(0, self.pipe.scheduler.config.num_train_timesteps, (len(rows),), device=device)
-            ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
-            x, target = ab.sqrt() * x0 + (1 - ab).sqrt() * eps, eps
+        x, t, target = self.family.noised(x0, torch.randn_like(x0), device)
         pred = self.family.predict(model, x, t, cond, cfg.guidance_scale, False)
         return torch.nn.functional.mse_loss(pred.float(), target.float())
 

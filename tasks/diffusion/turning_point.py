@@ -96,7 +96,7 @@ class TurningPointRewards(Policy):
         ex, device = batch.extras, self.device
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
-        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
+        step_fn = SAMPLERS.get(self.family.deterministic_sampler)
         x = ex["latents"][:, k].to(device)
         for j in range(k, batch.num_units):
             pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
