@@ -53,6 +53,7 @@ from .family import Family, family_of
 from .forward_process import implicit_velocity_losses, renoised
 from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
+from .media_columns import column_checks, completion_columns, prompt_conditioning
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
 from .turning_point import TurningPointRewards
 
@@ -158,18 +159,7 @@ class DiffusionPolicy(TurningPointRewards):
 
     @classmethod
     def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
-        from ..lm.vlm import check_image
-        return {cfg.image_column: check_image} if cfg.image_column else {}
-
-    def _condition_images(self, prompts: Sequence[Any]) -> list:
-        """The conditioning image of each prompt row (`policy.image_column`: a path or an image)."""
-        from ..lm.vlm import load_image
-        column, images = self.cfg.image_column, []
-        for i, row in enumerate(prompts):
-            if not isinstance(row, dict) or row.get(column) is None:
-                raise ValueError(f"policy.image_column={column!r}: prompt row {i} has no image in that column")
-            images.append(load_image(row[column]))
-        return images
+        return column_checks(cfg)
 
     # ----- the contract ------------------------------------------------------------------------
     @classmethod
@@ -218,10 +208,7 @@ class DiffusionPolicy(TurningPointRewards):
         sampler = self.family.deterministic_sampler if greedy else cfg.sampler
         strength = 0.0 if greedy else cfg.noise_level
         device = self.device
-        cond = self.family.encode(texts, cfg.classifier_free_guidance)
-        if self.family.conditioning_image:
-            cond.update(self.family.image_condition(self._condition_images(prompts)))
-        cond = {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
+        cond = prompt_conditioning(self.family, cfg, prompts, texts, group_size)
         row_seeds = [derive_seed(s, NOISE_SALT, j) for s in seeds for j in range(group_size)]
         if cfg.units == "forward_process" and not greedy:  # DiffusionNFT: every sample from its own noise
             x = torch.cat([self._group_noise(derive_seed(r, FORWARD_SALT), 1) for r in row_seeds]).to(device)
@@ -281,7 +268,7 @@ class DiffusionPolicy(TurningPointRewards):
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
                        unit_mask=trained.float(), extras=extras, rollout_logp=None if greedy else logps,
-                       columns=self._video_columns(n))
+                       columns=completion_columns(self.family, self.cfg, n))
 
     @staticmethod
     def _tree_widths(tree, group_size: int, steps: int, stochastic: Tensor) -> list[int]:
@@ -305,10 +292,6 @@ class DiffusionPolicy(TurningPointRewards):
         group_size = tree.factor ** len(tree.at)
         return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}
 
-    def _video_columns(self, n: int) -> dict[str, list]:
-        """The video reward contract's `fps` column (a video family's completions are frames)."""
-        return {key: [value] * n for key, value in self.family.completion_columns(self.cfg).items()}
-
     def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
         """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
         levels, drawn from its seed (DiffusionNFT)."""
@@ -323,7 +306,7 @@ class DiffusionPolicy(TurningPointRewards):
                   **{k: v.cpu() for k, v in cond.items()}}
         return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
                        prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=units, extras=extras, columns=self._video_columns(n))
+                       unit_mask=units, extras=extras, columns=completion_columns(self.family, self.cfg, n))
 
     def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
         """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""
