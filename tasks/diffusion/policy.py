@@ -47,11 +47,11 @@ from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES
+from . import grpo_guard
 from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
 from .family import Family, family_of
 from .forward_process import implicit_velocity_losses, renoised
-from .grpo_guard import GUARD_SAMPLERS, guard_step_scales
 from .loading import load_pipeline
 from .media_columns import column_checks, completion_columns, prompt_conditioning
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
@@ -321,18 +321,11 @@ class DiffusionPolicy(TurningPointRewards):
 
     @classmethod
     def step_scale_problem(cls, cfg: DiffusionConfig) -> str | None:
-        if cfg.sampler in GUARD_SAMPLERS and cfg.units == "steps":
-            return None
-        return (f"GRPO-Guard's step scales are those of the Gaussian SDE steps {GUARD_SAMPLERS} "
-                f"(policy.sampler={cfg.sampler!r}, policy.units={cfg.units!r})")
+        return grpo_guard.step_scale_problem(cfg)
 
     def step_scales(self, batch: Rollout, units: slice) -> tuple[Tensor, Tensor]:
         """GRPO-Guard's (step std, 1 / |dt|) [B, u] (`grpo_guard.py`)."""
-        levels = batch.extras["levels"][0].tolist()
-        ks = list(range(batch.num_units))[units]
-        scales = torch.tensor([guard_step_scales(self.cfg.sampler, levels[k], levels[k + 1], self.cfg.noise_level)
-                               for k in ks], dtype=torch.float32)
-        return scales[:, 0].expand(len(batch), -1), scales[:, 1].expand(len(batch), -1)
+        return grpo_guard.step_scales(batch, units, self.cfg.sampler, self.cfg.noise_level)
 
     def _group_noise(self, seed: int, group_size: int) -> Tensor:
         noise = self.family.noise(torch.Generator().manual_seed(int(seed)), self.cfg.height, self.cfg.width)
