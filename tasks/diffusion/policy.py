@@ -32,9 +32,7 @@ group of equal samples).
 
 from __future__ import annotations
 
-import math
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,37 +49,14 @@ from . import grpo_guard
 from .branching import edge_owners, first_rows, node_rewards, pruned_units, representatives
 from .config import DiffusionConfig
 from .family import Family, family_of
-from .forward_process import implicit_velocity_losses, renoised
+from .forward_process import ForwardProcessUnits
 from .loading import load_pipeline
 from .media_columns import column_checks, completion_columns, prompt_conditioning
-from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
+from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor
+from .step_units import Reference, StepTerms, StepUnits
 from .turning_point import TurningPointRewards
 
 NOISE_SALT, STEPS_SALT, FORWARD_SALT, WINDOW_SALT = 0x5DE, 0x57E, 0xF0D, 0x3D0
-
-
-@dataclass
-class StepTerms:
-    """Per trained step of a batch, in step order: log-probs [B], constant entropies, detached
-    means [B, ...], KLs to the reference [B] and divergences from the old means [B]."""
-
-    logps: list[Tensor] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
-    means: list[Tensor] = field(default_factory=list)
-    kls: list[Tensor] = field(default_factory=list)
-    divergences: list[Tensor] = field(default_factory=list)
-
-    def logp(self) -> Tensor:
-        return torch.stack(self.logps, 1)
-
-    def entropy(self) -> Tensor:
-        logp = self.logp()
-        return torch.tensor(self.entropies, device=logp.device).expand_as(logp)
-
-    @staticmethod
-    def stacked(values: list[Tensor]) -> Tensor | None:
-        """[B, u, ...] of the steps' values, or None where none was computed."""
-        return torch.stack(values, 1) if values else None
 
 
 @ADAPTERS.register("diffusion")
@@ -156,6 +131,8 @@ class DiffusionPolicy(TurningPointRewards):
             self.pipe.to(cfg.device)
         self.training_step = 0
         self._counts: dict[str, float] = {}
+        self.steps = StepUnits(self.family, cfg)
+        self.forward_units = ForwardProcessUnits(self.family, cfg)
 
     @classmethod
     def media_columns(cls, cfg: DiffusionConfig) -> dict[str, Callable[[Any], None]]:
@@ -243,7 +220,7 @@ class DiffusionPolicy(TurningPointRewards):
                 noise = noise[first_rows(group_size, len(texts), widths[k + 1])[rows]]
                 scale = tree.noise_scale if tree is not None and k in tree.at else 1.0
                 sde = mean[rows] + scale * std * noise.to(device)
-                logps[rows, k] = self._logprob(sde, mean[rows], std).cpu()
+                logps[rows, k] = self.steps.logprob(sde, mean[rows], std).cpu()
                 noisy[rows, k] = True
                 x = mean if len(rows) == n else step_fn(at_nodes, pred, levels[k], levels[k + 1], 0.0)[0][index]
                 x[rows] = sde  # (in place: `mean` is not used after this)
@@ -258,7 +235,11 @@ class DiffusionPolicy(TurningPointRewards):
         images = self._decode(x)
         extras: dict[str, Any] = {}
         if not greedy and cfg.units == "forward_process":
-            return self._forward_process_rollout(texts, group_size, images, x, levels, timesteps, cond, row_seeds)
+            units = self.forward_units.unit_mask(row_seeds, len(timesteps))
+            extras = self.forward_units.extras(x, levels, timesteps, cond, row_seeds)
+            return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
+                           prompts=[t for t in texts for _ in range(group_size)], completions=images,
+                           unit_mask=units, extras=extras, columns=completion_columns(self.family, self.cfg, n))
         if not greedy:
             extras = {"latents": torch.stack(trajectory, 1),
                       "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
@@ -292,22 +273,6 @@ class DiffusionPolicy(TurningPointRewards):
         group_size = tree.factor ** len(tree.at)
         return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}
 
-    def _forward_process_rollout(self, texts, group_size, images, x, levels, timesteps, cond, row_seeds) -> Rollout:
-        """The rollout of `policy.units: forward_process`: each row trains `forward_fraction` of the
-        levels, drawn from its seed (DiffusionNFT)."""
-        n, steps = len(row_seeds), len(timesteps)
-        keep = int(steps * self.cfg.forward_fraction)
-        units = torch.zeros(n, steps)
-        for i, r in enumerate(row_seeds):
-            units[i, torch.randperm(steps, generator=torch.Generator().manual_seed(derive_seed(r, STEPS_SALT)))[:keep]] = 1
-        extras = {"clean": x.float().cpu(), "levels": torch.tensor(levels, dtype=torch.float64).expand(n, -1).clone(),
-                  "timesteps": timesteps.float().expand(n, -1).clone(),
-                  "noise_seeds": torch.tensor([derive_seed(r, FORWARD_SALT) for r in row_seeds]),
-                  **{k: v.cpu() for k, v in cond.items()}}
-        return Rollout(group_id=torch.arange(len(texts)).repeat_interleave(group_size),
-                       prompts=[t for t in texts for _ in range(group_size)], completions=images,
-                       unit_mask=units, extras=extras, columns=completion_columns(self.family, self.cfg, n))
-
     def _stochastic_rows(self, seeds: Sequence[int], group_size: int, steps: int, greedy: bool) -> Tensor:
         """bool [N, U]: the steps each rollout samples by SDE (a random_window is drawn per group)."""
         schedule, n = self.cfg.schedule, len(seeds) * group_size
@@ -337,123 +302,23 @@ class DiffusionPolicy(TurningPointRewards):
             out += self.family.decode(x[i:i + self.cfg.decode_batch].to(self.family.dtype), self.cfg.height, self.cfg.width)
         return out
 
-    def _step_means(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor) -> tuple[Tensor, float]:
+    def step_means(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor) -> tuple[Tensor, float]:
         """(mean of step k under `model` [r, ...], the step's std) for rows `rows` of a batch of rollouts."""
-        ex, device = batch.extras, self.device
-        x = ex["latents"][rows, k].to(device)
-        levels = ex["levels"][0].tolist()
-        cond = {key: v[rows].to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
-        pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
-        # rows that took the ODE at step k are never trained there: their SDE mean is masked out
-        strength = self.cfg.noise_level if bool(ex["stochastic"][rows, k].any()) else 0.0
-        return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
+        return self.steps.means(model, batch, k, rows, self.device)
 
-    def _unit_rows(self, model: nn.Module, batch: Rollout, units: slice) -> list[tuple[int, Tensor]]:
-        """(unit k, the rows whose `unit_mask` trains k) for each unit of `units`: the training forward
-        of a unit takes those rows only. A unit no row trains takes none, except the first unit where
-        none of them is trained (the backward needs a graph) and every unit where `model` is sharded
-        (every process runs as many forwards): there the first row, its value masked out."""
-        ks = list(range(batch.num_units))[units]
-        rows = [batch.unit_mask[:, k].nonzero().flatten() for k in ks]
-        first = torch.tensor([0])
-        if self.parallel.is_sharded(model):
-            rows = [r if len(r) else first for r in rows]
-        elif ks and not any(len(r) for r in rows):
-            rows[0] = first
-        return list(zip(ks, rows))
-
-    def _on_rows(self, values: Tensor, rows: Tensor, n: int) -> Tensor:
-        """[n, ...]: `values` [r, ...] at `rows`, 0 at the rows that do not train the unit (every
-        consumer masks them: the loss, the KL, the ratio, the rollout correction, the metrics)."""
-        if len(rows) == n:  # the rows are sorted: every row
-            return values
-        return values.new_zeros(n, *values.shape[1:]).index_copy(0, rows.to(values.device), values)
-
-    def _untrained(self, n: int, *shape: int) -> Tensor:
-        """[n, *shape] zeros: a unit no row of the micro-batch trains (never forwarded)."""
-        return torch.zeros(n, *shape, device=self.device)
-
-    def _logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
-        """The step's log-prob in the configured form (`policy.cps_logprob`)."""
-        return LOGPROB_FORMS[self.cfg.cps_logprob](sample, mean, std)
-
-    def _kl(self, mean: Tensor, ref_mean: Tensor, std: float, batch: Rollout, k: int) -> Tensor:
-        """The step's closed-form KL, exact or in Flow-GRPO's form (`policy.kl_form`)."""
-        kl = gaussian_mean_kl(mean, ref_mean, std)
-        if self.cfg.kl_form == "flow_grpo":
-            levels = batch.extras["levels"][0]
-            kl = kl * flow_grpo_kl_factor(self.cfg.sampler, float(levels[k]), float(levels[k + 1]))
-        return kl
-
-    def _units(self, model: nn.Module, batch: Rollout, units: slice, with_entropy: bool,
-               reference: Callable[[], AbstractContextManager[nn.Module]] | None = None,
-               old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
-        """The terms of each unit, computed on the rows that train it (`_unit_rows`), 0 elsewhere."""
-        terms, n = StepTerms(), len(batch)
-        for j, (k, rows) in enumerate(self._unit_rows(model, batch, units)):
-            if not len(rows):
-                self._add_untrained(terms, batch, keep_means, reference is not None, old_means is not None)
-                continue
-            mean, std = self._step_means(model, batch, k, rows)
-            if std > 0:
-                logp = self._logprob(batch.extras["latents"][rows, k + 1].to(mean.device), mean, std)
-            else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
-                logp = mean.flatten(1)[:, 0] * 0.0
-            terms.logps.append(self._on_rows(logp, rows, n))
-            # a Gaussian with a fixed std has a constant entropy per dim: 0.5 log(2 pi e std^2)
-            terms.entropies.append(0.5 * math.log(2 * math.pi * math.e * std ** 2) if std > 0 else 0.0)
-            if keep_means:
-                terms.means.append(self._on_rows(mean.detach(), rows, n))
-            if reference is not None:
-                with torch.no_grad(), reference() as ref:
-                    ref_mean, _ = self._step_means(ref, batch, k, rows)
-                kl = self._kl(mean, ref_mean, std, batch, k) if std > 0 else logp * 0.0
-                terms.kls.append(self._on_rows(kl, rows, n))
-            if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
-                old = old_means[rows, j].to(mean.device)
-                divergence = gaussian_mean_kl(old, mean, std) if std > 0 else logp * 0.0
-                terms.divergences.append(self._on_rows(divergence, rows, n))
-        return terms
-
-    def _add_untrained(self, terms: StepTerms, batch: Rollout, means: bool, kl: bool, divergence: bool) -> None:
-        """The terms of a unit no row trains: zeros, no forward."""
-        n = len(batch)
-        terms.logps.append(self._untrained(n))
-        terms.entropies.append(0.0)
-        if means:
-            terms.means.append(self._untrained(n, *batch.extras["latents"].shape[2:]))
-        if kl:
-            terms.kls.append(self._untrained(n))
-        if divergence:
-            terms.divergences.append(self._untrained(n))
+    def _step_terms(self, model: nn.Module, batch: Rollout, units: slice, reference: Reference | None = None,
+                    old_means: Tensor | None = None, keep_means: bool = False) -> StepTerms:
+        return self.steps.terms(model, batch, units, self.device, self.parallel.is_sharded(model), reference,
+                                old_means, keep_means)
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Step log-probs; under `units: forward_process` the flow-matching surrogate of each unit's
         log-likelihood, -mean_d (v_theta(x_t) - (eps - x0))^2 (no entropy)."""
         if self.cfg.units == "forward_process":
-            scores = []
-            for k, rows in self._unit_rows(model, batch, units):
-                if not len(rows):
-                    scores.append(self._untrained(len(batch)))
-                    continue
-                v, _, x0, eps, _ = self._forward_unit(model, batch, k, rows)
-                scores.append(self._on_rows(-(v.float() - (eps - x0)).pow(2).flatten(1).mean(1), rows, len(batch)))
-            return torch.stack(scores, 1), None
-        terms = self._units(model, batch, units, with_entropy)
+            return self.forward_units.logprobs(model, batch, units, self.device, self.parallel.is_sharded(model)), None
+        terms = self._step_terms(model, batch, units)
         return terms.logp(), terms.entropy() if with_entropy else None
-
-    def _forward_unit(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor):
-        """Unit k of rows `rows`: (v_theta at x_t [r, ...], x_t, x0, eps, t) with x_t the final sample
-        re-noised at level k by the noise of (row seed, k)."""
-        ex, device = batch.extras, self.device
-        x0 = ex["clean"][rows].to(device)
-        eps = torch.stack([torch.randn(x0.shape[1:], generator=torch.Generator().manual_seed(derive_seed(int(s), k)))
-                           for s in ex["noise_seeds"][rows]]).to(device)
-        t = ex["levels"][rows, k].to(device=device, dtype=torch.float32)
-        xt = renoised(x0, eps, t)
-        v = self.family.predict(model, xt, ex["timesteps"][0, k], self._pos_cond(batch, rows), 1.0, False)
-        return v, xt, x0, eps, t
 
     def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
                                  reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
@@ -461,27 +326,8 @@ class DiffusionPolicy(TurningPointRewards):
         """DiffusionNFT's (L+, L-) [B, u] (`forward_process.py`), the old velocity being `model`'s own,
         detached (the policy at the step's start: one update pass), and with `reference` the
         authors' KL, mean_d (v_theta - v_ref)^2; each unit computed on the rows that train it, 0 elsewhere."""
-        positives, negatives, kls, n = [], [], [], len(batch)
-        for k, rows in self._unit_rows(model, batch, units):
-            if not len(rows):
-                positives.append(self._untrained(n))
-                negatives.append(self._untrained(n))
-                if reference is not None:
-                    kls.append(self._untrained(n))
-                continue
-            v, xt, x0, _, t = self._forward_unit(model, batch, k, rows)
-            pos, neg = implicit_velocity_losses(v, v.detach(), xt, x0, t, beta)
-            positives.append(self._on_rows(pos, rows, n))
-            negatives.append(self._on_rows(neg, rows, n))
-            if reference is not None:
-                with torch.no_grad(), reference() as ref:
-                    v_ref = self.family.predict(ref, xt, batch.extras["timesteps"][0, k], self._pos_cond(batch, rows),
-                                                1.0, False)
-                kls.append(self._on_rows((v.float() - v_ref.float()).pow(2).flatten(1).mean(1), rows, n))
-        return torch.stack(positives, 1), torch.stack(negatives, 1), torch.stack(kls, 1) if kls else None
-
-    def _pos_cond(self, batch: Rollout, rows: Tensor) -> dict[str, Tensor]:
-        return {key: v[rows].to(self.device) for key, v in batch.extras.items() if key.startswith("pos/")}
+        return self.forward_units.losses(model, batch, units, beta, self.device, self.parallel.is_sharded(model),
+                                         reference)
 
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),
@@ -489,7 +335,7 @@ class DiffusionPolicy(TurningPointRewards):
         """Log-probs and the closed-form KL of each step to the reference (entered through
         `reference()`), ||mu_theta - mu_ref||^2 / (2 std^2), mean over latent dims (`policy.kl_form`:
         exact, or Flow-GRPO's, |dt| times that for flow_sde)."""
-        terms = self._units(model, batch, units, with_entropy, reference)
+        terms = self._step_terms(model, batch, units, reference)
         return terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls)
 
     @classmethod
@@ -501,7 +347,7 @@ class DiffusionPolicy(TurningPointRewards):
 
     def logprobs_and_means(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> tuple[Tensor, Tensor]:
         """Step log-probs and the step means [B, u, ...] (fp32), kept as the old policy's for FlowDPPO."""
-        terms = self._units(model, batch, units, with_entropy=False, keep_means=True)
+        terms = self._step_terms(model, batch, units, keep_means=True)
         return terms.logp(), terms.stacked(terms.means)
 
     def logprobs_and_divergence(self, model: nn.Module, batch: Rollout, units: slice, old_means: Tensor,
@@ -510,7 +356,7 @@ class DiffusionPolicy(TurningPointRewards):
         """Step log-probs, entropies, the closed-form KL to the reference (with `reference`) and each
         step's KL(N(mu_old, std^2) || N(mu_theta, std^2)) = mean_d (mu_theta - mu_old)^2 / (2 std^2),
         UniRL's FlowDPPO divergence (the exact KL of the step Gaussians, `samplers.gaussian_mean_kl`)."""
-        terms = self._units(model, batch, units, with_entropy, reference, old_means)
+        terms = self._step_terms(model, batch, units, reference, old_means)
         return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
                 terms.stacked(terms.divergences))
 
