@@ -90,6 +90,10 @@ class Family:
                              "resolution (use_dynamic_shifting); a fixed shift would be ignored")
         self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
 
+    def enable_tiling(self) -> None:
+        """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""
+        self.pipe.vae.enable_tiling()
+
     def completion_columns(self, cfg: Any) -> dict[str, Any]:
         """What each completion carries to the rewards besides itself, one value for all (a video's
         frames per second, `policy.fps` or the family's); {} for images."""
@@ -108,6 +112,13 @@ class Family:
         t = torch.randint(0, self.pipe.scheduler.config.num_train_timesteps, (len(x0),), device=device)
         ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
         return ab.sqrt() * x0 + (1 - ab).sqrt() * eps, t, eps
+
+    def decode_in_batches(self, latents: Tensor, cfg: Any) -> list:
+        """The completions of latents [N, ...], `policy.decode_batch` at a time, at the configured size."""
+        out = []
+        for i in range(0, len(latents), cfg.decode_batch):
+            out += self.decode(latents[i:i + cfg.decode_batch].to(self.dtype), cfg.height, cfg.width)
+        return out
 
     def image_latents(self, pixels: Tensor) -> Tensor:
         """Latents [B, ...] of images [B, 3, H, W] in [-1, 1] (the VAE's mean, scaled)."""

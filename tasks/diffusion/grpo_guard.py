@@ -8,7 +8,7 @@ For a Gaussian SDE step of std s = sigma_t sqrt(|dt|) the log-ratio l = log pi_t
 
 (its mean-shift term is 0 with one update pass, the old mean being the current one) and divides
 each step's clipped surrogate by |dt|, so that every step weighs alike in the gradient.
-`guard_step_scales` gives (s, 1 / |dt|) for one step, `step_scales` for every row and step of a
+`guard_step_scales` gives (s, 1 / |dt|) for one step, `batch_scales` for every row and step of a
 batch of rollouts (the adapter's `step_scales`); `algorithm.ratio_norm: grpo_guard` applies them
 (mmrl/core/objectives.py, policy_loss).
 """
@@ -35,7 +35,7 @@ def guard_step_scales(sampler: str, s: float, s_next: float, strength: float) ->
     return std, 1.0 / abs(s_next - s)
 
 
-def step_scale_problem(cfg: Any) -> str | None:
+def scales_problem(cfg: Any) -> str | None:
     """Why settings `cfg` (a `DiffusionConfig`) give no step scales (None: they do)."""
     if cfg.sampler in GUARD_SAMPLERS and cfg.units == "steps":
         return None
@@ -43,7 +43,7 @@ def step_scale_problem(cfg: Any) -> str | None:
             f"(policy.sampler={cfg.sampler!r}, policy.units={cfg.units!r})")
 
 
-def step_scales(batch: Rollout, units: slice, sampler: str, strength: float) -> tuple[Tensor, Tensor]:
+def batch_scales(batch: Rollout, units: slice, sampler: str, strength: float) -> tuple[Tensor, Tensor]:
     """(step std, 1 / |dt|) [B, u] of the batch's units in `units`, from its levels."""
     levels = batch.extras["levels"][0].tolist()
     ks = list(range(batch.num_units))[units]
