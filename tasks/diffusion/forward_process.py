@@ -1,5 +1,7 @@
-"""DiffusionNFT's units: a clean sample re-noised on the forward process (Zheng et al. 2025,
-'DiffusionNFT: Online Diffusion Reinforcement with Forward Process'; docs/methods.md).
+"""DiffusionNFT's units (`policy.units: forward_process`): a clean sample re-noised on the forward
+process (Zheng et al. 2025, 'DiffusionNFT: Online Diffusion Reinforcement with Forward Process';
+docs/methods.md): their losses, and `ForwardProcessUnits`, the adapter's part that draws, records
+and scores them.
 
 A unit is a (clean sample x0, noise level t) pair: x_t = (1 - t) x0 + t eps with fresh noise eps,
 the flow family's forward process. With v the policy's velocity at x_t and v_old the old policy's,
