@@ -24,8 +24,7 @@ the losses above, the reference KL mean_d (v_theta - v_ref)^2, and as its log-pr
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -36,7 +35,7 @@ from mmrl.core.seeding import derive_seed
 from .config import DiffusionConfig
 from .family import Cond, Family
 from .noise import FORWARD_SALT, STEPS_SALT, generator
-from .unit_rows import on_rows, rows_conditioning, unit_rows, untrained
+from .unit_rows import Reference, on_rows, rows_conditioning, unit_rows, untrained
 
 ADAPTIVE_WEIGHT_MIN = 1e-5  # the authors' clip of the adaptive weight
 
@@ -113,8 +112,7 @@ class ForwardProcessUnits:
         return torch.stack(scores, 1)
 
     def losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float, device: torch.device,
-               sharded: bool, reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
-               ) -> tuple[Tensor, Tensor, Tensor | None]:
+               sharded: bool, reference: Reference | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(L+, L-) [B, u], the old velocity being `model`'s own, detached, and with `reference` the KL [B, u]."""
         positives, negatives, kls, n = [], [], [], len(batch)
         for k, rows in unit_rows(batch, units, sharded):

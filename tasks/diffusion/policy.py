@@ -52,8 +52,9 @@ from .media_columns import column_checks, completion_columns, prompt_conditionin
 from .noise import initial_noise
 from .saving import save_denoiser
 from .sde_rollout import SDERollout
-from .step_units import Reference, StepTerms, StepUnits
+from .step_units import StepTerms, StepUnits
 from .turning_point import TurningPoints
+from .unit_rows import Reference
 from .warm_start import denoising_loss
 
 

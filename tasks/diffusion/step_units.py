@@ -9,9 +9,7 @@ on the rows that train the step only (`unit_rows.py`). `StepUnits` computes them
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -21,9 +19,7 @@ from mmrl.core.rollout import Rollout
 from .config import DiffusionConfig
 from .family import Family
 from .samplers import LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
-from .unit_rows import on_rows, rows_conditioning, unit_rows, untrained
-
-Reference = Callable[[], AbstractContextManager[nn.Module]]
+from .unit_rows import Reference, on_rows, rows_conditioning, unit_rows, untrained
 
 
 @dataclass

@@ -8,12 +8,15 @@ the prompt conditioning a rollout keeps in its extras.
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import AbstractContextManager
+from typing import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
+
+Reference = Callable[[], AbstractContextManager[nn.Module]]  # enters a context yielding the reference model
 
 
 def unit_rows(batch: Rollout, units: slice, sharded: bool) -> list[tuple[int, Tensor]]:
