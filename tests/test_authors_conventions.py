@@ -189,7 +189,7 @@ def test_the_options_reach_the_diffusion_policy():
     with torch.no_grad():
         logp, _ = policy.logprobs(policy.model, batch)
         k = 1
-        mean, _ = policy._step_means(policy.model, batch, k, torch.arange(len(batch)))
+        mean, _ = policy.step_means(policy.model, batch, k, torch.arange(len(batch)))
     assert torch.allclose(logp[mask], batch.rollout_logp[mask], atol=1e-6)  # on-policy ratio 1 in this form too
     assert torch.allclose(logp[:, k], -((ex["latents"][:, k + 1] - mean) ** 2).flatten(1).mean(1), atol=1e-6)
     # Flow-GRPO's KL on a perturbed reference: |dt| times the exact one per flow_sde step

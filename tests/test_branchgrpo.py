@@ -10,7 +10,8 @@ import pytest
 import torch
 from mmrl.tasks.diffusion.branching import Branching, edge_owners, node_rewards, pruned_units
 from mmrl.tasks.diffusion.config import DiffusionConfig
-from mmrl.tasks.diffusion.policy import NOISE_SALT, DiffusionPolicy
+from mmrl.tasks.diffusion.noise import NOISE_SALT
+from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob
 
 from mmrl.config.algorithm import AlgorithmConfig

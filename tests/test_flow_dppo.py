@@ -169,7 +169,7 @@ def test_old_step_means_are_kept_across_passes(tmp_path):
     old_logp, old_means = up.old_logprobs_and_means(batch, chunks)
     with torch.no_grad():  # the pre-update means, from an independent copy and the step function
         ks, every_row = range(rollout.num_units), torch.arange(len(rollout))
-        first = torch.stack([t.policy._step_means(before, rollout, k, every_row)[0].cpu() for k in ks], 1)
+        first = torch.stack([t.policy.step_means(before, rollout, k, every_row)[0].cpu() for k in ks], 1)
     unit = rollout.unit_mask.bool()
     assert torch.allclose(old_means[unit], first[unit], atol=1e-6)
     t.optimizer.zero_grad(set_to_none=True)
@@ -181,7 +181,7 @@ def test_old_step_means_are_kept_across_passes(tmp_path):
         expected = 0
         logp = t.policy.logprobs(t.model, rollout)[0].cpu()
         for k in ks:
-            mean, std = t.policy._step_means(t.model, rollout, k, every_row)
+            mean, std = t.policy.step_means(t.model, rollout, k, every_row)
             kl = ((mean.cpu() - first[:, k]) ** 2 / (2 * std ** 2)).flatten(1).mean(1)
             ratio = (logp[:, k] - old_logp[:, k]).exp()
             adv = batch.advantages

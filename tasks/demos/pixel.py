@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
 
-from ..diffusion.families import FAMILIES, SD3, SD15
+from ..diffusion.families import SD3, SD15
+from ..diffusion.family import FAMILIES
 
 
 class PixelFlowPipeline(DiffusionPipeline):

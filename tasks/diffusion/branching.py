@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mmrl.core.rollout import Rollout
+
 
 @dataclass
 class Branching:
@@ -144,3 +146,27 @@ def pruned_units(branching: Branching, training_step: int, num_steps: int) -> Te
     """bool [U]: the steps depth pruning leaves untrained."""
     depths = branching.pruned_depths(training_step)
     return torch.tensor([k + 1 in depths for k in range(num_steps)], dtype=torch.bool)
+
+
+def tree_widths(tree: Branching | None, group_size: int, steps: int, stochastic: Tensor) -> list[int]:
+    """Nodes per group at depths 0 .. steps: the tree's, or one per row; every split step must be a
+    stochastic step (bool [N, U]) of every rollout."""
+    if tree is None:
+        return [group_size] * (steps + 1)
+    problems = tree.problems(steps) + tree.group_size_problems(group_size)
+    if problems:
+        raise ValueError("; ".join(problems))
+    if not stochastic[:, tree.at].all():
+        raise ValueError(f"policy.branching.at={tree.at}: every split step must be a stochastic (SDE) step of "
+                         "every rollout under policy.schedule (a split at an ODE step would give equal children)")
+    return tree.widths(steps)
+
+
+def tree_rewards(tree: Branching, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
+    """Each unit's reward {name: [N, U]} from the rollouts' {name: [N]}: the mean over the leaves
+    under its tree node, on the row that carries the edge, NaN on the rows sharing it; None
+    without a tree."""
+    if not tree.on:
+        return None
+    group_size = tree.factor ** len(tree.at)
+    return {name: node_rewards(v, tree, group_size, batch.num_units) for name, v in rewards.items()}

@@ -1,113 +1,18 @@
-"""What differs between diffusers pipeline families, behind one small interface: prompt
-conditioning, the initial noise's shape, the step levels and model timesteps, one denoiser call
-(with classifier-free guidance), decoding to PIL images.
+"""The image families of the diffusion adapter (the `Family` interface and its registry: `family.py`):
 
     SD3 / SD3.5  StableDiffusion3Pipeline, FlowMatchEulerDiscreteScheduler: flow matching, CFG
     FLUX.1       FluxPipeline: flow matching on packed 2x2 latents, guidance as an embedding
-    SD 1.5       StableDiffusionPipeline with DDIMScheduler: eps prediction, CFG
-    Wan 2.1/2.2  WanPipeline (text-to-video), WanImageToVideoPipeline (the conditioning image's latents
-                 and mask concatenated to the noisy latents, its CLIP embedding): flow matching on 5-D
-                 video latents [B, C, F, H, W], CFG as two denoiser calls as the pipelines make them
-    HunyuanVideo HunyuanVideoPipeline: flow matching on video latents, guidance as an embedding
-A video is a list of PIL frames. Levels are sigmas s (flow) or cumulative alphas ab (eps models); `levels[k] -> levels[k + 1]` is
-step k. Everything here runs the pipeline's own scheduler and encoders, so the ODE path equals
-the stock pipeline's output.
+    SD 1.5       StableDiffusionPipeline, its scheduler swapped for DDIM: eps prediction, CFG
+
+(video families: `video_families.py`). Each runs the pipeline's own encoders and scheduler.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
-from torch import Tensor, nn
 
-from mmrl.registry import Registry
-
-Cond = dict[str, Tensor]
-FAMILIES: Registry[type] = Registry("diffusion pipeline family")
-
-
-class Family:
-    """One pipeline family; `denoiser` is the module RL trains. A subclass registers in FAMILIES
-    and names the diffusers pipeline class it serves in `pipeline` (by name, so that diffusers is
-    imported only when a pipeline is loaded); `family_of` picks the family of a loaded pipeline."""
-
-    pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
-    kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
-    uses_classifier_free_guidance = True
-    batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
-    conditioning_image = False  # the prompt comes with an image (`image_condition`)
-    fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
-
-    def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
-        self.pipe = pipe
-        self.size = size  # image (height, width)
-        self.num_frames = num_frames  # frames of a video (video families)
-
-    @property
-    def denoiser(self) -> nn.Module:
-        return self.pipe.transformer
-
-    def encode(self, prompts: list[str], guided: bool) -> Cond:
-        raise NotImplementedError
-
-    def image_condition(self, images: list) -> Cond:
-        """Conditioning from one image per prompt (image-to-video families), under `pos/` keys: both
-        classifier-free guidance passes read it."""
-        raise NotImplementedError
-
-    def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:
-        raise NotImplementedError
-
-    def levels(self, num_steps: int, latent_shape: tuple[int, ...]) -> tuple[list[float], Tensor]:
-        raise NotImplementedError
-
-    def predict(self, model: nn.Module, x: Tensor, t: Tensor, cond: Cond, guidance_scale: float,
-                guided: bool) -> Tensor:
-        raise NotImplementedError
-
-    def decode(self, latents: Tensor, height: int, width: int) -> list:
-        raise NotImplementedError
-
-    def image_latents(self, pixels: Tensor) -> Tensor:
-        """Latents [B, ...] of images [B, 3, H, W] in [-1, 1] (the VAE's mean, scaled)."""
-        vae = self.pipe.vae
-        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mean
-        return ((z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor).float()
-
-    # ----- shared helpers
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.denoiser.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.denoiser.parameters()).device
-
-    def _guided(self, run, x: Tensor, cond_pos: dict, cond_neg: dict | None, guidance_scale: float) -> Tensor:
-        """CFG as the pipelines do it: one batched call on [uncond, cond], u + g (c - u)."""
-        if cond_neg is None:
-            return run(x, cond_pos)
-        if not self.batched_guidance:
-            text = run(x, cond_pos)
-            uncond = run(x, cond_neg)
-            return uncond + guidance_scale * (text - uncond)
-        joint = {k: torch.cat([cond_neg[k], cond_pos[k]]) for k in cond_pos}
-        uncond, text = run(torch.cat([x, x]), joint).chunk(2)
-        return uncond + guidance_scale * (text - uncond)
-
-    def _vae_image(self, latents: Tensor) -> list:
-        vae = self.pipe.vae
-        scaled = latents / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
-        image = vae.decode(scaled.to(vae.dtype), return_dict=False)[0]
-        return self.pipe.image_processor.postprocess(image, output_type="pil")
-
-
-def _split(cond: Cond) -> tuple[dict, dict | None]:
-    pos = {k[4:]: v for k, v in cond.items() if k.startswith("pos/")}
-    neg = {k[4:]: v for k, v in cond.items() if k.startswith("neg/")}
-    return pos, (neg or None)
+from .family import FAMILIES, Family, split_cond
 
 
 def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
@@ -143,7 +48,7 @@ class SD3(Family):
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, neg = _split(cond)
+        pos, neg = split_cond(cond)
 
         def run(h, c):
             return model(hidden_states=h.to(self.dtype), timestep=t.expand(h.shape[0]).to(h.device),
@@ -183,7 +88,7 @@ class Flux(Family):
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, _ = _split(cond)
+        pos, _ = split_cond(cond)
         n = x.shape[0]
         h, w = (d // 2 for d in self._latent_hw(*self.size))
         img_ids = self.pipe._prepare_latent_image_ids(n, h, w, x.device, self.dtype)
@@ -207,6 +112,10 @@ class Flux(Family):
 class SD15(Family):
     pipeline = "StableDiffusionPipeline"
     kind = "eps"
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        with_ddim_scheduler(pipe)
 
     @property
     def denoiser(self):
@@ -236,7 +145,7 @@ class SD15(Family):
         return out, sched.timesteps.clone()
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, neg = _split(cond)
+        pos, neg = split_cond(cond)
 
         def run(h, c):
             return model(h.to(self.dtype), t.expand(h.shape[0]).to(h.device), encoder_hidden_states=c["embeds"],
@@ -249,19 +158,8 @@ class SD15(Family):
         return self.pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[True] * len(image))
 
 
-def family_of(pipe, size: tuple[int, int], num_frames: int = 1) -> Family:
-    """The registered family serving the loaded pipeline's class (or one of its base classes)."""
-    classes = [c.__name__ for c in type(pipe).__mro__]
-    for _, fam in FAMILIES.items():
-        if fam.pipeline in classes:
-            return fam(pipe, size, num_frames)
-    served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
-    raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
-
-
-def sd15_with_ddim(pipe) -> Any:
+def with_ddim_scheduler(pipe) -> None:
     """SD 1.5 pipelines train with DDIM (the scheduler swapped, its config kept)."""
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
-    if isinstance(pipe, StableDiffusionPipeline) and not isinstance(pipe.scheduler, DDIMScheduler):
+    from diffusers import DDIMScheduler
+    if not isinstance(pipe.scheduler, DDIMScheduler):
         pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
-    return pipe

@@ -14,7 +14,6 @@ import torch
 from mmrl.registry import Registry
 
 from ..model_loading import DTYPES, TINY_MODELS
-from .families import sd15_with_ddim
 
 # model_index.json's `_class_name` -> fn(path, torch_dtype) -> the loaded pipeline, for pipeline
 # classes diffusers does not know; the package that defines such a class registers its loader
@@ -43,9 +42,9 @@ def pipeline_loader(path: str) -> Callable[[str, torch.dtype], Any]:
 
 
 def load_pipeline(cfg: Any) -> Any:
-    """The pipeline of a `DiffusionConfig` (`model`, `tiny_args`, `dtype`), SD 1.5 switched to DDIM."""
+    """The pipeline of a `DiffusionConfig` (`model`, `tiny_args`, `dtype`)."""
     if cfg.model.startswith("tiny:"):
         pipe = TINY_MODELS.get(cfg.model.removeprefix("tiny:"))(**cfg.tiny_args)
     else:
         pipe = pipeline_loader(cfg.model)(cfg.model, DTYPES[cfg.dtype])
-    return sd15_with_ddim(pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype]))
+    return pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype])

@@ -25,16 +25,22 @@ the largest |D| stay turning points (the others, and those with D = 0, get d_t).
 equal |D| (several turning points of one row) is `torch.topk`'s over the turning points in
 row-major (row, step) order, as the authors' code makes it. The batch is every row scored
 together (the authors balance within each sampling batch of one device).
+
+`TurningPoints` is the diffusion adapter's part that completes the states by the ODE, has them
+scored and turns the scores into step rewards (`Policy.step_rewards`).
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import Any, Callable
 
-from mmrl.core.policy import Policy
+import torch
+from torch import Tensor, nn
+
 from mmrl.core.rollout import Rollout
 
+from .config import DiffusionConfig
+from .family import Family
 from .samplers import SAMPLERS
 
 CONSISTENT_STEPS = ("all", "first")
@@ -85,27 +91,33 @@ def step_rewards(scores: Tensor, eta: float = 1.0, consistent_steps: str = "all"
     return torch.where(bonus != 0, bonus, d), tp
 
 
-class TurningPointRewards(Policy):
-    """The diffusion policy's TP-GRPO step rewards (`policy.turning_points`; `DiffusionPolicy`
-    builds on it). It reads the subclass's `cfg` (a `DiffusionConfig`), `family`, `model`,
-    `_decode` and `_count`."""
+class TurningPoints:
+    """TP-GRPO's step rewards of the rollouts drawn by `family` under settings `cfg`
+    (`policy.turning_points`), and the counts it reports (`pop_metrics`)."""
+
+    def __init__(self, family: Family, cfg: DiffusionConfig):
+        self.family, self.cfg = family, cfg
+        self.counts: dict[str, float] = {}
 
     @torch.no_grad()
-    def _ode_complete(self, batch: Rollout, k: int) -> Tensor:
+    def complete(self, model: nn.Module, batch: Rollout, k: int, device: torch.device) -> Tensor:
         """The trajectory's state k completed by the ODE (deterministic DDIM) to the last level."""
-        ex, device = batch.extras, self.device
+        ex = batch.extras
         levels = ex["levels"][0].tolist()
         cond = {key: v.to(device) for key, v in ex.items() if key.startswith(("pos/", "neg/"))}
-        step_fn = SAMPLERS.get("ddim" if self.family.kind == "eps" else "ode")
+        step_fn = SAMPLERS.get(self.family.deterministic_sampler)
         x = ex["latents"][:, k].to(device)
         for j in range(k, batch.num_units):
-            pred = self.family.predict(self.model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale, self.cfg.classifier_free_guidance)
+            pred = self.family.predict(model, x, ex["timesteps"][0, j], cond, self.cfg.guidance_scale,
+                                       self.cfg.classifier_free_guidance)
             x, _ = step_fn(x.float(), pred.float(), levels[j], levels[j + 1], 0.0)
         return x
 
-    def step_rewards(self, batch: Rollout, score) -> dict[str, Tensor] | None:
-        """TP-GRPO: the states x_a .. x_b around the trained window [a, b) completed by the ODE and
-        scored; step rewards from `turning_point.step_rewards` on [a, b), NaN elsewhere."""
+    def step_rewards(self, model: nn.Module, batch: Rollout, score: Callable[[list[int], list[Any]], dict[str, Tensor]],
+                     device: torch.device) -> dict[str, Tensor] | None:
+        """TP-GRPO (`Policy.step_rewards`): the states x_a .. x_b around the trained window [a, b)
+        completed by the ODE with `model` and scored; step rewards from `step_rewards` on [a, b),
+        NaN elsewhere."""
         if not self.cfg.turning_points:
             return None
         trained = batch.unit_mask.bool().any(0).nonzero().flatten().tolist()
@@ -120,7 +132,7 @@ class TurningPointRewards(Policy):
                 states.append(list(batch.completions))
                 continue
             passes += batch.num_units - k
-            states.append(self._decode(self._ode_complete(batch, k)))
+            states.append(self.family.decode_in_batches(self.complete(model, batch, k, device), self.cfg))
         calls = passes * (2 if self.cfg.classifier_free_guidance else 1)
         if calls > self.cfg.tp_max_extra_passes:
             raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "
@@ -136,4 +148,12 @@ class TurningPointRewards(Policy):
             out[name] = full.float()
             self._count("tp_turning_points", float(tp.sum()))
         self._count("tp_extra_denoiser_calls", float(calls * n))
+        return out
+
+    def _count(self, key: str, value: float) -> None:
+        self.counts[key] = self.counts.get(key, 0.0) + value
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The counts since the last call (turning points found, extra denoiser calls), reset."""
+        out, self.counts = self.counts, {}
         return out

@@ -1,5 +1,5 @@
 """The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video,
-HunyuanVideo text-to-video, through the stock diffusers pipelines (`families.py` for the interface).
+HunyuanVideo text-to-video, through the stock diffusers pipelines (`family.py` for the interface).
 Latents are [B, C, F, H, W] with F = (num_frames - 1) // temporal factor + 1; a unit is still one
 denoising step, so every sampler, schedule and the closed-form KL apply unchanged."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .families import FAMILIES, Family, _split
+from .family import FAMILIES, Family, split_cond
 
 
 class VideoFamily(Family):
@@ -18,6 +18,13 @@ class VideoFamily(Family):
 
     batched_guidance = False
     fps = 16  # frames per second the family's videos are exported at (diffusers' examples)
+
+    def check_settings(self, cfg):
+        factor = self.pipe.vae_scale_factor_temporal
+        if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
+            raise ValueError(f"policy.num_frames={cfg.num_frames}: {type(self).__name__} needs {factor}k + 1 frames "
+                             f"(its VAE compresses time {factor}x)")
+        super().check_settings(cfg)
 
     def _noise_channels(self) -> int:
         return self.denoiser.config.in_channels
@@ -75,7 +82,7 @@ class Wan(VideoFamily):
         return x, {}
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, neg = _split(cond)
+        pos, neg = split_cond(cond)
 
         def run(h, c):
             hidden, extra = self._inputs(h, pos)  # the image conditioning is the same for both CFG passes
@@ -151,7 +158,7 @@ class HunyuanVideo(VideoFamily):
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, _ = _split(cond)
+        pos, _ = split_cond(cond)
         n = x.shape[0]
         guidance = torch.full((n,), guidance_scale, dtype=self.dtype, device=x.device) * 1000.0
         return model(hidden_states=x.to(self.dtype), timestep=t.expand(n).to(x.device, torch.float32),

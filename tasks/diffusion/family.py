@@ -1,0 +1,171 @@
+"""The `Family` interface: everything the diffusion adapter knows about one diffusers pipeline family,
+and the `FAMILIES` registry `family_of` picks a loaded pipeline's family from. A family says how
+the pipeline conditions on a prompt (text, and an image where the prompt row brings one), the
+initial noise's shape, the step levels and model timesteps (from the pipeline's own scheduler, so
+the ODE path equals the stock pipeline's output), one denoiser call with its guidance, decoding to
+PIL images (a video: a list of frames), the warm start's noising, which policy settings it needs
+and the columns its completions carry to the rewards. Levels are sigmas s (flow) or cumulative
+alphas ab (eps models); `levels[k] -> levels[k + 1]` is step k. The families themselves live in
+`families.py` (images) and `video_families.py` (videos); a new one is one more class in either, or
+a module of its own imported in `tasks/diffusion/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mmrl.registry import Registry
+
+Cond = dict[str, Tensor]
+FAMILIES: Registry[type] = Registry("diffusion pipeline family")
+
+
+class Family:
+    """One pipeline family; `denoiser` is the module RL trains. A subclass registers in FAMILIES
+    and names the diffusers pipeline class it serves in `pipeline` (by name, so that diffusers is
+    imported only when a pipeline is loaded); `family_of` picks the family of a loaded pipeline.
+    Its `__init__` may adapt the pipeline (a scheduler the samplers step with) or refuse it."""
+
+    pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
+    kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
+    uses_classifier_free_guidance = True
+    batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
+    conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
+
+    def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
+        self.pipe = pipe
+        self.size = size  # image (height, width)
+        self.num_frames = num_frames  # frames of a video (video families)
+
+    @property
+    def denoiser(self) -> nn.Module:
+        return self.pipe.transformer
+
+    def encode(self, prompts: list[str], guided: bool) -> Cond:
+        raise NotImplementedError
+
+    def image_condition(self, images: list) -> Cond:
+        """Conditioning from one image per prompt (image-to-video families), under `pos/` keys: both
+        classifier-free guidance passes read it."""
+        raise NotImplementedError
+
+    def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:
+        raise NotImplementedError
+
+    def levels(self, num_steps: int, latent_shape: tuple[int, ...]) -> tuple[list[float], Tensor]:
+        raise NotImplementedError
+
+    def predict(self, model: nn.Module, x: Tensor, t: Tensor, cond: Cond, guidance_scale: float,
+                guided: bool) -> Tensor:
+        raise NotImplementedError
+
+    def decode(self, latents: Tensor, height: int, width: int) -> list:
+        raise NotImplementedError
+
+    @property
+    def deterministic_sampler(self) -> str:
+        """The sampler of greedy rollouts and of ODE completions: DDIM for eps models, Euler for flow."""
+        return "ddim" if self.kind == "eps" else "ode"
+
+    def check_settings(self, cfg: Any) -> None:
+        """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
+        if self.conditioning_image and not cfg.image_column:
+            raise ValueError(f"policy.image_column is not set: {type(self).__name__} conditions each prompt on an "
+                             "image; name the data column that holds it")
+        if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
+            raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    def set_flow_shift(self, shift: float) -> None:
+        """Replace the scheduler by the same one with timestep shift `shift` (`policy.flow_shift`)."""
+        sched = self.pipe.scheduler
+        if self.kind != "flow" or "shift" not in sched.config:
+            raise ValueError(f"policy.flow_shift={shift}: {type(sched).__name__} of {type(self.pipe).__name__} "
+                             "is not a flow-matching scheduler with a shift")
+        if sched.config.get("use_dynamic_shifting", False):
+            raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
+                             "resolution (use_dynamic_shifting); a fixed shift would be ignored")
+        self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
+
+    def enable_tiling(self) -> None:
+        """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""
+        self.pipe.vae.enable_tiling()
+
+    def completion_columns(self, cfg: Any) -> dict[str, Any]:
+        """What each completion carries to the rewards besides itself, one value for all (a video's
+        frames per second, `policy.fps` or the family's); {} for images."""
+        return {} if self.fps is None else {"fps": cfg.fps or self.fps}
+
+    def noised(self, x0: Tensor, eps: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The warm start's training example from clean latents x0 [B, ...] and noise eps [B, ...]:
+        (noisy x [B, ...], model timesteps t [B], target [B, ...]), the noise level drawn from the
+        global RNG. Flow: x_s = (1 - s) x0 + s eps, s ~ U(0, 1), target v = eps - x0 (rectified
+        flow); eps models: x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps, t ~ U{0..T-1}, target eps (DDPM)."""
+        shape = (-1,) + (1,) * (x0.dim() - 1)
+        if self.kind == "flow":
+            s = torch.rand(len(x0), device=device)
+            x = (1 - s.view(shape)) * x0 + s.view(shape) * eps
+            return x, s * self.pipe.scheduler.config.num_train_timesteps, eps - x0
+        t = torch.randint(0, self.pipe.scheduler.config.num_train_timesteps, (len(x0),), device=device)
+        ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
+        return ab.sqrt() * x0 + (1 - ab).sqrt() * eps, t, eps
+
+    def decode_in_batches(self, latents: Tensor, cfg: Any) -> list:
+        """The completions of latents [N, ...], `policy.decode_batch` at a time, at the configured size."""
+        out = []
+        for i in range(0, len(latents), cfg.decode_batch):
+            out += self.decode(latents[i:i + cfg.decode_batch].to(self.dtype), cfg.height, cfg.width)
+        return out
+
+    def image_latents(self, pixels: Tensor) -> Tensor:
+        """Latents [B, ...] of images [B, 3, H, W] in [-1, 1] (the VAE's mean, scaled)."""
+        vae = self.pipe.vae
+        z = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mean
+        return ((z - (vae.config.shift_factor or 0.0)) * vae.config.scaling_factor).float()
+
+    # ----- shared helpers
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.denoiser.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.denoiser.parameters()).device
+
+    def _guided(self, run, x: Tensor, cond_pos: dict, cond_neg: dict | None, guidance_scale: float) -> Tensor:
+        """CFG as the pipelines do it: one batched call on [uncond, cond], u + g (c - u)."""
+        if cond_neg is None:
+            return run(x, cond_pos)
+        if not self.batched_guidance:
+            text = run(x, cond_pos)
+            uncond = run(x, cond_neg)
+            return uncond + guidance_scale * (text - uncond)
+        joint = {k: torch.cat([cond_neg[k], cond_pos[k]]) for k in cond_pos}
+        uncond, text = run(torch.cat([x, x]), joint).chunk(2)
+        return uncond + guidance_scale * (text - uncond)
+
+    def _vae_image(self, latents: Tensor) -> list:
+        vae = self.pipe.vae
+        scaled = latents / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+        image = vae.decode(scaled.to(vae.dtype), return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(image, output_type="pil")
+
+
+def split_cond(cond: Cond) -> tuple[dict, dict | None]:
+    """(the positive conditioning, the negative one or None) without their `pos/` `neg/` prefixes."""
+    pos = {k[4:]: v for k, v in cond.items() if k.startswith("pos/")}
+    neg = {k[4:]: v for k, v in cond.items() if k.startswith("neg/")}
+    return pos, (neg or None)
+
+
+def family_of(pipe, size: tuple[int, int], num_frames: int = 1) -> Family:
+    """The registered family serving the loaded pipeline's class (or one of its base classes)."""
+    classes = [c.__name__ for c in type(pipe).__mro__]
+    for _, fam in FAMILIES.items():
+        if fam.pipeline in classes:
+            return fam(pipe, size, num_frames)
+    served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
+    raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
