@@ -271,7 +271,8 @@ class TrainConfig:
     max_bad_steps: int = field(default=3, metadata={
         "help": "a step whose loss or gradient norm is NaN/inf is skipped (counted as nonfinite_skipped); "
                 "after this many in a row the run saves a checkpoint and stops; it stops as well after this many "
-                "steps in a row in which no reward gave a value for any completion"})
+                "steps in a row in which no reward gave a value for any completion (returned None, failed and "
+                "skipped, or unreadable), and a run none of whose steps had a reward ends in an error"})
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "

@@ -8,8 +8,9 @@ A step (`train_step`):
      (mmrl/train/loop/batching.py);
   4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/loop/update.py).
 The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
-every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps and on an
-error (the state after the last completed step). The run holds its output directory's lock throughout.
+every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps or steps
+without a reward, and on an error (the state after the last completed step); a run none of whose
+steps had a reward ends in an error. The run holds its output directory's lock throughout.
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ class Trainer(RunCheckpoints):
                     self._save_or_stop(stop)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
+            health.finish()  # a run none of whose steps had a reward is an error
         finally:
             if self.collector.worker is not None:
                 self.collector.worker.stop()
