@@ -24,6 +24,10 @@ class AlgorithmConfig:
         "Ignored by dr_grpo and pairwise.")})
     eps: float = field(default=1e-4, metadata={"stage": True, "help": (
         "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
+    std_ddof: Literal[0, 1] | None = field(default=None, metadata={"stage": True, "help": (
+        "The std's delta degrees of freedom: 1 divides the squared deviations by n - 1 (the unbiased std: "
+        "torch's default, TRL's and UniRL's), 0 by n (the population std: numpy's default, the stat tracker of "
+        "Flow-GRPO and DiffusionNFT); null: the objective's authors' (0 for nft, 1 otherwise).")})
     clip_advantage: float | None = field(default=None, metadata={"stage": True, "help": (
         "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
     batch_renorm: bool = field(default=False, metadata={"stage": True, "help": (

@@ -225,14 +225,16 @@ UNIT_TERMS = ("logprobs", "implicit_velocity")
 class Objective:
     """A surrogate: its micro-batch `loss`, whether it takes the importance ratio (then old
     log-probs are kept for mu > 1), an optional map of the WHOLE batch's advantages [N] to per-row
-    coefficients, (advantages, group_id, row_mask) -> [N], and what it takes from the adapter
+    coefficients, (advantages, group_id, row_mask) -> [N], what it takes from the adapter
     (`unit_terms`): ``logprobs`` (policy_loss's signature) or ``implicit_velocity`` (the positive
-    and negative losses of `Policy.implicit_velocity_losses`, nft_loss's signature)."""
+    and negative losses of `Policy.implicit_velocity_losses`, nft_loss's signature), and the std its
+    authors normalise rewards by (`std_ddof`: 1 unbiased, 0 population; `algorithm.std_ddof: null`)."""
 
     loss: Callable[..., LossTerms]
     uses_ratio: bool
     row_coefficients: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
     unit_terms: str = "logprobs"
+    std_ddof: int = 1
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
@@ -244,4 +246,5 @@ OBJECTIVES.register("clip")(Objective(policy_loss, uses_ratio=True))
 OBJECTIVES.register("wd1")(Objective(weighted_likelihood_loss, uses_ratio=False, row_coefficients=wd1_coefficients))
 
 
-OBJECTIVES.register("nft")(Objective(nft_loss, uses_ratio=False, unit_terms="implicit_velocity"))
+# DiffusionNFT's PerPromptStatTracker takes numpy's (population) std
+OBJECTIVES.register("nft")(Objective(nft_loss, uses_ratio=False, unit_terms="implicit_velocity", std_ddof=0))
