@@ -8,7 +8,7 @@ order asked, with the weights received before each request; async reads every wa
 each generation, so it generates from the newest weights it has.
 
 The weights travel over a process group of the two (placement/weights_broadcast.py): the whole
-state dict first, then the trained parameters alone where the model has frozen ones (LoRA: the
+state dict first, then the trained parameters and buffers alone where the model has frozen ones (LoRA: the
 adapter's tensors). The queues carry the messages. To the worker: ("weights", version, part), which
 announces a broadcast of that part the worker receives when it reads it, ("rollout", key, pickled
 rows, group_size, seeds) with key = (step, attempt, first group), ("stop",). From it: ("rollout", key,

@@ -6,8 +6,8 @@ otherwise. Only gloo is tested.
 
 A transfer is a part of the state dict flattened into one buffer per dtype, broadcast from the
 trainer: the whole state dict (parameters and persistent buffers) first, then after every update
-the parameters the optimizer trains, where the model has frozen ones (with LoRA: the adapter's
-tensors, the base weights never change), else the whole state dict again. The trainer's broadcast is
+the parameters the optimizer trains and the buffers, where the model has frozen parameters (with
+LoRA: the adapter's tensors, the base weights never change), else the whole state dict again. The trainer's broadcast is
 asynchronous: it copies the weights into buffers of their own, starts the broadcast and goes on
 training; the worker receives the buffers when it reads the transfer's ("weights", version, part)
 message (mmrl/train/placement/rollout_worker.py) and copies them into its model in place. The
@@ -44,14 +44,15 @@ def layout_of(state: dict[str, torch.Tensor]) -> Layout:
 
 def transfer_layouts(model: torch.nn.Module) -> dict[str, Layout]:
     """The layouts of the two parts a transfer may carry: WHOLE (the state dict) and TRAINED (its
-    entries that are parameters the optimizer trains: those that require grad)."""
+    entries that may change in training: the parameters the optimizer trains, those that require
+    grad, and the persistent buffers, which a forward may update, as a batch norm's statistics)."""
     state = model.state_dict(keep_vars=True)
     return {WHOLE: layout_of(state), TRAINED: [(name, tuple(t.shape), t.dtype) for name, t in state.items()
-                                               if t.requires_grad]}
+                                               if t.requires_grad or not isinstance(t, torch.nn.Parameter)]}
 
 
 def part_after_updates(model: torch.nn.Module) -> str:
-    """What the transfers after the first carry: the trained parameters where some are frozen (LoRA: the
+    """What the transfers after the first carry: TRAINED where some parameters are frozen (LoRA: the
     adapter's tensors; frozen weights never change), else the whole state dict."""
     return TRAINED if any(not p.requires_grad for p in model.parameters()) else WHOLE
 
