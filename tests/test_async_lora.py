@@ -131,7 +131,7 @@ SMALLER = ["optim.prompts_per_step=2", "max_steps=2", "save_every=0", "eval.ever
 SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.mu=2"]}  # 256 tokens, 128 steps, mu 12
 
 
-@pytest.mark.slow  # 20-60 s each on 2 cores (a worker process and two steps of the recipe's tiny model)
+@pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)
 @pytest.mark.parametrize("name", sorted(set(LORA_RECIPES) - FORWARD_PROCESS))
 def test_every_shipped_lora_recipe_trains_two_steps_with_the_worker(tmp_path, name):
     """The recipe (its tiny model, two steps of two prompt groups) with rollout.mode=one_step_off: the
