@@ -5,7 +5,6 @@ learning-rate schedule."""
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 from mmrl.config.sections import TrainConfig
+from mmrl.core.lora import with_lora
 from mmrl.core.policy import Policy, build_policy
 from mmrl.core.regularisers import regulariser_needs
 from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, column_checks
@@ -77,13 +77,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         policy.model.to(strategy.acc.device)
     strategy.place(policy.model)
     policy.use_parallel(strategy.view())
-    if cfg.optim.lora.r > 0:
-        from peft import LoraConfig, get_peft_model
-        lora = cfg.optim.lora
-        with warnings.catch_warnings():  # peft (0.21) itself reads transformers' deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            policy.model = get_peft_model(policy.model, LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+    policy.model = with_lora(policy.model, cfg.optim.lora)  # as the rollout worker wraps its copy
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
         reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))

@@ -201,10 +201,10 @@ class Trainer(RunCheckpoints):
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
-        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
-            self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
+                if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
+                    self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     self._evaluate_every(metrics)
