@@ -22,6 +22,7 @@ authors); a group with a pair that got no readable answer gets no reward. docs/r
 from __future__ import annotations
 
 import base64
+import difflib
 import functools
 import inspect
 import io
@@ -123,7 +124,26 @@ def row_images(reward: str, images: Sequence[str], completions, columns, i: int)
     return [completions[i] if name == "completion" else columns[name][i] for name in images]
 
 
-@register_reward("judge")
+def field_problems(reward: str, fixed: Sequence[str], columns: Sequence[str], template: str = "",
+                   images: Sequence[str] = (), **args) -> list[str]:
+    """The template's fields and the `images` the rows will not have (`columns`: every column the
+    reward sees), checked with the data before any model loads (``check_column_names``)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    except ValueError:  # a malformed template: `args_problems` names it
+        return []
+    names = dict.fromkeys(f.split(".")[0].split("[")[0] for f in fields)
+    unknown = [(f"template names {{{n}}}", n, fixed) for n in names if n not in (*fixed, *columns)]
+    unknown += [(f"images names {n!r}", n, ("completion",)) for n in images if n not in ("completion", *columns)]
+    problems = []
+    for what, name, own in unknown:
+        close = difflib.get_close_matches(name, [*own, *columns], n=1)
+        problems.append(f"rewards.{reward}.args.{what}, which is neither {' nor '.join(own)} nor a column of the rows "
+                        f"({', '.join(sorted(columns))})" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return problems
+
+
+@register_reward("judge", check_column_names=functools.partial(field_problems, "judge", ("prompt", "completion")))
 def judge(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
           pattern: str = SCORE_PATTERN, score_range: list[float] | None = None, yes_tokens: Sequence[str] = ("Yes",),
           no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20, images: Sequence[str] = (),
@@ -141,7 +161,8 @@ def judge(prompts, completions, template: str, model: str = "judge", parse: Pars
     return [None if isinstance(a, str) else a for a in answers]
 
 
-@register_reward("judge_pairwise", per_group=True)
+@register_reward("judge_pairwise", per_group=True, check_column_names=functools.partial(
+    field_problems, "judge_pairwise", ("prompt", "completion", "completion_a", "completion_b")))
 def judge_pairwise(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
                    pattern: str = ANSWER_PATTERN, verdicts: dict[str, float] | None = None, tie: float | None = 0.5,
                    yes_tokens: Sequence[str] = ("Yes",), no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20,

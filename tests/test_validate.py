@@ -96,16 +96,6 @@ def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
     assert (tmp_path / "plots" / "rewards.png").is_file()
 
 
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Fail the test if the policy is built (the data is read, the model is not)."""
-    import mmrl.train.loop.parts as parts
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the policy was built")
-    monkeypatch.setattr(parts, "build_policy", refuse)
-
-
 def data_file(tmp_path, prompts):
     import json
     path = tmp_path / "rows.jsonl"

@@ -117,6 +117,25 @@ class Policy(ABC):
         return {}
 
     @classmethod
+    def required_columns(cls, cfg: Any) -> dict[str, str]:
+        """The data columns every row must have under adapter config `cfg` (column -> what needs
+        it, e.g. the image a prompt is conditioned on), checked with the data before the model loads."""
+        return {}
+
+    @classmethod
+    def output_kind(cls, cfg: Any) -> str | None:
+        """What a completion is under adapter config `cfg` (a name such as those of `Medium.kind`, or
+        'episode'), matched before anything loads against the kinds each reward declares it scores
+        (`register_reward(..., outputs=...)`); None: not known, so not checked."""
+        return None
+
+    @classmethod
+    def rollout_columns(cls, cfg: Any) -> tuple[str, ...]:
+        """The columns a rollout under adapter config `cfg` hands the rewards beside the data's
+        (`Rollout.columns`: token ids, a video's frame rate); a reward may need them of no data row."""
+        return ()
+
+    @classmethod
     def prompt_check(cls, cfg: Any) -> Callable[[Any], str | None] | None:
         """A check of each row's prompt under adapter config `cfg` (the prompt's problem, or None),
         run with the data validation before the model loads; it may read what it needs (a

@@ -126,6 +126,14 @@ class DLMPolicy(MaskedScoring):
             return "policy.temperature=0 (greedy decoding records no behaviour log-probs to correct stale rows with)"
         return None
 
+    @classmethod
+    def output_kind(cls, cfg: DLMConfig) -> str:
+        return "text"
+
+    @classmethod
+    def rollout_columns(cls, cfg: DLMConfig) -> tuple[str, ...]:
+        return ("completion_ids",)
+
     def __init__(self, cfg: DLMConfig):
         if not cfg.model:
             raise ValueError("policy.model must name a model (hub id, local path, or tiny:NAME)")

@@ -28,8 +28,9 @@ from mmrl.core.objectives import OBJECTIVES
 from mmrl.distributed import build_strategy
 from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
-from mmrl.errors import UserError, reading_user_input
+from mmrl.errors import reading_user_input
 from mmrl.registry import import_user_module, load_plugins
+from mmrl.serving.health import check_reward_servers
 from mmrl.serving.launch import LaunchedServers
 from mmrl.train.loop.batching import step_batch
 from mmrl.train.loop.collect import RolloutCollector
@@ -59,11 +60,11 @@ _UNSET = object()  # a policy field a stage's recipe does not give
 class Trainer(RunCheckpoints):
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
-                 held_out_evaluator: Evaluator | None = None):
+                 held_out_evaluator: Evaluator | None = None, needs_held_out: bool = False):
         """Validate the recipe once, claim the output directory, build the run's parts, resume.
         `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes.
         `held_out_evaluator`: a judge that is never a reward (a demo's, `evaluate`'s `evaluator`),
-        scored beside the reward at every `eval.every`."""
+        scored beside the reward at every `eval.every`; `needs_held_out`: refuse data without held-out rows."""
         self.held_out_evaluator = held_out_evaluator
         load_plugins()
         for module in cfg.reward_modules:
@@ -79,28 +80,29 @@ class Trainer(RunCheckpoints):
         claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
                                else (run_dir.Claim(), None))
         try:
-            self._build(cfg, claimed.resume_from, for_training)
+            self._build(cfg, claimed.resume_from, for_training, needs_held_out or not for_training)
             if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
                 run_dir.settle(self.output_dir, claimed)
-            self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
             acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
             raise
 
-    def _build(self, cfg: TrainConfig, resume_from: Path | None, for_training: bool) -> None:
-        """The run's data, model, optimizer and update, at the checkpoint `resume_from` if given
-        (scoring, not `for_training`: refused without held-out rows before the model loads)."""
+    def _build(self, cfg: TrainConfig, resume_from: Path | None, for_training: bool, held_out: bool) -> None:
+        """The run's data (with the warm start's targets when a fresh run trains; refused without
+        held-out rows when `held_out`), its reward servers (started, and answering at every url),
+        then its model, optimizer and update, at the checkpoint `resume_from` if given."""
         acc = self.accelerator
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
         if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
             logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
                            self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
         self.cfg = self.stage.config
-        self.inputs = stage_inputs(self.stage, self.plan)
-        if not for_training and not len(self.inputs.eval_rows):
-            raise UserError(f"eval: the data ({cfg.data.path or cfg.data.name}) has no held-out rows to score; "
-                            f"set data.eval_path (a held-out file, or a data set with data.eval_split)")
+        self.inputs = stage_inputs(self.stage, self.plan, warm_start=for_training and resume_from is None,
+                                   held_out=held_out)
+        self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
+        if acc.is_main_process:  # the servers the run did not start too
+            check_reward_servers(cfg.rewards)
         parts = build_parts(self.stage, self.plan, self.strategy)
         self.policy, self.model, self.optimizer, self.reference = parts.policy, parts.model, parts.optimizer, parts.reference
         self.scheduler = parts.scheduler

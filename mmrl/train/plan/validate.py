@@ -4,7 +4,9 @@
 - the ``policy:`` section against the chosen adapter's own ``Config`` dataclass, and local model
   paths that do not exist;
 - each reward's ``args`` against the reward function's signature (an argument it does not name
-  is an error even when it takes ``**kwargs``, with the closest name as a suggestion);
+  is an error even when it takes ``**kwargs``, with the closest name as a suggestion) and the
+  values its ``Literal`` annotations allow, the kinds of completion it scores against the
+  adapter's, its urls' form;
 - every registry name (task, data set, reward, estimator, objective, aggregation, KL estimator,
   LR schedule, reporter);
 - the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
@@ -36,18 +38,19 @@ from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
 
 
-def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
+def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
+    """The ``policy:`` section's problems; returns what the adapter's completions are (None: not known)."""
     if not check_name(problems, ADAPTERS, "task", cfg.task):
-        return
+        return None
     adapter = ADAPTERS.get(cfg.task)
     try:
         policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
     except ConfigError as e:
         problems += str(e).splitlines()
-        return
+        return None
     except (TypeError, ValueError) as e:
         problems.append(f"policy: {e}")
-        return
+        return None
     for name, value in vars(policy_cfg).items():
         if isinstance(value, str) and value.startswith(LOCAL_PATH_PREFIXES) and not Path(value).expanduser().exists():
             problems.append(f"policy.{name}: local path {value!r} does not exist")
@@ -63,6 +66,7 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
         check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
     if cfg.algorithm.trust_region == "dppo":
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+    return adapter.output_kind(policy_cfg)
 
 
 def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
@@ -75,16 +79,19 @@ def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> N
         problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
 
 
-def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int) -> StagePlan | None:
+def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int,
+                output_kind: str | None) -> StagePlan | None:
     """The run's stage plan, each stage's settings checked as the recipe's (ranges, prompts per step
-    against the processes); None where the recipe's own problems, already reported, keep it from
-    being built."""
+    against the processes, rewards of its own); None where the recipe's own problems, already
+    reported, keep it from being built."""
     if not cfg.stages and problems:
         return None
     plan = StagePlan(cfg)
     for stage in plan.stages if cfg.stages else ():
         found: list[str] = []
         check_ranges(stage.config, found)
+        if stage.config.rewards != cfg.rewards:
+            check_rewards(stage.config, found, output_kind)
         pps = stage.config.optim.prompts_per_step
         if pps >= 1 and pps % num_processes:
             found.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
@@ -150,8 +157,8 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
             import_user_module(module)
         except (ImportError, FileNotFoundError) as e:
             problems.append(f"reward_modules: {module!r}: {e}")
-    _check_policy(cfg, problems)
-    check_rewards(cfg, problems)
+    output_kind = _check_policy(cfg, problems)
+    check_rewards(cfg, problems, output_kind)
     check_algorithm(cfg, problems)
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
@@ -159,7 +166,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_warm_start(cfg, problems)
     check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
-    plan = _stage_plan(cfg, problems, num_processes)
+    plan = _stage_plan(cfg, problems, num_processes, output_kind)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
