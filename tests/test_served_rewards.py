@@ -36,8 +36,8 @@ COMPLETIONS = ["<answer>2</answer>", "5", "x<answer>4</answer>", "8 ", "<answer>
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     load_plugins()
-    import_user_module(DIGITS)
-    import_user_module(str(HERE / "image_reward.py"))
+    import_user_module(DIGITS, "reward_modules")
+    import_user_module(str(HERE / "image_reward.py"), "reward_modules")
 
 
 @pytest.fixture(scope="module")

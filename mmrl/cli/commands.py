@@ -145,7 +145,7 @@ def run_serve_reward(args: argparse.Namespace) -> int:
         raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
     for module in args.reward_module:
-        import_user_module(module)
+        import_user_module(module, "--reward-module")
     reward_args = {}
     for item in args.args:
         key, eq, value = item.partition("=")

@@ -50,12 +50,13 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    name: str | None = field(default=None, metadata={"stage": True, "help": (
-        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
-        "choices": "mmrl.registry:DATASETS"})
-    path: str | None = field(default=None, metadata={"stage": True, "help": (
+    name: str | None = field(default=None, metadata={"stage": True, "replaces": ("path",), "help": (
+        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both (a "
+        "data.name=... override clears the recipe's data.path)."), "choices": "mmrl.registry:DATASETS"})
+    path: str | None = field(default=None, metadata={"stage": True, "replaces": ("name", "args"), "help": (
         "Training rows: a JSON / JSONL / CSV / parquet / arrow file, a datasets.save_to_disk directory, a "
-        "directory of data files, or a hub data set id (docs/data.md); give this or name.")})
+        "directory of data files, or a hub data set id (docs/data.md); give this or name (a data.path=... "
+        "override clears the recipe's data.name and data.args).")})
     eval_path: str | None = field(default=None, metadata={"help": (
         "Held-out rows for evaluation (mmrl eval, eval.every), in any form data.path takes.")})
     args: dict[str, Any] = field(default_factory=dict, metadata={"stage": True, "help": (

@@ -66,7 +66,7 @@ class Trainer(RunCheckpoints):
         self.held_out_evaluator = held_out_evaluator
         load_plugins()
         for module in cfg.reward_modules:
-            import_user_module(module)
+            import_user_module(module, "reward_modules")
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         cfg = with_launcher_settings(cfg)  # `accelerate launch` with a config that names a strategy

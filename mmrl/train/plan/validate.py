@@ -23,6 +23,7 @@ from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.core.regularisers import regulariser_needs
+from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
@@ -101,7 +102,8 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
         check_name(problems, DATASETS, "data.name", data.name)
     for key in ("path", "eval_path"):
         value = getattr(data, key, None)
-        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists():
+        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists() \
+                and not is_hub_id(value):  # a hub id is loaded with the data, before any model
             problems.append(f"data.{key}: {value!r} does not exist")
     report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
     for r in report_to:
@@ -147,8 +149,10 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     problems: list[str] = []
     for module in cfg.reward_modules:
         try:
-            import_user_module(module)
-        except (ImportError, FileNotFoundError) as e:
+            import_user_module(module, "reward_modules")
+        except FileNotFoundError as e:
+            problems.append(str(e))
+        except ImportError as e:
             problems.append(f"reward_modules: {module!r}: {e}")
     _check_policy(cfg, problems)
     check_rewards(cfg, problems)
