@@ -120,8 +120,8 @@ class RewardSpec:
     record: str | None = field(default=None, metadata={"help": (
         "With url: a JSON-lines file every request's content hash and answer are appended to, for replay")})
     replay: str | None = field(default=None, metadata={"help": (
-        "A file written by record: requests are answered from it, no server needed; a request it does not "
-        "hold is an error naming its rows")})
+        "A file written by record: requests are answered from it, no server needed (give no url with it); a "
+        "request it does not hold is an error naming its rows")})
 
 
 @dataclass
