@@ -168,3 +168,34 @@ def test_a_hub_data_set_id_is_not_looked_for_on_disk(tmp_path):
     for missing in ("nowhere.jsonl", "./nowhere", "data/train/shards"):
         with pytest.raises(ConfigError, match=f"data.path: '{missing}' does not exist"):
             validate(load_recipe(resolve_recipe("gsm8k"), [f"data.path={missing}"]))
+
+
+def test_an_absurd_learning_rate_is_refused_and_a_large_one_warned_of(tmp_path, no_model, caplog):
+    """1e6 (typed for 1e-6) is refused before anything loads unless optim.max_lr allows it; above
+    1e-2 the run warns; the shipped recipes' rates are below both."""
+    import logging
+
+    from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
+    from mmrl.registry import RECIPES, load_plugins
+    from mmrl.train.plan.learning_rates import WARN_ABOVE, learning_rates
+    from mmrl.train.plan.stages import StagePlan
+    assert ("optim.lr=1000000.0 is above optim.max_lr=1.0: a learning rate this large diverges"
+            in problems(tmp_path, "optim.lr=1e6"))
+    assert "warm_start.lr=5.0 is above optim.max_lr=1.0" in problems(tmp_path, "warm_start.steps=2", "warm_start.lr=5")
+    assert "stages[1].optim.lr=3.0 is above" in problems(tmp_path, "max_steps=2",
+                                                         "stages=[{steps: 1}, {steps: 1, optim: {lr: 3}}]")
+    warned = []
+    validate(parse_config(TINY_RECIPE, ["optim.lr=1e6", "optim.max_lr=1e6"]), warn=warned.append)
+    assert warned == ["optim.lr=1000000.0 is above 0.01: fine-tuning rates are 1e-6 to 1e-3 (the tiny CPU models' "
+                      "at most 2e-3); a rate this large may train on noise"]
+    caplog.set_level(logging.WARNING)
+    validate(parse_config(TINY_RECIPE, ["optim.lr=0.05"]))  # the default: the run's log
+    assert [r.getMessage()[:20] for r in caplog.records] == ["optim.lr=0.05 is abo"]
+    validate(parse_config(TINY_RECIPE, ["optim.lr=2e-3", "warm_start.lr=0.5"]), warn=warned.append)  # no warm start
+    assert len(warned) == 1
+    load_plugins()
+    for name in RECIPES.names():
+        cfg = load_recipe(resolve_recipe(name))
+        rates = learning_rates(cfg, [stage.config for stage in StagePlan(cfg).stages] if cfg.stages else [])
+        assert all(rate <= WARN_ABOVE for rate in rates.values()), (name, rates)

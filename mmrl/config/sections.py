@@ -28,7 +28,12 @@ class LoraConfig:
 @dataclass
 class OptimConfig:
     lr: float = field(default=1e-5, metadata={"stage": True, "help": (
-        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO).")})
+        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO). Above 1e-2 a run warns; above "
+        "optim.max_lr it is refused.")})
+    max_lr: float = field(default=1.0, metadata={"help": (
+        "The largest learning rate the recipe may give (optim.lr, warm_start.lr, each stage's optim.lr): a larger "
+        "one is refused before anything loads (1e6 typed for 1e-6 would train on noise). Raise it to train with "
+        "such a rate on purpose.")})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
         "AdamW betas [beta1, beta2].")})

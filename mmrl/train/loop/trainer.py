@@ -73,7 +73,8 @@ class Trainer(RunCheckpoints):
         self.strategy = build_strategy(cfg)  # an unknown name: the registry's error, with the registered ones
         acc = self.accelerator = self.strategy.accelerator(accelerator)
         check_world_size(acc.num_processes)
-        self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
+        self.plan = validate(cfg, acc.num_processes,  # the whole recipe, before any model, data set or reward model loads
+                             warn=logger.warning if acc.is_main_process else lambda message: None)
         self.output_dir = Path(cfg.output_dir)
         claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
                                else (run_dir.Claim(), None))

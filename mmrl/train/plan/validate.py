@@ -9,7 +9,7 @@
   LR schedule, reporter);
 - the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
 The checks of each concern are modules of their own: range_checks, registry_names,
-method_checks, reward_checks.
+method_checks, reward_checks, learning_rates (a rate above optim.max_lr refused, a large one warned of).
 The structure of the recipe (unknown keys, types) is checked when it is parsed
 (`mmrl.config.from_dict`), for every dataclass field whoever adds it.
 """
@@ -17,6 +17,8 @@ The structure of the recipe (unknown keys, types) is checked when it is parsed
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from mmrl.config.parse import ConfigError, from_dict
@@ -27,6 +29,7 @@ from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
+from mmrl.train.plan.learning_rates import check_learning_rates
 from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
 from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
@@ -35,6 +38,7 @@ from mmrl.train.plan.stages import StagePlan
 from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+logger = logging.getLogger(__name__)
 
 
 def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
@@ -140,11 +144,11 @@ def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
                         "the model before the warm start; train without LoRA, or without the KL")
 
 
-def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
+def validate(cfg: TrainConfig, num_processes: int = 1, warn: Callable[[str], None] | None = None) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
     plugins and the recipe's `reward_modules` (to know their names), loads no model, data set or
-    reward model."""
+    reward model. `warn`: where what may be a mistake but trains goes (default: this module's logger)."""
     load_plugins()
     problems: list[str] = []
     for module in cfg.reward_modules:
@@ -164,6 +168,8 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes)
+    stages = [stage.config for stage in plan.stages] if plan is not None and cfg.stages else []
+    check_learning_rates(cfg, stages, problems, warn or logger.warning)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
