@@ -36,7 +36,7 @@ def judge_server(tmp_path_factory):
     load_plugins()
     path = tmp_path_factory.mktemp("judge_model")
     tokenizer = char_tokenizer_with([], chat_template())
-    model = tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval()
+    model = tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2, tied=False).eval()  # tied, it echoes the prompt's last token
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     port = free_port()
@@ -202,11 +202,10 @@ def test_images_and_frames_go_as_png_data_urls_before_the_text():
 def test_a_judge_behind_transformers_serve(tmp_path):
     """The judge against `transformers serve` itself (transformers' OpenAI-compatible server, as a
     subprocess): the tiny model's prose answer is unreadable as a score, so the step stops naming the
-    server and the answer, which holds the model's greedy answer in process (the server's text also
-    echoes the template's last special token: the char tokenizer has no newline); with skip the row
-    gets no value and is counted."""
+    server and the answer, which holds the model's greedy answer in process; with skip the row gets no
+    value and is counted."""
     tokenizer = char_tokenizer_with([], chat_template())
-    tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval().save_pretrained(tmp_path)
+    tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2, tied=False).eval().save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path).eval(), AutoTokenizer.from_pretrained(tmp_path)
     template = "Rate: {prompt} {completion}"
