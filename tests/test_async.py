@@ -387,7 +387,7 @@ def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_a_dead_worker_stops_the_run_after_a_checkpoint_and_resume_starts_a_new_one(tmp_path, monkeypatch, mode):
     kill_reward = Path(__file__).parent / "kill_reward.py"
-    monkeypatch.setattr(import_user_module(str(kill_reward)), "_calls", 0)  # counted from this run's first step
+    monkeypatch.setattr(import_user_module(str(kill_reward), "reward_modules"), "_calls", 0)  # counted from this run's first step
     monkeypatch.setenv("MMRL_TEST_KILL_AT", "2")  # during step 2's scoring
     monkeypatch.setenv("MMRL_TEST_KILL_SIGNAL", "children")
     killer = [f"reward_modules=[{TINY_RECIPE['reward_modules'][0]},{kill_reward}]", "rewards.killer.weight=0.0",

@@ -41,7 +41,7 @@ def judge_server(tmp_path_factory):
     load_plugins()
     path = tmp_path_factory.mktemp("judge_model")
     tokenizer = char_tokenizer_with([], chat_template())
-    model = tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval()
+    model = tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2, tied=False).eval()  # tied, it echoes the prompt's last token
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     port = free_port()
@@ -223,7 +223,7 @@ def test_a_judge_behind_transformers_serve_that_echoes_the_prompt(tmp_path):
     text: a pattern for numbers anywhere reads what the model's greedy answer in process holds, the
     default score pattern finds no score (unparsed, counted), and a stop names the model's answer."""
     tokenizer = char_tokenizer_with([], chat_template(turn=("[", "]"), assistant="judge"))
-    tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2).eval().save_pretrained(tmp_path)
+    tiny_qwen2(tokenizer, hidden=32, layers=1, heads=2, tied=False).eval().save_pretrained(tmp_path)  # tied, it echoes
     tokenizer.save_pretrained(tmp_path)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path).eval(), AutoTokenizer.from_pretrained(tmp_path)
     template = "{prompt} {completion} Rate it 0-10"

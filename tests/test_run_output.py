@@ -56,7 +56,7 @@ def test_a_reward_that_never_applies_warns_once_then_stops_the_run(tmp_path, cap
 
 def test_a_saturating_learning_rate_warns(tmp_path, caplog):
     recipe = _recipe(tmp_path, max_steps=5)
-    recipe["optim"]["lr"] = 1e6
+    recipe["optim"]["lr"] = recipe["optim"]["max_lr"] = 1e6  # past the recipe check's ceiling on purpose
     caplog.set_level(logging.WARNING)
     Trainer(parse_config(recipe, [])).train()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")

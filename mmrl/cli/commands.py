@@ -137,7 +137,6 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_serve_reward(args: argparse.Namespace) -> int:
     """`mmrl serve-reward NAME [--port] [--host] [--device] [--batch-size] [--reward-module F] [key=value ...]`."""
-    import yaml
     from mmrl.registry import import_user_module, load_plugins
     try:
         from mmrl.serving.server_app import bind_served_reward, serve
@@ -145,19 +144,25 @@ def run_serve_reward(args: argparse.Namespace) -> int:
         raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
     for module in args.reward_module:
-        import_user_module(module)
-    reward_args = {}
-    for item in args.args:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"mmrl serve-reward: {item!r} is not a reward argument key=value")
-        reward_args[key] = yaml.safe_load(value)
+        import_user_module(module, "--reward-module")
     try:
-        fn = bind_served_reward(args.name, reward_args, args.device)
+        fn = bind_served_reward(args.name, reward_arguments(args.args), args.device)
     except (KeyError, ValueError) as e:  # an unknown reward, a plain function that cannot load
         raise UserError(f"mmrl serve-reward: {e.args[0] if e.args else e}") from None
     serve(args.name, fn, args.host, args.port, args.batch_size)
     return 0
+
+
+def reward_arguments(items: list[str]) -> dict:
+    """`mmrl serve-reward`'s ``key=value`` arguments, each value read as YAML."""
+    import yaml
+    found = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"mmrl serve-reward: {item!r} is not a reward argument key=value")
+        found[key] = yaml.safe_load(value)
+    return found
 
 
 # ----- command lines ----------------------------------------------------------------------------

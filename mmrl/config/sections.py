@@ -28,7 +28,12 @@ class LoraConfig:
 @dataclass
 class OptimConfig:
     lr: float = field(default=1e-5, metadata={"stage": True, "help": (
-        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO).")})
+        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO). Above 1e-2 a run warns; above "
+        "optim.max_lr it is refused.")})
+    max_lr: float = field(default=1.0, metadata={"help": (
+        "The largest learning rate the recipe may give (optim.lr, warm_start.lr, each stage's optim.lr): a larger "
+        "one is refused before anything loads (1e6 typed for 1e-6 would train on noise). Raise it to train with "
+        "such a rate on purpose.")})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
         "AdamW betas [beta1, beta2].")})
@@ -50,12 +55,13 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    name: str | None = field(default=None, metadata={"stage": True, "help": (
-        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
-        "choices": "mmrl.registry:DATASETS"})
-    path: str | None = field(default=None, metadata={"stage": True, "help": (
+    name: str | None = field(default=None, metadata={"stage": True, "replaces": ("path",), "help": (
+        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both (a "
+        "data.name=... override clears the recipe's data.path)."), "choices": "mmrl.registry:DATASETS"})
+    path: str | None = field(default=None, metadata={"stage": True, "replaces": ("name", "args"), "help": (
         "Training rows: a JSON / JSONL / CSV / parquet / arrow file, a datasets.save_to_disk directory, a "
-        "directory of data files, or a hub data set id (docs/data.md); give this or name.")})
+        "directory of data files, or a hub data set id (docs/data.md); give this or name (a data.path=... "
+        "override clears the recipe's data.name and data.args).")})
     eval_path: str | None = field(default=None, metadata={"help": (
         "Held-out rows for evaluation (mmrl eval, eval.every), in any form data.path takes.")})
     args: dict[str, Any] = field(default_factory=dict, metadata={"stage": True, "help": (
@@ -119,8 +125,8 @@ class RewardSpec:
     record: str | None = field(default=None, metadata={"help": (
         "With url: a JSON-lines file every request's content hash and answer are appended to, for replay")})
     replay: str | None = field(default=None, metadata={"help": (
-        "A file written by record: requests are answered from it, no server needed; a request it does not "
-        "hold is an error naming its rows")})
+        "A file written by record: requests are answered from it, no server needed (give no url with it); a "
+        "request it does not hold is an error naming its rows")})
 
 
 @dataclass

@@ -64,25 +64,35 @@ def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) 
 
 
 # ----- the sweep --------------------------------------------------------------------------------
+def checked_runs(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
+                 cell_items: list[str] = (), held_out_reward: str | None = None) -> list[Run]:
+    """The sweep's runs, every cell's config validated before anything runs (as `mmrl train` checks
+    a recipe); loads nothing."""
+    if seeds < 1:
+        raise UserError(f"--seeds {seeds} must be >= 1")
+    if not grid_items and not cell_items:
+        raise UserError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
+    recipe, common = recipe_of(target), list(common)
+    runs = plan(cells(parse_grid(list(grid_items)), parse_cells(list(cell_items))), seeds)
+    for item in (*common, *(o for run in runs for o in run.overrides)):
+        if item.partition("=")[0].strip() == "output_dir":  # run_overrides sets each run's own
+            raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
+                            f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
+    check_cells(recipe, common, [r for r in runs if r.seed == 0], out, held_out_reward)
+    return runs
+
+
 def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
           parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
           say: Callable[[str], None] = print, cell_items: list[str] = (), held_out_reward: str | None = None) -> int:
     """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed.
     `held_out_reward` names the reward component the reports compare the cells on (None: the
     combined reward); every cell must declare it, at any weight."""
-    if seeds < 1 or parallel < 1:
-        raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
-    if not grid_items and not cell_items:
-        raise UserError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
-    grid, bundles = parse_grid(list(grid_items)), parse_cells(list(cell_items))
+    if parallel < 1:
+        raise UserError(f"--parallel {parallel} must be >= 1")
     shard_i, shard_n = parse_shard(shard)
-    recipe, common = recipe_of(target), list(common)
-    runs = plan(cells(grid, bundles), seeds)
-    for item in (*common, *(o for run in runs for o in run.overrides)):
-        if item.partition("=")[0].strip() == "output_dir":  # run_overrides sets each run's own
-            raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
-                            f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
-    check_cells(recipe, common, [r for r in runs if r.seed == 0], out, held_out_reward)
+    runs = checked_runs(target, grid_items, seeds, out, common, cell_items, held_out_reward)
+    grid, bundles, common = parse_grid(list(grid_items)), parse_cells(list(cell_items)), list(common)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"target": target, "cells": bundles, "grid": grid, "seeds": seeds,
                                                 "overrides": common, "held_out_reward": held_out_reward}, indent=1))

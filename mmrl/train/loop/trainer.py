@@ -29,7 +29,7 @@ from mmrl.distributed import build_strategy
 from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import reading_user_input
-from mmrl.registry import import_user_module, load_plugins
+from mmrl.registry import load_plugins
 from mmrl.serving.health import check_reward_servers
 from mmrl.serving.launch import LaunchedServers
 from mmrl.train.loop.batching import step_batch
@@ -61,21 +61,19 @@ class Trainer(RunCheckpoints):
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
                  held_out_evaluator: Evaluator | None = None, needs_held_out: bool = False):
-        """Validate the recipe once, claim the output directory, build the run's parts, resume.
-        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes.
-        `held_out_evaluator`: a judge that is never a reward (a demo's, `evaluate`'s `evaluator`),
-        scored beside the reward at every `eval.every`; `needs_held_out`: refuse data without held-out rows."""
+        """Validate the recipe once, claim the output directory, build the run's parts, resume. `for_training=False` (scoring a
+        checkpoint) neither claims `cfg.output_dir` nor resumes. `held_out_evaluator`: a judge that is never a reward (a demo's,
+        `evaluate`'s), scored beside the reward at every `eval.every`; `needs_held_out`: refuse data without held-out rows."""
         self.held_out_evaluator = held_out_evaluator
-        load_plugins()
-        for module in cfg.reward_modules:
-            import_user_module(module)
+        load_plugins()  # the recipe's reward_modules are imported by `validate`, which names a missing one
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         cfg = with_launcher_settings(cfg)  # `accelerate launch` with a config that names a strategy
         self.strategy = build_strategy(cfg)  # an unknown name: the registry's error, with the registered ones
         acc = self.accelerator = self.strategy.accelerator(accelerator)
         check_world_size(acc.num_processes)
-        self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
+        self.plan = validate(cfg, acc.num_processes,  # the whole recipe, before any model, data set or reward model loads
+                             warn=logger.warning if acc.is_main_process else lambda message: None)
         self.output_dir = Path(cfg.output_dir)
         claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
                                else (run_dir.Claim(), None))

@@ -57,7 +57,7 @@ def serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Qu
         policy.model.eval()
         if scores_in_worker(cfg):
             for module in cfg.reward_modules:
-                import_user_module(module)
+                import_user_module(module, "reward_modules")
             scorer = CallScorer(bound_rewards(cfg)[0], results)
         port, layouts, trainer_device = weights
         receiver = WeightsReceiver(port, layouts, policy.model, trainer_device)

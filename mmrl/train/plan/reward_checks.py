@@ -53,7 +53,7 @@ def _plain_function_hint(cfg: TrainConfig, name: str) -> str:
     """' (did you mean ...)' when a file or module of `reward_modules` has a function `name`."""
     for module in cfg.reward_modules:
         try:
-            found = callable(getattr(import_user_module(module), name, None))
+            found = callable(getattr(import_user_module(module, "reward_modules"), name, None))
         except (ImportError, FileNotFoundError):
             continue
         if found:

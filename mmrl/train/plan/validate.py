@@ -11,7 +11,7 @@
   LR schedule, reporter);
 - the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
 The checks of each concern are modules of their own: range_checks, registry_names,
-method_checks, reward_checks.
+method_checks, reward_checks, learning_rates (a rate above optim.max_lr refused, a large one warned of).
 The structure of the recipe (unknown keys, types) is checked when it is parsed
 (`mmrl.config.from_dict`), for every dataclass field whoever adds it.
 """
@@ -19,15 +19,19 @@ The structure of the recipe (unknown keys, types) is checked when it is parsed
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.core.regularisers import regulariser_needs
+from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
+from mmrl.train.plan.learning_rates import check_learning_rates
 from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
 from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
@@ -36,6 +40,7 @@ from mmrl.train.plan.stages import StagePlan
 from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+logger = logging.getLogger(__name__)
 
 
 def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
@@ -108,7 +113,8 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
         check_name(problems, DATASETS, "data.name", data.name)
     for key in ("path", "eval_path"):
         value = getattr(data, key, None)
-        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists():
+        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists() \
+                and not is_hub_id(value):  # a hub id is loaded with the data, before any model
             problems.append(f"data.{key}: {value!r} does not exist")
     report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
     for r in report_to:
@@ -145,17 +151,19 @@ def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
                         "the model before the warm start; train without LoRA, or without the KL")
 
 
-def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
+def validate(cfg: TrainConfig, num_processes: int = 1, warn: Callable[[str], None] | None = None) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
     plugins and the recipe's `reward_modules` (to know their names), loads no model, data set or
-    reward model."""
+    reward model. `warn`: where what may be a mistake but trains goes (default: this module's logger)."""
     load_plugins()
     problems: list[str] = []
     for module in cfg.reward_modules:
         try:
-            import_user_module(module)
-        except (ImportError, FileNotFoundError) as e:
+            import_user_module(module, "reward_modules")
+        except FileNotFoundError as e:
+            problems.append(str(e))
+        except ImportError as e:
             problems.append(f"reward_modules: {module!r}: {e}")
     output_kind = _check_policy(cfg, problems)
     check_rewards(cfg, problems, output_kind)
@@ -167,6 +175,8 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
     plan = _stage_plan(cfg, problems, num_processes, output_kind)
+    stages = [stage.config for stage in plan.stages] if plan is not None and cfg.stages else []
+    check_learning_rates(cfg, stages, problems, warn or logger.warning)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
