@@ -20,6 +20,7 @@ from mmrl.data import Rows, load_data, reward_columns_needed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.registry import ADAPTERS
+from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
@@ -47,12 +48,15 @@ def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str,
 
 
 def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=None) -> StageInputs:
-    """A stage's rewards (bound here unless given), data and a fresh prompt sampler over it."""
+    """A stage's rewards (bound here unless given), data, a fresh prompt sampler over it and its
+    ``eval.bench`` (its rows read before any model loads)."""
     if reward_fns is None:
         reward_fns, reward_weights = bound_rewards(stage.config)
     train, held_out = load_validated_data(stage.config, stage.policy, reward_fns)
+    bench = stage.config.eval.bench
     return StageInputs(stage.config, reward_fns, reward_weights, train, held_out,
-                       PromptSampler(train, stage.config.sampling, plan.sampler_seed(stage)))
+                       PromptSampler(train, stage.config.sampling, plan.sampler_seed(stage)),
+                       PeriodicBench(bench) if bench is not None else None)
 
 
 @dataclass
@@ -77,13 +81,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         policy.model.to(strategy.acc.device)
     strategy.place(policy.model)
     policy.use_parallel(strategy.view())
-    if cfg.optim.lora.r > 0:
-        from peft import LoraConfig, get_peft_model
-        lora = cfg.optim.lora
-        with warnings.catch_warnings():  # peft (0.21) itself reads transformers' deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            policy.model = get_peft_model(policy.model, LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+    with_lora(policy, cfg)
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
         reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))
@@ -96,6 +94,17 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
     return Parts(policy, model, optimizer, scheduler, reference)
+
+
+def with_lora(policy: Policy, cfg: TrainConfig) -> None:
+    """The policy's model wrapped in LoRA adapters as ``optim.lora`` says (nothing when its rank is 0)."""
+    if cfg.optim.lora.r > 0:
+        from peft import LoraConfig, get_peft_model
+        lora = cfg.optim.lora
+        with warnings.catch_warnings():  # peft (0.21) itself reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            policy.model = get_peft_model(policy.model, LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

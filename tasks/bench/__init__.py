@@ -1,0 +1,6 @@
+"""The built-in benchmarks (docs/bench.md), registered in `mmrl.registry.BENCHMARKS`, and their scorers,
+registered rewards (so `mmrl serve-reward SCORER` serves a benchmark's scoring): GSM8K and MATH500
+(`math_text`), LibriSpeech (`speech`), MMMU and MMAU (`choice_benchmarks`, parsing in `choices`),
+MathVista (`mathvista`), RefCOCO / RefCOCO+ / RefCOCOg (`grounding`)."""
+
+from . import choice_benchmarks, grounding, math_text, mathvista, speech  # noqa: F401  (registration)
