@@ -1,0 +1,141 @@
+"""`mmrl bench`'s harness on the text demo's tiny model: a checkpoint and its base scored on a
+GSM8K-style fixture with standard errors; shards together equal the unsharded run; a rerun skips
+finished shards; the stages run apart; a smoke subset is marked; two runs agree; eval.bench logs
+beside the rewards during training."""
+
+import dataclasses
+import json
+
+import pytest
+from bench_fixtures import gsm8k_sorting
+
+from mmrl.cli.main import main
+from mmrl.config.parse import load_recipe, parse_config
+from mmrl.errors import UserError
+from mmrl.experiments.bench.harness import BenchRun, run_bench
+from mmrl.registry import BENCHMARKS, RECIPES
+from mmrl.train.loop.trainer import Trainer
+
+TINY = ["policy.tiny_args.hidden=32", "policy.tiny_args.layers=1", "policy.max_new_tokens=12"]
+SORTING = ["--option", "template={question}"]  # the demo's prompts are the bare question
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """The text demo's recipe, tiny, trained one step: its output directory and checkpoint."""
+    out = tmp_path_factory.mktemp("text_run")
+    cfg = load_recipe(RECIPES.get("text_demo"), [f"output_dir={out}", "max_steps=1", "optim.prompts_per_step=2",
+                                                 "algorithm.group_size=2", "logging.progress=false",
+                                                 "logging.report_to=[none]", "eval.max_prompts=2", *TINY])
+    trainer = Trainer(cfg)
+    trainer.train()
+    return out, out / "checkpoints" / "step-000001"
+
+
+def test_gsm8k_on_the_text_demos_checkpoint_and_its_base(text_run, tmp_path, capsys):
+    out, checkpoint = text_run
+    data = gsm8k_sorting(tmp_path)
+    assert main(["bench", "gsm8k", "--checkpoint", str(checkpoint), "--data", data, *SORTING, *TINY]) == 0
+    trained = json.loads((checkpoint / "bench" / "gsm8k" / "summary.json").read_text())
+    assert main(["bench", "gsm8k", "text_demo", f"output_dir={out}", "--base", "--data", data, *SORTING, *TINY]) == 0
+    base = json.loads((out / "base" / "bench" / "gsm8k" / "summary.json").read_text())
+    for summary in (trained, base):
+        assert summary["headline"]["figure"] == "flexible_extract" and summary["headline"]["n"] == 8
+        assert {"value", "se", "n"} <= set(summary["figures"]["strict_match"])
+        assert 0 <= summary["headline"]["value"] <= 100 and summary["headline"]["se"] >= 0
+        assert summary["generation"]["policy"]["max_new_tokens"] == 12  # the override over the protocol's 256
+        assert summary["smoke_subset"] is False
+    assert trained["checkpoint"] == str(checkpoint) and base["checkpoint"] is None
+    assert base["model"] == "base: tiny:qwen2-char"
+    report = (checkpoint / "bench" / "gsm8k" / "report.md").read_text()
+    assert "| id | prompt | completion |" in report and "sort:" in report
+    # the scores are the scorer's on the written completions (an independent re-scoring)
+    from mmrl.tasks.bench.math_text import gsm8k_answer
+    lines = [json.loads(x) for x in (checkpoint / "bench" / "gsm8k" / "scores.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in open(data)]
+    again = gsm8k_answer(None, [x["completion"] for x in lines], [r["answer"] for r in rows])
+    assert [x["values"]["flexible_extract"] for x in lines] == again
+
+
+@pytest.fixture(scope="module")
+def sampled_gsm8k():
+    """GSM8K's protocol drawing 2 samples per prompt at the rollout temperature (seeds matter)."""
+    name = "gsm8k_sampled_test"
+    if name not in BENCHMARKS:
+        BENCHMARKS.register(name)(dataclasses.replace(BENCHMARKS.get("gsm8k"), name=name, greedy=False, samples=2))
+    return name
+
+
+def _run(name, out, data, **kw):
+    cfg = parse_config({"task": "causal_lm", "policy": {"model": "tiny:qwen2-char",
+                                                        "tiny_args": {"hidden": 32, "layers": 1}, "max_new_tokens": 8}})
+    return run_bench(BenchRun(name, out, cfg, "tiny", data=data, options={"template": "{question}"}, **kw))
+
+
+def test_shards_together_equal_the_unsharded_run_and_reruns_skip_them(sampled_gsm8k, tmp_path, capsys):
+    data = gsm8k_sorting(tmp_path, n=7)
+    whole = _run(sampled_gsm8k, tmp_path / "whole", data)
+    assert _run(sampled_gsm8k, tmp_path / "sharded", data, shard=(0, 2)) is None  # waits for shard 1
+    assert "1 of 2 shards finished" in capsys.readouterr().err
+    parts = _run(sampled_gsm8k, tmp_path / "sharded", data, shard=(1, 2))
+    for key in ("headline", "figures", "categories"):
+        assert parts[key] == whole[key], key
+    read = lambda out: (out / "bench" / sampled_gsm8k / "scores.jsonl").read_text()  # noqa: E731
+    assert read(tmp_path / "sharded") == read(tmp_path / "whole")  # the same completions, in the same order
+    samples = tmp_path / "sharded" / "bench" / sampled_gsm8k / "shards" / "0-of-2" / "samples.jsonl"
+    before = samples.stat().st_mtime_ns
+    assert _run(sampled_gsm8k, tmp_path / "sharded", data, shard=(0, 2))["headline"] == whole["headline"]
+    assert samples.stat().st_mtime_ns == before and "is finished already" in capsys.readouterr().err
+    with pytest.raises(UserError, match="other settings"):
+        _run(sampled_gsm8k, tmp_path / "sharded", data, shard=(0, 2), seed=1)
+
+
+def test_two_runs_agree_and_the_seed_changes_the_samples(sampled_gsm8k, tmp_path):
+    data = gsm8k_sorting(tmp_path, n=3)
+    texts = []
+    for out, seed in (("a", 0), ("b", 0), ("c", 1)):
+        _run(sampled_gsm8k, tmp_path / out, data, seed=seed)
+        texts.append((tmp_path / out / "bench" / sampled_gsm8k / "scores.jsonl").read_text())
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+
+
+def test_stages_run_apart_and_a_smoke_subset_is_marked(tmp_path):
+    data = gsm8k_sorting(tmp_path, n=6)
+    assert _run("gsm8k", tmp_path, data, stage="generate", num_prompts=4) is None
+    assert not (tmp_path / "bench" / "gsm8k" / "summary.json").exists()
+    with pytest.raises(UserError, match="not finished"):
+        _run("gsm8k", tmp_path / "elsewhere", data, stage="score", num_prompts=4)
+    summary = run_bench(BenchRun("gsm8k", tmp_path, None, "", stage="score", num_prompts=4, data=data,
+                                 options={"template": "{question}"}))
+    assert summary["smoke_subset"] is True and summary["num_prompts"] == 4 and summary["source_prompts"] == 6
+    assert summary["headline"]["n"] == 4 and summary["model"] == "tiny"
+    assert "SMOKE SUBSET" in (tmp_path / "bench" / "gsm8k" / "report.md").read_text()
+
+
+def test_bad_input_is_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
+    assert main(["bench", "gsm8k", "--model", "tiny:qwen2-char", "--data", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "row 0" in err and "####" in err and "Traceback" not in err
+    assert main(["bench", "gsm8k", "--model", "tiny:qwen2-char", "--shard", "2/2", "--data", str(bad)]) == 2
+    assert "--shard '2/2'" in capsys.readouterr().err
+    assert main(["bench", "gsm8k", "--model", "tiny:qwen2-char", "--option", "nope=1", "--data", str(bad)]) == 2
+    assert "no option 'nope'" in capsys.readouterr().err
+    assert main(["bench", "gsmk8"]) == 2 and "did you mean 'gsm8k'" in capsys.readouterr().err
+
+
+def test_eval_bench_is_logged_beside_the_rewards_during_training(tmp_path):
+    data = gsm8k_sorting(tmp_path, n=3)
+    cfg = load_recipe(RECIPES.get("text_demo"), [f"output_dir={tmp_path / 'run'}", "max_steps=1", "eval.every=1",
+                                                 "optim.prompts_per_step=2", "algorithm.group_size=2", "eval.max_prompts=2",
+                                                 "logging.progress=false", "logging.report_to=[none]", *TINY,
+                                                 f"eval.bench={{name: gsm8k, num_prompts: 2, data: {data}, "
+                                                 "options: {template: '{question}'}}"])
+    Trainer(cfg).train()
+    logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "eval/reward_mean" in logged
+    for key in ("eval/bench/gsm8k/flexible_extract", "eval/bench/gsm8k/flexible_extract_se", "eval/bench/gsm8k/strict_match"):
+        assert key in logged, key
+    with pytest.raises(UserError, match="eval.bench.name: 'gsmk8'"):
+        Trainer(load_recipe(RECIPES.get("text_demo"), [f"output_dir={tmp_path / 'r2'}", "eval.bench={name: gsmk8}"]))
