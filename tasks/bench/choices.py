@@ -6,9 +6,9 @@ spaces); for ``A.``; for MMMU only and only in responses of more than five words
 text. Several found: the one written last. None found: the protocols draw a letter at random; here
 the draw is seeded by the sample (`fallback_seed`), so a rerun scores the same.
 
-`open_answer_correct` is MMMU's open question rule: the response's key phrases (what follows the
-last "is ", "so ", "therefore ", "answer ", ..., or "=" in the last sentence) and every number in
-them, lower-cased, numbers rounded to 2 places, must contain the normalised reference (a number
+`open_answer_correct` is MMMU's open question rule: the response's key phrases (per sentence, the
+shortest text after "could be ", "so ", "is ", ..., "result ", or "=" in the last sentence, taken
+in that order, an empty one giving way to the next) and every number in them, lower-cased, numbers rounded to 2 places, must contain the normalised reference (a number
 equal to it).
 """
 
@@ -83,8 +83,10 @@ def _key_phrases(response: str) -> list[str]:
     phrases = []
     for n, sentence in enumerate(sentences):
         indicators = KEY_INDICATORS + (("=",) if n == len(sentences) - 1 else ())
-        tails = [sentence.split(ind)[-1].strip() for ind in indicators if ind in sentence]
-        shortest = min(tails, key=len) if tails else ""
+        shortest = ""
+        for tail in (sentence.split(ind)[-1].strip() for ind in indicators if ind in sentence):
+            if not shortest or len(tail) < len(shortest):  # an empty tail is replaced by the next, as MMMU's code does
+                shortest = tail
         if shortest and shortest.strip() not in TRIVIAL:
             phrases.append(shortest)
     return phrases or [response.strip().strip(".").lower()]
