@@ -8,8 +8,8 @@ the draw is seeded by the sample (`fallback_seed`), so a rerun scores the same.
 
 `open_answer_correct` is MMMU's open question rule: the response's key phrases (per sentence, the
 shortest text after "could be ", "so ", "is ", ..., "result ", or "=" in the last sentence, taken
-in that order, an empty one giving way to the next) and every number in them, lower-cased, numbers rounded to 2 places, must contain the normalised reference (a number
-equal to it).
+in that order, an empty one giving way to the next) and every number in them, lower-cased, numbers
+rounded to 2 places, must contain the normalised reference (a number equal to it).
 """
 
 from __future__ import annotations
