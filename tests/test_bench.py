@@ -139,3 +139,47 @@ def test_eval_bench_is_logged_beside_the_rewards_during_training(tmp_path):
         assert key in logged, key
     with pytest.raises(UserError, match="eval.bench.name: 'gsmk8'"):
         Trainer(load_recipe(RECIPES.get("text_demo"), [f"output_dir={tmp_path / 'r2'}", "eval.bench={name: gsmk8}"]))
+
+
+
+def _with_answers(folder, data):
+    """The shard's completions replaced by right and wrong answers in turn (the scores then differ)."""
+    rows = [json.loads(x) for x in open(data)]
+    path = folder / "shards" / "0-of-1" / "samples.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for n, line in enumerate(lines):
+        line["completion"] = rows[n]["answer"] if n % 2 == 0 else "#### 7"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_served_scorer_scores_as_in_process(tmp_path):
+    """--scorer-url: the benchmark's scorer behind the reward server's app (`mmrl serve-reward gsm8k_answer`),
+    through the served rewards' transport, gives the in-process scores."""
+    import threading
+
+    import uvicorn
+    from served import free_port, wait_healthy
+
+    from mmrl.core.scoring import get_reward
+    from mmrl.serving.server_app import reward_app
+    data = gsm8k_sorting(tmp_path, n=4)
+    assert _run("gsm8k", tmp_path, data, stage="generate") is None
+    _with_answers(tmp_path / "bench" / "gsm8k", data)
+    score = dict(stage="score", data=data, options={"template": "{question}"})
+    local = run_bench(BenchRun("gsm8k", tmp_path, None, "", **score))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(reward_app("gsm8k_answer", get_reward("gsm8k_answer")), port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, type("Alive", (), {"poll": lambda self: None})())
+        served = run_bench(BenchRun("gsm8k", tmp_path, None, "", scorer_url=url, **score))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert local["headline"]["value"] == 50.0 and local["figures"]["strict_match"]["value"] == 50.0
+    assert served["scorer"]["url"] == url and local["scorer"]["url"] is None
+    for key in ("headline", "figures"):
+        assert served[key] == local[key]
