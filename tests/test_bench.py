@@ -183,3 +183,68 @@ def test_a_served_scorer_scores_as_in_process(tmp_path):
     assert served["scorer"]["url"] == url and local["scorer"]["url"] is None
     for key in ("headline", "figures"):
         assert served[key] == local[key]
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_the_checkpoints_weights_are_the_ones_the_trainer_resumes(tmp_path, lora):
+    """The bench's policy (the run's config, LoRA, CHECKPOINT/model.safetensors) holds the same weights
+    as the Trainer after `load_checkpoint` (accelerate's own loading), and not the starting ones."""
+    import torch
+
+    from mmrl.cli.commands import run_config
+    from mmrl.experiments.bench.policy_source import load_policy
+    overrides = [f"output_dir={tmp_path}", "max_steps=1", "optim.prompts_per_step=2", "algorithm.group_size=2",
+                 "logging.progress=false", "logging.report_to=[none]", "eval.max_prompts=2", f"optim.lora.r={lora}",
+                 "warm_start.steps=2", "warm_start.lr=0.05", *TINY]
+    trainer = Trainer(load_recipe(RECIPES.get("text_demo"), overrides))
+    trainer.warm_start()  # a random model's rewards are all 0: the RL step alone would change nothing
+    trainer.train()
+    checkpoint = tmp_path / "checkpoints" / "step-000001"
+    args = type("Args", (), {"args": []})()
+    cfg = run_config(args, checkpoint)
+    bench_policy = load_policy(cfg, checkpoint)
+    resumed = Trainer(cfg, for_training=False)
+    resumed.load_checkpoint(checkpoint)
+    theirs = dict(resumed.unwrapped.named_parameters())
+    ours = dict(bench_policy.model.named_parameters())
+    assert ours.keys() == theirs.keys() and any("lora" in k for k in ours) == bool(lora)
+    assert all(torch.equal(ours[k].cpu(), theirs[k].detach().cpu()) for k in ours)
+    if lora:  # LoRA's B starts at zero: trained ones are not
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in ours.items())
+    else:
+        start = dict(load_policy(cfg, None).model.named_parameters())
+        assert any(not torch.equal(start[k], v) for k, v in ours.items())
+
+
+def test_media_completions_round_trip_and_draw_the_grid(tmp_path):
+    """A generator's completions (image, audio, video) are written as files, read back for the scorer as the
+    scorers take them, and the first images (a video's first frame) drawn in report.md's grid."""
+    import numpy as np
+    from PIL import Image
+
+    from mmrl.core.benchmark import Figure
+    from mmrl.core.media import medium
+    from mmrl.experiments.bench.report import write_results
+    from mmrl.experiments.bench.sample_files import read_samples, sample_record
+    image = Image.fromarray(np.arange(12 * 10 * 3, dtype=np.uint8).reshape(10, 12, 3))
+    video = np.random.default_rng(0).integers(0, 255, (3, 8, 6, 3), dtype=np.uint8)
+    audio = {"array": np.linspace(-0.5, 0.5, 800, dtype=np.float32), "sampling_rate": 8000}
+    completions = [image, audio, np.transpose(video, (0, 3, 1, 2)), "text"]  # the video as [T, C, H, W] uint8
+    lines = [sample_record({"id": f"p{i}", "k": 0, "seed": i, "prompt": "draw", "completion": c,
+                            "columns": {"fps": 4.0} if i == 2 else {}}, tmp_path, medium) for i, c in enumerate(completions)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    back = read_samples(tmp_path)
+    assert np.array_equal(np.asarray(back[0]["completion"]), np.asarray(image))
+    assert back[1]["completion"]["sampling_rate"] == 8000 and np.allclose(back[1]["completion"]["array"], audio["array"])
+    assert np.array_equal(back[2]["completion"], video) and back[2]["columns"]["fps"] == 4.0
+    assert back[3]["completion"] == "text"
+    bench = dataclasses.replace(BENCHMARKS.get("gsm8k"), name="media", figures={"m": Figure("flexible_extract")},
+                                headline="m", categories=())
+    scored = [{"id": s["id"], "k": 0, "categories": {}, "values": {"flexible_extract": 1.0, "strict_match": 0.0}}
+              for s in back]
+    info = {"model": "m", "num_prompts": 4, "source_prompts": 4, "smoke_subset": False, "samples_per_prompt": 1,
+            "greedy": True, "source": "s", "split": None}
+    write_results(tmp_path, bench, info, scored, back)
+    grid = Image.open(tmp_path / "grid.png")
+    assert grid.size == (2 * 12, 12)  # two tiles (the image, the video's first frame), each 12 x 12
+    assert "grid.png" in (tmp_path / "report.md").read_text()

@@ -122,9 +122,10 @@ def run_list(args: argparse.Namespace) -> int:
     from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES, RATIO_LEVELS
     from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     from mmrl.core.scoring import REWARDS
-    from mmrl.registry import ADAPTERS, DEMOS, RECIPES, load_plugins
+    from mmrl.registry import ADAPTERS, BENCHMARKS, DEMOS, RECIPES, load_plugins
     load_plugins()
     rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
+            ("benchmarks (mmrl bench)", BENCHMARKS.names()),
             ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
             ("objectives (algorithm.objective)", OBJECTIVES.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),

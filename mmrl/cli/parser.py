@@ -92,7 +92,7 @@ def _demo_list_explain_export(add: Add, demos: list[str]) -> None:
     p = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
     p.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    add("list", "print every registered name (adapters, benchmarks, estimators, losses, rewards; imports the plugins)")
     p = add("explain", "print a recipe key's help, type, default and allowed values")
     p.add_argument("key", help="a dotted recipe key, e.g. algorithm.mu or policy.p_mask")
     p.add_argument("--task", help="the adapter whose policy section to read (default: causal_lm)")
