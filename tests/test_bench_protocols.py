@@ -137,3 +137,14 @@ def test_gsm8k_on_a_diffusion_lm_takes_d1s_settings(tmp_path):
     full = protocol_config(BENCHMARKS.get("gsm8k"), parse_config({"task": "dlm", "policy": {"model": "m"}}), [])
     assert (full.policy["gen_length"], full.policy["block_length"], full.policy["steps"]) == (256, 32, 128)
     assert summary["headline"]["n"] == 2
+
+
+def test_a_missing_image_is_named_before_the_model_loads(tmp_path):
+    import json
+
+    from mmrl.errors import UserError
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"question_id": "q7", "image": str(tmp_path / "gone.png"), "bbox": [1, 1, 2, 2],
+                                "answer": ["it"]}) + "\n")
+    with pytest.raises(UserError, match=r"row 'q7-0'.*image file does not exist.*gone.png"):
+        _bench(tmp_path, "refcoco", "vlm", "no/such-model", str(data))  # a model that cannot load: the check comes first

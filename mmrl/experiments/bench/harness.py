@@ -21,7 +21,7 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.benchmark import Benchmark
 from mmrl.data.bench_rows import benchmark_rows, shard_rows
 from mmrl.errors import UserError
-from mmrl.experiments.bench.policy_source import generation_settings, load_policy
+from mmrl.experiments.bench.policy_source import check_media, generation_settings, load_policy
 from mmrl.experiments.bench.report import write_results
 from mmrl.experiments.bench.sample_files import DONE, finished, mark_finished, read_samples, sample_record, shard_dir
 from mmrl.registry import BENCHMARKS
@@ -69,6 +69,7 @@ def _generate(run: BenchRun, bench: Benchmark, rows: list[dict], options: dict, 
     if run.cfg is None:
         raise UserError("mmrl bench --stage generate needs a model: --checkpoint DIR, --model ID or --base")
     mine = shard_rows(rows, run.shard)
+    check_media(run.cfg, mine, f"benchmark {bench.name}: {run.data or bench.source}")
     policy = load_policy(run.cfg, run.checkpoint)
     resolved = bench.resolve_options(options, policy) if bench.resolve_options else options
     folder.mkdir(parents=True, exist_ok=True)
