@@ -67,3 +67,34 @@ def test_a_benchmark_refuses_figures_of_unknown_metrics():
     with pytest.raises(ValueError, match="reads metric 'x'"):
         Benchmark(name="b", description="", source="s", split="test", read_rows=list, prompt=str, scorer="accuracy",
                   metrics={"m": {}}, figures={"f": Figure("x")}, headline="f", default_task="causal_lm", official="")
+
+
+def test_shift_moves_the_value_not_the_se():
+    """A published min-max normalisation (x - lo) / (hi - lo) as scale and shift."""
+    data = [("a", 0, 0.9), ("b", 0, 0.7)]
+    lo, hi = 0.2615, 1.0
+    got = figure_value(scored(data), Figure("m", scale=1 / (hi - lo), shift=-lo / (hi - lo)))
+    assert got["value"] == pytest.approx((0.8 - lo) / (hi - lo))
+    assert got["se"] == pytest.approx(np.std([0.9, 0.7], ddof=1) / math.sqrt(2) / (hi - lo))
+
+
+def test_a_combined_figure_is_the_weighted_mean_of_its_parts_and_nan_when_one_is_missing():
+    from mmrl.core.bench_stats import figure_table
+    samples = [{"id": i, "k": 0, "categories": {}, "values": v} for i, v in
+               [("a", {"x": 1.0, "y": None}), ("b", {"x": 0.0, "y": None}), ("c", {"x": None, "y": 0.5}),
+                ("d", {"x": None, "y": 0.25})]]
+    figures = {"x": Figure("x"), "y": Figure("y"), "both": Figure(combine=(("x", 1.0), ("y", 0.5))),
+               "with_z": Figure(combine=(("x", 1.0), ("z", 1.0))), "z": Figure("z")}
+    got = figure_table(samples, figures)
+    se_x, se_y = np.std([1, 0], ddof=1) / math.sqrt(2), np.std([0.5, 0.25], ddof=1) / math.sqrt(2)
+    assert got["both"]["value"] == pytest.approx((0.5 * 1.0 + 0.375 * 0.5) / 1.5)
+    assert got["both"]["se"] == pytest.approx(math.sqrt((se_x / 1.5) ** 2 + (0.5 * se_y / 1.5) ** 2))
+    assert got["both"]["n"] == 4
+    assert math.isnan(got["with_z"]["value"])  # z was never scored: no figure, not x's alone
+
+
+def test_a_combined_figure_names_figures_of_metrics():
+    with pytest.raises(ValueError, match="combines"):
+        Benchmark(name="b", description="", source="s", split="test", read_rows=list, prompt=str, scorer="accuracy",
+                  metrics={"m": {}}, figures={"f": Figure("m"), "g": Figure(combine=(("h", 1.0),))}, headline="f",
+                  default_task="causal_lm", official="")

@@ -10,7 +10,14 @@ prompt are correlated, so every standard error is taken over prompts:
                 SE = sqrt(P / (P - 1) * sum_p (y_p - R x_p)^2) / sum_p x_p   (the linearised
                 ratio estimator's SE over prompt clusters; corpus WER = total edits / total words)
 
-Both are scaled by the figure's `scale`. A figure with one prompt has SE 0; one with none is NaN.
+Both are scaled by the figure's `scale` and moved by its `shift`. A figure with one prompt has SE 0;
+one with none is NaN.
+
+  combined figure  value = sum_f w_f v_f / sum_f w_f over its parts (other figures, scaled),
+                   SE = sqrt(sum_f (w_f / sum w)^2 se_f^2) (the parts taken as independent: exact
+                   for parts over disjoint prompts, as GenEval's tasks; an approximation where
+                   parts score the same samples, as VBench's dimensions); n = the prompts scored in
+                   any part. NaN when any part is NaN.
 """
 
 from __future__ import annotations
@@ -60,14 +67,30 @@ def _ratio_figure(scored: Sequence[Scored], figure: Figure) -> tuple[float, floa
 
 
 def figure_value(scored: Sequence[Scored], figure: Figure) -> dict[str, float]:
-    """{"value", "se", "n" (prompts)} of `figure` over the scored samples (module docstring)."""
+    """{"value", "se", "n" (prompts)} of a figure of a metric over the scored samples (module docstring)."""
     value, se, n = (_ratio_figure if figure.per else _mean_figure)(scored, figure)
-    return {"value": value * figure.scale, "se": se * figure.scale, "n": n}
+    return {"value": value * figure.scale + figure.shift, "se": se * abs(figure.scale), "n": n}
+
+
+def combined_value(scored: Sequence[Scored], figure: Figure, parts: Mapping[str, dict[str, float]],
+                   metrics: Mapping[str, str]) -> dict[str, float]:
+    """The weighted mean of `parts` (figure name -> `figure_value`) that `figure.combine` names;
+    `metrics`: each part's metric, whose prompts count in n (module docstring)."""
+    total = sum(w for _, w in figure.combine)
+    chosen = [(parts[name], w / total) for name, w in figure.combine]
+    ids = {i for name, _ in figure.combine for i in _by_prompt(scored, metrics[name])}
+    if any(math.isnan(p["value"]) for p, _ in chosen):
+        return {"value": math.nan, "se": math.nan, "n": len(ids)}
+    value = sum(p["value"] * w for p, w in chosen)
+    return {"value": value, "se": math.sqrt(sum((w * p["se"]) ** 2 for p, w in chosen)), "n": len(ids)}
 
 
 def figure_table(scored: Sequence[Scored], figures: Mapping[str, Figure]) -> dict[str, dict[str, float]]:
-    """figure name -> `figure_value`."""
-    return {name: figure_value(scored, figure) for name, figure in figures.items()}
+    """figure name -> `figure_value`, then the combined figures from those (in the figures' order)."""
+    plain = {name: figure_value(scored, f) for name, f in figures.items() if not f.combine}
+    metrics = {name: f.metric for name, f in figures.items() if not f.combine}
+    return {name: plain[name] if not f.combine else combined_value(scored, f, plain, metrics)
+            for name, f in figures.items()}
 
 
 def category_tables(scored: Sequence[Scored], figures: Mapping[str, Figure],

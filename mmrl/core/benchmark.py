@@ -21,12 +21,18 @@ Row = dict[str, Any]
 class Figure:
     """A summary figure: the mean of the per-sample `metric` over prompts (each prompt's samples
     averaged first), or with `per` the ratio sum(metric) / sum(per) over every sample; times
-    `scale` (100: a percentage)."""
+    `scale` (100: a percentage), plus `shift` (a published normalisation (x - lo) / (hi - lo) is
+    scale 1 / (hi - lo), shift -lo / (hi - lo)). With `combine` ((figure name, weight), ...) it is
+    instead the weighted mean of those other figures, sum w_f value_f / sum w_f (GenEval's mean
+    over its six tasks, VBench's quality score): NaN when any of them is (a part never scored is
+    not left out of the weights silently); `metric` is then None."""
 
-    metric: str
+    metric: str | None = None
     per: str | None = None
     scale: float = 1.0
     higher_is_better: bool = True
+    shift: float = 0.0
+    combine: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,15 @@ class Benchmark:
         if self.headline not in self.figures:
             raise ValueError(f"benchmark {self.name!r}: headline {self.headline!r} is not one of its figures")
         for name, figure in self.figures.items():
+            if figure.combine:
+                parts = [part for part, _ in figure.combine]
+                unknown = [p for p in parts if p not in self.figures or self.figures[p].combine]
+                if unknown or figure.metric is not None:
+                    raise ValueError(f"benchmark {self.name!r}: figure {name!r} combines {unknown or parts}, which "
+                                     "must be other figures of metrics (and names no metric itself)")
+                continue
+            if figure.metric is None:
+                raise ValueError(f"benchmark {self.name!r}: figure {name!r} has neither a metric nor parts to combine")
             for metric in (figure.metric, figure.per):
                 if metric is not None and metric not in self.metrics:
                     raise ValueError(f"benchmark {self.name!r}: figure {name!r} reads metric {metric!r}, "
