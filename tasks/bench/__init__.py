@@ -1,6 +1,7 @@
 """The built-in benchmarks (docs/bench.md), registered in `mmrl.registry.BENCHMARKS`, and their scorers,
 registered rewards (so `mmrl serve-reward SCORER` serves a benchmark's scoring): GSM8K and MATH500
 (`math_text`), LibriSpeech (`speech`), MMMU and MMAU (`choice_benchmarks`, parsing in `choices`),
-MathVista (`mathvista`), RefCOCO / RefCOCO+ / RefCOCOg (`grounding`)."""
+MathVista (`mathvista`), RefCOCO / RefCOCO+ / RefCOCOg (`grounding`);
+GenEval (`geneval`, its rules in `geneval_rules`, detectors and colour classifier in `geneval_detectors`)."""
 
-from . import choice_benchmarks, grounding, math_text, mathvista, speech  # noqa: F401  (registration)
+from . import choice_benchmarks, geneval, grounding, math_text, mathvista, speech  # noqa: F401  (registration)
