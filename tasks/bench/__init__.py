@@ -2,6 +2,7 @@
 registered rewards (so `mmrl serve-reward SCORER` serves a benchmark's scoring): GSM8K and MATH500
 (`math_text`), LibriSpeech (`speech`), MMMU and MMAU (`choice_benchmarks`, parsing in `choices`),
 MathVista (`mathvista`), RefCOCO / RefCOCO+ / RefCOCOg (`grounding`);
-GenEval (`geneval`, its rules in `geneval_rules`, detectors and colour classifier in `geneval_detectors`)."""
+GenEval (`geneval`, its rules in `geneval_rules`, detectors and colour classifier in `geneval_detectors`);
+VBench (`vbench`, its dimensions in `vbench_dimensions`)."""
 
-from . import choice_benchmarks, geneval, grounding, math_text, mathvista, speech  # noqa: F401  (registration)
+from . import choice_benchmarks, geneval, grounding, math_text, mathvista, speech, vbench  # noqa: F401  (registration)
