@@ -3,6 +3,7 @@ registered rewards (so `mmrl serve-reward SCORER` serves a benchmark's scoring):
 (`math_text`), LibriSpeech (`speech`), MMMU and MMAU (`choice_benchmarks`, parsing in `choices`),
 MathVista (`mathvista`), RefCOCO / RefCOCO+ / RefCOCOg (`grounding`);
 GenEval (`geneval`, its rules in `geneval_rules`, detectors and colour classifier in `geneval_detectors`);
-VBench (`vbench`, its dimensions in `vbench_dimensions`)."""
+VBench (`vbench`, its dimensions in `vbench_dimensions`); HPSv2's benchmark, Pick-a-Pic's PickScore and
+ImageReward's benchmark (`preference`)."""
 
-from . import choice_benchmarks, geneval, grounding, math_text, mathvista, speech, vbench  # noqa: F401  (registration)
+from . import choice_benchmarks, geneval, grounding, math_text, mathvista, preference, speech, vbench  # noqa: F401  (registration)
