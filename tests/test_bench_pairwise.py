@@ -48,8 +48,8 @@ def _mp4(path: Path, frames: np.ndarray) -> str:
     return path.name
 
 
-def test_the_script_scores_each_video_once_and_compares_the_margins_with_the_labels(tmp_path):
-    script = _load_script()
+def _pairs(tmp_path: Path) -> list[dict]:
+    """Two tiny videos (a still one, a flickering one), three labelled pairs of them, written as pairs.csv."""
     rng = np.random.default_rng(0)
     still = np.repeat(rng.integers(0, 255, (1, 32, 32, 3), dtype=np.uint8), 6, axis=0)
     flicker = rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8)
@@ -61,7 +61,28 @@ def test_the_script_scores_each_video_once_and_compares_the_margins_with_the_lab
         writer = csv.DictWriter(f, fieldnames=list(pairs[0]))
         writer.writeheader()
         writer.writerows(pairs)
+    return pairs
+
+
+def test_the_script_scores_each_video_once_and_compares_the_margins_with_the_labels(tmp_path):
+    script, pairs = _load_script(), _pairs(tmp_path)
     scores = script.score_videos(pairs, tmp_path, "temporal_consistency", {"embedding": "pixels"}, None)
     assert set(scores) == {"still.mp4", "flicker.mp4"} and scores["still.mp4"]["TA"] > scores["flicker.mp4"]["TA"]
     got = script.pair_accuracies(pairs, scores)["TA"]
+    assert got["pairs"] == 3 and got["without_ties"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow  # 38 s on 2 loaded cores: a subprocess importing mmrl's plugins
+def test_the_script_runs_as_a_user_runs_it(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    _pairs(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "pairs.csv"), "--reward", "temporal_consistency",
+                           "--args", '{"embedding": "pixels"}', "--json", str(tmp_path / "out.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads((tmp_path / "out.json").read_text())["accuracy"]["TA"]
     assert got["pairs"] == 3 and got["without_ties"] == pytest.approx(2 / 3)
