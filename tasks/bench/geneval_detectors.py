@@ -8,7 +8,8 @@ Detectors (``detector`` option):
                 `detector_config` (an mmdet config file) and `detector_path` (its checkpoint);
                 needs mmdet / mmcv installed (not a dependency of mmrl)
   transformers  any transformers object detector (``AutoModelForObjectDetection``: DETR,
-                Deformable DETR, RT-DETR, ... trained on COCO) from `detector_path`, boxes only;
+                Deformable DETR, RT-DETR, ... trained on COCO) from `detector_path` (a hub id or
+                a folder), boxes only;
                 its COCO label names are GenEval's class names (``mouse``: ``computer mouse``, ...)
   recorded      detections recorded beforehand: `detector_path` a JSON file {prompt id: {class:
                 [[x1, y1, x2, y2, score], ...]}}, the same for every sample of the prompt (tests,
@@ -52,7 +53,7 @@ def class_names() -> list[str]:
 @functools.lru_cache(maxsize=2)
 def _transformers_detector(path: str, device: str):
     from transformers import AutoImageProcessor, AutoModelForObjectDetection
-    if not Path(path).exists():
+    if not Path(path).exists() and path.startswith((".", "/", "~")):
         raise FileNotFoundError(f"geneval: detector_path {path!r} does not exist (a transformers object detector)")
     model = AutoModelForObjectDetection.from_pretrained(path).to(device).eval()
     return model, AutoImageProcessor.from_pretrained(path)

@@ -89,8 +89,8 @@ def clip_pixels(video: Any, side: int = 224) -> torch.Tensor:
 @functools.lru_cache(maxsize=2)
 def dino_model(path: str, device: str):
     from transformers import ViTModel
-    if not Path(path).exists():
-        raise FileNotFoundError(f"vbench: dino_path {path!r} does not exist (a DINO ViT, e.g. facebook/dino-vitb16)")
+    if not Path(path).exists() and path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"vbench: dino_path {path!r} does not exist (a DINO ViT folder or hub id, e.g. facebook/dino-vitb16)")
     return ViTModel.from_pretrained(path, add_pooling_layer=False).to(device).eval()
 
 
