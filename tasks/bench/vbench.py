@@ -29,7 +29,13 @@ from mmrl.core.scoring import register_reward
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.clip import _device, load_clip, load_head
 
-from . import vbench_dimensions as dims
+from .vbench_dimensions import (
+    aesthetic_quality,
+    background_consistency,
+    dynamic_degree,
+    subject_consistency,
+    temporal_flickering,
+)
 
 SUITE = Path(__file__).parent / "prompts" / "vbench" / "VBench_full_info.json"
 QUALITY = ("subject_consistency", "background_consistency", "temporal_flickering", "motion_smoothness",
@@ -75,19 +81,19 @@ def _scorer(dimension: str, settings: Mapping[str, Any]):
     """A function of (video, fps) giving the dimension's score (vbench_dimensions.py)."""
     dev = _device(settings["device"])
     if dimension == "temporal_flickering":
-        return lambda video, fps: dims.temporal_flickering(video)
+        return lambda video, fps: temporal_flickering(video)
     if dimension == "subject_consistency":
         path = _needed(settings["dino_path"], "dino_path", dimension)
-        return lambda video, fps: dims.subject_consistency(video, path, dev)
+        return lambda video, fps: subject_consistency(video, path, dev)
     if dimension == "dynamic_degree":
         path = _needed(settings["raft_path"], "raft_path", dimension)
-        return lambda video, fps: dims.dynamic_degree(video, fps, path, dev)
+        return lambda video, fps: dynamic_degree(video, fps, path, dev)
     prefix = "aesthetic_" if dimension == "aesthetic_quality" else "clip_"
     net, _, _ = load_clip(settings[prefix + "model"], settings[prefix + "pretrained"], settings[prefix + "model_config"], dev)
     if dimension == "background_consistency":
-        return lambda video, fps: dims.background_consistency(video, net, dev)
+        return lambda video, fps: background_consistency(video, net, dev)
     head = load_head(_needed(settings["aesthetic_head"], "aesthetic_head", dimension), dev)
-    return lambda video, fps: dims.aesthetic_quality(video, net, head, dev)
+    return lambda video, fps: aesthetic_quality(video, net, head, dev)
 
 
 @register_reward("vbench")
