@@ -134,3 +134,4 @@ TOOLS: Registry = Registry("tool")  # a typed Python function with a docstring t
 DEMO_FIGURES: Registry = Registry("demo figure")  # fn(rows, greedy_before, greedy_after, out_png)
 DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.train.loop.evaluation.Evaluator: a held-out judge, never a reward
 DEMO_SAMPLE_WRITERS: Registry = Registry("demo sample writer")  # fn(samples, folder): held-out inputs and outputs as files
+BENCHMARKS: Registry = Registry("benchmark")  # mmrl.core.benchmark.Benchmark: data source, generation, scorer (docs/bench.md)

@@ -341,3 +341,17 @@ def test_compare_sweeps_at_equal_time(tmp_path):
     assert "| b 0: rollout.mode=sync | 0.500 | 2.00x | 4 | 0.400 | 0.200 |" in done.stdout
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["T_s"] == 2.0 and list(out["cells"]) == ["a 1: x=a", "b 0: rollout.mode=sync", "b 1: x=b"]
+
+
+@pytest.mark.slow  # 320 s on the 2 cores under a load of 10: the tiny text demo and two `mmrl bench` subprocesses
+def test_bench_gsm8k_text_demo(tmp_path):
+    out = run_script("bench_gsm8k_text_demo.py", "--out", str(tmp_path), "--json", str(tmp_path / "r.json"),
+                     "max_steps=2", "warm_start.steps=2", "eval.max_prompts=4", "save_every=2",
+                     "policy.tiny_args.hidden=32", "policy.tiny_args.layers=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout[out.stdout.index("{"):])
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert report["prompts"] == 4 and report["checkpoint_dir"].endswith("step-000002")
+    for name in ("base", "checkpoint"):
+        assert {"value", "se", "n"} <= set(report[name]["flexible_extract"]) and report[name]["flexible_extract"]["n"] == 4
+    assert math.isfinite(report["difference"])

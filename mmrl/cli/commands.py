@@ -25,7 +25,7 @@ def _same_run(recipe_name: str, recipe_cfg, run_cfg, run_config: Path) -> None:
                         f"--checkpoint alone, or another output_dir")
 
 
-def _eval_config(args, checkpoint: Path | None):
+def run_config(args, checkpoint: Path | None):
     """The run's own ``config.json`` (with the overrides) when the checkpoint, or the recipe's
     output_dir, belongs to a run (said on stderr; refused when the recipe's task or model is
     another), else the recipe."""
@@ -62,7 +62,7 @@ def run_eval(args) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and not (checkpoint / ckpt.STATE).is_file():
         raise UserError(f"--checkpoint {args.checkpoint!r} is not a checkpoint directory (no {ckpt.STATE})")
-    cfg = _eval_config(args, checkpoint)
+    cfg = run_config(args, checkpoint)
     if checkpoint is None and not args.base:
         checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
         if checkpoint is None:
@@ -122,9 +122,10 @@ def run_list(args: argparse.Namespace) -> int:
     from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES, RATIO_LEVELS
     from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     from mmrl.core.scoring import REWARDS
-    from mmrl.registry import ADAPTERS, DEMOS, RECIPES, load_plugins
+    from mmrl.registry import ADAPTERS, BENCHMARKS, DEMOS, RECIPES, load_plugins
     load_plugins()
     rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
+            ("benchmarks (mmrl bench)", BENCHMARKS.names()),
             ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
             ("objectives (algorithm.objective)", OBJECTIVES.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.config.bench import BenchEvalConfig
 from mmrl.config.remote import ClientSettings, ServerLaunch
 from mmrl.config.rollouts import RolloutConfig, SamplingConfig, ScoringConfig
 
@@ -160,6 +161,9 @@ class EvalConfig:
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})
+    bench: BenchEvalConfig | None = field(default=None, metadata={"help": (
+        "A benchmark's subset scored at every evaluation beside the rewards ({name, num_prompts, ...}), logged as "
+        "eval/bench/NAME/FIGURE (docs/bench.md); null: none.")})
 
 
 @dataclass

@@ -43,6 +43,7 @@ class StageInputs:
     train_rows: Any                # mmrl.data.Rows
     eval_rows: Any                 # mmrl.data.Rows
     sampler: PromptSampler
+    bench: Any = None              # mmrl.train.loop.benchmark_pass.PeriodicBench (eval.bench), or None
 
 
 def generation_calls(groups: range, per_call: int) -> list[range]:

@@ -22,6 +22,7 @@ from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
+from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
@@ -63,7 +64,8 @@ def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str,
 def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=None,
                  warm_start: bool = False, held_out: bool = False) -> StageInputs:
     """A stage's rewards (bound here unless given), data (with the warm start's target column where
-    `warm_start`; with `held_out`, refused without held-out rows) and a fresh prompt sampler over it."""
+    `warm_start`; with `held_out`, refused without held-out rows), a fresh prompt sampler over it and its
+    ``eval.bench`` (its rows read before any model loads)."""
     if reward_fns is None:
         reward_fns, reward_weights = bound_rewards(stage.config)
     cfg = stage.config
@@ -71,8 +73,10 @@ def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=
     if held_out and not len(evaluated):
         raise UserError(f"eval: the data ({cfg.data.path or cfg.data.name}) has no held-out rows to score; "
                         f"set data.eval_path (a held-out file, or a data set with data.eval_split)")
+    bench = cfg.eval.bench
     return StageInputs(cfg, reward_fns, reward_weights, train, evaluated,
-                       PromptSampler(train, cfg.sampling, plan.sampler_seed(stage)))
+                       PromptSampler(train, cfg.sampling, plan.sampler_seed(stage)),
+                       PeriodicBench(bench) if bench is not None else None)
 
 
 @dataclass

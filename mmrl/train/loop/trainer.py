@@ -279,14 +279,15 @@ class Trainer(RunCheckpoints):
     def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False,
                  kept_rows: int | None = None) -> dict:
         """Held-out scores (`mmrl.train.loop.evaluation.evaluate`), with `evaluator`'s beside the reward's
-        (and the samples of the first `kept_rows` rows with `keep_samples`)."""
+        (and the samples of the first `kept_rows` rows with `keep_samples`), and eval.bench's figures."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]
         with self.collector.rollout_params():
-            return evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
-                            cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples, kept_rows=kept_rows,
-                            show_progress=cfg.logging.progress and self.accelerator.is_main_process)
+            scores = evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
+                              cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
+                              gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples, kept_rows=kept_rows,
+                              show_progress=cfg.logging.progress and self.accelerator.is_main_process)
+            return {**scores, **(self.inputs.bench.scores(self.policy, cfg.seed) if self.inputs.bench else {})}
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets (none when

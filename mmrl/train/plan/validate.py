@@ -29,7 +29,7 @@ from mmrl.core.objectives import OBJECTIVES
 from mmrl.core.regularisers import regulariser_needs
 from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
-from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
+from mmrl.registry import ADAPTERS, BENCHMARKS, DATASETS, import_user_module, load_plugins
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
 from mmrl.train.plan.learning_rates import check_learning_rates
 from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
@@ -116,6 +116,12 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
         if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists() \
                 and not is_hub_id(value):  # a hub id is loaded with the data, before any model
             problems.append(f"data.{key}: {value!r} does not exist")
+    bench = cfg.eval.bench
+    if bench is not None and check_name(problems, BENCHMARKS, "eval.bench.name", bench.name):
+        unknown = sorted(set(bench.options) - set(BENCHMARKS.get(bench.name).options))
+        problems += [f"eval.bench.options: benchmark {bench.name!r} has no option {unknown[0]!r}"] if unknown else []
+    if bench is not None and bench.num_prompts < 1:
+        problems.append(f"eval.bench.num_prompts={bench.num_prompts} must be >= 1")
     report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
     for r in report_to:
         if r not in REPORTERS:
