@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import emit  # noqa: E402
 from mmrl.tasks.dlm.generation import DecodeConfig, block_decode  # noqa: E402
-from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy  # noqa: E402
+from mmrl.tasks.dlm.config import DLMConfig  # noqa: E402
+from mmrl.tasks.dlm.policy import DLMPolicy  # noqa: E402
 
 PROMPTS = ["12+34=", "56+78=", "90+12=", "33+44="]  # one length: d1 passes no attention mask
 MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}

@@ -66,9 +66,11 @@ class DLMConfig(DecodeConfig, BlockDiffusionConfig):
     estimator: str = field(default="diffu_grpo", metadata={"help": (
         "Log-prob estimator of completion tokens (docs/dlm.md): diffu_grpo (d1: one view, completion masked, prompt "
         "masked with p_mask), coupled (DiffuCoder: two complementary masks), elbo (GDPO: Gauss-Legendre ELBO "
-        "quadrature); family diffusion_gemma: final_step (the sampler's own: each token at its block's last "
-        "denoising step, canvas and self-conditioning replayed) or diffu_grpo (the block fully noised, no "
-        "self-conditioning)."),
+        "quadrature), spg (SPG: block-wise masks; lower and upper bounds for algorithm.objective spg), espo (ESPO: "
+        "complementary masks, a sequence ELBO), tracerl (TraceRL: each token at the decoding step that committed "
+        "it), agrpo (AGRPO: a sample of the decoding steps per pass); family diffusion_gemma: final_step (the "
+        "sampler's own: each token at its block's last denoising step, canvas and self-conditioning replayed) or "
+        "diffu_grpo (the block fully noised, no self-conditioning)."),
         "choices": "mmrl.tasks.dlm.estimators:LOGP_ESTIMATORS,mmrl.tasks.dlm.config:BLOCK_DIFFUSION_ESTIMATORS"})
     p_mask: float = field(default=0.15, metadata={"help": (
         "diffu_grpo: the probability that each prompt token is masked in the scoring view (d1: 0.15), redrawn "
@@ -79,6 +81,29 @@ class DLMConfig(DecodeConfig, BlockDiffusionConfig):
         "estimator coupled: average in the view with the whole completion masked, logp = (log p_full_mask + "
         "coupled term) / 2, as the DiffuCoder paper and apple/ml-diffucoder (3 forwards); false = the "
         "coupled term alone, halved (2 forwards; mmrl's earlier rule)")})
+    spg_views: int = field(default=2, metadata={"help": (
+        "estimator spg: masked views per row and pass (SPG's num_t; its scripts use 2), at most gen_length / "
+        "block_length.")})
+    spg_beta: float = field(default=1.5, metadata={"help": (
+        "estimator spg: the upper bound's beta, log mean p^beta / beta (SPG's eubo_beta: 1.5 for GSM8K and MATH, "
+        "2.0 Countdown, 1.0 Sudoku).")})
+    spg_negative: Literal["eubo", "mix", "elbo"] = field(default="mix", metadata={"help": (
+        "estimator spg: the bound rows with advantage <= 0 train on: eubo (the upper bound), mix (spg_mix_weight eubo "
+        "+ (1 - spg_mix_weight) elbo: SPG's best) or elbo (the lower bound, no sandwich).")})
+    spg_mix_weight: float = field(default=0.5, metadata={"help": (
+        "estimator spg, spg_negative mix: the upper bound's share (SPG's mix_weight 0.5).")})
+    espo_samples: int = field(default=2, metadata={"help": (
+        "estimator espo: pairs of complementary views per row and pass (ESPO's num_mc; its runs use 2), each 2 "
+        "forward passes.")})
+    trace_shrink: int = field(default=1, metadata={"help": (
+        "estimator tracerl: consecutive decoding steps scored in one view (TraceRL's shrink; its LLaDA config uses 8 "
+        "with 512 steps); steps / trace_shrink forward passes.")})
+    agrpo_samples: int = field(default=4, metadata={"help": (
+        "estimator agrpo: decoding steps drawn per row and pass (AGRPO's mc_samples; its config uses 24 of 128 "
+        "steps), one forward pass each.")})
+    agrpo_step_sampling: Literal["uniform", "entropy"] = field(default="uniform", metadata={"help": (
+        "estimator agrpo: how the steps are drawn: uniform (stratified) or entropy (in proportion to the summed "
+        "entropies of the tokens each step committed, importance-weighted back: AGRPO's importance_sampling).")})
     gradient_checkpointing: bool = field(default=False, metadata={"help": (
         "Recompute activations in backward to save memory.")})
     logprobs_from: Literal["hidden_states", "logits"] = logprobs_from_field("logits", (
@@ -111,4 +136,25 @@ def config_problems(cfg: DLMConfig) -> list[str]:
             problems.append(str(e))
     elif cfg.estimator not in LOGP_ESTIMATORS.names():
         problems.append(f"policy.estimator={cfg.estimator!r} is not one of {', '.join(LOGP_ESTIMATORS.names())}")
+    else:
+        problems += method_problems(cfg)
+    return problems
+
+
+def method_problems(cfg: DLMConfig) -> list[str]:
+    """The masked family's estimator settings."""
+    problems = []
+    blocks = cfg.gen_length // max(cfg.block_length, 1)
+    if cfg.estimator == "spg" and not 1 <= cfg.spg_views <= blocks:
+        problems.append(f"policy.spg_views={cfg.spg_views} must be between 1 and the completion's {blocks} blocks "
+                        "(gen_length / block_length), as SPG's")
+    if cfg.estimator == "spg" and (not cfg.spg_beta > 0 or not 0 <= cfg.spg_mix_weight <= 1):
+        problems.append(f"policy.spg_beta={cfg.spg_beta} must be > 0 and policy.spg_mix_weight={cfg.spg_mix_weight} "
+                        "in [0, 1]")
+    for name in ("espo_samples", "trace_shrink", "agrpo_samples"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"policy.{name}={getattr(cfg, name)} must be >= 1")
+    if cfg.estimator == "agrpo" and cfg.temperature == 0:
+        problems.append("policy.temperature=0: estimator agrpo scores each token at the decoding temperature; "
+                        "greedy decoding has none")
     return problems

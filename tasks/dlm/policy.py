@@ -69,6 +69,11 @@ class DLMPolicy(MaskedScoring):
         return config_problems(cfg)
 
     @classmethod
+    def unit_terms(cls, cfg: DLMConfig) -> str:
+        """SPG's estimator gives a lower and an upper bound per unit (algorithm.objective: spg)."""
+        return "logprob_bounds" if cfg.estimator == "spg" and cfg.family == "masked" else "logprobs"
+
+    @classmethod
     def media_columns(cls, cfg: DLMConfig) -> dict[str, Any]:
         return {cfg.image_column: check_image} if cfg.family == "diffusion_gemma" else {}
 
@@ -145,11 +150,11 @@ class DLMPolicy(MaskedScoring):
         was_training = self.model.training
         self.model.eval()
         sampled = not greedy and self.decode.temperature > 0
-        completion_ids, logp = block_decode(
+        trace = block_decode(
             lambda x, a, p: self.logits(self.model, x, a, p), prompt_ids.to(self.device),
             prompt_mask.to(self.device), self.decode, self.mask_id, self.eos_ids[0],
-            None if greedy else seeds, group_size, with_logp=True)
-        completion_ids = completion_ids.cpu()
+            None if greedy else seeds, group_size, traced=True)
+        completion_ids = trace.ids.cpu()
         self.model.train(was_training)
         unit_mask, truncated = self._completion_mask(completion_ids)
         ends = unit_mask.sum(1).long().tolist()
@@ -161,8 +166,9 @@ class DLMPolicy(MaskedScoring):
             completions=texts, unit_mask=unit_mask, truncated=truncated,
             columns={"completion_ids": [ids[:n].tolist() for ids, n in zip(completion_ids, ends)]},
             extras={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                    "completion_step": trace.step.cpu(), "completion_entropy": trace.entropy.cpu(),
                     "mask_seed": mask_seeds, "mask_pass": 0},
-            rollout_logp=logp.cpu() * unit_mask if sampled else None)  # greedy decoding has no draw
+            rollout_logp=trace.logp.cpu() * unit_mask if sampled else None)  # greedy decoding has no draw
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first EOS (the canvas after it is EOS filler);
