@@ -75,8 +75,8 @@ def test_acceptance_stopping_and_block_ends_follow_generate():
     entropy = torch.distributions.Categorical(logits=logits).entropy()[0]
     # sorted entropies 0.112, 0.394, 0.693, 1.089: the cumulative sums minus the last are 0, 0.112, 0.506, ...
     assert entropy.argsort().tolist() == [0, 2, 3, 1]
-    assert entropy_bound_accept(logits, 0.2).tolist() == [[True, False, True, False]]
-    assert entropy_bound_accept(logits, 0.01).tolist() == [[True, False, False, False]]  # the first is always taken
+    assert entropy_bound_accept(entropy[None], 0.2).tolist() == [[True, False, True, False]]
+    assert entropy_bound_accept(entropy[None], 0.01).tolist() == [[True, False, False, False]]  # the first is always taken
     stop = CanvasStopping(1, confidence=10.0)
     canvas = torch.tensor([[1, 2, 3, 4]])
     assert stop(canvas, logits).tolist() == [False]  # no history yet

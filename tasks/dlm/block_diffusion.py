@@ -93,9 +93,9 @@ def step_temperature(cfg: BlockDiffusionConfig, steps_left: int) -> float:
     return cfg.t_min + (cfg.t_max - cfg.t_min) * (steps_left / cfg.denoising_steps)
 
 
-def entropy_bound_accept(logits: Tensor, bound: float) -> Tensor:
-    """Bool [B, C]: the k lowest-entropy positions of each row with sum_{i<=k} H_(i) - H_(k) <= bound."""
-    entropy = torch.distributions.Categorical(logits=logits).entropy()
+def entropy_bound_accept(entropy: Tensor, bound: float) -> Tensor:
+    """Bool [B, C]: the k lowest-entropy positions of each row with sum_{i<=k} H_(i) - H_(k) <= bound,
+    from the positions' entropies [B, C]."""
     ordered, order = torch.sort(entropy, dim=-1)
     chosen = ordered.cumsum(-1) - ordered <= bound
     return torch.scatter(torch.zeros_like(chosen), -1, order, chosen)

@@ -93,11 +93,11 @@ def denoise_block(model: nn.Module, prefix: PrefixCache, cfg: BlockDiffusionConf
         drawing = noise.groups_with(~finished)
         drawn = shaped.argmax(-1) if greedy else noise.categorical(torch.softmax(shaped, -1, dtype=torch.float32), drawing)
         argmax = shaped.argmax(-1)
-        accept = entropy_bound_accept(shaped, cfg.entropy_bound)
+        dist = torch.distributions.Categorical(logits=shaped)  # its logits: the normalised log-probs
+        accept = entropy_bound_accept(dist.entropy(), cfg.entropy_bound)
         renoised = torch.where(accept, drawn, noise.uniform(drawing, width))
         fresh = ~finished
-        logp = torch.log_softmax(shaped.float(), -1).gather(-1, argmax[..., None]).squeeze(-1)
-        record.keep(fresh, canvas, seen[0], temperature, logp)
+        record.keep(fresh, canvas, seen[0], temperature, dist.logits.gather(-1, argmax[..., None]).squeeze(-1).float())
         if finished.any():  # frozen rows keep their canvas, argmax and logits
             argmax = torch.where(finished[:, None], record.tokens, argmax)
             renoised = torch.where(finished[:, None], canvas, renoised)
