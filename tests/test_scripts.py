@@ -200,10 +200,17 @@ def test_bench_diffusion_wan_video_section(tmp_path):
 
 def test_bench_dlm(tmp_path):
     report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
-                   "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1")
+                   "4", "--steps", "4", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1",
+                   "--dg-hidden", "32", "--dg-canvas", "4", "--dg-blocks", "2", "--dg-steps", "2")
     assert_finite(report, "generation.vocab_100.speedup_vs_d1", "generation.vocab_128.speedup_vs_d1",
-                  *(f"estimators.{name}.time_ratio_to_diffu_grpo" for name in ("coupled", "elbo", "elbo_k8")))
+                  "diffusion_gemma.speed_vs_stock",
+                  *(f"estimators.{name}.time_ratio_to_diffu_grpo"
+                    for name in ("coupled", "elbo", "elbo_k8", "spg", "espo", "tracerl", "agrpo")))
     assert report["setup"]["model"]["hidden"] == 32
+    assert report["estimators"]["tracerl"]["forwards_per_call"] == 4  # one view per decoding step
+    dg = report["diffusion_gemma"]
+    assert dg["one_group_same_tokens_as_stock"] and dg["mmrl"]["decoder_forwards"] == dg["stock"]["decoder_forwards"]
+    assert dg["estimators"]["final_step"]["decoder_forwards_per_call"] == 2  # one per canvas
 
 
 def test_bench_rewards_overlap(tmp_path):

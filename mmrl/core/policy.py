@@ -60,8 +60,23 @@ class Policy(ABC):
     @classmethod
     def unit_terms(cls, cfg: Any) -> str:
         """What a unit gives the objective under adapter config `cfg` (`Objective.unit_terms`):
-        'logprobs', or 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`)."""
+        'logprobs', 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`) or
+        'logprob_bounds' (a lower and an upper bound of each unit's log-likelihood term, SPG's,
+        `logprob_bounds`)."""
         return "logprobs"
+
+    def logprob_bounds(self, model: nn.Module, batch: Rollout,
+                       units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """A lower and an upper bound term [B, u] (fp32, under grad) of each unit's log-likelihood
+        (an adapter whose `unit_terms` is 'logprob_bounds' implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no log-likelihood bounds")
+
+    def unit_weights(self, batch: Rollout, units: slice = slice(None)) -> Tensor | None:
+        """Monte Carlo weights [B, u] of the units the batch's current update pass trains, for an
+        adapter that trains a random sample of its units per pass (a masked diffusion LM's AGRPO
+        draws denoising steps): each unit's loss is multiplied by its weight, and a weight of 0 leaves
+        the unit out of the pass (its log-prob is not computed). None: every unit, weight 1."""
+        return None
 
     def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
                                  reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
