@@ -283,10 +283,9 @@ class Trainer(RunCheckpoints):
         cfg = self.cfg
         rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]
         with self.collector.rollout_params():
-            scores = evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
-                              cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                              gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples, kept_rows=kept_rows,
-                              show_progress=cfg.logging.progress and self.accelerator.is_main_process)
+            scores = evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights, cfg.eval.group_size, cfg.seed,
+                              combine=cfg.algorithm.reward_combine, gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples,
+                              kept_rows=kept_rows, show_progress=cfg.logging.progress and self.accelerator.is_main_process)
             return {**scores, **(self.inputs.bench.scores(self.policy, cfg.seed) if self.inputs.bench else {})}
 
     def warm_start(self) -> float:
