@@ -1,5 +1,5 @@
 """DPG-Bench (Hu et al. 2024, ELLA: TencentQQGYLab/ELLA ``dpg_bench/``): 1,065 dense prompts, each
-with a graph of yes/no questions (docs/bench.md#dpg-bench-dpg_bench), as ``compute_dpg_bench.py``:
+with a graph of yes/no questions (docs/bench.md#geneval-2-geneval2-and-dpg-bench-dpg_bench-a-vision-language-judge), as ``compute_dpg_bench.py``:
 
 An image's questions are each answered yes or no by a VQA judge; then, in the questions' order,
 a question with a parent (``dependency``, 0 for none) answered no, or zeroed already, scores 0;

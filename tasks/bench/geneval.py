@@ -1,5 +1,5 @@
 """GenEval (Ghosh et al. 2023, djghosh13/geneval): compositional text-to-image generation judged by
-an object detector and a colour classifier (docs/bench.md#geneval).
+an object detector and a colour classifier (docs/bench.md#geneval-geneval).
 
 Its 553 prompts, with their metadata (``tag``: the task; ``include`` / ``exclude`` clauses of
 ``class``, ``count``, ``color``, ``position``), are kept in the repository

@@ -1,5 +1,5 @@
 """GenEval 2 (Kamath et al. 2025, facebookresearch/GenEval2): 800 compositional prompts judged by a
-vision-language model (docs/bench.md#geneval-2-geneval2), as its ``evaluation.py``:
+vision-language model (docs/bench.md#geneval-2-geneval2-and-dpg-bench-dpg_bench-a-vision-language-judge), as its ``evaluation.py``:
 
   vqascore      P(yes) to 'Does this image show "{prompt}"? Answer the question with Yes or No.'
                 (the first-token probabilities of Yes, yes, " yes", " Yes", summed)

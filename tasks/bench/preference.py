@@ -1,5 +1,5 @@
 """Human-preference scores of a text-to-image model on their authors' prompt sets
-(docs/bench.md#hpsv2-pickscore-imagereward):
+(docs/bench.md#hpsv2-pickscore-imagereward-hps_bench-pickapic-imagereward_bench):
 
   hps_bench          HPSv2's benchmark (Wu et al. 2023): 3,200 prompts of four styles (anime,
                      concept-art, paintings, photo; 800 each), one image per prompt, the HPS
