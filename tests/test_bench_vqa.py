@@ -78,7 +78,8 @@ def test_the_judge_sums_the_first_token_probabilities_of_the_answers(tiny_judge)
                                          add_generation_prompt=True, tokenize=False)
     with torch.no_grad():
         probs = torch.softmax(model(**processor(text=[text], images=[image], return_tensors="pt")).logits[0, -1], -1)
-    ids = processor.tokenizer.convert_tokens_to_ids(["Y", "y", " "])  # the character tokenizer: first characters
+    # the character tokenizer (byte-level, no merges): first characters, the space as its byte-level symbol
+    ids = processor.tokenizer.convert_tokens_to_ids(["Y", "y", "\u0120"])
     assert p == pytest.approx(float(probs[ids].sum()), abs=1e-5)
     assert top == processor.tokenizer.decode([int(probs.argmax())])
 
