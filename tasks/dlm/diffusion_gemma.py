@@ -40,6 +40,14 @@ class DiffusionGemmaPolicy(Policy):
 
     Config = DLMConfig
 
+    @classmethod
+    def output_kind(cls, cfg: DLMConfig) -> str:
+        return "text"  # as the masked family's (`DLMPolicy`, which the recipe's checks ask)
+
+    @classmethod
+    def rollout_columns(cls, cfg: DLMConfig) -> tuple[str, ...]:
+        return ("completion_ids",)
+
     def __init__(self, cfg: DLMConfig):
         if not cfg.model:
             raise ValueError("policy.model must name a model (hub id, local path, or tiny:NAME)")
