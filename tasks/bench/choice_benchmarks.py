@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import TEXT
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.text import completion_text
 
@@ -51,7 +52,7 @@ def _options(value: Any) -> list[str]:
     return [str(v) for v in (ast.literal_eval(value) if isinstance(value, str) else value)]
 
 
-@register_reward("mmmu_answer")
+@register_reward("mmmu_answer", outputs=TEXT)
 def mmmu_answer(prompts, completions, answer, options, question_type) -> list[float]:
     """1.0 when the response's letter (multiple choice) or key phrase (open) matches ``answer`` (MMMU's rules)."""
     out = []
@@ -83,7 +84,7 @@ def _mmmu_prompt(row: dict, options: Mapping[str, Any]) -> str:
     return f"{row['question']}\n\n{options['open_prompt']}"
 
 
-@register_reward("mmau_answer")
+@register_reward("mmau_answer", outputs=TEXT)
 def mmau_answer(prompts, completions, answer, choices) -> list[float]:
     """1.0 when the text of the letter the response chooses (MMAU's parse, A-D) equals ``answer``."""
     out = []

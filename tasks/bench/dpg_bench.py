@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import IMAGE
 from mmrl.registry import BENCHMARKS
 
 from .vqa_judge import ask
@@ -46,7 +47,7 @@ def _answers(image: Any, questions: Sequence[dict], judge: tuple[str, Any]) -> d
     return {q["qid"]: ask(*judge, image, q["question"], ("yes",))[0].strip().lower() == "yes" for q in questions}
 
 
-@register_reward("dpg_bench")
+@register_reward("dpg_bench", outputs=IMAGE)
 def dpg_bench(prompts, completions, questions, judge_path, device, measure: str = "score",
               category: str | None = None) -> list[float | None]:
     """Per image: ``score`` the graph score; ``yes`` / ``asked`` the judge's yes answers / the questions of

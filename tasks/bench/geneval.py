@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import IMAGE
 from mmrl.registry import BENCHMARKS
 
 from .geneval_detectors import ColourClassifier, class_names
@@ -73,7 +74,7 @@ def _colours(image: Any, clip: tuple, found: list, name: str) -> list[str]:
     return colour_classifier(*clip)(image, found, name)
 
 
-@register_reward("geneval")
+@register_reward("geneval", outputs=IMAGE)
 def geneval(prompts, completions, id, tag, include, exclude, detector, detector_path, detector_config,
             clip_model, clip_pretrained, clip_model_config, threshold, counting_threshold, max_objects, max_overlap,
             position_margin, device, task: str | None = None) -> list[float | None]:

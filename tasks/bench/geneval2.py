@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import IMAGE
 from mmrl.registry import BENCHMARKS
 
 from .vqa_judge import ask
@@ -53,7 +54,7 @@ def prompt_score(method: str, judge: tuple[str, Any], image: Any, prompt: str, v
     return 0.0 if min(probs) <= 0 else math.exp(sum(math.log(p) for p in probs) / len(probs))
 
 
-@register_reward("geneval2")
+@register_reward("geneval2", outputs=IMAGE)
 def geneval2(prompts, completions, text, vqa_list, judge_path, device, method: str = "soft_tifa_gm") -> list[float]:
     """GenEval 2's `method` score of each image (module docstring); the judge is the option ``judge_path``."""
     if method not in METHODS:

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import TEXT
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.box_frames import coords_scale, frame_scale, scale_boxes
 from mmrl.rewards.box_parsing import raw_boxes
@@ -43,7 +44,7 @@ def predicted_box(text: str, frame: str, original: Any, input_size: Any) -> list
     return scale_boxes(boxes[:1], scale)[0]
 
 
-@register_reward("refcoco_box")
+@register_reward("refcoco_box", outputs=TEXT)
 def refcoco_box(prompts, completions, boxes, original_size, input_size, frame, metric: str = "acc",
                 threshold: float = 0.5) -> list[float]:
     """Per expression, with ``metric`` "acc" 1.0 when the IoU of the first predicted box with ``boxes``'

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import TEXT
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.text import completion_text
 
@@ -64,7 +65,7 @@ def exact_match_form(text: str) -> str:
     return text.lower()
 
 
-@register_reward("gsm8k_answer")
+@register_reward("gsm8k_answer", outputs=TEXT)
 def gsm8k_answer(prompts, completions, answer, filter: str = "flexible", until: Sequence[str] = UNTIL) -> list[float]:
     """1.0 when the answer `filter` extracts from the completion equals the number after ``####`` in
     the ``answer`` column, as lm-eval's gsm8k exact_match compares them (the module docstring)."""
@@ -96,7 +97,7 @@ def _d1_template(options: Mapping[str, Any], policy: Any) -> dict[str, Any]:
     return {**options, "template": options["d1_template"] if isinstance(policy, DLMPolicy) else options["default_template"]}
 
 
-@register_reward("math_answer")
+@register_reward("math_answer", outputs=TEXT)
 def math_answer(prompts, completions, answer) -> list[float]:
     """1.0 when math-verify finds the completion's answer equivalent to ``\\boxed{answer}``."""
     from math_verify import parse, verify

@@ -22,6 +22,7 @@ from rapidfuzz.distance import Levenshtein
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import TEXT
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.text import completion_text, extract_answer
 
@@ -72,7 +73,7 @@ def normalized_answer(extraction: Any, choices: Sequence[str] | None, question_t
     return str(extraction) if answer_type == "list" else extraction
 
 
-@register_reward("mathvista_answer")
+@register_reward("mathvista_answer", outputs=TEXT)
 def mathvista_answer(prompts, completions, answer, choices, question_type, answer_type, precision) -> list[float]:
     """1.0 when the extracted, normalised answer equals ``answer`` as a string."""
     out = []

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import IMAGE
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.clip import _device, hpsv2, pickscore
 
@@ -42,7 +43,7 @@ def _one(values: Sequence[Any], name: str) -> Any:
     return values[0]
 
 
-@register_reward("hps_bench_score")
+@register_reward("hps_bench_score", outputs=IMAGE)
 def hps_bench_score(prompts, completions, hps_checkpoint, hps_model, hps_model_config, device) -> list[float]:
     """100 x the ``hpsv2`` reward (HPSv2's benchmark scale) with the options' checkpoint and model."""
     scores = hpsv2(prompts, completions, pretrained=_one(hps_checkpoint, "hps_checkpoint"), model=hps_model[0],
@@ -50,7 +51,7 @@ def hps_bench_score(prompts, completions, hps_checkpoint, hps_model, hps_model_c
     return [100.0 * s for s in scores]
 
 
-@register_reward("pickscore_bench_score")
+@register_reward("pickscore_bench_score", outputs=IMAGE)
 def pickscore_bench_score(prompts, completions, pickscore_path, pickscore_processor, device) -> list[float]:
     """PickScore, exp(logit_scale) x cos: the ``pickscore`` reward times 26."""
     scores = pickscore(prompts, completions, path=_one(pickscore_path, "pickscore_path"),
@@ -69,7 +70,7 @@ def _imagereward_model(name: str, device: str):
     return ImageReward.load(name, device=device)
 
 
-@register_reward("imagereward_bench_score")
+@register_reward("imagereward_bench_score", outputs=IMAGE)
 def imagereward_bench_score(prompts, completions, imagereward_model, device) -> list[float]:
     """ImageReward's score of each image for its prompt (the package's ``score(prompt, image)``)."""
     model = _imagereward_model(imagereward_model[0], _device(device[0]))

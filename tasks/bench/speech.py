@@ -20,6 +20,7 @@ import jiwer
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import TEXT
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.text import completion_text
 
@@ -59,7 +60,7 @@ def word_edits(reference: list[str], hypothesis: list[str]) -> int:
     return out.substitutions + out.deletions + out.insertions
 
 
-@register_reward("transcript_edits")
+@register_reward("transcript_edits", outputs=TEXT)
 def transcript_edits(prompts, completions, reference, count: str = "edits",
                      normalizer: str | Sequence[str] = "whisper") -> list[float]:
     """Per sample, with ``count`` "edits" the word edits between the normalised completion and

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.core.benchmark import Benchmark, Figure
 from mmrl.core.scoring import register_reward
+from mmrl.rewards.outputs import VIDEO
 from mmrl.registry import BENCHMARKS
 from mmrl.rewards.clip import _device, load_clip, load_head
 
@@ -96,7 +97,7 @@ def _scorer(dimension: str, settings: Mapping[str, Any]):
     return lambda video, fps: aesthetic_quality(video, net, head, dev)
 
 
-@register_reward("vbench")
+@register_reward("vbench", outputs=VIDEO)
 def vbench(prompts, completions, dimensions, dimension: str, **columns) -> list[float | None]:
     """VBench's score of `dimension` for each video whose prompt serves it (None for the others, and
     for every video when the dimension is not among the option ``compute`` or not computed by
