@@ -69,7 +69,7 @@ def parsed(argv: list[str]):
     """The command line's parse of `argv`, as `mmrl.cli.main.main` completes it."""
     args, extra = build_parser().parse_known_args(argv)
     assert not [x for x in extra if x.startswith("-")], f"unknown options {extra}"
-    if extra and args.command in ("eval", "serve-reward"):
+    if extra and args.command in ("eval", "bench", "serve-reward"):
         args.args += extra
     elif extra and args.command == "sweep":
         args.overrides += extra
