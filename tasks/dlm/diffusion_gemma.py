@@ -31,22 +31,15 @@ from ..model_loading import DTYPES, load_tiny, pad_on_the_left
 from .block_diffusion_sampler import sample_block_diffusion
 from .block_diffusion_scoring import block_logprobs, encoder_inputs
 from .config import DLMConfig, config_problems
+from .outputs import TextRollouts
 
 MASK_SEED_SALT = 0xD1  # the masked family's salt: a row's view seeds depend on its group seed alone
 
 
-class DiffusionGemmaPolicy(Policy):
+class DiffusionGemmaPolicy(TextRollouts, Policy):
     """`task: dlm` with `policy.family: diffusion_gemma` (built by `DLMPolicy`)."""
 
     Config = DLMConfig
-
-    @classmethod
-    def output_kind(cls, cfg: DLMConfig) -> str:
-        return "text"  # as the masked family's (`DLMPolicy`, which the recipe's checks ask)
-
-    @classmethod
-    def rollout_columns(cls, cfg: DLMConfig) -> tuple[str, ...]:
-        return ("completion_ids",)
 
     def __init__(self, cfg: DLMConfig):
         if not cfg.model:

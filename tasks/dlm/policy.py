@@ -36,6 +36,7 @@ from .config import AUTO_CLASSES, DLMConfig, config_problems
 from .diffusion_gemma import MASK_SEED_SALT, DiffusionGemmaPolicy
 from .estimators import LOGP_ESTIMATORS
 from .generation import DecodeConfig, block_decode
+from .outputs import TextRollouts
 from .scoring import MaskedScoring
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 
 
 @ADAPTERS.register("dlm")
-class DLMPolicy(MaskedScoring):
+class DLMPolicy(TextRollouts, MaskedScoring):
     Config = DLMConfig
     runs_in_rollout_worker = True
 
@@ -84,14 +85,6 @@ class DLMPolicy(MaskedScoring):
         if policy.get("temperature", DecodeConfig.temperature) == 0:
             return "policy.temperature=0 (greedy decoding records no behaviour log-probs to correct stale rows with)"
         return None
-
-    @classmethod
-    def output_kind(cls, cfg: DLMConfig) -> str:
-        return "text"
-
-    @classmethod
-    def rollout_columns(cls, cfg: DLMConfig) -> tuple[str, ...]:
-        return ("completion_ids",)
 
     def __init__(self, cfg: DLMConfig):
         if not cfg.model:
