@@ -64,6 +64,7 @@ def test_killed_run_resumes_exactly(whole_run, tmp_path):
     assert_same_run(whole, tmp_path / "killed")  # step 3, logged before the kill, is not duplicated
 
 
+@pytest.mark.slow  # 15 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
     recipe, whole = whole_run
     stopped = train(recipe, tmp_path / "stopped", kill_at=3, signal="SIGTERM")  # during step 3's rollout
@@ -81,6 +82,7 @@ def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
     assert_same_run(whole, tmp_path / "stopped")
 
 
+@pytest.mark.slow  # 15 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_failing_reward_saves_the_last_step_and_resumes_exactly(whole_run, tmp_path):
     recipe, whole = whole_run
     failed = train(recipe, tmp_path / "failed", kill_at=4, signal="raise")  # the reward raises in step 4

@@ -189,6 +189,7 @@ def _weights(run, step):
     return load_file(run / "checkpoints" / f"step-{step:06d}" / "model" / "model.safetensors")
 
 
+@pytest.mark.slow  # 14 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_mmrl_train_runs_the_warm_start_once(tmp_path):
     recipe = _recipe(tmp_path, max_steps=1, warm_start={"steps": 3, "batch_size": 4, "lr": 1e-2})
     recipe["optim"]["lr"] = 0.0  # RL leaves the weights as the warm start made them
@@ -258,6 +259,7 @@ def test_a_lora_run_builds_without_a_future_warning(tmp_path):
     assert any("lora_A" in name for name, _ in trainer.unwrapped.named_parameters())
 
 
+@pytest.mark.slow  # 22 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_after_a_warm_start_the_kl_is_to_the_warm_started_model_and_a_resume_keeps_it(tmp_path):
     """The reference of the KL is the warm-started model: the first step's KL (policy = warm start)
     is 0, where a reference copied before the warm start gives the distance to the untrained model;

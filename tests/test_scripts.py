@@ -78,6 +78,7 @@ ENGINE_SMOKE = ("--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4"
                 "--hidden", "32", "--layers", "1", "--threads", "1")
 
 
+@pytest.mark.slow  # 14 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 @needs_trl
 def test_bench_engine_against_trl(tmp_path):
     report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--trl", "--no-rss")

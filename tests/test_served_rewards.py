@@ -168,6 +168,7 @@ def final_weights(out):
     return load_file(out / "checkpoints" / "step-000003" / "model" / "model.safetensors")
 
 
+@pytest.mark.slow  # 19 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_run_whose_server_dies_stops_saves_and_resumes_exactly(whole_run, tmp_path):
     port = free_port()
     recipe = served_recipe(tmp_path, "served", f"http://127.0.0.1:{port}",

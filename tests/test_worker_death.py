@@ -44,6 +44,7 @@ def test_a_worker_killed_while_it_builds_its_model(tmp_path, monkeypatch):
         t.release_output_dir()
 
 
+@pytest.mark.slow  # 20 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_worker_killed_while_it_joins_the_weights_group(tmp_path, monkeypatch):
     """Killed once it has built its model and said so, as the group forms: forming it fails (here after
     a join timeout shortened to 3 s, where it would wait 2 minutes), and the trainer raises that."""
