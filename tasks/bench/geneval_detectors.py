@@ -35,6 +35,7 @@ import torch
 from mmrl.rewards.clip import _device, load_clip
 
 from .geneval_rules import COLORS, Detection
+from .scorer_models import scorer_model
 
 OBJECT_NAMES = Path(__file__).parent / "prompts" / "geneval" / "object_names.txt"
 COCO_RENAMES = {"mouse": "computer mouse", "remote": "tv remote", "keyboard": "computer keyboard", "tvmonitor": "tv",
@@ -53,9 +54,7 @@ def class_names() -> list[str]:
 @functools.lru_cache(maxsize=2)
 def _transformers_detector(path: str, device: str):
     from transformers import AutoImageProcessor, AutoModelForObjectDetection
-    if not Path(path).exists() and path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"geneval: detector_path {path!r} does not exist (a transformers object detector)")
-    model = AutoModelForObjectDetection.from_pretrained(path).to(device).eval()
+    model = scorer_model(AutoModelForObjectDetection, path, "geneval: detector_path", device)
     return model, AutoImageProcessor.from_pretrained(path)
 
 

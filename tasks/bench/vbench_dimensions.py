@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from .scorer_models import scorer_model
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CLIP_NORM = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
@@ -89,9 +90,7 @@ def clip_pixels(video: Any, side: int = 224) -> torch.Tensor:
 @functools.lru_cache(maxsize=2)
 def dino_model(path: str, device: str):
     from transformers import ViTModel
-    if not Path(path).exists() and path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"vbench: dino_path {path!r} does not exist (a DINO ViT folder or hub id, e.g. facebook/dino-vitb16)")
-    return ViTModel.from_pretrained(path, add_pooling_layer=False).to(device).eval()
+    return scorer_model(ViTModel, path, "vbench: dino_path", device, add_pooling_layer=False)  # e.g. facebook/dino-vitb16
 
 
 @torch.no_grad()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from mmrl.rewards.clip import _device
+from .scorer_models import scorer_model
 
 _ASKED: dict[tuple, tuple[str, list[float]]] = {}
 CACHE_LIMIT = 100_000
@@ -29,9 +29,7 @@ CACHE_LIMIT = 100_000
 @functools.lru_cache(maxsize=1)
 def load_judge(path: str, device: str):
     from transformers import AutoModelForImageTextToText, AutoProcessor
-    if not Path(path).exists() and path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"vqa judge: judge_path {path!r} does not exist")
-    model = AutoModelForImageTextToText.from_pretrained(path).to(device).eval()
+    model = scorer_model(AutoModelForImageTextToText, path, "vqa judge: judge_path", device)
     return model, AutoProcessor.from_pretrained(path)
 
 
