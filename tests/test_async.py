@@ -304,14 +304,12 @@ def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
     assert not t.collector.worker.process.is_alive()
 
 
-def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
-    """The worker, sent the weights after an update, draws the same completions with the same
-    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
-    weights draw other log-probs, so a transfer that missed the update would fail."""
-    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
-    rows, seeds, threads = [t.inputs.train_rows[i] for i in range(2)], [11, 12], torch.get_num_threads()
+def draws_after_an_update(t):
+    """Two rows' groups of 3 drawn by the trainer's policy on seeds 11 and 12 before one synchronous
+    step, then after it by a worker sent the updated weights and by the trainer's policy itself:
+    (initial, drawn by the worker, trained, the stopped worker)."""
+    rows, seeds = [t.inputs.train_rows[i] for i in range(2)], [11, 12]
     worker = RolloutWorker(t.cfg, t.unwrapped, 0)
-    torch.set_num_threads(1)
     try:
         initial = t.policy.rollout(rows, 3, seeds)
         t.train_step()  # synchronous: the test's worker is not the run's
@@ -320,8 +318,21 @@ def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
         t.policy.set_training_step(2)
         trained = t.policy.rollout(rows, 3, seeds)
     finally:
-        torch.set_num_threads(threads)
         worker.stop()
+    return initial, drawn, trained, worker
+
+
+def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
+    """The worker, sent the weights after an update, draws the same completions with the same
+    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
+    weights draw other log-probs, so a transfer that missed the update would fail."""
+    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        initial, drawn, trained, _ = draws_after_an_update(t)
+    finally:
+        torch.set_num_threads(threads)
     assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
     assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
     assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)

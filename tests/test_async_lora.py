@@ -11,12 +11,11 @@ import pickle
 import pytest
 import torch
 from helpers import TINY_RECIPE
-from test_async import AUDIO_RECIPE, DIFFUSION_RECIPE, DLM_RECIPE, VLM_RECIPE, run
+from test_async import AUDIO_RECIPE, DIFFUSION_RECIPE, DLM_RECIPE, VLM_RECIPE, draws_after_an_update, run
 
 from mmrl.config.parse import ConfigError, load_recipe, parse_config
 from mmrl.registry import load_plugins, shipped_recipes
 from mmrl.train.loop.trainer import Trainer
-from mmrl.train.placement.rollout_worker import RolloutWorker
 from mmrl.train.placement.weights_broadcast import TRAINED, WHOLE
 from mmrl.train.plan.validate import validate
 
@@ -82,17 +81,9 @@ def test_the_lora_worker_draws_as_the_trainers_policy_with_the_same_adapter(tmp_
     the same seeds: the same completions and log-probs, bit for bit; the initial adapter draws other
     log-probs, so a transfer that missed the update would fail."""
     t = Trainer(parse_config(recipe, [f"output_dir={tmp_path}", "rollout.mode=async", *LORA]))
-    rows, seeds = [t.inputs.train_rows[i] for i in range(2)], [11, 12]
-    worker = RolloutWorker(t.cfg, t.unwrapped, 0)
     try:
-        initial = t.policy.rollout(rows, 3, seeds)
-        t.train_step()  # synchronous: the test's worker is not the run's
-        worker.send_weights(t.unwrapped, 1)
-        drawn = worker.take((2, 0, 0), rows, 3, seeds)
-        t.policy.set_training_step(2)
-        trained = t.policy.rollout(rows, 3, seeds)
+        initial, drawn, trained, worker = draws_after_an_update(t)
     finally:
-        worker.stop()
         t.release_output_dir()
     assert worker.part == TRAINED and drawn.weights_version.tolist() == [1] * 6
     assert pickle.dumps(drawn.completions) == pickle.dumps(trained.completions)
