@@ -116,21 +116,16 @@ def _tiny_scorers(folder):
             "compute": "subject_consistency,background_consistency,temporal_flickering,aesthetic_quality"}
 
 
-@pytest.mark.slow  # ~40 s on 2 loaded cores: diffusers' import, 20 tiny videos (RAFT left out: 13 s a pair here)
 def test_vbench_runs_end_to_end_on_the_tiny_video_model(tmp_path):
-    import yaml
+    from bench_fixtures import generator_config
 
-    from mmrl.config.parse import parse_config
     from mmrl.experiments.bench.harness import BenchRun, run_bench
-    from mmrl.experiments.bench.policy_source import protocol_config
-    from mmrl.registry import RECIPES
     suite = json.loads(SUITE.read_text())
     picked = [next(r for r in suite if d in r["dimension"]) for d in
               ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality")]
     data = tmp_path / "vbench.json"
     data.write_text(json.dumps(picked))
-    policy = yaml.safe_load(open(RECIPES.get("t2v_demo")))["policy"]
-    cfg = protocol_config(BENCHMARKS.get("vbench"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("vbench", "t2v_demo")
     summary = run_bench(BenchRun("vbench", tmp_path, cfg, "tiny:pixel-flow-video", data=str(data),
                                  options=_tiny_scorers(tmp_path)))
     figures = summary["figures"]
