@@ -1,7 +1,9 @@
 """VBench (tasks/bench/vbench*.py): the final score from normalised dimensions, each computed
-dimension's formula on hand-written videos and flows, the suite's checks, and the benchmark end to
-end on the tiny video model with tiny DINO, CLIP, aesthetic head and RAFT. The formulas were also
-run beside VBench's code on identical inputs (docs/bench.md#vbench-vbench)."""
+dimension's formula on hand-written videos and flows (imaging quality on a small random MUSIQ of
+pyiqa's class, skipped without the imaging extra), the suite's checks, and the benchmark end to end
+on the tiny video model with tiny DINO, CLIP, aesthetic head and MUSIQ (RAFT's dynamic degree is
+tested with a stand-in flow). The formulas were also run beside VBench's code on identical inputs
+(docs/bench.md#vbench-vbench)."""
 
 import importlib.util
 import json
