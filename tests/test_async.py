@@ -193,17 +193,6 @@ VIDEO_RECIPE = {  # T-GRPO: each group with a video is followed by auxiliary row
     "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
 
 
-@pytest.fixture
-def one_torch_thread():
-    """The trainer on one torch thread, as the worker: the audio tower's multithreaded forward gives
-    behaviour log-probs that differ from a one-thread forward's in the last bits (1e-6), and the
-    rollout correction's weights with them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("recipe, keys", [  # the video case is slow (the image and audio cases cover the worker's media)
     (VLM_RECIPE, ()), (AUDIO_RECIPE, ()),
     pytest.param(VIDEO_RECIPE, ("reward/t_grpo", "auxiliary/reward/digit_share"), marks=pytest.mark.slow)],

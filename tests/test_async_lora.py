@@ -23,15 +23,6 @@ LORA = ["optim.lora.r=4", "optim.lora.alpha=8", "optim.lr=0.05"]
 
 
 @pytest.fixture
-def one_torch_thread():
-    """The trainer on one torch thread, as the worker (bit-for-bit comparisons of their forwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
 def weights_messages(monkeypatch):
     """The ("weights", version, part) messages the trainer puts on the worker's queue."""
     sent, put = [], multiprocessing.queues.Queue.put

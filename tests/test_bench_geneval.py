@@ -119,7 +119,7 @@ RECORDED = {"00000": {"bench": [[2, 2, 10, 10, 0.5]]},
             "00005": {"boat": [[0, 0, 8, 8, 0.9]], "hot dog": [[8, 8, 16, 16, 0.9]]}}
 
 
-def test_geneval_runs_end_to_end_on_the_tiny_diffusion_model(tmp_path):
+def test_geneval_runs_end_to_end_on_the_tiny_diffusion_model(tmp_path, one_torch_thread):
     from bench_fixtures import generator_config
 
     from mmrl.experiments.bench.harness import BenchRun, run_bench

@@ -115,7 +115,8 @@ def test_prompt_sets_and_their_checks(tmp_path):
         hps_rows([{"prompt": "x", "style": "cartoon"}], {})
 
 
-def test_hps_and_imagereward_benchmarks_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, image_reward_package):
+def test_hps_and_imagereward_benchmarks_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, image_reward_package,
+                                                                                   one_torch_thread):
     from bench_fixtures import generator_config
 
     from mmrl.experiments.bench.harness import BenchRun, run_bench

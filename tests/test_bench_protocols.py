@@ -150,7 +150,7 @@ def test_a_missing_image_is_named_before_the_model_loads(tmp_path):
         _bench(tmp_path, "refcoco", "vlm", "no/such-model", str(data))  # a model that cannot load: the check comes first
 
 
-def test_a_benchmark_of_generated_images_runs_on_the_tiny_diffusion_model(tmp_path):
+def test_a_benchmark_of_generated_images_runs_on_the_tiny_diffusion_model(tmp_path, one_torch_thread):
     """The harness with an image generator (what the image and video benchmarks build on): sampled images
     written as PNG per shard, read back for an image scorer (here the t2i demo's colour_shape), figures
     with standard errors, the report's grid of the first images."""

@@ -161,7 +161,7 @@ E2E_DIMENSIONS = ("subject_consistency", "background_consistency", "temporal_fli
     ("imaging_quality",) if HAS_PYIQA else ())  # RAFT left out: 13 s a pair on 2 loaded cores
 
 
-def test_vbench_runs_end_to_end_on_the_tiny_video_model(tmp_path):
+def test_vbench_runs_end_to_end_on_the_tiny_video_model(tmp_path, one_torch_thread):
     from bench_fixtures import generator_config
 
     from mmrl.experiments.bench.harness import BenchRun, run_bench

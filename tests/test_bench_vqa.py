@@ -84,7 +84,7 @@ def test_the_judge_sums_the_first_token_probabilities_of_the_answers(tiny_judge)
     assert top == processor.tokenizer.decode([int(probs.argmax())])
 
 
-def test_geneval2_and_dpg_bench_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, tiny_judge):
+def test_geneval2_and_dpg_bench_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, tiny_judge, one_torch_thread):
     from bench_fixtures import generator_config
 
     from mmrl.experiments.bench.harness import BenchRun, run_bench
