@@ -1,6 +1,6 @@
 """The rollout worker's weights transfer (docs/async.md): the text demo's model (its `tiny_args`, or
 --hidden / --layers) sent --repeats times from this process to a spawned one that builds the same
-model, over the broadcast the worker uses (mmrl/train/placement/weights_broadcast.py) and, for comparison,
+model, over the broadcast the worker uses (mmrl/serving/weights_broadcast.py) and, for comparison,
 as a CPU state dict through a multiprocessing queue (the transport before it, rebuilt here). Per
 transfer: `send_ms`, how long the sender is held, and `latency_ms`, from the send until the
 receiver has the weights in its model (its acknowledgement through a queue included); medians
@@ -33,7 +33,7 @@ def demo_model(hidden: int | None, layers: int | None) -> torch.nn.Module:
 
 def receive(transport: str, sizes: tuple, port: int, layout, inbox: mp.Queue, acks: mp.Queue) -> None:
     """The receiving process: each message is a transfer to take into its model, then acknowledge."""
-    from mmrl.train.placement.weights_broadcast import WeightsReceiver
+    from mmrl.serving.weights_broadcast import WeightsReceiver
     torch.set_num_threads(1)
     model = demo_model(*sizes)
     receiver = WeightsReceiver(port, layout, model, torch.device("cpu")) if transport == "broadcast" else None
@@ -46,7 +46,7 @@ def receive(transport: str, sizes: tuple, port: int, layout, inbox: mp.Queue, ac
 
 
 def measure(transport: str, model: torch.nn.Module, sizes: tuple, repeats: int) -> dict:
-    from mmrl.train.placement.weights_broadcast import WeightsSender, layout_of
+    from mmrl.serving.weights_broadcast import WeightsSender, layout_of
     context = mp.get_context("spawn")
     inbox, acks = context.Queue(), context.Queue()
     sender = WeightsSender() if transport == "broadcast" else None

@@ -141,6 +141,7 @@ def run_serve_reward(args: argparse.Namespace) -> int:
     from mmrl.registry import import_user_module, load_plugins
     try:
         from mmrl.serving.server_app import bind_served_reward, serve
+        from mmrl.serving.server_directory import advertised_host
     except ImportError as e:
         raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
@@ -156,7 +157,26 @@ def run_serve_reward(args: argparse.Namespace) -> int:
         fn = bind_served_reward(args.name, reward_args, args.device)
     except (KeyError, ValueError) as e:  # an unknown reward, a plain function that cannot load
         raise UserError(f"mmrl serve-reward: {e.args[0] if e.args else e}") from None
-    serve(args.name, fn, args.host, args.port, args.batch_size)
+    advertise = advertised_host(args.host, args.advertise)
+    serve(args.name, fn, args.host, args.port, args.batch_size, args.announce, advertise)
+    return 0
+
+
+def run_serve_rollout(args: argparse.Namespace) -> int:
+    """`mmrl serve-rollout RECIPE [key=value ...] [--port] [--host] [--device] [--announce F] [--advertise H]`."""
+    try:
+        from mmrl.serving.app_runner import run_app
+        from mmrl.serving.rollout_server import RolloutEngine, build_server_policy, rollout_app
+        from mmrl.serving.server_directory import advertised_host
+    except ImportError as e:
+        raise UserError(f"mmrl serve-rollout needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
+    cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    advertise = advertised_host(args.host, args.advertise)
+    engine = RolloutEngine(build_server_policy(cfg, args.device), advertise)
+    what = f"{cfg.task} {cfg.policy.get('model', '?')}"
+    run_app(rollout_app(engine, what), args.host, args.port, f"serve-rollout: {what}", args.announce, advertise,
+            " (POST /rollout, GET /rollout/KEY, POST /connect, POST /weights, GET /health)")
+    engine.stop()
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import signal
 import threading
 from typing import Any
 
@@ -20,6 +19,7 @@ from fastapi import FastAPI, HTTPException
 from mmrl.core.group_rewards import call_per_group, scores_groups
 from mmrl.core.scoring import RewardFn, get_reward, metric_logger, takes_logger
 from mmrl.errors import UserError
+from mmrl.serving.app_runner import run_app
 from mmrl.serving.wire import decode
 
 
@@ -92,16 +92,10 @@ def bind_served_reward(name: str, args: dict[str, Any], device: str | None = Non
     return functools.partial(fn, **args) if args else fn
 
 
-def serve(name: str, fn: RewardFn, host: str, port: int, batch_size: int) -> None:
+def serve(name: str, fn: RewardFn, host: str, port: int, batch_size: int, announce_to: str | None = None,
+          advertise: str | None = None) -> None:
     """Serve `fn` until SIGINT or SIGTERM, which end the server cleanly (uvicorn finishes the requests
-    in flight, then returns)."""
-    import uvicorn
-    for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn shuts down, then hands the signal on to this
-        signal.signal(stop, _stopped)
-    print(f"mmrl serve-reward: {name} on http://{host}:{port} (POST /score, GET /health)", flush=True)
-    uvicorn.run(reward_app(name, fn, batch_size), host=host, port=port, log_level="warning")
-
-
-def _stopped(signum: int, frame: Any) -> None:
-    print(f"mmrl serve-reward: {signal.Signals(signum).name}: stopped", flush=True)
-    raise SystemExit(0)
+    in flight, then returns); port 0 takes a free one; `announce_to`: the file its address is written
+    to once it answers (a server the run placed, serving/server_directory.py)."""
+    run_app(reward_app(name, fn, batch_size), host, port, f"serve-reward: {name}", announce_to, advertise,
+            " (POST /score, GET /health)")

@@ -29,7 +29,6 @@ from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import import_user_module, load_plugins
-from mmrl.serving.launch import LaunchedServers
 from mmrl.train.loop.batching import step_batch
 from mmrl.train.loop.collect import RolloutCollector
 from mmrl.train.loop.evaluation import Evaluator, evaluate
@@ -39,8 +38,9 @@ from mmrl.train.loop.run_checkpoints import RunCheckpoints
 from mmrl.train.loop.step_clock import StepClock
 from mmrl.train.loop.update import PolicyUpdate
 from mmrl.train.loop.warm_start import warm_start
+from mmrl.train.placement.generators import start_generator
+from mmrl.train.placement.local_servers import RunServers
 from mmrl.train.placement.reward_binding import bound_rewards
-from mmrl.train.placement.rollout_worker import RolloutWorker
 from mmrl.train.plan.stages import Stage
 from mmrl.train.plan.validate import validate
 from mmrl.train.reporting.eval_samples import log_eval_samples
@@ -81,7 +81,7 @@ class Trainer(RunCheckpoints):
             self._build(cfg, claimed.resume_from, for_training)
             if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
                 run_dir.settle(self.output_dir, claimed)
-            self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
+            self.servers = RunServers(cfg, acc.is_main_process)  # rewards.NAME.server, placement.rollout / reward
             acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
@@ -170,7 +170,7 @@ class Trainer(RunCheckpoints):
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
         worker, ro = self.collector.worker, self.cfg.rollout
-        if worker is not None:  # the next max_staleness steps' rollouts, generated while this step trains
+        if worker is not None and ro.mode != "sync":  # the next max_staleness steps' rollouts, generated while this step trains
             self.collector.prefetch_after(self.inputs, step, min(step + ro.max_staleness, self.cfg.max_steps))
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
@@ -200,8 +200,8 @@ class Trainer(RunCheckpoints):
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
-        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
-            self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
+        # the rollout worker or servers, with the run's (or the checkpoint's) weights; None: the trainer generates
+        self.collector.worker = start_generator(cfg, self.unwrapped, self.step, acc.is_main_process)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
                 while self.step < cfg.max_steps:

@@ -7,7 +7,7 @@ max_staleness + 1 steps of prompt groups are asked for and not yet taken. one_st
 order asked, with the weights received before each request; async reads every waiting message before
 each generation, so it generates from the newest weights it has.
 
-The weights travel over a process group of the two (placement/weights_broadcast.py); the queues carry
+The weights travel over a process group of the two (serving/weights_broadcast.py); the queues carry
 the messages. To the worker: ("weights", version), which announces a broadcast the worker receives
 when it reads it, ("rollout", key, pickled rows, group_size, seeds) with key = (step, attempt, first
 group), ("stop",). From it: ("rollout", key, Rollout stamped with its weights version, the policy's
@@ -29,7 +29,7 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
-from mmrl.train.placement.weights_broadcast import WeightsSender, layout_of, model_device
+from mmrl.serving.weights_broadcast import WeightsSender, layout_of, model_device
 from mmrl.train.placement.worker_process import WorkerTraceback, serve
 
 # the worker's scores of a rollout's kept rows: rewards, the auxiliary rows' rewards, the rewards' counts

@@ -1,15 +1,17 @@
-"""The trained weights sent to the rollout worker over torch.distributed (docs/async.md): the trainer
-(rank 0) and the worker (rank 1) form a process group of their own, on a TCPStore of their own on a
-free local port, so the trainer's default process group, if it has one, is left alone. The backend
-is chosen from the two models' devices: NCCL between two different CUDA devices, gloo (CPU copies)
-otherwise. Only gloo is tested.
+"""The trained weights sent to a process that generates over torch.distributed (docs/async.md): the
+rollout worker, or a rollout server (docs/distributed.md#served-rollouts). The trainer (rank 0) and the
+receiver (rank 1) form a process group of their own, on a TCPStore of their own on a free port of the
+trainer's address (127.0.0.1 unless the receiver is on another machine), so the trainer's default
+process group, if it has one, is left alone. The backend is chosen from the two models' devices: NCCL
+between two different CUDA devices, gloo (CPU copies) otherwise. Only gloo is tested.
 
-A transfer is the state dict flattened into one buffer per dtype, broadcast from the trainer. The
-trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
-broadcast and goes on training; the worker receives the buffers when it reads the transfer's
-("weights", version) message (mmrl/train/placement/rollout_worker.py) and copies them into its model in
-place. The buffers of a completed broadcast are reused by the next transfer; a failed one (the
-worker died: its connection closed) raises there.
+A transfer is the state dict flattened into one buffer per dtype (`flatten`), broadcast from the
+trainer. The trainer's broadcast is asynchronous: it copies the weights into buffers of their own,
+starts the broadcast and goes on training; the receiver receives the buffers when it reads the
+transfer's ("weights", version) message (mmrl/train/placement/rollout_worker.py, serving/rollout_server.py)
+and copies them into its model in place. The buffers of a completed broadcast are reused by the next
+transfer; a failed one (the receiver died: its connection closed) raises there. Several receivers (rollout
+servers) each have a group of their own with the trainer and are broadcast the same buffers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-HOST = "127.0.0.1"
+LOCAL_HOST = "127.0.0.1"
 # How long a broadcast may wait for the other side: the trainer's waits while the worker finishes the
 # generation calls it is in; a dead peer fails at once (its connection closes), a hung one after this.
 TRANSFER_TIMEOUT = datetime.timedelta(hours=1)
@@ -44,13 +46,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _group(store: dist.Store, rank: int, backend: str, device: torch.device) -> dist.ProcessGroup:
+def _group(store: dist.Store, rank: int, backend: str, device: torch.device, host: str) -> dist.ProcessGroup:
+    """The pair's group; `host`: this side's own address (gloo's connections)."""
     if backend == "nccl":
         torch.cuda.set_device(device)
         return dist.ProcessGroupNCCL(store, rank, 2, TRANSFER_TIMEOUT)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = TRANSFER_TIMEOUT
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 
@@ -71,15 +74,34 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(torch.Size(shape).numel())
 
 
-class WeightsSender:
-    """The trainer's side: opens the store, waits for the worker to join, broadcasts transfers."""
+def flatten(state: dict[str, torch.Tensor], device: torch.device,
+            into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The state dict copied into one buffer per dtype (in `layout_of` order), on `device`; `into`: the
+    buffers of an earlier transfer of the same layout, reused."""
+    buckets = _by_dtype(layout_of(state))
+    buffers = into or [torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=device)
+                       for dtype, entries in buckets.items()]
+    with torch.no_grad():
+        for buffer, entries in zip(buffers, buckets.values(), strict=True):
+            offset = 0
+            for name, shape in entries:
+                buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
+                offset += _numel(shape)
+    return buffers
 
-    def __init__(self) -> None:
-        self.store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
+
+class WeightsSender:
+    """The trainer's side: opens the store, waits for the receiver to join, broadcasts transfers.
+    `host`: the trainer's address as the receiver reaches it."""
+
+    def __init__(self, host: str = LOCAL_HOST) -> None:
+        self.host = host
+        self.store = dist.TCPStore(host, 0, 2, is_master=True, wait_for_workers=False)
         self.port = self.store.port
         self.group: dist.ProcessGroup | None = None
         self.device = torch.device("cpu")
-        self.sending: list[tuple[list[torch.Tensor], list[dist.Work]]] = []  # buffers and their broadcasts
+        # buffers, their broadcasts, and whether they are this sender's own (reused once completed)
+        self.sending: list[tuple[list[torch.Tensor], list[dist.Work], bool]] = []
         self.spare: list[torch.Tensor] | None = None  # a completed transfer's buffers, reused (no fresh pages)
 
     def connect(self, trainer_device: torch.device, wait: Callable[[], None]) -> None:
@@ -90,36 +112,32 @@ class WeightsSender:
         worker_device = torch.device(self.store.get(WORKER_DEVICE_KEY).decode())
         backend = backend_for(trainer_device, worker_device)
         self.device = trainer_device if backend == "nccl" else torch.device("cpu")
-        self.group = _group(self.store, 0, backend, self.device)
+        self.group = _group(self.store, 0, backend, self.device, self.host)
 
     def send(self, model: torch.nn.Module) -> None:
-        """Copy the weights into buffers of their own and start their broadcast (the worker receives them
+        """Copy the weights into buffers of their own and start their broadcast (the receiver receives them
         when it reads the transfer's message)."""
         self.release_sent()
-        state = model.state_dict()
-        buckets = _by_dtype(layout_of(state))
-        buffers, self.spare = self.spare or [
-            torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
-            for dtype, entries in buckets.items()], None
-        with torch.no_grad():
-            for buffer, entries in zip(buffers, buckets.values(), strict=True):
-                offset = 0
-                for name, shape in entries:
-                    buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
-                    offset += _numel(shape)
-        self.sending.append((buffers, [_broadcast(self.group, buffer) for buffer in buffers]))
+        buffers, self.spare = flatten(model.state_dict(), self.device, self.spare), None
+        self.broadcast(buffers, own=True)
+
+    def broadcast(self, buffers: list[torch.Tensor], own: bool = False) -> None:
+        """Start the broadcast of buffers `flatten` filled, kept until it completes (`own`: then reused by
+        `send`; buffers shared with other senders are not)."""
+        self.release_sent()
+        self.sending.append((buffers, [_broadcast(self.group, buffer) for buffer in buffers], own))
 
     def release_sent(self) -> None:
         """Keep the buffers of the completed transfers for the next; a failed one raises its error
         (RuntimeError)."""
         waiting = []
-        for buffers, works in self.sending:
+        for buffers, works, own in self.sending:
             if all(work.is_completed() for work in works):
                 for work in works:
                     work.wait()
-                self.spare = buffers
+                self.spare = buffers if own else self.spare
             else:
-                waiting.append((buffers, works))
+                waiting.append((buffers, works, own))
         self.sending = waiting
 
     def close(self) -> None:
@@ -128,23 +146,25 @@ class WeightsSender:
 
 
 class WeightsReceiver:
-    """The worker's side: joins the trainer's store and group, receives transfers into its model."""
+    """The receiver's side: joins the trainer's store (at `host`:`port`) and group, receives transfers into
+    its model; `own_host`: its own address as the trainer reaches it."""
 
-    def __init__(self, port: int, layout: Layout, model: torch.nn.Module, trainer_device: torch.device):
+    def __init__(self, port: int, layout: Layout, model: torch.nn.Module, trainer_device: torch.device,
+                 host: str = LOCAL_HOST, own_host: str = LOCAL_HOST):
         own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         theirs = {name: shape for name, shape, _ in layout}
         if own != theirs:
             differ = sorted(set(own.items()) ^ set(theirs.items()))[:4]
-            raise RuntimeError(f"the rollout worker's model differs from the trainer's: {differ}")
+            raise RuntimeError(f"the receiver's model (rollout worker or server) differs from the trainer's: {differ}")
         self.layout, self.model = layout, model
         device = model_device(model)
         backend = backend_for(trainer_device, device)
         self.device = device if backend == "nccl" else torch.device("cpu")
         self.buffers = {dtype: torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
                         for dtype, entries in _by_dtype(layout).items()}
-        store = dist.TCPStore(HOST, port, 2, is_master=False)
+        store = dist.TCPStore(host, port, 2, is_master=False)
         store.set(WORKER_DEVICE_KEY, str(device))
-        self.group = _group(store, 1, backend, self.device)
+        self.group = _group(store, 1, backend, self.device, own_host)
 
     def receive(self) -> None:
         """The next transfer, copied into the model in place (cast to its dtypes where they differ).
