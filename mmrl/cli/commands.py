@@ -108,7 +108,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """`mmrl train RECIPE [key=value ...] [--ray [--address A]]`: here, or placed on Ray (cli/ray_train.py) unless
+    Ray placed this process already."""
     cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    from mmrl.distributed.launcher import placed_by_launcher
+    if (args.ray or cfg.launch == "ray") and not placed_by_launcher():
+        from mmrl.cli.ray_train import train_on_ray
+        return train_on_ray(cfg, args.recipe, args.overrides, args.address)
+    if args.address:
+        raise UserError("mmrl train: --address is the Ray cluster's; give --ray (or launch=ray) with it")
     from mmrl.train.loop.trainer import Trainer
     trainer = Trainer(cfg)
     if not trainer.resumed:  # a resumed run's weights were warm-started before its first checkpoint

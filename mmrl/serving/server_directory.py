@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mmrl.distributed.launcher import NODE_ADDRESS_ENV
 from mmrl.errors import UserError
 
 SERVERS, LOGS = "servers", "logs"
 POLL_S = 0.5
-NODE_ADDRESS_ENV = "MMRL_NODE_ADDR"  # this machine's address as the others reach it (set by a launcher)
 
 
 def node_address() -> str:

@@ -18,9 +18,10 @@ import yaml
 
 from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
+from mmrl.distributed.launcher import placed_by_launcher
 from mmrl.serving.launch import STOP_GRACE_S, LaunchedServers, end_with_the_run
 from mmrl.serving.server_directory import SERVERS, ServerSlot, address_file, log_file
-from mmrl.train.placement.placed_servers import placed_by_launcher, server_commands
+from mmrl.train.placement.placed_servers import server_commands
 
 RECIPE_FILE = "recipe.yaml"
 

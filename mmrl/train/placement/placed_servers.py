@@ -3,13 +3,12 @@
 reward servers of `placement.reward`; the command that starts each one, the slot a client finds it by
 (serving/server_directory.py), and the trainer's handle on its rollout servers.
 
-A launcher that placed them (Ray: mmrl/distributed/ray_launch.py) sets `PLACED_ENV` in the trainer
-ranks' environment; otherwise the run's main process starts them itself (local_servers.py).
+A launcher that placed them (Ray) says so in the trainer ranks' environment (`distributed.launcher.
+placed_by_launcher`); otherwise the run's main process starts them itself (local_servers.py).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,13 +20,7 @@ from mmrl.serving.rollout_client import ServedRollouts
 from mmrl.serving.server_directory import ServerSlot, address_file, node_address, slot_name
 from mmrl.serving.weights_push import WeightsPush
 
-PLACED_ENV = "MMRL_PLACED"  # set by a launcher in the processes it placed: it started the servers (and the ranks)
 ROLLOUT_ROLE = "rollout"
-
-
-def placed_by_launcher() -> bool:
-    """Whether a launcher placed this process and the run's servers (so the run starts none itself)."""
-    return os.environ.get(PLACED_ENV) == "1"
 
 
 def reward_role(name: str) -> str:
