@@ -127,15 +127,18 @@ def rank_pid(out: Path, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.slow  # about 3 min: a Ray run of 4 steps, which waits for the restart, and one process
-def test_a_killed_rollout_server_is_restarted_and_the_run_ends_as_if_it_had_not_died(cluster, tmp_path):
-    """The only rollout server is killed after the first step: the run waits for Ray to start it again, asks
-    it again for the groups it had in flight (same seeds), pushes it the newest weights, and ends with the
-    weights of a run in which nothing died."""
+@pytest.mark.slow  # about 3 min each: a Ray run of 4 steps, which waits for the restart, and one process
+@pytest.mark.parametrize("server, banner", [("rollout-0", "serve-rollout: causal_lm tiny:qwen2-char on http://"),
+                                            ("reward-accuracy-0", "serve-reward: accuracy on http://")],
+                         ids=["rollout", "reward"])
+def test_a_killed_server_is_restarted_and_the_run_ends_as_if_it_had_not_died(cluster, tmp_path, server, banner):
+    """The only rollout server (or reward server) is killed after the first step: the run waits for Ray to
+    start it again, asks it again for what it had in flight (the rollouts' same seeds), pushes a rollout
+    server the newest weights, and ends with the weights of a run in which nothing died."""
     steps = 4
     single_process(tmp_path, TINY_RECIPE, steps)
     out = tmp_path / "ray"
-    address = out / "servers" / "rollout-0.json"
+    address = out / "servers" / f"{server}.json"
     thread, killed = kill_when(lambda: steps_logged(out) >= 1 and address.exists(),
                                lambda: json.loads(address.read_text())["pid"])
     assert ray_run(cluster, tmp_path, TINY_RECIPE, "ray", f"max_steps={steps}", *PLACED, "placement.rollout=1",
@@ -144,9 +147,9 @@ def test_a_killed_rollout_server_is_restarted_and_the_run_ends_as_if_it_had_not_
     assert killed, "the server was not killed mid-run"
     assert steps_logged(out) == steps
     assert json.loads(address.read_text())["pid"] != killed[0]  # a new server announced itself
-    log = (out / "logs" / "rollout-0.log").read_text()
+    log = (out / "logs" / f"{server}.log").read_text()
     assert "the server exited with code -9; its actor ends (Ray starts it again)" in log
-    assert log.count("serve-rollout: causal_lm tiny:qwen2-char on http://") == 2
+    assert log.count(banner) == 2
     assert_same_weights(final_weights(tmp_path / "single", steps), final_weights(out, steps))
 
 

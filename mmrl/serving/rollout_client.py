@@ -1,6 +1,6 @@
 """The trainer's handle on its rollout servers (`policy.rollout_engine: hf_server`,
-docs/distributed.md#served-rollouts), with the interface of the rollout worker's (`ask`, `asked_for`,
-`take_scored`, `send_weights`, `pop_metrics`, `stop`), so the trainer's modes, queue and staleness bounds
+docs/distributed.md#served-rollouts), with the interface of the rollout worker's (`ask`, `has_asked`,
+`asked_for`, `take_scored`, `send_weights`, `pop_metrics`, `stop`), so the trainer's modes, queue and staleness bounds
 are the same whoever generates.
 
 Each trainer process asks for its own prompt groups, a request (serving/rollout_wire.py) going to the
@@ -71,6 +71,9 @@ class ServedRollouts:
                             f"server: {e}") from None
         self.bodies[key] = body
         self._send(key)
+
+    def has_asked(self, key: Key) -> bool:
+        return key in self.bodies
 
     def asked_for(self, step: int) -> bool:
         return any(key[0] == step for key in self.bodies)

@@ -1,7 +1,7 @@
 """Who generates a run's rollouts when the trainer does not: the rollout worker (`rollout.mode`
 one_step_off / async, placement/rollout_worker.py) or the rollout servers (`policy.rollout_engine:
-hf_server`, placement/placed_servers.py). Both take the same calls from the trainer (ask, asked_for,
-take_scored, send_weights, pop_metrics, stop)."""
+hf_server`, placement/placed_servers.py). Both take the same calls from the trainer (ask, has_asked,
+asked_for, take_scored, send_weights, pop_metrics, stop)."""
 
 from __future__ import annotations
 

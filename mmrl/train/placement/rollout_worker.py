@@ -106,6 +106,10 @@ class RolloutWorker:
                             f"be sent to the rollout worker: {type(err).__name__}: {err}; its rows must pickle "
                             "(paths, PIL images, arrays, text)") from None
 
+    def has_asked(self, key) -> bool:
+        """Whether the rollouts of `key` were asked for and not yet taken."""
+        return key in self.asked
+
     def asked_for(self, step: int) -> bool:
         """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""
         return any(key[0] == step for key in self.asked)
