@@ -11,15 +11,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.serving.server_directory import advertised_host, announce
 
 
-def bound_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on `host`:`port` (0: a free port)."""
+def bound_socket(host: str, port: int, command: str = "serve") -> socket.socket:
+    """A listening socket on `host`:`port` (0: a free port), or a UserError naming the port (taken by
+    another server, or not this machine's) and `command`, before anything claims the server is up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UserError(f"mmrl {command}: cannot listen on {host}:{port} ({e.strerror or e}): another server "
+                        f"holds port {port}, or {host!r} is not an address of this machine; choose --port or --host"
+                        ) from None
     sock.listen(128)
     return sock
 
@@ -30,7 +38,7 @@ def run_app(app: Any, host: str, port: int, what: str, announce_to: str | None =
     `announce_to`, write its address there; the url names `advertise` (this machine's address for the
     other machines), else `server_directory.advertised_host`'s."""
     import uvicorn
-    sock = bound_socket(host, port)
+    sock = bound_socket(host, port, what.split(":")[0])
     url = f"http://{advertised_host(host, advertise)}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     threading.Thread(target=_announce_when_started, args=(server, f"mmrl {what} on {url}{routes}", url, announce_to),

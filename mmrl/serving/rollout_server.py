@@ -32,7 +32,7 @@ from mmrl.config.sections import TrainConfig
 from mmrl.core.policy import Policy, build_policy
 from mmrl.registry import load_plugins
 from mmrl.serving.rollout_wire import Key, encode_rollout, key_text, read_request
-from mmrl.serving.weights_broadcast import WeightsReceiver
+from mmrl.serving.weights_broadcast import WHOLE, WeightsReceiver
 
 MAX_WAIT_S = 30.0  # the longest a GET /rollout waits for its answer
 
@@ -115,10 +115,11 @@ class RolloutEngine:
             if message[0] == "connect":
                 _, host, port, layout, device = message
                 self.receiver, self.version = None, None
-                self.receiver = WeightsReceiver(port, layout, self.policy.model, torch.device(device), host, self.own_host)
+                self.receiver = WeightsReceiver(port, {WHOLE: layout}, self.policy.model, torch.device(device), host,
+                                                self.own_host)
             elif self.receiver is not None:
                 self.version = None  # a transfer that fails halfway leaves weights of no version
-                self.receiver.receive()
+                self.receiver.receive(WHOLE)
                 self.version = message[1]
         except Exception:
             print(f"mmrl serve-rollout: the weights transfer failed:\n{traceback.format_exc()}", flush=True)

@@ -3,7 +3,8 @@ main process: each server and the trainer form a pair group of their own over to
 (serving/weights_broadcast.py: gloo on CPUs, NCCL between two GPUs), so a server that dies and is started
 again joins again without disturbing the others.
 
-`publish` copies the weights once into flat buffers (the latest transfer, kept) and starts their
+`publish` copies the whole state dict once into flat buffers (the latest transfer, kept: a server that
+joins later needs all of it, so the servers are always sent the whole of it, LoRA or not) and starts their
 broadcast to every connected server, then tells each ``POST /weights {version}``; the trainer goes on
 while the servers receive. A thread watches the servers' addresses: a server that (re)appears is
 connected (``POST /connect``) and sent the latest transfer, so a restarted server draws with the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from mmrl.serving.server_directory import Address, ServerSlot, answers
-from mmrl.serving.weights_broadcast import WeightsSender, flatten, layout_of, model_device
+from mmrl.serving.weights_broadcast import WHOLE, WeightsSender, flatten, layout_of, model_device
 
 WATCH_S = 0.5  # how often the servers' addresses are read
 CONNECT_TIMEOUT_S = 600.0  # how long a server may take to join (it joins between two generations)
@@ -54,8 +55,9 @@ class WeightsPush:
     def __init__(self, slots: list[ServerSlot], model: torch.nn.Module, host: str):
         self.slots, self.host = slots, host
         self.device = model_device(model)
+        self.layouts = {WHOLE: layout_of(model.state_dict())}
         self.layout = [(name, list(shape), str(dtype).removeprefix("torch."))
-                       for name, shape, dtype in layout_of(model.state_dict())]
+                       for name, shape, dtype in self.layouts[WHOLE]]
         self.links: dict[int, Link] = {}
         self.latest: tuple[int, list[torch.Tensor]] | None = None  # (version, flat CPU buffers)
         self.lock = threading.Lock()
@@ -65,7 +67,7 @@ class WeightsPush:
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The weights after `version` optimizer steps, to every server from now on."""
-        buffers = flatten(model.state_dict(), torch.device("cpu"))
+        buffers = flatten(model.state_dict(), self.layouts[WHOLE], torch.device("cpu"))
         with self.lock:
             self.latest = (version, buffers)
             for index in list(self.links):
@@ -92,7 +94,7 @@ class WeightsPush:
         try:
             link.sender.release_sent()
             device = link.sender.device
-            link.sender.broadcast(buffers if device.type == "cpu" else [b.to(device) for b in buffers])
+            link.sender.broadcast(WHOLE, buffers if device.type == "cpu" else [b.to(device) for b in buffers])
             post(f"{link.url}/weights", {"version": version})
         except (OSError, RuntimeError):
             link.sender.close()
@@ -121,7 +123,7 @@ class WeightsPush:
 
     def _connect(self, address: Address) -> WeightsSender:
         """A new pair group with the server at `address` (it joins between two generations)."""
-        sender = WeightsSender(self.host)
+        sender = WeightsSender(self.layouts, self.host)
         post(f"{address.url}/connect", {"host": self.host, "port": sender.port, "layout": self.layout,
                                         "device": str(self.device)})
         deadline = time.monotonic() + CONNECT_TIMEOUT_S

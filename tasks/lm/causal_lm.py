@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
-from .episodes import EpisodeConfig, EpisodeRunner, episode_config_problems
+from .episodes import EPISODE_COLUMNS, EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
 from .logprob_settings import (
@@ -142,6 +142,14 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         if cfg.episode.tools:
             problems.extend(episode_problems(cfg))
         return problems
+
+    @classmethod
+    def output_kind(cls, cfg: CausalLMConfig) -> str:
+        return "episode" if cfg.episode.tools else "text"
+
+    @classmethod
+    def rollout_columns(cls, cfg: CausalLMConfig) -> tuple[str, ...]:
+        return EPISODE_COLUMNS if cfg.episode.tools else ("completion_ids",)
 
     @classmethod
     def prompt_check(cls, cfg: CausalLMConfig):

@@ -73,7 +73,6 @@ def worker_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     adapter = generating_adapter_problem(cfg, "the rollout worker runs") if cfg.task in ADAPTERS else None
     needs = {"policy": (adapter is None, adapter),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
-             "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
              "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
              "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),
