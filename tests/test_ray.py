@@ -72,7 +72,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # about 3 min: the cluster (30 s), the Ray run (2 min: five processes start), one process
+@pytest.mark.slow  # 50-70 s each (measured at load 9): the Ray run (five processes start), one process
 @pytest.mark.parametrize("recipe, steps, reward", [(TINY_RECIPE, 2, "accuracy"), (DIFFUSION_RECIPE, 2, "mean_red")],
                          ids=["text", "diffusion"])
 def test_trainer_ranks_and_servers_on_three_nodes_train_the_single_process_weights(cluster, tmp_path, recipe, steps,
@@ -127,7 +127,7 @@ def rank_pid(out: Path, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.slow  # about 3 min each: a Ray run of 4 steps, which waits for the restart, and one process
+@pytest.mark.slow  # 50-70 s each (measured at load 9): a Ray run of 4 steps, which waits for the restart, one process
 @pytest.mark.parametrize("server, banner", [("rollout-0", "serve-rollout: causal_lm tiny:qwen2-char on http://"),
                                             ("reward-accuracy-0", "serve-reward: accuracy on http://")],
                          ids=["rollout", "reward"])
@@ -153,7 +153,7 @@ def test_a_killed_server_is_restarted_and_the_run_ends_as_if_it_had_not_died(clu
     assert_same_weights(final_weights(tmp_path / "single", steps), final_weights(out, steps))
 
 
-@pytest.mark.slow  # about 5 min: two Ray runs (the killed one and its resume) and one process
+@pytest.mark.slow  # 90 s (measured at load 9): two Ray runs (the killed one and its resume) and one process
 def test_a_killed_trainer_rank_stops_the_run_and_resume_ends_with_the_uninterrupted_weights(cluster, tmp_path):
     steps = 4
     single_process(tmp_path, TINY_RECIPE, steps)
