@@ -5,8 +5,11 @@ through a file (save, load) beside it.
 
 Throughput: the text demo's recipe (its supervised warm start shortened to --warm-start-steps, untimed, so
 rewards vary and every step trains), --steps RL steps of --prompts prompt groups x 8, the first --warmup left
-out; trained samples / s from the steps' own times (`time_step_s`). `single` is `mmrl train` in one process
-(its torch threads on every core); `served_N` is `mmrl train --ray` with one trainer rank and N rollout servers
+out; trained samples / s from the steps' own times (`time_step_s`); `wall_s` is the whole command's
+(the processes' start, the warm start, the model builds included). `single` is `mmrl train` in one process
+on one torch thread, as every role of the served runs (with a torch thread per core on a shared, loaded
+2-core machine, the single run's threads oversubscribe the cores and it was 25 times slower: a baseline
+that measures the contention, not the engine); `served_N` is `mmrl train --ray` with one trainer rank and N rollout servers
 (`policy.rollout_engine: hf_server`, `rollout.mode` --mode at --staleness), each generation call of
 --groups-per-call groups a request, every role on one torch thread (OMP_NUM_THREADS=1), on a cluster of a head
 and two worker nodes started here (`ray.cluster_utils.Cluster`).
@@ -55,9 +58,10 @@ def throughput(out: Path, args: argparse.Namespace) -> dict:
 
 def single_run(args: argparse.Namespace, folder: Path) -> dict:
     out = folder / "single"
+    started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "mmrl", "train", "text_demo", *recipe_overrides(args, out)], check=True,
-                   cwd=ROOT, stdout=subprocess.DEVNULL)
-    return throughput(out, args)
+                   cwd=ROOT, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return {**throughput(out, args), "wall_s": round(time.perf_counter() - started, 1)}
 
 
 def served_runs(args: argparse.Namespace, folder: Path) -> dict:
