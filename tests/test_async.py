@@ -21,7 +21,7 @@ from mmrl.registry import ADAPTERS, import_user_module
 from mmrl.tasks.lm.causal_lm import CausalLMPolicy
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.placement.rollout_worker import RolloutWorker, RolloutWorkerDied
-from mmrl.train.placement.weights_broadcast import backend_for
+from mmrl.serving.weights_broadcast import backend_for
 from mmrl.train.plan.validate import validate
 
 

@@ -16,7 +16,7 @@ from test_async import AUDIO_RECIPE, DIFFUSION_RECIPE, DLM_RECIPE, VLM_RECIPE, d
 from mmrl.config.parse import ConfigError, load_recipe, parse_config
 from mmrl.registry import load_plugins, shipped_recipes
 from mmrl.train.loop.trainer import Trainer
-from mmrl.train.placement.weights_broadcast import TRAINED, WHOLE
+from mmrl.serving.weights_broadcast import TRAINED, WHOLE
 from mmrl.train.plan.validate import validate
 
 LORA = ["optim.lora.r=4", "optim.lora.alpha=8", "optim.lr=0.05"]
