@@ -25,7 +25,8 @@ from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.serving.rollout_wire import Key, decode_rollout, key_text, rollout_request
 from mmrl.serving.server_directory import Address, ServerSlot, answers
-from mmrl.serving.weights_push import WeightsPush, post
+from mmrl.serving.json_http import ServerGone, detail, get, post
+from mmrl.serving.weights_push import WeightsPush
 
 POLL_WAIT_S = 10.0  # how long one GET of an answer waits at the server
 REVIVE_EVERY_S = 2.0  # how often a set-aside server's address is read again
@@ -33,10 +34,6 @@ REVIVE_EVERY_S = 2.0  # how often a set-aside server's address is read again
 
 class RolloutServerError(UserError):
     """A rollout server that failed a request, or that did not come back; the run stops (after a checkpoint)."""
-
-
-class ServerGone(Exception):
-    """A server that did not answer (connection refused or reset, timed out)."""
 
 
 class ServerState:
@@ -86,7 +83,7 @@ class ServedRollouts:
             index = self.where[key]
             server = self.servers[index]
             try:
-                status, data = _get(f"{server.address.url}/rollout/{key_text(key)}?wait={POLL_WAIT_S:g}",
+                status, data = get(f"{server.address.url}/rollout/{key_text(key)}?wait={POLL_WAIT_S:g}",
                                     POLL_WAIT_S + 30)
             except ServerGone:
                 self._set_aside(index)
@@ -98,7 +95,7 @@ class ServedRollouts:
                 continue
             if status != 200:
                 raise RolloutServerError(f"rollout server {server.slot.name} ({server.address.url}) failed on step "
-                                         f"{key[0]}'s prompt groups from {key[2]}: HTTP {status}: {_detail(data)}"
+                                         f"{key[0]}'s prompt groups from {key[2]}: HTTP {status}: {detail(data)}"
                                          f"{server.slot.see_log()}")
             return self._taken(key, index, json.loads(data)), None
 
@@ -133,7 +130,7 @@ class ServedRollouts:
                 post(f"{server.address.url}/rollout", self.bodies[key], timeout=60.0)
             except urllib.error.HTTPError as e:
                 raise RolloutServerError(f"rollout server {server.slot.name} refused step {key[0]}'s request: "
-                                         f"HTTP {e.code}: {_detail(e.read())}") from None
+                                         f"HTTP {e.code}: {detail(e.read())}") from None
             except OSError:
                 self._set_aside(index)
                 continue
@@ -175,21 +172,3 @@ class ServedRollouts:
         found = server.slot.address()
         if found is not None and answers(found.url):
             server.address = found
-
-
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
-    """(status, body) of a GET; ServerGone when the server does not answer."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (OSError, ValueError):
-        raise ServerGone(url) from None
-
-
-def _detail(body: bytes) -> str:
-    try:
-        return str(json.loads(body).get("detail", body[:200]))
-    except (ValueError, AttributeError):
-        return body[:200].decode(errors="replace")

@@ -13,15 +13,13 @@ trainer's newest weights before anything else.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import torch
 
+from mmrl.serving.json_http import post
 from mmrl.serving.server_directory import Address, ServerSlot, answers
 from mmrl.serving.weights_broadcast import WHOLE, WeightsSender, flatten, layout_of, model_device
 
@@ -31,13 +29,6 @@ CONNECT_TIMEOUT_S = 600.0  # how long a server may take to join (it joins betwee
 
 class ConnectAbandoned(Exception):
     """A server that went away while it was joining the weights group."""
-
-
-def post(url: str, body: dict, timeout: float = 30.0) -> dict:
-    """POST `body` as JSON; the decoded answer. OSError (urllib's errors included) when it fails."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
 
 
 @dataclass
