@@ -27,6 +27,7 @@ NEEDS = {
     "gpu": "a GPU (or several)",
     "weights": "model weights from the hub, or a path to them",
     "data": "a data set from the hub, or the user's own files",
+    "vllm": "a Python with vLLM installed (docs/vllm.md#installing)",
     "minutes": "minutes on a CPU (the demos, sweeps, multi-process launches); run by `pytest -m slow`",
 }
 PLACEHOLDERS = {"RECIPE", "RECIPE_OR_DEMO", "NAME", "KEY", "OUTPUT_DIR", "DIR", "OUT", "CHECKPOINT", "FILE", "N",

@@ -13,6 +13,7 @@ from PIL import Image
 from rollout_servers import ThreadServer, thread_servers
 
 from mmrl.config.parse import ConfigError, parse_config
+from mmrl.config.rollouts import adapter_policy, server_policy
 from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
 from mmrl.serving.rollout_client import RolloutServerError, ServedRollouts
@@ -23,6 +24,7 @@ from mmrl.serving.weights_push import WeightsPush
 from mmrl.serving.wire import dumps
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.placement.placed_servers import server_commands
+from mmrl.train.placement.rollout_modes import served_problems
 from mmrl.train.plan.validate import validate
 
 
@@ -243,6 +245,26 @@ def test_placements_that_cannot_work_are_refused_before_anything_loads(overrides
     with pytest.raises(ConfigError) as e:
         validate(parse_config(TINY_RECIPE, overrides))
     assert said in str(e.value)
+
+
+def test_vllm_server_names_what_its_servers_run_and_checks_it_before_anything_loads(no_model):
+    """The servers of vllm_server build the policy with the adapter's vLLM engine (and its settings); the
+    trainer's side keeps the default engine. Placed servers run this Python, so it must import vLLM;
+    servers already running elsewhere need nothing here."""
+    policy = {"model": "m", "rollout_engine": "vllm_server", "vllm": {"max_num_seqs": 4}}
+    assert server_policy(policy) == {"model": "m", "rollout_engine": "vllm", "vllm": {"max_num_seqs": 4}}
+    assert adapter_policy(policy) == {"model": "m", "vllm": {"max_num_seqs": 4}}
+    assert server_policy({"model": "m", "rollout_engine": "hf_server"}) == {"model": "m"}
+    with pytest.raises(ConfigError, match=r"the rollout servers \(policy.rollout_engine=vllm_server\): "
+                                          r"policy.vllm.max_num_seqs=0 must be >= 1"):
+        validate(parse_config(TINY_RECIPE, ["policy.rollout_engine=vllm_server", "placement.rollout=1",
+                                            "policy.vllm.max_num_seqs=0"]))
+    validate(parse_config(TINY_RECIPE, ["policy.rollout_engine=vllm_server", "rollout.servers=[http://gen:8100]"]))
+    audio = parse_config({"task": "audio_lm", "policy": {"model": "tiny:qwen2-audio-char"},
+                          "data": {"name": "tones"}}, ["policy.rollout_engine=vllm_server", "placement.rollout=1"])
+    assert served_problems(audio, "vllm_server")[-1] == (
+        "policy.rollout_engine=vllm_server: the rollout servers would run the audio_lm adapter's vllm engine, which "
+        "it does not have (served engines for it: hf_server)")
 
 
 def test_each_placed_server_is_started_with_the_run_recipe_and_its_address_file(tmp_path):

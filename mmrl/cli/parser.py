@@ -49,7 +49,7 @@ def _served_address(p: argparse.ArgumentParser) -> None:
 
 def _serve_rollout(add: Add) -> None:
     p = add("serve-rollout", "serve a recipe's policy rollouts over HTTP for runs with policy.rollout_engine "
-                             "hf_server (docs/distributed.md#served-rollouts); the trainer pushes its weights")
+                             "hf_server or vllm_server (docs/distributed.md#served-rollouts); the trainer pushes its weights")
     p.add_argument("recipe", help="the run's recipe (a shipped recipe's name, or a path to a .yaml file)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100; 0: a free one)")

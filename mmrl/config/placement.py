@@ -20,7 +20,7 @@ class PlacementConfig:
         "on one or many). launch ray: the ranks Ray places (null: 1). launch local: null takes the processes the "
         "launcher started (torchrun --nproc_per_node); a number must be that number.")})
     rollout: int = field(default=0, metadata={"help": (
-        "Rollout servers the run places (`mmrl serve-rollout`, policy.rollout_engine hf_server); 0: none (the "
+        "Rollout servers the run places (`mmrl serve-rollout`, policy.rollout_engine hf_server or vllm_server); 0: none (the "
         "trainer generates, or rollout.servers names running ones). launch local: started by the trainer's main "
         "process; launch ray: placed on the cluster and restarted when they die.")})
     reward: int = field(default=0, metadata={"help": (
@@ -44,8 +44,8 @@ class PlacementConfig:
         "(resume=true continues from its newest checkpoint).")})
 
 
-def placement_problems(placement: PlacementConfig, served: bool, has_servers: bool, rewards: dict) -> list[str]:
-    """What is wrong with ``placement:`` against the recipe: `served` (a served rollout engine), `has_servers`
+def placement_problems(placement: PlacementConfig, served: str | None, has_servers: bool, rewards: dict) -> list[str]:
+    """What is wrong with ``placement:`` against the recipe: `served` (the served rollout engine, or None), `has_servers`
     (rollout.servers names running ones), `rewards` (name -> RewardSpec)."""
     problems = [f"placement.{role}={getattr(placement, role)} must be >= 0" for role in ("rollout", "reward")
                 if getattr(placement, role) < 0]
@@ -61,12 +61,12 @@ def placement_problems(placement: PlacementConfig, served: bool, has_servers: bo
         problems += [f"placement.{key}.{role}={n} must be >= 0" for role, n in getattr(placement, key).items() if n < 0]
     if placement.rollout and not served:
         problems.append(f"placement.rollout={placement.rollout} places rollout servers, but policy.rollout_engine "
-                        "is not a served engine (hf_server)")
+                        "is not a served engine (hf_server, vllm_server)")
     if placement.rollout and has_servers:
         problems.append(f"placement.rollout={placement.rollout} and rollout.servers both name the rollout servers; "
                         "give one")
     if served and not placement.rollout and not has_servers:
-        problems.append("policy.rollout_engine=hf_server needs rollout servers: placement.rollout: N (the run places "
+        problems.append(f"policy.rollout_engine={served} needs rollout servers: placement.rollout: N (the run places "
                         "them) or rollout.servers: [urls] (running `mmrl serve-rollout`)")
     for name in placement.rewards or []:
         if name not in rewards:

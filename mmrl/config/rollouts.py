@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # `policy.rollout_engine` values that the engine serves rather than the adapter: the adapter's rollouts
-# run in rollout servers (`mmrl serve-rollout`), each building the policy with its own default engine
-SERVED_ENGINES = ("hf_server",)
+# run in rollout servers (`mmrl serve-rollout`), each building the policy with the adapter's engine named
+# here (None: the adapter's default engine). The servers of vllm_server run the adapter's vLLM engine, so
+# they run where vLLM is installed (docs/vllm.md#installing).
+SERVED_ENGINES: dict[str, str | None] = {"hf_server": None, "vllm_server": "vllm"}
 
 
 def served_engine(policy: dict[str, Any]) -> str | None:
@@ -20,11 +22,19 @@ def served_engine(policy: dict[str, Any]) -> str | None:
 
 
 def adapter_policy(policy: dict[str, Any]) -> dict[str, Any]:
-    """The ``policy:`` section as the adapter types it: a served engine's name left out (the servers, and
-    the trainer's own evaluations, run the adapter's default engine)."""
+    """The ``policy:`` section as the trainer's adapter types it: a served engine's name left out (the
+    trainer's own evaluations run the adapter's default engine)."""
     if served_engine(policy) is None:
         return policy
     return {k: v for k, v in policy.items() if k != "rollout_engine"}
+
+
+def server_policy(policy: dict[str, Any]) -> dict[str, Any]:
+    """The ``policy:`` section as a rollout server's adapter types it: the served engine's name replaced by
+    the adapter engine it runs (`SERVED_ENGINES`)."""
+    engine = SERVED_ENGINES.get(served_engine(policy) or "")
+    trainer_side = adapter_policy(policy)
+    return trainer_side if engine is None else {**trainer_side, "rollout_engine": engine}
 
 
 @dataclass
@@ -89,7 +99,7 @@ class RolloutConfig:
 
     mode: Literal["sync", "one_step_off", "async"] = field(default="sync", metadata={"help": (
         "sync: each step's rollouts are generated with the weights it is about to update (by the trainer, or by "
-        "rollout servers with policy.rollout_engine hf_server). one_step_off: "
+        "rollout servers with policy.rollout_engine hf_server or vllm_server). one_step_off: "
         "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
         "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
         "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
@@ -105,7 +115,7 @@ class RolloutConfig:
         "async: send the worker the trained weights after every this many updates (fewer transfers; rows may "
         "then be up to max_staleness + weights_every - 1 steps old, see rollout.stale_rows). one_step_off: 1.")})
     servers: list[str] = field(default_factory=list, metadata={"help": (
-        "policy.rollout_engine hf_server: the urls of rollout servers already running (`mmrl serve-rollout RECIPE`), "
+        "policy.rollout_engine hf_server or vllm_server: the urls of rollout servers already running (`mmrl serve-rollout RECIPE`), "
         "each prompt-group request sent to the one with the fewest in flight; empty: the placement.rollout servers "
         "the run places itself (docs/distributed.md#served-rollouts).")})
     stale_rows: Literal["drop", "keep"] = field(default="drop", metadata={"help": (

@@ -105,7 +105,7 @@ class Policy(ABC):
         return []
 
     # whether the engine may build this adapter from the recipe in another process to generate: a rollout
-    # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`)
+    # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`, `vllm_server`)
     runs_in_rollout_worker: bool = False
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The trainer's handle on its rollout servers (`policy.rollout_engine: hf_server`,
+"""The trainer's handle on its rollout servers (`policy.rollout_engine: hf_server` or `vllm_server`,
 docs/distributed.md#served-rollouts), with the interface of the rollout worker's (`ask`, `has_asked`,
 `asked_for`, `take_scored`, `send_weights`, `pop_metrics`, `stop`), so the trainer's modes, queue and staleness bounds
 are the same whoever generates.

@@ -1,5 +1,7 @@
 """The rollout server (`mmrl serve-rollout RECIPE`, docs/distributed.md#served-rollouts): any adapter's
-`rollout()` behind HTTP, for `policy.rollout_engine: hf_server`.
+`rollout()` behind HTTP, for `policy.rollout_engine: hf_server` (the adapter's default engine) and
+`vllm_server` (the adapter's vLLM engine: the pushed weights are copied into the policy's model, which
+the engine then syncs into vLLM as it does in the trainer's process, tasks/lm/vllm_engine.py).
 
 One thread generates (`RolloutEngine`), one request at a time, with the newest weights the trainer pushed:
 before each generation it reads every waiting message, so a weights transfer announced before it is
@@ -28,9 +30,11 @@ from typing import Any
 import torch
 from fastapi import FastAPI, HTTPException, Response
 
+from mmrl.config.rollouts import server_policy
 from mmrl.config.sections import TrainConfig
+from mmrl.config.parse import from_dict
 from mmrl.core.policy import Policy, build_policy
-from mmrl.registry import load_plugins
+from mmrl.registry import ADAPTERS, load_plugins
 from mmrl.serving.rollout_wire import Key, encode_rollout, key_text, read_request
 from mmrl.serving.weights_broadcast import WHOLE, WeightsReceiver
 
@@ -146,10 +150,11 @@ class RolloutEngine:
 def build_server_policy(cfg: TrainConfig, device: str | None = None) -> Policy:
     """The recipe's policy as the server runs it: built as the trainer builds it (seeded by the recipe, so a
     tiny random model and the parts the trainer does not train are the trainer's), with the adapter's own
-    engine, in eval mode, on `device` (else the recipe's policy.device, else cuda where there is one)."""
+    engine (`server_policy`: vLLM for vllm_server), in eval mode, on `device` (else the recipe's policy.device, else cuda where there is one)."""
     load_plugins()
     torch.manual_seed(cfg.seed)
-    policy = build_policy(cfg)
+    adapter = ADAPTERS.get(cfg.task)
+    policy = build_policy(cfg, from_dict(adapter.Config, server_policy(cfg.policy), "policy"))
     policy.prompt_column = cfg.data.prompt_column
     if device is not None or cfg.policy.get("device") is None:
         policy.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))

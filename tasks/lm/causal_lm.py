@@ -97,7 +97,8 @@ class CausalLMConfig:
         "prefills).")})
     rollout_engine: Literal["hf", "vllm"] = field(default="hf", metadata={"help": (
         "What samples rollouts: hf (transformers generate) or vllm (a colocated vLLM engine, sent the weights "
-        "after every optimizer step; see policy.vllm and docs/vllm.md).")})
+        "after every optimizer step; see policy.vllm and docs/vllm.md). Rollout servers instead: hf_server or vllm_server "
+        "(docs/distributed.md#served-rollouts).")})
     vllm: VLLMConfig = field(default_factory=VLLMConfig, metadata={"help": (
         "The vLLM engine's settings when rollout_engine is vllm.")})
     episode: EpisodeConfig = field(default_factory=EpisodeConfig, metadata={"help": (

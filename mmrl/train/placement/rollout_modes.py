@@ -1,11 +1,12 @@
 """What `rollout.mode` (sync, one_step_off, async), a served rollout engine (`policy.rollout_engine:
-hf_server`), `placement:` and `scoring.where` can do with the rest of a recipe, checked with the recipe
+hf_server` or `vllm_server`), `placement:` and `scoring.where` can do with the rest of a recipe, checked with the recipe
 before anything loads (docs/async.md, docs/distributed.md)."""
 
 from __future__ import annotations
 
 from mmrl.config.placement import placement_problems
-from mmrl.config.rollouts import served_engine
+from mmrl.config.parse import from_dict
+from mmrl.config.rollouts import SERVED_ENGINES, served_engine, server_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.registry import ADAPTERS
 from mmrl.serving.remote_reward import is_served
@@ -15,7 +16,7 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     """What `rollout.mode`, the served engine and their settings cannot do with the rest of the recipe."""
     ro = cfg.rollout
     served = served_engine(cfg.policy)
-    problems = placement_problems(cfg.placement, served is not None, bool(ro.servers), cfg.rewards)
+    problems = placement_problems(cfg.placement, served, bool(ro.servers), cfg.rewards)
     if ro.mode != "async":
         problems += [f"rollout.{name}={value!r} is async's (rollout.mode={ro.mode})"
                      for name, value, default in (("weights_every", ro.weights_every, 1),
@@ -64,7 +65,25 @@ def served_problems(cfg: TrainConfig, engine: str) -> list[str]:
              "stages": (not cfg.stages, "stages (a stage may change what the servers generate)"),
              "where": (cfg.scoring.where != "worker",
                        "scoring.where=worker (the rollout servers do not score: the trainer does, or its reward servers)")}
-    return [f"{what} with {why}" for ok, why in needs.values() if not ok]
+    return [f"{what} with {why}" for ok, why in needs.values() if not ok] + server_engine_problems(cfg, engine)
+
+
+def server_engine_problems(cfg: TrainConfig, engine: str) -> list[str]:
+    """What is wrong with the adapter engine the servers of `engine` run (`SERVED_ENGINES`: vLLM for
+    vllm_server): one the adapter does not have; and, where the run places the servers (with this Python),
+    what the adapter's own checks of that engine find (its settings, whether it can be imported here)."""
+    on_server = SERVED_ENGINES[engine]
+    if on_server is None or cfg.task not in ADAPTERS:
+        return []
+    adapter = ADAPTERS.get(cfg.task)
+    if on_server not in getattr(adapter, "rollout_engines", ()):
+        return [f"policy.rollout_engine={engine}: the rollout servers would run the {cfg.task} adapter's {on_server} "
+                f"engine, which it does not have (served engines for it: hf_server)"]
+    check = getattr(adapter, "config_problems", None)
+    if check is None or not cfg.placement.rollout:
+        return []
+    return [f"the rollout servers (policy.rollout_engine={engine}): {problem}"
+            for problem in check(from_dict(adapter.Config, server_policy(cfg.policy), "policy"))]
 
 
 def worker_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
