@@ -1,0 +1,34 @@
+"""Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
+recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model_loading import TINY_MODELS
+from .tiny_multimodal import qwen25_vl_char
+
+
+@TINY_MODELS.register("qwen-image")
+def tiny_qwen_image(seed: int = 0, layers: int = 1):
+    """A QwenImagePipeline: a 1-layer Qwen2.5-VL text encoder over characters, a `layers`-block
+    Qwen-Image MMDiT on 2x2-packed latents, a one-level Qwen-Image VAE (2x in space), the Euler flow
+    scheduler with Qwen-Image's resolution-dependent exponential shift."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        text_encoder, processor = qwen25_vl_char(hidden=32, layers=1, heads=2, vision_hidden=16, seed=seed)
+        tokenizer = processor.tokenizer
+        tokenizer.padding_side = "right"
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=layers,
+                                                  attention_head_dim=8, num_attention_heads=2,
+                                                  joint_attention_dim=32, axes_dims_rope=(2, 2, 4))
+        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1,
+                                     temperal_downsample=[False], latents_mean=[0.1 * i for i in range(4)],
+                                     latents_std=[1.0 + 0.2 * i for i in range(4)])
+        scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16,
+                                                    max_image_seq_len=256, base_shift=0.5, max_shift=0.9,
+                                                    shift_terminal=0.02, time_shift_type="exponential")
+        return QwenImagePipeline(scheduler=scheduler, vae=vae.eval(), text_encoder=text_encoder,
+                                 tokenizer=tokenizer, transformer=transformer)
