@@ -140,3 +140,21 @@ def test_full_fine_tune_is_a_stock_pipeline_directory(name, tmp_path):
     pipe = DiffusionPipeline.from_pretrained(latest_checkpoint(tmp_path) / "model")
     assert type(pipe) is type(t.policy.pipe)
     assert torch.allclose(call(pipe, guided)[0].float(), ours, atol=1e-5)
+
+
+# each family's recipe (tasks/recipes/): two steps from it on its tiny model
+RECIPES = {"qwen-image": "t2i_qwen_image"}
+
+
+@pytest.mark.slow  # 12 s on the loaded 2-core machine (2026-11-29)
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_trains_two_steps(name, tmp_path):
+    from mmrl.config.parse import load_recipe
+    from mmrl.registry import RECIPES as SHIPPED
+    cfg = load_recipe(SHIPPED.get(RECIPES[name]), [f"output_dir={tmp_path}", "algorithm.group_size=2",
+                                                   "optim.prompts_per_step=1", "max_steps=2", "policy.num_steps=4",
+                                                   "logging.progress=false", "logging.report_to=[none]"])
+    t = Trainer(cfg)
+    for _ in range(2):
+        metrics = t.train_step()
+        assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
