@@ -29,8 +29,14 @@ def qwen_image_call(pipe, guided, output_type="latent"):
                 output_type=output_type).images
 
 
+def z_image_call(pipe, guided, output_type="latent"):
+    """ZImagePipeline's call: CFG is on when guidance_scale > 0 (pos + g (pos - neg))."""
+    return pipe([PROMPT], guidance_scale=SCALE if guided else 0.0, num_inference_steps=STEPS, height=SIZE,
+                width=SIZE, generator=torch.Generator().manual_seed(SEED), output_type=output_type).images
+
+
 # tiny pipeline -> (the stock call with the policy's evaluation settings, whether it takes CFG)
-FAMILIES = {"qwen-image": (qwen_image_call, True)}
+FAMILIES = {"qwen-image": (qwen_image_call, True), "z-image": (z_image_call, True)}
 
 
 def make(name, guided, **kw):
@@ -143,7 +149,7 @@ def test_full_fine_tune_is_a_stock_pipeline_directory(name, tmp_path):
 
 
 # each family's recipe (tasks/recipes/): two steps from it on its tiny model
-RECIPES = {"qwen-image": "t2i_qwen_image"}
+RECIPES = {"qwen-image": "t2i_qwen_image", "z-image": "t2i_z_image"}
 
 
 @pytest.mark.slow  # 12 s on the loaded 2-core machine (2026-11-29)

@@ -1,12 +1,14 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
-recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder."""
+recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder, Z-Image over a tiny Qwen3."""
 
 from __future__ import annotations
 
 import torch
 
 from ..model_loading import TINY_MODELS
+from .tiny_models import chat_template, char_tokenizer_with
 from .tiny_multimodal import qwen25_vl_char
+from .tiny_pipelines import _vae
 
 
 @TINY_MODELS.register("qwen-image")
@@ -32,3 +34,26 @@ def tiny_qwen_image(seed: int = 0, layers: int = 1):
                                                     shift_terminal=0.02, time_shift_type="exponential")
         return QwenImagePipeline(scheduler=scheduler, vae=vae.eval(), text_encoder=text_encoder,
                                  tokenizer=tokenizer, transformer=transformer)
+
+
+@TINY_MODELS.register("z-image")
+def tiny_z_image(seed: int = 0, layers: int = 1):
+    """A ZImagePipeline: a 2-layer Qwen3 text encoder (the pipeline reads its second-to-last hidden
+    states) over characters with a chat template, a `layers`-layer Z-Image single-stream DiT (one
+    refiner layer each for the latents and the caption), a 2-level VAE (2x in space)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = char_tokenizer_with(["<|im_start|>", "<|im_end|>"], chat_template())
+        text_encoder = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                              head_dim=16, max_position_embeddings=1024,
+                                              pad_token_id=tokenizer.pad_token_id)).eval()
+        transformer = ZImageTransformer2DModel(in_channels=4, dim=32, n_layers=layers, n_refiner_layers=1, n_heads=2,
+                                               n_kv_heads=2, cap_feat_dim=32, axes_dims=[4, 6, 6],
+                                               axes_lens=[1024, 32, 32])
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_image_seq_len=16,
+                                                    max_image_seq_len=256)
+        return ZImagePipeline(scheduler=scheduler, vae=_vae(4, flux=True), text_encoder=text_encoder,
+                              tokenizer=tokenizer, transformer=transformer)
