@@ -70,6 +70,18 @@ class TestHunyuanVideo(TestDiffusion):
     recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:hunyuan-video", "classifier_free_guidance": False, **VIDEO}}
 
 
+IMAGE_2026 = {"height": 16, "width": 16, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
+RECIPE_2026 = {**TestDiffusion.recipe, "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}}}
+
+
+class TestQwenImage(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:qwen-image", **IMAGE_2026}}
+
+
+class TestZImage(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:z-image", **IMAGE_2026}}
+
+
 class TestDiffusionFast(TestDiffusion):
     """Flow-GRPO-Fast: an SDE window per group (random_window), the ODE elsewhere."""
     recipe = {**TestDiffusion.recipe,
