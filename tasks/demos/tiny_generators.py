@@ -1,5 +1,6 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
-recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder, Z-Image over a tiny Qwen3."""
+recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder, Z-Image and
+FLUX.2 [klein] over tiny Qwen3 encoders."""
 
 from __future__ import annotations
 
@@ -57,3 +58,32 @@ def tiny_z_image(seed: int = 0, layers: int = 1):
                                                     max_image_seq_len=256)
         return ZImagePipeline(scheduler=scheduler, vae=_vae(4, flux=True), text_encoder=text_encoder,
                               tokenizer=tokenizer, transformer=transformer)
+
+
+@TINY_MODELS.register("flux2-klein")
+def tiny_flux2_klein(seed: int = 0, layers: int = 1, distilled: bool = False):
+    """A Flux2KleinPipeline (the undistilled base: CFG; `distilled`: the step-distilled model, none):
+    a 27-layer Qwen3 of width 8 (the pipeline stacks its hidden states 9, 18 and 27), a FLUX.2
+    transformer with `layers` double- and one single-stream block, a 2-level FLUX.2 VAE (2x in space,
+    its 2x2 patchify and batch-norm statistics drawn at random so that they matter)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = char_tokenizer_with(["<|im_start|>", "<|im_end|>"], chat_template())
+        text_encoder = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=8, intermediate_size=16,
+                                                    num_hidden_layers=27, num_attention_heads=2, num_key_value_heads=1,
+                                                    head_dim=4, max_position_embeddings=1024,
+                                                    pad_token_id=tokenizer.pad_token_id)).eval()
+        transformer = Flux2Transformer2DModel(in_channels=16, num_layers=layers, num_single_layers=1,
+                                              attention_head_dim=8, num_attention_heads=2, joint_attention_dim=24,
+                                              timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2),
+                                              guidance_embeds=False)
+        vae = AutoencoderKLFlux2(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                                 up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                                 norm_num_groups=4, sample_size=32).eval()
+        vae.bn.running_mean.normal_(0.0, 0.3)
+        vae.bn.running_var.uniform_(0.5, 2.0)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
+        return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                  transformer=transformer, is_distilled=distilled)
