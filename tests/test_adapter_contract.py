@@ -82,6 +82,10 @@ class TestZImage(TestDiffusion):
     recipe = {**RECIPE_2026, "policy": {"model": "tiny:z-image", **IMAGE_2026}}
 
 
+class TestFlux2Klein(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:flux2-klein", **IMAGE_2026}}
+
+
 class TestDiffusionFast(TestDiffusion):
     """Flow-GRPO-Fast: an SDE window per group (random_window), the ODE elsewhere."""
     recipe = {**TestDiffusion.recipe,

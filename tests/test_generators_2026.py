@@ -166,7 +166,7 @@ def test_full_fine_tune_is_a_stock_pipeline_directory(name, tmp_path):
 
 
 # each family's recipe (tasks/recipes/): two steps from it on its tiny model
-RECIPES = {"qwen-image": "t2i_qwen_image", "z-image": "t2i_z_image"}
+RECIPES = {"qwen-image": "t2i_qwen_image", "z-image": "t2i_z_image", "flux2-klein": "t2i_flux2_klein"}
 
 
 @pytest.mark.slow  # 12 s on the loaded 2-core machine (2026-11-29)
@@ -181,3 +181,10 @@ def test_recipe_trains_two_steps(name, tmp_path):
     for _ in range(2):
         metrics = t.train_step()
         assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+
+
+def test_a_distilled_flux2_klein_refuses_cfg():
+    from mmrl.tasks.diffusion.flux2_klein import Flux2Klein
+    pipe = TINY_MODELS.get("flux2-klein")(distilled=True)
+    with pytest.raises(ValueError, match="policy.classifier_free_guidance=false"):
+        Flux2Klein(pipe, (SIZE, SIZE)).encode([PROMPT], guided=True)
