@@ -46,6 +46,16 @@ FAMILIES = {"qwen-image": (qwen_image_call, True), "z-image": (z_image_call, Tru
             "flux2-klein": (flux2_klein_call, True)}
 
 
+# FLUX.2 [klein]'s tiny pipeline is the slow one (its 27-layer text encoder reads 512 tokens per
+# prompt): its training checks run under -m slow (40-260 s each on the loaded 2-core machine,
+# 2026-11-29); the default run keeps its stock-pipeline, log-prob and refusal checks
+SLOW_TRAINING = ("flux2-klein",)
+
+
+def trained_families():
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TRAINING else n for n in FAMILIES]
+
+
 def make(name, guided, **kw):
     args = dict(model=f"tiny:{name}", height=SIZE, width=SIZE, num_steps=STEPS, eval_num_steps=STEPS,
                 sampler="flow_sde", noise_level=0.7, classifier_free_guidance=guided, guidance_scale=SCALE)
@@ -115,12 +125,13 @@ DEFAULT_METHODS = ("flow_grpo", "dance_grpo")
 
 @pytest.mark.parametrize("method", [m if m in DEFAULT_METHODS else pytest.param(m, marks=pytest.mark.slow)
                                     for m in METHODS])
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", trained_families())
 def test_every_method_takes_an_on_policy_step(name, method, tmp_path):
     t = Trainer(parse_config(RECIPE, recipe_overrides(name, tmp_path, *METHODS[method])))
     assert on_policy_step_changes(t)
 
 
+@pytest.mark.slow  # 8-14 s each on the loaded 2-core machine (2026-11-29); the SD3 / FLUX.1 NFT tests stay in the default run
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_diffusion_nft_trains_on_the_forward_process(name, tmp_path):
     t = Trainer(parse_config(RECIPE, recipe_overrides(name, tmp_path, "policy.units=forward_process",
@@ -132,7 +143,7 @@ def test_diffusion_nft_trains_on_the_forward_process(name, tmp_path):
     assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", trained_families())
 def test_trained_lora_loads_in_the_stock_pipeline_and_merged(name, tmp_path):
     call, guided = FAMILIES[name]
     t = Trainer(parse_config(RECIPE, recipe_overrides(name, tmp_path, "optim.lora.r=4", "optim.lr=0.05")))
