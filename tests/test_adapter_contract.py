@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from adapter_contract import AdapterContract
 from helpers import on_policy_step_changes
@@ -68,6 +69,24 @@ class TestWanImageToVideo(TestDiffusion):
 
 class TestHunyuanVideo(TestDiffusion):
     recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:hunyuan-video", "classifier_free_guidance": False, **VIDEO}}
+
+
+IMAGE_2026 = {"height": 16, "width": 16, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
+RECIPE_2026 = {**TestDiffusion.recipe, "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}}}
+
+
+class TestQwenImage(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:qwen-image", **IMAGE_2026}}
+
+
+class TestZImage(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:z-image", **IMAGE_2026}}
+
+
+@pytest.mark.slow  # 2.5 min on the loaded 2-core machine (2026-11-29): its 27-layer text encoder reads 512 tokens per
+# prompt; the default run keeps FLUX.2 [klein]'s stock-pipeline, log-prob and LoRA checks (test_generators_2026.py)
+class TestFlux2Klein(TestDiffusion):
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:flux2-klein", **IMAGE_2026}}
 
 
 class TestDiffusionFast(TestDiffusion):

@@ -14,7 +14,9 @@ from mmrl.registry import load_plugins
 PIPELINES = {"sd3": ("flow_sde", True, 1), "flux": ("flow_sde", False, 1), "sd15": ("ddim", True, 1),
              "pixel-flow": ("flow_sde", False, 1), "pixel-flow-unet": ("flow_sde", False, 1),
              "pixel-flow-video": ("flow_sde", False, 4), "wan-t2v": ("dance", True, 5),
-             "wan-i2v": ("dance", True, 5), "hunyuan-video": ("dance", False, 5)}
+             "wan-i2v": ("dance", True, 5), "hunyuan-video": ("dance", False, 5),
+             "qwen-image": ("flow_sde", True, 1), "z-image": ("flow_sde", True, 1),
+             "flux2-klein": ("flow_sde", True, 1)}
 
 
 def drawn_size(name, pipe, size):
@@ -35,8 +37,9 @@ def drawn_size(name, pipe, size):
     return (completion[0] if isinstance(completion, list) else completion).size
 
 
-# sd3 (~21 s: it also draws past its 128-pixel positions) and wan-i2v (~11 s) on a loaded 2-core machine
-SLOW_PIPELINES = ("sd3", "wan-i2v")
+# sd3 (~21 s: it also draws past its 128-pixel positions), wan-i2v (~11 s) and qwen-image (~18 s: its
+# 512-token text padding at every refused size) on a loaded 2-core machine
+SLOW_PIPELINES = ("sd3", "wan-i2v", "qwen-image")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_PIPELINES else n
@@ -95,6 +98,11 @@ PUBLISHED = {
     "sd15": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "unet": {"sample_size": 64}}, 8, None),
     "wan": ({"vae": {"z_dim": 16}, "transformer": {"patch_size": [1, 2, 2]}}, 16, None),  # Wan2.1-T2V-1.3B
     "hunyuan_video": ({"vae": {"spatial_compression_ratio": 8}, "transformer": {"patch_size": 2}}, 16, None),
+    # Qwen-Image, Z-Image and FLUX.2 [klein]: vae_scale_factor * 2 (diffusers 0.42.1)
+    "qwen_image": ({"vae": {"temperal_downsample": [False, True, True]}, "transformer": {"patch_size": 2}}, 16, None),
+    "z_image": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "transformer": {"all_patch_size": [2]}}, 16,
+                None),
+    "flux2_klein": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "transformer": {"patch_size": 1}}, 16, None),
 }
 
 

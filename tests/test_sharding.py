@@ -215,6 +215,11 @@ FAMILY_RECIPES = {
                   "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
                   "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
                   "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
+    "qwen_image": {"task": "diffusion", "policy": {"model": "tiny:qwen-image", "height": 16, "width": 16,
+                                                   "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7},
+                   "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
+                   "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
+                   "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
 }
 
 

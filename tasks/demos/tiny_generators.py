@@ -1,0 +1,89 @@
+"""Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
+recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder, Z-Image and
+FLUX.2 [klein] over tiny Qwen3 encoders."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model_loading import TINY_MODELS
+from .tiny_models import chat_template, char_tokenizer_with
+from .tiny_multimodal import qwen25_vl_char
+from .tiny_pipelines import _vae
+
+
+@TINY_MODELS.register("qwen-image")
+def tiny_qwen_image(seed: int = 0, layers: int = 1):
+    """A QwenImagePipeline: a 1-layer Qwen2.5-VL text encoder over characters, a `layers`-block
+    Qwen-Image MMDiT on 2x2-packed latents, a one-level Qwen-Image VAE (2x in space), the Euler flow
+    scheduler with Qwen-Image's resolution-dependent exponential shift."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        text_encoder, processor = qwen25_vl_char(hidden=32, layers=1, heads=2, vision_hidden=16, seed=seed)
+        tokenizer = processor.tokenizer
+        tokenizer.padding_side = "right"
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=layers,
+                                                  attention_head_dim=8, num_attention_heads=2,
+                                                  joint_attention_dim=32, axes_dims_rope=(2, 2, 4))
+        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 1], num_res_blocks=1,
+                                     temperal_downsample=[False], latents_mean=[0.1 * i for i in range(4)],
+                                     latents_std=[1.0 + 0.2 * i for i in range(4)])
+        scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16,
+                                                    max_image_seq_len=256, base_shift=0.5, max_shift=0.9,
+                                                    shift_terminal=0.02, time_shift_type="exponential")
+        return QwenImagePipeline(scheduler=scheduler, vae=vae.eval(), text_encoder=text_encoder,
+                                 tokenizer=tokenizer, transformer=transformer)
+
+
+@TINY_MODELS.register("z-image")
+def tiny_z_image(seed: int = 0, layers: int = 1):
+    """A ZImagePipeline: a 2-layer Qwen3 text encoder (the pipeline reads its second-to-last hidden
+    states) over characters with a chat template, a `layers`-layer Z-Image single-stream DiT (one
+    refiner layer each for the latents and the caption), a 2-level VAE (2x in space)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = char_tokenizer_with(["<|im_start|>", "<|im_end|>"], chat_template())
+        text_encoder = Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                              head_dim=16, max_position_embeddings=1024,
+                                              pad_token_id=tokenizer.pad_token_id)).eval()
+        transformer = ZImageTransformer2DModel(in_channels=4, dim=32, n_layers=layers, n_refiner_layers=1, n_heads=2,
+                                               n_kv_heads=2, cap_feat_dim=32, axes_dims=[4, 6, 6],
+                                               axes_lens=[1024, 32, 32])
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_image_seq_len=16,
+                                                    max_image_seq_len=256)
+        return ZImagePipeline(scheduler=scheduler, vae=_vae(4, flux=True), text_encoder=text_encoder,
+                              tokenizer=tokenizer, transformer=transformer)
+
+
+@TINY_MODELS.register("flux2-klein")
+def tiny_flux2_klein(seed: int = 0, layers: int = 1, distilled: bool = False):
+    """A Flux2KleinPipeline (the undistilled base: CFG; `distilled`: the step-distilled model, none):
+    a 27-layer Qwen3 of width 8 (the pipeline stacks its hidden states 9, 18 and 27), a FLUX.2
+    transformer with `layers` double- and one single-stream block, a 2-level FLUX.2 VAE (2x in space,
+    its 2x2 patchify and batch-norm statistics drawn at random so that they matter)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = char_tokenizer_with(["<|im_start|>", "<|im_end|>"], chat_template())
+        text_encoder = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), hidden_size=8, intermediate_size=16,
+                                                    num_hidden_layers=27, num_attention_heads=2, num_key_value_heads=1,
+                                                    head_dim=4, max_position_embeddings=1024,
+                                                    pad_token_id=tokenizer.pad_token_id)).eval()
+        transformer = Flux2Transformer2DModel(in_channels=16, num_layers=layers, num_single_layers=1,
+                                              attention_head_dim=8, num_attention_heads=2, joint_attention_dim=24,
+                                              timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2),
+                                              guidance_embeds=False)
+        vae = AutoencoderKLFlux2(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                                 up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                                 norm_num_groups=4, sample_size=32).eval()
+        vae.bn.running_mean.normal_(0.0, 0.3)
+        vae.bn.running_var.uniform_(0.5, 2.0)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
+        return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                  transformer=transformer, is_distilled=distilled)
