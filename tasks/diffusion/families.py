@@ -15,7 +15,7 @@ import torch
 from .family import FAMILIES, Configs, Family, patch_size, split_cond, vae_scale
 
 
-def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
+def flow_shift_mu(pipe, image_seq_len: int) -> float | None:
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
     c = pipe.scheduler.config
     if not c.get("use_dynamic_shifting", False):
@@ -50,7 +50,7 @@ class SD3(Family):
 
     def levels(self, num_steps, latent_shape):
         p = self.denoiser.config.get("patch_size", 1)  # a UNet denoiser (pixel_flow_unet) has no patches
-        mu = _flow_shift_mu(self.pipe, (latent_shape[-2] // p) * (latent_shape[-1] // p))
+        mu = flow_shift_mu(self.pipe, (latent_shape[-2] // p) * (latent_shape[-1] // p))
         self.pipe.scheduler.set_timesteps(num_steps, device="cpu", **({"mu": mu} if mu is not None else {}))
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
@@ -95,7 +95,7 @@ class Flux(Family):
 
     def levels(self, num_steps, latent_shape):
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        mu = _flow_shift_mu(self.pipe, latent_shape[-2])
+        mu = flow_shift_mu(self.pipe, latent_shape[-2])
         self.pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu", **({"mu": mu} if mu is not None else {}))
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
