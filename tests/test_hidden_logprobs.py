@@ -173,13 +173,13 @@ def test_a_frozen_projection_projects_each_chunk_once_in_forward_and_backward(wi
 
 @pytest.mark.parametrize("with_entropy", [False, True])
 def test_a_trained_projection_holds_one_chunk_of_logits_at_a_time(monkeypatch, with_entropy):
-    """The allocation probe (scripts/bench_harness.py: the profiler's allocation events) over the forward
+    """The allocation probe (scripts/memory_probe.py: the profiler's allocation events) over the forward
     and backward of a trained projection: one chunk of fp32 logits [chunk, V], the gradients of h and
     W, and a few sub-blocks of element-wise temporaries, never a second chunk-sized buffer (the copy of
     the projection's output, the exponentials, the softmax's gradient: three before)."""
     from pathlib import Path
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
-    from bench_harness import peak_bytes
+    from memory_probe import peak_bytes
     from mmrl.tasks.lm import token_logprobs
     n, hidden_size, vocab, chunk, sub_rows = 256, 16, 4096, 128, 8
     monkeypatch.setattr(token_logprobs, "SUB_BLOCK_ELEMENTS", sub_rows * vocab)

@@ -91,6 +91,19 @@ def test_bench_engine_without_trl(tmp_path):
     assert not {"trl_time_ratio", "trl_overhead_ratio", "peak_rss_mb"} & report.keys()
 
 
+@pytest.mark.slow  # 26 s of CPU: three fresh processes, each a warm-up step and a probed one
+def test_bench_engine_memory(tmp_path):
+    """The memory case: each contender's step under the allocation probe, without timing (--rounds 0)."""
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE[6:], "--warmup", "1", "--rounds", "0", "--vocab", "512",
+                   "--memory", "--bare-micro-batch", "2", TRL_OPTION)
+    memory = report["memory"]
+    assert_finite(memory, "peak_mb.mmrl", "peak_mb.bare", "bare_peak_ratio", "phases.mmrl.update.peak_mb",
+                  "phases.mmrl.rollout.peak_mb", *(("trl_peak_ratio", "phases.trl.update_backward.peak_mb") if HAS_TRL
+                                                   else ()))
+    assert memory["peak_mb"]["mmrl"] >= memory["phases"]["mmrl"]["update"]["peak_mb"] > 0
+    assert "overhead_ratio" not in report and report["setup"]["model"]["vocab"] == 512
+
+
 @pytest.mark.slow
 def test_bench_engine_peak_rss(tmp_path):
     """The peak-RSS pass: each contender once more alone in a process of its own (2-3 processes more)."""
