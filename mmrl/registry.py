@@ -16,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Generic, Iterator, TypeVar
 
+from mmrl.errors import MissingFileError
+
 T = TypeVar("T")
 
 
@@ -104,13 +106,14 @@ def shipped_demos() -> dict[str, str]:
     return out
 
 
-def import_user_module(spec: str) -> ModuleType:
+def import_user_module(spec: str, key: str) -> ModuleType:
     """Import a user's file (``my_rewards.py``) or module (``pkg.rewards``) so it can register;
-    return the module (a file is imported once)."""
+    return the module (a file is imported once). `key`: the recipe key or option that named it
+    (``reward_modules``, ``policy.episode.tool_modules``, ...), which a missing file's error names."""
     path = Path(spec)
     if spec.endswith(".py"):
         if not path.is_file():
-            raise FileNotFoundError(f"reward_modules: file {spec!r} does not exist")
+            raise MissingFileError(f"{key}: file {spec!r} does not exist (relative to {Path.cwd()})")
         name = f"mmrl_user_{path.stem}_{abs(hash(str(path.resolve())))}"
         if name in sys.modules:
             return sys.modules[name]
@@ -131,3 +134,4 @@ TOOLS: Registry = Registry("tool")  # a typed Python function with a docstring t
 DEMO_FIGURES: Registry = Registry("demo figure")  # fn(rows, greedy_before, greedy_after, out_png)
 DEMO_EVALUATORS: Registry = Registry("demo evaluator")  # mmrl.train.loop.evaluation.Evaluator: a held-out judge, never a reward
 DEMO_SAMPLE_WRITERS: Registry = Registry("demo sample writer")  # fn(samples, folder): held-out inputs and outputs as files
+BENCHMARKS: Registry = Registry("benchmark")  # mmrl.core.benchmark.Benchmark: data source, generation, scorer (docs/bench.md)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from typing import Literal, get_args
 
 from mmrl.core.scoring import register_reward
 
-from .reasoner_presets import check_preset, preset_accuracy
+from .outputs import TEXT
+from .reasoner_presets import Preset, check_preset, preset_accuracy
 from .text import completion_text, extract_answer
 
-MODES = ("auto", "exact", "numeric", "choice")
+Mode = Literal["auto", "exact", "numeric", "choice"]
+MODES = get_args(Mode)
 
 _CHOICE = re.compile(r"^\(?([A-Za-z])\)?$")  # a ground truth that is a choice letter: "B", "(B)"
 _LEADING_OPTION = re.compile(r"^(?:\(([A-Za-z])\)|([A-Za-z])(?:[.):]|$))")  # "b", "(b)", "b.", "b) text"
@@ -85,9 +88,9 @@ def mode_for(truth: str) -> str:
     return "exact"
 
 
-@register_reward("accuracy")
-def accuracy_reward(prompts, completions, answer, mode: str = "auto", tolerance: float = 1e-6,
-                    tag: str = "answer", preset: str | None = None, problem_type=None, accu_reward_method=None,
+@register_reward("accuracy", outputs=TEXT)
+def accuracy_reward(prompts, completions, answer, mode: Mode = "auto", tolerance: float = 1e-6,
+                    tag: str = "answer", preset: Preset | None = None, problem_type=None, accu_reward_method=None,
                     **kwargs) -> list[float | None]:
     """1.0 if the last ``<tag>`` block's content matches the ground truth, 0.0 if not or when the
     tag is missing, None where the ground truth is None (rule-based reward of DeepSeek-R1, R1-AQA).

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal, get_args
 
-COORDS = ("pixels", "norm1", "norm1000")
-FRAMES = ("image", "input", "normalized_1000")
+Coords = Literal["pixels", "norm1", "norm1000"]
+Frame = Literal["image", "input", "normalized_1000"]
+COORDS, FRAMES = get_args(Coords), get_args(Frame)
 RANGE_SLACK = 0.01  # a coordinate may overshoot its declared range by 1% of the range
 
 NUMBER_PATTERN = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"  # a decimal number, sign and exponent optional

@@ -26,6 +26,7 @@ from torch import nn
 
 from mmrl.core.scoring import register_reward
 
+from .outputs import IMAGE
 from .video_frames import per_frame
 
 
@@ -78,7 +79,7 @@ def _prompt_text(prompt: Any) -> str:
     return prompt["prompt"] if isinstance(prompt, dict) else str(prompt)
 
 
-@register_reward("clip")
+@register_reward("clip", outputs=IMAGE)
 @per_frame()
 def clip_score(prompts, completions, model: str = "ViT-L-14", pretrained: str | None = "openai",
                model_config: str | None = None, device: str | None = None, batch_size: int = 32, **columns):
@@ -89,7 +90,7 @@ def clip_score(prompts, completions, model: str = "ViT-L-14", pretrained: str | 
     return (img * txt).sum(-1).tolist()
 
 
-@register_reward("hpsv2")
+@register_reward("hpsv2", outputs=IMAGE)
 @per_frame()
 def hpsv2(prompts, completions, pretrained: str | None = None, model: str = "ViT-H-14",
           model_config: str | None = None, device: str | None = None, batch_size: int = 32, **columns):
@@ -139,7 +140,7 @@ def load_head(path: str, device: str) -> AestheticHead:
     return AestheticHead(state).to(device).eval().requires_grad_(False)
 
 
-@register_reward("aesthetic")
+@register_reward("aesthetic", outputs=IMAGE)
 @per_frame()
 def aesthetic(prompts, completions, head: str | None = None, model: str = "ViT-L-14",
               pretrained: str | None = "openai", model_config: str | None = None, device: str | None = None,
@@ -174,7 +175,7 @@ def _features(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
-@register_reward("pickscore")
+@register_reward("pickscore", outputs=IMAGE)
 @per_frame()
 def pickscore(prompts, completions, path: str | None = None, processor: str | None = None,
               device: str | None = None, batch_size: int = 32, **columns):

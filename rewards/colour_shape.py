@@ -19,10 +19,13 @@ pixels, to have corners).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from mmrl.core.scoring import register_reward
 
+from .outputs import IMAGE
 from .video_frames import per_frame
 
 PALETTE = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 40),
@@ -30,11 +33,21 @@ PALETTE = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), 
 SHAPES = ("circle", "square")
 
 
-def colour_shape_score(image, colour: str, shape: str, area: tuple[float, float] = (0.08, 0.4)) -> float:
+def colour_problem(colour: Any, **args) -> str | None:
+    """What is wrong with a row's `colour` (checked before any model loads, and at each call)."""
     if colour not in PALETTE or colour == "background":
-        raise ValueError(f"colour_shape: colour {colour!r} is not one of {sorted(set(PALETTE) - {'background'})}")
-    if shape not in SHAPES:
-        raise ValueError(f"colour_shape: shape {shape!r} is not one of {list(SHAPES)}")
+        return f"colour_shape: colour {colour!r} is not one of {sorted(set(PALETTE) - {'background'})}"
+    return None
+
+
+def shape_problem(shape: Any, **args) -> str | None:
+    """What is wrong with a row's `shape`."""
+    return None if shape in SHAPES else f"colour_shape: shape {shape!r} is not one of {list(SHAPES)}"
+
+
+def colour_shape_score(image, colour: str, shape: str, area: tuple[float, float] = (0.08, 0.4)) -> float:
+    if problem := colour_problem(colour) or shape_problem(shape):
+        raise ValueError(problem)
     pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
     names = list(PALETTE)
     palette = np.array([PALETTE[n] for n in names], dtype=np.float32)
@@ -66,13 +79,10 @@ def inscribed_ellipse(h: int, w: int) -> np.ndarray:
     return np.asarray(image, dtype=bool)
 
 
-@register_reward("colour_shape")
+@register_reward("colour_shape", outputs=IMAGE, check_columns={"colour": colour_problem, "shape": shape_problem})
 @per_frame(columns=("colour", "shape"))
-def colour_shape(prompts, completions, colour=None, shape=None, area: tuple[float, float] = (0.08, 0.4),
-                 **columns):
+def colour_shape(prompts, completions, colour, shape, area: tuple[float, float] = (0.08, 0.4), **columns):
     """Needs the data set's `colour` and `shape` columns (the `colour_shapes` data set has them)."""
-    if colour is None or shape is None:
-        raise ValueError("colour_shape needs the data columns 'colour' and 'shape'")
     return [colour_shape_score(img, c, s, tuple(area)) for img, c, s in zip(completions, colour, shape)]
 
 

@@ -20,14 +20,15 @@ from typing import Any
 
 from mmrl.core.scoring import register_reward
 
-from .accuracy import MODES, answer_matches, mode_for
+from .accuracy import MODES, Mode, answer_matches, mode_for
+from .outputs import TEXT
 from .text import completion_text
 
 LONG_ANSWER = 1000  # characters: DeepEyes' guard against answers written to sway the judge
 
 
-@register_reward("deepeyes")
-def deepeyes_reward(prompts, completions, answer, turn_texts=None, tool_calls=None, mode: str = "auto",
+@register_reward("deepeyes", outputs=TEXT)
+def deepeyes_reward(prompts, completions, answer, turn_texts=None, tool_calls=None, mode: Mode = "auto",
                     **kwargs) -> list[float | None]:
     """DeepEyes' reward per episode (module docstring); None where the ground truth is None.
     Without episodes (no `turn_texts` / `tool_calls` columns) the completion is the text and no

@@ -6,7 +6,8 @@ import re
 
 from mmrl.core.scoring import register_reward
 
-from .reasoner_presets import check_preset, preset_format
+from .outputs import TEXT
+from .reasoner_presets import Preset, check_preset, preset_format
 from .text import completion_text
 
 # Tag contents may not themselves open or close the same tag, so "<answer>1</answer> x
@@ -17,8 +18,8 @@ THINK_ANSWER = rf"{_THINK}\s*{_ANSWER}"
 ANSWER_ONLY = rf"(?:{_THINK}\s*)?{_ANSWER}"
 
 
-@register_reward("format")
-def format_reward(prompts, completions, pattern: str | None = None, think: bool = True, preset: str | None = None,
+@register_reward("format", outputs=TEXT)
+def format_reward(prompts, completions, pattern: str | None = None, think: bool = True, preset: Preset | None = None,
                   **kwargs) -> list[float]:
     r"""1.0 if the stripped completion fully matches the shape, else 0.0 (DeepSeek-R1 format reward).
 

@@ -38,21 +38,24 @@ as ``reward/iou/unparsable/<reason>``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from mmrl.core.scoring import register_reward
 
-from .box_frames import COORDS, FRAMES, Box, check_coords, coords_extent, coords_scale, frame_extent, frame_scale, in_range, row_sizes, scale_boxes
+from .box_frames import (COORDS, FRAMES, Box, Coords, Frame, check_coords, coords_extent, coords_scale, frame_extent,
+                         frame_scale, in_range, row_sizes, scale_boxes)
 from .box_parsing import raw_boxes, truth_boxes
 from .iou_presets import math_verify_equal, visual_rft_score, visual_rft_truth, vlm_r1_score, vlm_r1_truth
+from .outputs import TEXT
 from .text import completion_text
 
-MATCHES = ("hungarian", "greedy", "first")
-PRESETS = ("vlm_r1", "visual_rft")
-MODES = ("mean_iou", "detection")
+Match = Literal["hungarian", "greedy", "first"]
+Preset = Literal["vlm_r1", "visual_rft"]
+Mode = Literal["mean_iou", "detection"]
+MATCHES, PRESETS, MODES = get_args(Match), get_args(Preset), get_args(Mode)
 # what to write instead of a ground-truth value the reward cannot read, by preset
 BOX_FORMS = {
     None: "the iou reward cannot read boxes from it: write [x1, y1, x2, y2] or a list of such boxes (as a "
@@ -174,10 +177,10 @@ def _predicted(completion: Any, truth: list[Box], extent: tuple[float, float] | 
     return scale_boxes(raw, scale)
 
 
-@register_reward("iou", check_columns={"boxes": boxes_problem})
-def iou_reward(prompts, completions, boxes, coords: str = "pixels", image_size=None, mode: str = "mean_iou",
-               iou_threshold: float = 0.5, frame: str | None = None, match: str = "hungarian",
-               threshold: float = 0.0, preset: str | None = None, original_size=None, input_size=None,
+@register_reward("iou", check_columns={"boxes": boxes_problem}, outputs=TEXT)
+def iou_reward(prompts, completions, boxes, coords: Coords = "pixels", image_size=None, mode: Mode = "mean_iou",
+               iou_threshold: float = 0.5, frame: Frame | None = None, match: Match = "hungarian",
+               threshold: float = 0.0, preset: Preset | None = None, original_size=None, input_size=None,
                math_verify_first: bool = False, log_metric=None, **kwargs) -> list[float | None]:
     """Box reward in [0, 1] against the ``boxes`` column (per row a list of ``[x1, y1, x2, y2]`` in
     the ORIGINAL image's pixels, or None: not applicable -> None; bind another column with

@@ -8,25 +8,24 @@ record / replay, ``on_failure``). The user message is `template` with ``{prompt}
 filled in, after the images `images` names ("completion": the generated image or video frames; a
 column name: that column's) as base64 PNG ``image_url`` parts.
 
-Reading the answer (`parse`): ``regex``, the last match of `pattern` (its first group if it has
-one) read as a number that must lie in `score_range` (pairwise: looked up in `verdicts`, the
-probability the first completion wins); or ``yes_probability``, Flow-Factory's ``P(Yes) / (P(Yes)
-+ P(No))`` over the first answer token's ``top_logprobs`` (the spellings `yes_tokens` /
-`no_tokens`, compared after stripping spaces). An answer that cannot be read is never a number: it
-is counted in ``reward/NAME/unparsed_frac`` and, like a failed request, stops the step
-(``on_failure: stop``) or leaves its rows without this reward (``skip``). Pairwise, every pair of
-the group is asked once (``pairs: once``, Pref-GRPO) or in both orders (``both``), and the win
-rates counted as `win_rate.win_rates` counts them; a group with a pair that got no answer gets no
-reward. docs/rewards.md#judges."""
+Reading the answer (`judge_reading.Reading`): ``regex`` reads a score only where the template asks
+for it (by default a ``Score: N`` line or a last line that is the score alone; a ratio ``7/10``
+reads 7), never in an echo of the prompt; ``yes_probability`` is Flow-Factory's P(Yes). An answer
+that cannot be read is never a number: it is counted in ``reward/NAME/unparsed_frac`` and, like a
+failed request, stops the step (``on_failure: stop``) or leaves its rows without this reward
+(``skip``). Pairwise (Pref-GRPO's ``_pairwise_win_rate``), every pair of the group is asked once
+(``pairs: once``) or in both orders (``both``), the first ``<answer>`` is read for "Image 1 is
+better" / "Image 2 is better" (`verdicts`), an answer naming neither is a tie (0.5 each), and the
+win rates are counted as `win_rate.win_rates` counts them, rounded to `decimals` (3, as the
+authors); a group with a pair that got no readable answer gets no reward. docs/rewards.md#judges."""
 
 from __future__ import annotations
 
 import base64
+import difflib
 import functools
 import inspect
 import io
-import math
-import re
 import string
 from itertools import combinations
 from typing import Any, Literal, Sequence
@@ -37,12 +36,10 @@ from mmrl.core.scoring import register_reward
 from mmrl.errors import UserError
 from mmrl.serving.remote_reward import SENDS_OWN_REQUESTS, RemoteRewardError, stop_unless_skipped
 from mmrl.serving.transport import Answer, Failure, Transport
+from .judge_reading import ANSWER_PATTERN, PREF_GRPO_VERDICTS, SCORE_PATTERN, Parse, Reading, own_text, sent_text
 from .win_rate import win_rates
 
 CHAT_PATH = "/v1/chat/completions"
-NUMBER = r"(-?\d+(?:\.\d+)?)"
-FIRST_OR_SECOND = {"1": 1.0, "2": 0.0}  # judge_pairwise's default verdicts: the matched text -> p(first wins)
-Parse = Literal["regex", "yes_probability"]
 
 
 def image_parts(value: Any) -> list[dict[str, Any]]:
@@ -71,54 +68,6 @@ def user_message(reward: str, template: str, fields: dict[str, Any], images: lis
     return {"role": "user", "content": [*parts, {"type": "text", "text": text}] if parts else text}
 
 
-class Reading:
-    """How an answer becomes a number (the module docstring), checked when built."""
-
-    def __init__(self, reward: str, parse: Parse, pattern: str, score_range: Sequence[float] | None,
-                 verdicts: dict[str, float] | None, yes_tokens: Sequence[str], no_tokens: Sequence[str]):
-        key = f"rewards.{reward}.args"
-        if parse not in ("regex", "yes_probability"):
-            raise UserError(f"{key}.parse={parse!r}: choose regex or yes_probability")
-        try:
-            self.pattern = re.compile(pattern)
-        except re.error as e:
-            raise UserError(f"{key}.pattern={pattern!r} is not a regular expression: {e}") from None
-        if score_range is not None and (len(score_range) != 2 or not score_range[0] < score_range[1]):
-            raise UserError(f"{key}.score_range={score_range!r}: give [low, high] with low < high")
-        if verdicts is not None and not all(0.0 <= float(p) <= 1.0 for p in verdicts.values()):
-            raise UserError(f"{key}.verdicts={verdicts!r}: each verdict's value is p(first wins), in [0, 1]")
-        self.parse, self.score_range, self.verdicts = parse, score_range, verdicts
-        self.yes, self.no = {t.strip() for t in yes_tokens}, {t.strip() for t in no_tokens}
-
-    def body(self, model: str, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int) -> dict:
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
-        if self.parse == "yes_probability":
-            body.update(max_tokens=1, logprobs=True, top_logprobs=top_logprobs)
-        return body
-
-    def read(self, choice: dict[str, Any]) -> float | None:
-        """The answer's number, or None when it cannot be read."""
-        if self.parse == "yes_probability":
-            content = (choice.get("logprobs") or {}).get("content") or [{}]
-            top = content[0].get("top_logprobs") or []
-            p_yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip() in self.yes)
-            p_no = sum(math.exp(t["logprob"]) for t in top if t["token"].strip() in self.no)
-            return p_yes / (p_yes + p_no) if p_yes + p_no > 0 else None
-        found = self.pattern.findall((choice.get("message") or {}).get("content") or "")
-        if not found:
-            return None
-        text = found[-1] if isinstance(found[-1], str) else found[-1][0]
-        if self.verdicts is not None:
-            p = self.verdicts.get(text.strip())
-            return None if p is None else float(p)
-        try:
-            value = float(text)
-        except ValueError:
-            return None
-        low, high = self.score_range or (-math.inf, math.inf)
-        return value if math.isfinite(value) and low <= value <= high else None
-
-
 def ask(reward: str, transport: Transport | None, reading: Reading, bodies: list[dict], spans: list[list[int]],
         total: int, group_ids: Sequence[int] | None) -> list[float | str]:
     """Each question's number, or ``"failed"`` / ``"unparsed"`` where its request failed or its answer
@@ -128,14 +77,14 @@ def ask(reward: str, transport: Transport | None, reading: Reading, bodies: list
                         f"(or rewards.{reward}.replay)")
     on_failure = transport.settings.on_failure
     out: list[float | str] = []
-    for span, answer in zip(spans, transport.send(CHAT_PATH, bodies)):
+    for span, body, answer in zip(spans, bodies, transport.send(CHAT_PATH, bodies)):
         if isinstance(answer, Failure):
             stop_unless_skipped(reward, on_failure, answer, span, total, group_ids)
             out.append("failed")
             continue
-        value = reading.read(first_choice(reward, answer))
+        value = reading.read(first_choice(reward, answer), sent_text(body))
         if value is None:
-            unreadable(reward, on_failure, answer, span, total)
+            unreadable(reward, on_failure, answer, span, total, sent_text(body))
         out.append("unparsed" if value is None else value)
     return out
 
@@ -148,13 +97,14 @@ def first_choice(reward: str, answer: Answer) -> dict[str, Any]:
     return choices[0]
 
 
-def unreadable(reward: str, on_failure: str, answer: Answer, span: list[int], total: int) -> None:
-    """Raise for an answer the parser cannot read unless on_failure is skip."""
+def unreadable(reward: str, on_failure: str, answer: Answer, span: list[int], total: int, sent: str) -> None:
+    """Raise for an answer the parser cannot read unless on_failure is skip (naming the judge's own
+    text: the answer after any echo of the user message `sent`)."""
     if on_failure == "skip":
         return
     choice = answer.value["choices"][0]
-    text = (choice.get("message") or {}).get("content")
-    raise RemoteRewardError(f"reward {reward!r}: {answer.source} answered {str(text)[:80]!r} for rows "
+    text = own_text(str((choice.get("message") or {}).get("content")), sent)
+    raise RemoteRewardError(f"reward {reward!r}: {answer.source} answered {text[:80]!r} for rows "
                             f"{min(span)}-{max(span)} of {total}, which rewards.{reward}.args (parse, pattern, "
                             "score_range, verdicts, yes_tokens / no_tokens) cannot read as a score, so the step "
                             f"did not train (rewards.{reward}.client.on_failure=stop; skip trains those rows "
@@ -174,9 +124,28 @@ def row_images(reward: str, images: Sequence[str], completions, columns, i: int)
     return [completions[i] if name == "completion" else columns[name][i] for name in images]
 
 
-@register_reward("judge")
+def field_problems(reward: str, fixed: Sequence[str], columns: Sequence[str], template: str = "",
+                   images: Sequence[str] = (), **args) -> list[str]:
+    """The template's fields and the `images` the rows will not have (`columns`: every column the
+    reward sees), checked with the data before any model loads (``check_column_names``)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    except ValueError:  # a malformed template: `args_problems` names it
+        return []
+    names = dict.fromkeys(f.split(".")[0].split("[")[0] for f in fields)
+    unknown = [(f"template names {{{n}}}", n, fixed) for n in names if n not in (*fixed, *columns)]
+    unknown += [(f"images names {n!r}", n, ("completion",)) for n in images if n not in ("completion", *columns)]
+    problems = []
+    for what, name, own in unknown:
+        close = difflib.get_close_matches(name, [*own, *columns], n=1)
+        problems.append(f"rewards.{reward}.args.{what}, which is neither {' nor '.join(own)} nor a column of the rows "
+                        f"({', '.join(sorted(columns))})" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return problems
+
+
+@register_reward("judge", check_column_names=functools.partial(field_problems, "judge", ("prompt", "completion")))
 def judge(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
-          pattern: str = NUMBER, score_range: list[float] | None = None, yes_tokens: Sequence[str] = ("Yes",),
+          pattern: str = SCORE_PATTERN, score_range: list[float] | None = None, yes_tokens: Sequence[str] = ("Yes",),
           no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20, images: Sequence[str] = (),
           system: str = "", max_tokens: int = 256, temperature: float = 0.0, *, transport: Transport | None = None,
           log_metric=None, **columns):
@@ -192,17 +161,18 @@ def judge(prompts, completions, template: str, model: str = "judge", parse: Pars
     return [None if isinstance(a, str) else a for a in answers]
 
 
-@register_reward("judge_pairwise", per_group=True)
+@register_reward("judge_pairwise", per_group=True, check_column_names=functools.partial(
+    field_problems, "judge_pairwise", ("prompt", "completion", "completion_a", "completion_b")))
 def judge_pairwise(prompts, completions, template: str, model: str = "judge", parse: Parse = "regex",
-                   pattern: str = r"\b([12])\b", verdicts: dict[str, float] | None = None,
+                   pattern: str = ANSWER_PATTERN, verdicts: dict[str, float] | None = None, tie: float | None = 0.5,
                    yes_tokens: Sequence[str] = ("Yes",), no_tokens: Sequence[str] = ("No",), top_logprobs: int = 20,
                    images: Sequence[str] = (), system: str = "", max_tokens: int = 256, temperature: float = 0.0,
-                   pairs: Literal["once", "both"] = "once", *, transport: Transport | None = None,
-                   log_metric=None, **columns):
+                   pairs: Literal["once", "both"] = "once", decimals: int | None = 3, *,
+                   transport: Transport | None = None, log_metric=None, **columns):
     """Each completion's win rate within its prompt group, the judge asked about each pair (the
     module docstring); `template` fills {completion_a} and {completion_b}."""
-    verdicts = FIRST_OR_SECOND if parse == "regex" and verdicts is None else verdicts
-    reading = Reading("judge_pairwise", parse, pattern, None, verdicts, yes_tokens, no_tokens)
+    verdicts = PREF_GRPO_VERDICTS if parse == "regex" and verdicts is None else verdicts
+    reading = Reading("judge_pairwise", parse, pattern, None, verdicts, yes_tokens, no_tokens, tie, take="first")
     n = len(completions)
     if n < 2:
         return [None] * n
@@ -225,7 +195,7 @@ def judge_pairwise(prompts, completions, template: str, model: str = "judge", pa
         return [None] * n
     p = dict(zip(asked, answers))
     count_rows(log_metric, [0.0] * n)
-    return win_rates(range(n), lambda a, b: p[(a, b)], pairs)
+    return win_rates(range(n), lambda a, b: p[(a, b)], pairs, decimals)
 
 
 def count_rows(log_metric, outcomes: list[float | str]) -> None:
@@ -243,7 +213,7 @@ def args_problems(reward: str, defaults: dict[str, Any], args: dict[str, Any]) -
         return [f"rewards.{reward}.args.template is missing: the judge's user message"]
     try:
         Reading(reward, given["parse"], given["pattern"], given.get("score_range"), given.get("verdicts"),
-                given["yes_tokens"], given["no_tokens"])
+                given["yes_tokens"], given["no_tokens"], given.get("tie"))
         list(string.Formatter().parse(args["template"]))  # a ValueError for a malformed template
     except UserError as e:
         return [str(e)]

@@ -22,14 +22,16 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, get_args
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from mmrl.core.scoring import register_reward
 
-from .latex_sandbox import FORBIDDEN, Render, compile_latex, failure_reason, resolve_renderer
-from .table2latex_rl import preset_scores
+from .latex_sandbox import FORBIDDEN, Render, Renderer, compile_latex, failure_reason, resolve_renderer
+from .outputs import TEXT
+from .table2latex_rl import Component, preset_scores
 from .teds import teds
 from .text import completion_text
 
@@ -118,7 +120,9 @@ def _kind(reference: str, kind: str) -> str:
     return "table" if "\\begin{tabular}" in reference else "formula"
 
 
-PRESETS = ("table2latex_rl",)
+Kind = Literal["auto", "formula", "table"]
+Preset = Literal["table2latex_rl"]
+PRESETS = get_args(Preset)
 
 
 def _remember(cache: OrderedDict, fresh: dict, used: list, size: int) -> None:
@@ -192,10 +196,10 @@ def _blend(codes: list[str], kinds: list[str | None], reference, candidates: lis
     return out
 
 
-@register_reward("latex_render")
-def latex_render_reward(prompts, completions, reference, kind: str = "auto", visual_weight: float = 0.5,
+@register_reward("latex_render", outputs=TEXT)
+def latex_render_reward(prompts, completions, reference, kind: Kind = "auto", visual_weight: float = 0.5,
                         structure_weight: float = 0.5, timeout: float = 10.0, workers: int = 4,
-                        renderer: str = "auto", preset: str | None = None, component: str = "sum",
+                        renderer: Renderer = "auto", preset: Preset | None = None, component: Component = "sum",
                         log_metric=None, **kwargs) -> list[float | None]:
     """w_v * SSIM(render(completion), render(reference)) + w_s * structure, in [0, 1].
     `renderer`: `auto` (sandboxed TeX where installed, else mathtext), `latex` or `mathtext`.

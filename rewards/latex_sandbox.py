@@ -23,6 +23,7 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -69,10 +70,13 @@ def _run(cmd: list[str], cwd: str, timeout: float, memory_mb: int, file_mb: int)
     return run_limited(cmd, cwd, env, Limits(timeout=timeout, memory_mb=memory_mb, file_mb=file_mb))
 
 
-def resolve_renderer(renderer: str = "auto") -> str:
+Renderer = Literal["auto", "latex", "mathtext"]
+
+
+def resolve_renderer(renderer: Renderer = "auto") -> str:
     """`auto`: `latex` where TeX is installed, else `mathtext`; `latex` or `mathtext` as asked."""
-    if renderer not in ("auto", "latex", "mathtext"):
-        raise ValueError(f"latex renderer={renderer!r} is not one of auto, latex, mathtext")
+    if renderer not in get_args(Renderer):
+        raise ValueError(f"latex renderer={renderer!r} is not one of {', '.join(get_args(Renderer))}")
     if renderer == "auto":
         if tex_available():
             return "latex"

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from mmrl.core.scoring import register_reward
 
+from .outputs import TEXT
 from .text import completion_text
 
-MODES = ("overlong", "penalty")
-UNITS = ("tokens", "words")
+Mode = Literal["overlong", "penalty"]
+Unit = Literal["tokens", "words"]
+MODES, UNITS = get_args(Mode), get_args(Unit)
 
 
-@register_reward("length")
-def length_reward(prompts, completions, mode: str = "overlong", max_length: int = 512, cache_length: int = 128,
-                  target: int | None = None, unit: str = "tokens", completion_ids=None, **kwargs) -> list[float]:
+@register_reward("length", outputs=TEXT)
+def length_reward(prompts, completions, mode: Mode = "overlong", max_length: int = 512, cache_length: int = 128,
+                  target: int | None = None, unit: Unit = "tokens", completion_ids=None, **kwargs) -> list[float]:
     """A length-based reward; L = len(completion_ids[i]) (the trainer passes token ids) when
     ``unit="tokens"`` and ids are given, else the number of whitespace-separated words.
 

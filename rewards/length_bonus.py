@@ -7,8 +7,10 @@ import math
 
 from mmrl.core.scoring import bind_reward, register_reward
 
+from .outputs import TEXT
 
-@register_reward("length_bonus")
+
+@register_reward("length_bonus", outputs=TEXT)
 def length_bonus_reward(prompts, completions, group_id, auxiliary, completion_ids=None, bonus: float = 0.2,
                         min_length: int = 320, max_length: int = 512, min_correct: int = 2,
                         correct_above: float = 0.1, accuracy: str = "accuracy", accuracy_args: dict | None = None,

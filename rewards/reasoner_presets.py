@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
-PRESETS = ("video_r1", "r1_aqa", "vlm_r1")
+Preset = Literal["video_r1", "r1_aqa", "vlm_r1"]
+PRESETS = get_args(Preset)
 
 FORMAT_PATTERNS = {
     "video_r1": r"<think>.*?</think>\s*<answer>.*?</answer>",

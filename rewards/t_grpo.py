@@ -8,6 +8,8 @@ from fractions import Fraction
 
 from mmrl.core.scoring import bind_reward, register_reward
 
+from .outputs import TEXT
+
 
 def exact(x: float) -> Fraction:
     """The number as written in decimal (``repr``), exactly: 0.8 -> 4/5, not the binary float
@@ -15,7 +17,7 @@ def exact(x: float) -> Fraction:
     return Fraction(repr(float(x)))
 
 
-@register_reward("t_grpo")
+@register_reward("t_grpo", outputs=TEXT)
 def t_grpo_reward(prompts, completions, group_id, auxiliary, alpha: float = 0.3, min_ratio: float = 0.8,
                   accuracy: str = "accuracy", accuracy_args: dict | None = None, correct_above: float = 0.1,
                   log_metric=None, **columns) -> list[float | None]:

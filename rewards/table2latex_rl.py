@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import re
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -206,7 +207,8 @@ def accuracy_reward(candidate: str, reference: str, render_candidate, render_ref
 
 # -- the preset: both rules over a batch ---------------------------------------------------------
 
-COMPONENTS = ("sum", "format", "accuracy")
+Component = Literal["sum", "format", "accuracy"]
+COMPONENTS = get_args(Component)
 
 
 def preset_scores(completions, reference, component: str, timeout: float, workers: int,

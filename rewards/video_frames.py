@@ -18,15 +18,16 @@ import functools
 import inspect
 import re
 import statistics
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
 from torch import Tensor
 
-FRAME_AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
-    "mean": statistics.fmean, "min": min, "max": max, "median": statistics.median,
-}
+FrameAggregation = Literal["mean", "min", "max", "median"]
+FRAME_AGGREGATIONS: dict[str, Callable[[list[float]], float]] = dict(zip(get_args(FrameAggregation), (
+    statistics.fmean, min, max, statistics.median)))
+Frames = Literal["all", "first", "middle", "last", "every_K"]  # every_K: every K-th frame, K a whole number >= 1
 FRAME_CHOICES = "all, first, middle, last or every_K (K >= 1)"
 
 
@@ -112,7 +113,7 @@ def per_frame(columns: Sequence[str] = ()) -> Callable[[Callable], Callable]:
     name are not passed for videos."""
     def decorator(image_reward: Callable) -> Callable:
         @functools.wraps(image_reward)
-        def reward(prompts, completions, *, frames: str = "all", aggregate: str = "mean", **kwargs):
+        def reward(prompts, completions, *, frames: Frames = "all", aggregate: FrameAggregation = "mean", **kwargs):
             if not any(is_video(c) for c in completions):
                 check_frame_args(frames, aggregate)
                 return image_reward(prompts, completions, **kwargs)
@@ -121,7 +122,7 @@ def per_frame(columns: Sequence[str] = ()) -> Callable[[Callable], Callable]:
             read = {k: v for k, v in kwargs.items() if k in columns}
             return score_frames(functools.partial(image_reward, **args), prompts, completions, read,
                                 frames, aggregate)
-        reward.__signature__ = _with_frame_arguments(inspect.signature(image_reward))
+        reward.__signature__ = _with_frame_arguments(inspect.signature(image_reward, eval_str=True))
         return reward
     return decorator
 
@@ -130,8 +131,9 @@ def _with_frame_arguments(signature: inspect.Signature) -> inspect.Signature:
     """`signature` with the keyword-only ``frames="all"`` and ``aggregate="mean"`` before its **kwargs."""
     params = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
     rest = [p for p in signature.parameters.values() if p.kind == p.VAR_KEYWORD]
-    added = [inspect.Parameter("frames", inspect.Parameter.KEYWORD_ONLY, default="all"),
-             inspect.Parameter("aggregate", inspect.Parameter.KEYWORD_ONLY, default="mean")]
+    added = [inspect.Parameter("frames", inspect.Parameter.KEYWORD_ONLY, default="all", annotation=Frames),
+             inspect.Parameter("aggregate", inspect.Parameter.KEYWORD_ONLY, default="mean",
+                               annotation=FrameAggregation)]
     return signature.replace(parameters=params + added + rest)
 
 

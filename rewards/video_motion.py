@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mmrl.core.scoring import register_reward
 
+from .outputs import VIDEO
 from .video_frames import frame_tensor
 
 DIRECTIONS = {"right": 0.0, "up": 90.0, "left": 180.0, "down": 270.0}
@@ -106,6 +107,15 @@ def direction_vector(direction: Any) -> Tensor:
     return torch.tensor([math.cos(radians), -math.sin(radians)])
 
 
+def direction_problem(value: Any, **args) -> str | None:
+    """The check of the ``direction`` column before any model loads (`direction_vector`'s reading)."""
+    try:
+        direction_vector(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _video_frames(video: Any) -> Tensor:
     frames = frame_tensor(video)
     if frames.shape[0] < 2:
@@ -113,7 +123,7 @@ def _video_frames(video: Any) -> Tensor:
     return frames
 
 
-@register_reward("motion")
+@register_reward("motion", outputs=VIDEO)
 def motion(prompts, completions, block: int = 0, per_second: bool = False, fps=None, **columns):
     """Mean flow magnitude (module docstring)."""
     if per_second and fps is None:
@@ -125,11 +135,9 @@ def motion(prompts, completions, block: int = 0, per_second: bool = False, fps=N
     return out
 
 
-@register_reward("motion_direction")
-def motion_direction(prompts, completions, direction=None, block: int = 0, min_speed: float = 0.5, **columns):
+@register_reward("motion_direction", outputs=VIDEO, check_columns={"direction": direction_problem})
+def motion_direction(prompts, completions, direction, block: int = 0, min_speed: float = 0.5, **columns):
     """Agreement of the flow with the row's `direction` column (module docstring)."""
-    if direction is None:
-        raise ValueError("motion_direction needs the data column 'direction' (right, left, up, down or degrees)")
     if min_speed <= 0:
         raise ValueError(f"motion_direction: min_speed={min_speed} must be > 0")
     out = []

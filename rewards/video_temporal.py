@@ -15,16 +15,19 @@ in rewards/video_frames.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from torch import Tensor
 
 from mmrl.core.scoring import register_reward
 
 from .clip import _device, image_embeddings, load_clip
-from .video_frames import FRAME_AGGREGATIONS, frame_indices, frame_tensor, pil_frames
+from .outputs import VIDEO
+from .video_frames import FRAME_AGGREGATIONS, Frames, frame_indices, frame_tensor, pil_frames
 
-PAIR_AGGREGATIONS = ("mean", "min")
+Embedding = Literal["clip", "pixels"]
+PairAggregation = Literal["mean", "min"]
+PAIR_AGGREGATIONS = get_args(PairAggregation)
 
 
 def pixel_embeddings(video: Any) -> Tensor:
@@ -48,8 +51,8 @@ def _embeddings(frames: Any, embedding: str, model, pretrained, model_config, de
 
 
 def _check(name: str, embedding: str, aggregate: str) -> None:
-    if embedding not in ("clip", "pixels"):
-        raise ValueError(f"{name}: embedding={embedding!r} is not one of clip, pixels")
+    if embedding not in get_args(Embedding):
+        raise ValueError(f"{name}: embedding={embedding!r} is not one of {', '.join(get_args(Embedding))}")
     if aggregate not in PAIR_AGGREGATIONS:
         raise ValueError(f"{name}: aggregate={aggregate!r} is not one of {', '.join(PAIR_AGGREGATIONS)}")
 
@@ -66,13 +69,11 @@ def conditioning_image(value: Any):
     return value.convert("RGB")
 
 
-@register_reward("image_consistency")
-def image_consistency(prompts, completions, image=None, embedding: str = "clip", frames: str = "all",
-                      aggregate: str = "mean", model: str = "ViT-L-14", pretrained: str | None = "openai",
+@register_reward("image_consistency", outputs=VIDEO)
+def image_consistency(prompts, completions, image, embedding: Embedding = "clip", frames: Frames = "all",
+                      aggregate: PairAggregation = "mean", model: str = "ViT-L-14", pretrained: str | None = "openai",
                       model_config: str | None = None, device: str | None = None, batch_size: int = 32, **columns):
     _check("image_consistency", embedding, aggregate)
-    if image is None:
-        raise ValueError("image_consistency needs the column 'image' (the image-to-video conditioning image)")
     out = []
     for video, condition in zip(completions, image):
         every = pil_frames(video)
@@ -83,8 +84,8 @@ def image_consistency(prompts, completions, image=None, embedding: str = "clip",
     return out
 
 
-@register_reward("temporal_consistency")
-def temporal_consistency(prompts, completions, embedding: str = "clip", aggregate: str = "mean",
+@register_reward("temporal_consistency", outputs=VIDEO)
+def temporal_consistency(prompts, completions, embedding: Embedding = "clip", aggregate: PairAggregation = "mean",
                          model: str = "ViT-L-14", pretrained: str | None = "openai", model_config: str | None = None,
                          device: str | None = None, batch_size: int = 32, **columns):
     _check("temporal_consistency", embedding, aggregate)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from mmrl.core.scoring import register_reward
 
 from .clip import _device, _prompt_text
+from .outputs import VIDEO
 from .video_frames import frame_tensor
 from .videoalign_checkpoint import VideoAlignModel, load_videoalign
 
@@ -180,10 +181,11 @@ def _videoalign_reward(fixed_head: str | None):
                              if not fixed_head else f"videoalign_{fixed_head.lower()} scores head {fixed_head} only")
         return head_scores(prompts, completions, path, base, template, fps, source_fps, sample_fps, min_pixels, max_pixels,
                            normalise, device, dtype, batch_size)[head]
+    reward.__annotations__["head"] = Literal[(fixed_head,) if fixed_head else (*HEADS, "overall")]  # its choices
     return reward
 
 
-videoalign = register_reward("videoalign")(_videoalign_reward(None))
-videoalign_vq = register_reward("videoalign_vq")(_videoalign_reward("VQ"))
-videoalign_mq = register_reward("videoalign_mq")(_videoalign_reward("MQ"))
-videoalign_ta = register_reward("videoalign_ta")(_videoalign_reward("TA"))
+videoalign = register_reward("videoalign", outputs=VIDEO)(_videoalign_reward(None))
+videoalign_vq = register_reward("videoalign_vq", outputs=VIDEO)(_videoalign_reward("VQ"))
+videoalign_mq = register_reward("videoalign_mq", outputs=VIDEO)(_videoalign_reward("MQ"))
+videoalign_ta = register_reward("videoalign_ta", outputs=VIDEO)(_videoalign_reward("TA"))

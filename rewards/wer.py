@@ -14,16 +14,18 @@ The error rates themselves (transcript normalisation, jiwer's alignments) are in
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
 from mmrl.core.scoring import register_reward
 
 from .error_rates import edit_counts, error_rates
+from .outputs import AUDIO, TEXT
 from .text import completion_text
 
-MODES = ("one_minus_clipped", "negative", "exact_match", "errors")
+Mode = Literal["one_minus_clipped", "negative", "exact_match", "errors"]
+MODES = get_args(Mode)
 
 
 def _score(name: str, unit: str, hypotheses: Sequence[str], reference: Sequence[Any],
@@ -58,9 +60,9 @@ def _check_lengths(name: str, completions: Sequence[Any], reference: Sequence[An
                          f"{len(completions)} completions")
 
 
-@register_reward("wer")
+@register_reward("wer", outputs=TEXT)
 def wer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
-               numbers_to_words: bool = False, mode: str = "one_minus_clipped", **kwargs) -> list[float | None]:
+               numbers_to_words: bool = False, mode: Mode = "one_minus_clipped", **kwargs) -> list[float | None]:
     """1 - min(WER, 1) of each completion's text against `reference`; None where the reference
     is None. Completions are strings or chat-message lists. `mode`: ``one_minus_clipped``
     (default), ``negative`` (-WER), ``exact_match``, ``errors`` (-(S + D + I)); see the module."""
@@ -69,9 +71,9 @@ def wer_reward(prompts, completions, reference, lowercase: bool = True, strip_pu
     return _score("wer", "word", [completion_text(c) for c in completions], reference, norm, mode)
 
 
-@register_reward("cer")
+@register_reward("cer", outputs=TEXT)
 def cer_reward(prompts, completions, reference, lowercase: bool = True, strip_punctuation: bool = True,
-               numbers_to_words: bool = False, mode: str = "one_minus_clipped", **kwargs) -> list[float | None]:
+               numbers_to_words: bool = False, mode: Mode = "one_minus_clipped", **kwargs) -> list[float | None]:
     """1 - min(CER, 1) of each completion's text against `reference`; None where the reference
     is None. `mode` as for `wer`, over characters."""
     _check_lengths("cer", completions, reference)
@@ -180,11 +182,11 @@ def transcribe(waveforms: Sequence[np.ndarray], processor: Any, model: Any, batc
     return out
 
 
-@register_reward("asr_wer")
+@register_reward("asr_wer", outputs=AUDIO)
 def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper-tiny",
                    sampling_rate: int | None = None, batch_size: int = 16, language: str | None = None,
                    device: Any = None, max_new_tokens: int | None = None, lowercase: bool = True,
-                   strip_punctuation: bool = True, numbers_to_words: bool = False, mode: str = "one_minus_clipped",
+                   strip_punctuation: bool = True, numbers_to_words: bool = False, mode: Mode = "one_minus_clipped",
                    **kwargs) -> list[float | None]:
     """1 - min(WER, 1) of the Whisper transcript of each audio completion against `reference`.
 

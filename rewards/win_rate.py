@@ -9,14 +9,15 @@ counts 1 to the winner, a tie 0.5 to each; an item's win rate is its wins over i
 comparisons. With a probability, row i gains p and row j gains 1 - p (a judge answering 1, 0 or
 0.5 gives the authors' counts exactly). ``pairs="both"`` instead judges every ordered pair, (a, b)
 and (b, a), and averages the two, which cancels a judge's preference for the first position at
-twice the calls. The authors round the rate to 3 decimals; mmrl does with ``decimals=3`` (by
-default it does not).
+twice the calls. The authors round the rate to 3 decimals; so does the reward ``win_rate`` (its
+``decimals``, 3 by default; null keeps every digit).
 
 The registered reward ``win_rate`` calls a preference function named in the recipe
 (``rewards.win_rate.args.prefer: FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, called as
 ``prefer(a, b)`` on two completions, with the group's ``prompt`` and data columns passed to the
 further parameters it names, as Pref-GRPO's judge sees the prompt) once per prompt group; a group
-of one row has no win rate (None). ``decimals: 3`` rounds as the authors do.
+of one row has no win rate (None). Rates are rounded to ``decimals`` places (3, as the authors;
+null: not rounded), as the served judge ``judge_pairwise`` rounds them.
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ def win_rates(items: Sequence[Any], prefer: Preference, pairs: Literal["once", "
 
 
 @register_reward("win_rate", per_group=True)
-def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", decimals: int | None = None,
+def win_rate(prompts, completions, prefer: str, pairs: Literal["once", "both"] = "once", decimals: int | None = 3,
              prefer_args: dict | None = None, **columns):
     """Each completion's win rate within its prompt group under the preference function `prefer`
     names (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``, ``prefer(a, b, ...) -> p(a beats b)``; the
     parameters it names after the two completions get the group's ``prompt`` or data column of
-    that name, or the value `prefer_args` gives them), rounded to `decimals` places when given."""
+    that name, or the value `prefer_args` gives them), rounded to `decimals` places (3, as Pref-GRPO;
+    None: not rounded)."""
     if len(completions) < 2:
         return [None] * len(completions)
     judge = group_preference(preference_function(prefer), prompts, columns, prefer_args or {})

@@ -1,6 +1,7 @@
-"""Masked diffusion LM: generation throughput and the cost of each log-prob estimator.
+"""Diffusion LMs: generation throughput and the cost of each log-prob estimator.
 
-On the tiny bidirectional model (`tiny:dlm-char`, larger than the tests'), in one process:
+On the tiny bidirectional model (`tiny:dlm-char`, larger than the tests') and a tiny DiffusionGemma
+(`tiny:diffusion-gemma`), in one process:
 
 * generation tokens/s of mmrl's `block_decode` against a plain single-pass implementation of d1's
   ``generate`` (LLaDA's loop as d1 ships it: logits for the whole canvas at every step, float64
@@ -9,9 +10,14 @@ On the tiny bidirectional model (`tiny:dlm-char`, larger than the tests'), in on
   for the character vocabulary (100 tokens) and for the same model with its embeddings resized to
   `--large-vocab` tokens (LLaDA has 126k), where the per-step logits work d1 does on the whole
   canvas starts to count;
-* per estimator (`diffu_grpo`, `coupled`, `elbo` with K points): model forward passes per
-  `logprobs` call, and the time of `logprobs` forward + backward per completion token, also as a
-  ratio to `diffu_grpo` measured alternately.
+* per estimator (`diffu_grpo`, `coupled`, `elbo` with K points, `spg`, `espo`, `tracerl`,
+  `agrpo`): model forward passes per `logprobs` call (`logprob_bounds` for spg), and the time of
+  that call's forward + backward per completion token, also as a ratio to `diffu_grpo` measured
+  alternately;
+* DiffusionGemma: mmrl's block diffusion sampler (each group's noise from its seed) against the
+  stock `DiffusionGemmaForBlockDiffusion.generate`, alternating repetition by repetition, with one
+  group drawn by both from the same seed checked to be the same tokens; and its estimators'
+  forward passes per call (decoder and encoder).
 
     python scripts/bench_dlm.py --json scripts/results/bench_dlm.json
 """
@@ -31,8 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import emit  # noqa: E402
+import mmrl.tasks  # noqa: E402,F401  (the tiny models)
+from mmrl.tasks.dlm.block_diffusion_sampler import sample_block_diffusion  # noqa: E402
+from mmrl.tasks.dlm.config import DLMConfig  # noqa: E402
+from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS  # noqa: E402
 from mmrl.tasks.dlm.generation import DecodeConfig, block_decode  # noqa: E402
-from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy  # noqa: E402
+from mmrl.tasks.dlm.policy import DLMPolicy  # noqa: E402
 
 PROMPTS = ["12+34=", "56+78=", "90+12=", "33+44="]  # one length: d1 passes no attention mask
 MODEL = {"hidden": 256, "layers": 4, "heads": 4, "seed": 0}
@@ -77,6 +87,110 @@ def count_forwards(model):
     return calls
 
 
+ESTIMATORS = {"diffu_grpo": {}, "coupled": {}, "elbo": {"elbo_points": 4}, "elbo_k8": {"elbo_points": 8},
+              "spg": {"spg_views": 2}, "espo": {"espo_samples": 2}, "tracerl": {"trace_shrink": 1},
+              "agrpo": {"agrpo_samples": 4}}
+
+
+def estimator_costs(policy: DLMPolicy, model, calls: list, args) -> dict:
+    """Forward passes per call and time of forward + backward per completion token, per estimator."""
+    batch = policy.rollout(PROMPTS, args.group, seeds=list(range(len(PROMPTS))))
+    units = float(batch.unit_mask.sum())
+    model.train()
+    times = {name: [] for name in ESTIMATORS}
+    forwards = {}
+    for rep in range(args.reps + 1):
+        for name, extra in ESTIMATORS.items():
+            policy.cfg.estimator = name.split("_k")[0]
+            for key, value in extra.items():
+                setattr(policy.cfg, key, value)
+            policy.estimate = LOGP_ESTIMATORS.get(policy.cfg.estimator)
+            view = policy.pass_view(batch, rep)
+            calls[0] = 0
+            t0 = time.perf_counter()
+            if name == "spg":
+                lower, upper = policy.logprob_bounds(model, view)
+                (lower.sum() + upper.sum()).backward()
+            else:
+                logp, _ = policy.logprobs(model, view)
+                logp.sum().backward()
+            elapsed = time.perf_counter() - t0
+            model.zero_grad(set_to_none=True)
+            forwards[name] = calls[0]
+            if rep:  # the first repetition warms up
+                times[name].append(elapsed)
+    base = times["diffu_grpo"]
+    out = {name: {"forwards_per_call": forwards[name], "ms_per_completion_token": 1000 * statistics.median(v) / units,
+                  "time_ratio_to_diffu_grpo": statistics.median([a / b for a, b in zip(v, base)])}
+           for name, v in times.items()}
+    out["completion_tokens_scored"] = units
+    return out
+
+
+def diffusion_gemma_race(args) -> dict:
+    """mmrl's block diffusion sampler against the stock generate, alternating; equal draws checked."""
+    policy = DLMPolicy(DLMConfig(family="diffusion_gemma", model="tiny:diffusion-gemma", estimator="final_step",
+                                 p_mask=0.0, gen_length=args.dg_canvas * args.dg_blocks, denoising_steps=args.dg_steps,
+                                 tiny_args={"hidden": args.dg_hidden, "layers": args.layers, "heads": 4,
+                                            "canvas": args.dg_canvas}))
+    model, tok = policy.model.eval(), policy.tokenizer
+    encoded = policy._encode(PROMPTS)
+    ids = encoded["prompt_ids"].repeat_interleave(args.group, 0)
+    mask = encoded["prompt_mask"].repeat_interleave(args.group, 0)
+    length, rows = policy.cfg.gen_length, ids.shape[0]
+    seeds = list(range(len(PROMPTS)))
+
+    def ours():
+        return sample_block_diffusion(model, ids, mask, {}, policy.cfg, policy.blocks, policy.eos_ids,
+                                      tok.pad_token_id, seeds, args.group)
+
+    def stock():
+        torch.manual_seed(0)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=length, max_denoising_steps=args.dg_steps,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+    torch.manual_seed(7)
+    same = model.generate(ids[:args.group], max_new_tokens=length, max_denoising_steps=args.dg_steps,
+                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).sequences[:, ids.shape[1]:]
+    drawn = sample_block_diffusion(model, ids[:args.group], mask[:args.group], {}, policy.cfg, policy.blocks,
+                                   policy.eos_ids, tok.pad_token_id, [7], args.group).completion_ids[:, :same.shape[1]]
+    calls = count_forwards(model.model.decoder)  # `generate` calls the model's forward directly, the decoder through __call__
+    times = {"mmrl": [], "stock": []}
+    forwards = {}
+    ours(), stock()  # warm-up
+    for _ in range(args.reps):
+        for name, fn in (("mmrl", ours), ("stock", stock)):
+            calls[0] = 0
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            forwards[name] = calls[0]
+    out = {name: {"median_s": statistics.median(v), "tokens_per_s": rows * length / statistics.median(v),
+                  "decoder_forwards": forwards[name]} for name, v in times.items()}
+    ratios = [s / m for m, s in zip(times["mmrl"], times["stock"])]
+    out["speed_vs_stock"] = statistics.median(ratios)
+    out["speed_vs_stock_range"] = [min(ratios), max(ratios)]
+    out["one_group_same_tokens_as_stock"] = bool(torch.equal(drawn, same))
+    out["estimators"] = diffusion_gemma_estimators(policy, seeds, args.group)
+    out["setup"] = {"rows": rows, "canvas": args.dg_canvas, "blocks": args.dg_blocks,
+                    "denoising_steps": args.dg_steps, "hidden": args.dg_hidden, "layers": args.layers}
+    return out
+
+
+def diffusion_gemma_estimators(policy: DLMPolicy, seeds: list[int], group: int) -> dict:
+    """Decoder and encoder forward passes per `logprobs` call of each DiffusionGemma estimator."""
+    batch = policy.rollout(PROMPTS, group, seeds=seeds)
+    hf = policy.model
+    decoder, encoder = count_forwards(hf.model.decoder), count_forwards(hf.model.encoder)
+    out = {}
+    for name in ("final_step", "diffu_grpo"):
+        policy.cfg.estimator = name
+        decoder[0] = encoder[0] = 0
+        policy.logprobs(hf, batch)
+        out[name] = {"decoder_forwards_per_call": decoder[0], "encoder_forwards_per_call": encoder[0]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", help="write the report here too")
@@ -89,6 +203,10 @@ def main() -> None:
     ap.add_argument("--large-vocab", type=int, default=32768, help="vocabulary of the second generation race")
     ap.add_argument("--hidden", type=int, default=MODEL["hidden"], help="model width")
     ap.add_argument("--layers", type=int, default=MODEL["layers"], help="model depth")
+    ap.add_argument("--dg-hidden", type=int, default=128, help="DiffusionGemma's width")
+    ap.add_argument("--dg-canvas", type=int, default=32, help="DiffusionGemma's canvas (block) length")
+    ap.add_argument("--dg-blocks", type=int, default=2, help="canvases per completion")
+    ap.add_argument("--dg-steps", type=int, default=16, help="DiffusionGemma's denoising steps per canvas")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model_args = {**MODEL, "hidden": args.hidden, "layers": args.layers}
@@ -129,41 +247,16 @@ def main() -> None:
 
     gen = {"vocab_100": race()}
 
-    batch = policy.rollout(PROMPTS, args.group, seeds=list(range(len(PROMPTS))))
-    units = float(batch.unit_mask.sum())
-    model.train()
-    estimators = {"diffu_grpo": {}, "coupled": {}, "elbo": {"elbo_points": 4}, "elbo_k8": {"elbo_points": 8}}
-    est_times = {name: [] for name in estimators}
-    est_forwards = {}
-    from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS
-    for rep in range(args.reps + 1):
-        for name, extra in estimators.items():
-            policy.cfg.estimator = name.split("_k")[0]
-            policy.cfg.elbo_points = extra.get("elbo_points", 4)
-            policy.estimate = LOGP_ESTIMATORS.get(policy.cfg.estimator)
-            calls[0] = 0
-            t0 = time.perf_counter()
-            logp, _ = policy.logprobs(model, policy.pass_view(batch, rep))
-            (logp.sum()).backward()
-            elapsed = time.perf_counter() - t0
-            model.zero_grad(set_to_none=True)
-            est_forwards[name] = calls[0]
-            if rep:  # the first repetition warms up
-                est_times[name].append(elapsed)
-    base = est_times["diffu_grpo"]
-    est = {name: {"forwards_per_call": est_forwards[name],
-                  "ms_per_completion_token": 1000 * statistics.median(v) / units,
-                  "time_ratio_to_diffu_grpo": statistics.median([a / b for a, b in zip(v, base)])}
-           for name, v in est_times.items()}
+    est = estimator_costs(policy, model, calls, args)
     model.eval()
     model.resize_token_embeddings(args.large_vocab)
     gen[f"vocab_{args.large_vocab}"] = race()
     emit({
         "generation": gen,
         "estimators": est,
+        "diffusion_gemma": diffusion_gemma_race(args),
         "setup": {"rows": rows, "gen_length": args.gen_length, "block_length": args.block_length,
                   "steps": args.steps, "threads": args.threads, "reps": args.reps, "model": model_args,
-                  "completion_tokens_scored": units,
                   "loadavg_at_start": os.getloadavg()[0]},
     }, args.json)
 

@@ -1,5 +1,5 @@
-"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`), their recipes, and
-the demos (`demos`: everything only the embedded demos and the tests use).
+"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`), their recipes, the
+built-in benchmarks (`bench`), and the demos (`demos`: everything only the embedded demos and the tests use).
 
 Importing this package registers every adapter and recipe, and through `demos` every tiny model,
 synthetic data set, demo and demo evaluator. The adapters never import `demos` (tests/test_layout.py):
@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (registration)
     dlm,
     lm,
 )
+from . import bench  # noqa: F401,E402  (registration: the built-in benchmarks, on the adapters above)
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 for _recipe in sorted(RECIPE_DIR.glob("*.yaml")):

@@ -14,7 +14,10 @@ and gets these checks on a tiny model (override a hook where the family differs)
 * the log-probs the sampler recorded at rollout time (`Rollout.rollout_logp`) equal the training
   forward's, computed in other batch compositions (rows alone, the batch reversed), within
   `rollout_atol` in fp32, and a training step logs that gap (`rollout/logp_diff_*`);
-* the saved weights load with the family's own `from_pretrained` and score the same.
+* the saved weights load with the family's own `from_pretrained` and score the same;
+* what it declares before any model loads (`Policy.output_kind`, `Policy.rollout_columns`) is what
+  its rollouts are: the kind of their completions, the columns they hand the rewards (checked on
+  the rows drawn alone of the first test).
 """
 
 from __future__ import annotations
@@ -61,9 +64,19 @@ class AdapterContract:
         """A group drawn alone equals the same group drawn in a batch (its completions)."""
         assert alone.completions == in_batch.completions
 
+    def assert_declared(self, trainer: Trainer, rollout) -> None:
+        """`rollout` (drawn by the policy, no data columns added) is what the adapter declares before
+        any model loads: its columns, and the kind of its completions."""
+        adapter, cfg = type(trainer.policy), trainer.stage.policy
+        assert set(rollout.columns) == set(adapter.rollout_columns(cfg))
+        kind = adapter.output_kind(cfg)
+        shown = trainer.policy.sample_medium(rollout.completions[0], {k: v[0] for k, v in rollout.columns.items()})
+        assert shown.kind == ("text" if kind == "episode" else kind)
+
     # ----- the contract
     def test_each_row_equals_the_row_alone(self, tmp_path):
-        """A group drawn alone is the group drawn in a batch, and every row scores as it does alone."""
+        """A group drawn alone is the group drawn in a batch (and what the adapter declares before
+        loading, `assert_declared`), and every row scores as it does alone."""
         t = self.make_trainer(tmp_path)
         batch = self.rollout(t)
         mask = batch.unit_mask.bool()
@@ -75,6 +88,7 @@ class AdapterContract:
                 alone = t.policy.rollout([t.inputs.train_rows[g]], group_size, seeds=[g + 1])
                 mine = (batch.group_id == g).nonzero().flatten()
                 self.assert_same_draw(alone, batch.select(mine))
+                self.assert_declared(t, alone)
                 single = t.policy.logprobs(t.model, alone)[0].float().cpu()
                 width = alone.num_units
                 assert torch.equal(alone.unit_mask.bool(), mask[mine, :width]), f"group {g}"

@@ -15,3 +15,15 @@ def no_model(monkeypatch):
         raise AssertionError("a model or data set was loaded")
     monkeypatch.setattr(parts, "build_policy", refuse)
     monkeypatch.setattr(parts, "load_data", refuse)
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if the policy is built: the data is read (its rows are checked before any model
+    loads), the model is not. A test that gets past every check ends in AssertionError('the policy
+    was built')."""
+    import mmrl.train.loop.parts as parts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the policy was built")
+    monkeypatch.setattr(parts, "build_policy", refuse)

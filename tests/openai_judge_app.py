@@ -4,20 +4,30 @@
 the model's softmax) and ``/health``; with the environment variable JUDGE_TEST_KEY set, a chat
 request without ``Authorization: Bearer <its value>`` is answered 401. It stands in for `transformers serve` where
 that server cannot answer: its chat completions refuse ``logprobs`` / ``top_logprobs`` (the P(Yes)
-parse), and it takes no API key."""
+parse), and it takes no API key.
 
+``python tests/openai_judge_app.py ANSWERS.json PORT`` answers from a script instead of a model:
+ANSWERS.json maps a request's user text (the filled template) to the answer's content, for the
+answers a tiny random model never writes ("7/10", "<answer>Image 1 is better</answer>"); a text it
+does not hold is answered HTTP 404."""
+
+import json
 import os
 import sys
 
-import torch
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model_dir, port = sys.argv[1], int(sys.argv[2])
-tokenizer = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+source, port = sys.argv[1], int(sys.argv[2])
 app = FastAPI()
+if source.endswith(".json"):
+    with open(source) as f:
+        script = json.load(f)
+else:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source).eval()
 
 
 @app.get("/health")
@@ -25,11 +35,13 @@ def health():
     return {"status": "ok"}
 
 
-@app.post("/v1/chat/completions")
-def chat(body: dict, authorization: str | None = Header(default=None)):
-    key = os.environ.get("JUDGE_TEST_KEY")
-    if key and authorization != f"Bearer {key}":
-        raise HTTPException(401, "a wrong or missing API key")
+def user_text(messages: list[dict]) -> str:
+    content = messages[-1]["content"]
+    return content if isinstance(content, str) else " ".join(p["text"] for p in content if p["type"] == "text")
+
+
+def generated(body: dict) -> dict:
+    """The model's greedy answer (and the first token's top log-probs when asked)."""
     ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, return_tensors="pt",
                                         return_dict=True)["input_ids"]
     with torch.no_grad():
@@ -43,6 +55,21 @@ def chat(body: dict, authorization: str | None = Header(default=None)):
         choice["logprobs"] = {"content": [{"token": tokenizer.decode([int(out.sequences[0, ids.shape[1]])]),
                                            "top_logprobs": [{"token": tokenizer.decode([int(i)]), "logprob": float(v)}
                                                             for v, i in zip(top.values, top.indices)]}]}
+    return choice
+
+
+@app.post("/v1/chat/completions")
+def chat(body: dict, authorization: str | None = Header(default=None)):
+    key = os.environ.get("JUDGE_TEST_KEY")
+    if key and authorization != f"Bearer {key}":
+        raise HTTPException(401, "a wrong or missing API key")
+    if source.endswith(".json"):
+        text = user_text(body["messages"])
+        if text not in script:
+            raise HTTPException(404, f"no scripted answer to {text[:80]!r}")
+        choice = {"index": 0, "message": {"role": "assistant", "content": script[text]}, "finish_reason": "stop"}
+    else:
+        choice = generated(body)
     return {"id": "judge", "object": "chat.completion", "choices": [choice]}
 
 

@@ -151,6 +151,19 @@ class TestDLM(AdapterContract):
     comparable = ("policy.block_length=8", "policy.steps=1", "policy.p_mask=0.0")
 
 
+class TestDiffusionGemma(AdapterContract):
+    """DiffusionGemma's block diffusion (`policy.family: diffusion_gemma`): two canvases of 8 tokens;
+    the sampler's log-probs are the final_step estimator's (each token at its block's last step,
+    canvas and self-conditioning replayed) at any temperature."""
+    recipe = {"task": "dlm",
+              "policy": {"family": "diffusion_gemma", "model": "tiny:diffusion-gemma", "estimator": "final_step",
+                         "p_mask": 0.0, "gen_length": 16, "denoising_steps": 4},
+              "data": {"name": "arithmetic", "args": {"n_train": 16, "n_eval": 4, "digits": 1}},
+              "rewards": {"digit_share": {"weight": 1.0}},
+              "algorithm": {"group_size": 4}, "optim": {"lr": 1e-2, "prompts_per_step": 2}}
+    stream_sizes = (3,)
+
+
 def test_every_registered_adapter_runs_the_contract():
     covered = {cls.recipe["task"] for cls in AdapterContract.__subclasses__()}
     missing = set(ADAPTERS.names()) - covered

@@ -253,6 +253,30 @@ def test_ngrpo_mixed_and_all_right_groups():
     assert adv == pytest.approx([0.0, -1.0])
 
 
+# ------------------------------------------------------------------------------------ ddof
+
+
+def test_population_std_divides_by_n():
+    """ddof 0 (algorithm.std_ddof: 0): numpy's std, by hand. Group 0: 1, 0, 0, 1 -> mean .5,
+    squared deviations 1, var 1 / 4, std .5; the whole batch 1, 0, 0, 1, .5, .5: mean .5, var
+    1 / 6; NGRPO's group 1, 0 + virtual 1: mean 2/3, squared deviations 2/3, var 2/9 over 3."""
+    r, g = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 0, 0, 1, 1]
+    adv, _ = est("grpo", r, g, ddof=0)
+    s = 0.5 + EPS
+    assert adv == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0], abs=1e-6)
+    adv, _ = est("grpo", r, g, ddof=0, std="batch")
+    s = math.sqrt(1 / 6) + EPS
+    assert adv == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0], abs=1e-5)
+    adv, _ = est("ngrpo", [1.0, 0.0], [0, 0], max_reward=1.0, ddof=0)
+    s = math.sqrt(2 / 9) + EPS
+    assert adv == pytest.approx([(1 / 3) / s, (-2 / 3) / s], abs=1e-5)
+    adv, _ = est("median", [0.0, 1.0, 3.0], [0, 0, 0], ddof=0, median_scale="std")
+    s = math.sqrt(((0 - 4 / 3) ** 2 + (1 - 4 / 3) ** 2 + (3 - 4 / 3) ** 2) / 3) + EPS
+    assert adv == pytest.approx([-1 / s, 0.0, 2 / s], abs=1e-5)
+    with pytest.raises(ValueError, match="algorithm.std_ddof=2"):
+        AdvantageOptions(ddof=2)
+
+
 # ------------------------------------------------------------------------------------ step, [N, U]
 
 

@@ -304,14 +304,12 @@ def test_one_step_off_trains_on_rows_one_step_old(tmp_path):
     assert not t.collector.worker.process.is_alive()
 
 
-def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
-    """The worker, sent the weights after an update, draws the same completions with the same
-    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
-    weights draw other log-probs, so a transfer that missed the update would fail."""
-    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
-    rows, seeds, threads = [t.inputs.train_rows[i] for i in range(2)], [11, 12], torch.get_num_threads()
+def draws_after_an_update(t):
+    """Two rows' groups of 3 drawn by the trainer's policy on seeds 11 and 12 before one synchronous
+    step, then after it by a worker sent the updated weights and by the trainer's policy itself:
+    (initial, drawn by the worker, trained, the stopped worker)."""
+    rows, seeds = [t.inputs.train_rows[i] for i in range(2)], [11, 12]
     worker = RolloutWorker(t.cfg, t.unwrapped, 0)
-    torch.set_num_threads(1)
     try:
         initial = t.policy.rollout(rows, 3, seeds)
         t.train_step()  # synchronous: the test's worker is not the run's
@@ -320,8 +318,21 @@ def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
         t.policy.set_training_step(2)
         trained = t.policy.rollout(rows, 3, seeds)
     finally:
-        torch.set_num_threads(threads)
         worker.stop()
+    return initial, drawn, trained, worker
+
+
+def test_the_worker_draws_from_the_trained_weights_bit_for_bit(tmp_path):
+    """The worker, sent the weights after an update, draws the same completions with the same
+    log-probs, bit for bit, as the trainer's policy on one torch thread (the worker's); the initial
+    weights draw other log-probs, so a transfer that missed the update would fail."""
+    t = trainer(tmp_path, "rollout.mode=async", "optim.lr=0.05")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        initial, drawn, trained, _ = draws_after_an_update(t)
+    finally:
+        torch.set_num_threads(threads)
     assert drawn.completions == trained.completions and drawn.weights_version.tolist() == [1] * 6
     assert torch.equal(drawn.rollout_logp, trained.rollout_logp)
     assert initial.completions != trained.completions or not torch.equal(initial.rollout_logp, trained.rollout_logp)
@@ -353,7 +364,7 @@ def test_the_weights_do_not_go_through_the_queue(tmp_path, monkeypatch):
         worker.send_weights(t.unwrapped, 1)
     finally:
         worker.stop()
-    assert sent == [("weights", 0), ("weights", 1), ("stop",)]
+    assert sent == [("weights", 0, "whole"), ("weights", 1, "whole"), ("stop",)]
 
 
 def test_the_weights_backend_is_nccl_only_between_two_cuda_devices():
@@ -377,7 +388,8 @@ def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
             if worker.transfer_error is not None:
                 break
             time.sleep(0.05)
-        with pytest.raises(RolloutWorkerDied, match=r"exited with code -9 \(the weights transfer to it failed"):
+        with pytest.raises(RolloutWorkerDied, match=r"was killed by SIGKILL after its weights transfer failed "
+                                                  r"\(RuntimeError: Connection closed by peer"):
             worker.take((1, 0, 0), rows, 3, [0])
     finally:
         worker.stop()
@@ -386,12 +398,12 @@ def test_a_transfer_to_a_dead_worker_fails_rather_than_waits(tmp_path):
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_a_dead_worker_stops_the_run_after_a_checkpoint_and_resume_starts_a_new_one(tmp_path, monkeypatch, mode):
     kill_reward = Path(__file__).parent / "kill_reward.py"
-    monkeypatch.setattr(import_user_module(str(kill_reward)), "_calls", 0)  # counted from this run's first step
+    monkeypatch.setattr(import_user_module(str(kill_reward), "reward_modules"), "_calls", 0)  # counted from this run's first step
     monkeypatch.setenv("MMRL_TEST_KILL_AT", "2")  # during step 2's scoring
     monkeypatch.setenv("MMRL_TEST_KILL_SIGNAL", "children")
     killer = [f"reward_modules=[{TINY_RECIPE['reward_modules'][0]},{kill_reward}]", "rewards.killer.weight=0.0",
               f"rollout.mode={mode}"]
-    with pytest.raises(RolloutWorkerDied, match=f"rollout worker .* exited .*rollout.mode={mode}") as err:
+    with pytest.raises(RolloutWorkerDied, match=f"rollout worker .* was killed by SIGKILL .*rollout.mode={mode}") as err:
         run(tmp_path, "worker", "save_every=10", *killer, steps=4)
     assert any("after step 2, which is saved" in note for note in err.value.__notes__)
     monkeypatch.setenv("MMRL_TEST_KILL_AT", "0")
@@ -405,7 +417,8 @@ def test_one_step_off_refuses_what_it_cannot_run_before_any_model_loads(tmp_path
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=one_step_off",
                                             "rollout.max_staleness=2", "optim.lora.r=4", "sampling.dynamic=true"]))
     text = str(err.value)
-    assert "rollout.max_staleness=2" in text and "optim.lora.r=4" in text and "sampling.dynamic=true" in text
+    assert "rollout.max_staleness=2" in text and "sampling.dynamic=true" in text
+    assert "lora" not in text  # the worker takes a LoRA (tests/test_async_lora.py)
 
 
 class TrainerOnlyLM(CausalLMPolicy):

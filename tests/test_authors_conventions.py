@@ -1,7 +1,8 @@
 """The authors' conventions offered as options, each against a small hand-written reference of the
 authors' rule as their code computes it: TP-GRPO's turning points and balanced bonus
 (YunzeTong/TurningPoint-GRPO), Flow-GRPO's KL (yifan123/flow_grpo train_sd3.py), Flow-GRPO's CPS
-log-prob, and the d1 preset (dllm-reasoning/d1 diffu-grpo)."""
+log-prob, the d1 preset (dllm-reasoning/d1 diffu-grpo), and the per-prompt reward normalisation of
+DiffusionNFT's and Flow-GRPO's stat tracker (numpy's population std)."""
 
 import math
 import random
@@ -17,7 +18,10 @@ from mmrl.tasks.diffusion.samplers import (
 )
 from mmrl.tasks.diffusion.turning_point import step_rewards
 
+from mmrl.config.algorithm import AlgorithmConfig
 from mmrl.config.parse import load_recipe
+from mmrl.core.advantages import compute_advantages, std_ddof
+from mmrl.registry import RECIPES
 
 
 def _sign(x: float) -> float:
@@ -218,3 +222,48 @@ def test_option_errors_name_the_field():
         _tiny_sd3(sampler="flow_sde", cps_logprob="authors")
     with pytest.raises(ValueError, match="policy.tp_consistent_steps"):
         _tiny_sd3(tp_consistent_steps="every")
+
+
+def authors_stat_tracker(prompts: list[str], rewards: list[float], global_std: bool) -> list[float]:
+    """PerPromptStatTracker.update as DiffusionNFT and Flow-GRPO run it (NVlabs/DiffusionNFT and
+    yifan123/flow_grpo, flow_grpo/stat_tracking.py; global_std is their config's default), written
+    out: each row minus the mean of its prompt's rewards, over the std of every reward of the batch
+    (global_std) or of its prompt's rewards, plus 1e-4; numpy's std divides by n."""
+    def std(xs):
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+    out = []
+    for prompt, r in zip(prompts, rewards):
+        same = [x for q, x in zip(prompts, rewards) if q == prompt]
+        out.append((r - sum(same) / len(same)) / (std(rewards if global_std else same) + 1e-4))
+    return out
+
+
+def test_nft_normalises_rewards_by_the_authors_population_std():
+    """The nft objective's default (algorithm.std_ddof: null) is the authors' numpy std, with the
+    batch's std (their global_std) or the prompt's; std_ddof 1 is the unbiased std, every advantage
+    then smaller by sqrt((N - 1) / N) (N the rewards the std is taken over: 6.5% at N = 8)."""
+    rng = random.Random(2)
+    worst = 0.0
+    for _ in range(120):
+        groups, size = rng.randint(1, 5), rng.choice([2, 3, 8, 24])
+        gid = [g for g in range(groups) for _ in range(size)]
+        rng.shuffle(gid)  # a group's rows need not be consecutive
+        rewards = [rng.choice([rng.random(), rng.randint(0, 2) / 2]) for _ in gid]
+        for std in ("batch", "group"):
+            cfg = AlgorithmConfig(estimator="grpo", std=std, eps=1e-4, objective="nft")
+            ours = compute_advantages({"r": torch.tensor(rewards, dtype=torch.float64)}, {"r": 1.0},
+                                      torch.tensor(gid), cfg).advantages
+            theirs = torch.tensor(authors_stat_tracker([f"p{g}" for g in gid], rewards, std == "batch"))
+            worst = max(worst, float(((ours.double() - theirs).abs() / theirs.abs().clamp(min=1)).max()))
+    assert worst < 1e-5, worst  # float32 advantages
+    rewards = torch.tensor([0.1, 0.9, 0.4, 0.4, 0.7, 0.2, 1.0, 0.0], dtype=torch.float64)
+    one_group = torch.zeros(8, dtype=torch.long)
+    population, unbiased = (compute_advantages({"r": rewards}, {"r": 1.0}, one_group, AlgorithmConfig(
+        estimator="grpo", std="batch", eps=0.0, objective="nft", std_ddof=ddof)).advantages for ddof in (None, 1))
+    assert torch.allclose(unbiased, population * math.sqrt(7 / 8), rtol=1e-6)
+    assert std_ddof(AlgorithmConfig(objective="nft")) == 0 and std_ddof(AlgorithmConfig()) == 1
+    flow_grpo = [load_recipe(RECIPES.get(name)).algorithm for name in ("t2i_flowgrpo", "t2i_flowgrpo_fast",
+                                                                       "t2i_grpo_guard", "t2i_nft")]
+    assert [std_ddof(a) for a in flow_grpo] == [0, 0, 0, 0]  # their code's stat tracker
+    assert std_ddof(load_recipe(RECIPES.get("t2i_flowdppo")).algorithm) == 1  # UniRL's torch std

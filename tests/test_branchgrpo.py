@@ -5,6 +5,7 @@ fastvideo/train_branchgrpo_flux.py) on identical inputs."""
 
 import math
 import random
+from collections import defaultdict
 
 import pytest
 import torch
@@ -50,6 +51,7 @@ def test_tree_rollout_runs_each_node_once_and_each_leaf_follows_its_noise(model,
     cond = {k: v for k, v in batch.extras.items() if k.startswith(("pos/", "neg/"))}
     step = SAMPLERS.get(sampler)
     seeds = [5, 6]
+    last_noisy = True
     for row in range(8):
         g, j = divmod(row, 4)
         x = latents[row, 0:1]
@@ -67,8 +69,9 @@ def test_tree_rollout_runs_each_node_once_and_each_leaf_follows_its_noise(model,
             if std > 0:  # (CPS's last step, to sigma 0, is deterministic)
                 assert math.isclose(float(batch.rollout_logp[row, k]), float(gaussian_logprob(x, mean, std)),
                                     rel_tol=1e-5, abs_tol=1e-5)
-    # each edge trained once, on the first row under its node; the last step is never trained
-    owners = [[j % (4 // w) == 0 for w in (2, 2, 4)] + [False] for j in range(4)]
+            last_noisy = std > 0 if k == 3 else last_noisy
+    # each edge trained once, on the first row under its node; the leaves' own last step too where it drew noise
+    owners = [[j % (4 // w) == 0 for w in (2, 2, 4)] + [last_noisy] for j in range(4)]
     assert batch.unit_mask.bool().tolist() == owners * 2
 
 
@@ -205,6 +208,27 @@ def test_tree_advantages_match_the_authors_on_random_trees():
     assert cases > 2000 and worst < 1e-6, (cases, worst)
 
 
+def test_every_edge_is_trained_once_as_the_authors_collect_transitions():
+    """The trained units of a tree rollout are the authors' transitions (collect_all_transitions:
+    every edge of the tree, the leaves' own last steps included), each on the first leaf under its
+    child node; train_last_step: false leaves the last step out. Their published tree (20 steps
+    split at 0, 3, 6, 9) has 218 edges, 16 of them the last step's."""
+    root, _ = authors_tree(20, [0, 3, 6, 9], 2)
+    edges = authors_edges(root, defaultdict(float))
+    assert len(edges) == 218 and sum(k == 19 for k, *_ in edges) == 16
+    assert int(edge_owners(Branching(at=[0, 3, 6, 9]), 16, 1, 20).sum()) == 218
+    policy = make("tiny:flux", "dance", False, branching=Branching(at=[0, 2], factor=2))
+    batch = policy.rollout(["red circle"], 4, seeds=[5])
+    root, leaves = authors_tree(4, [0, 2], 2)
+    theirs = torch.zeros(4, 4, dtype=torch.bool)
+    for k, child, _, _ in authors_edges(root, defaultdict(float)):
+        theirs[leaves.index(child.get_all_leaf_descendants()[0]), k] = True
+    assert int(theirs.sum()) == 2 + 2 + 4 + 4 and torch.equal(batch.unit_mask.bool(), theirs)
+    policy.cfg.branching.train_last_step = False
+    untrained = policy.rollout(["red circle"], 4, seeds=[5])
+    assert torch.equal(untrained.unit_mask.bool(), theirs & (torch.arange(4) < 3))
+
+
 def authors_pruned_depths(depth_pruning, split_points, current_step, slide, interval, stop_depth=None):
     """train_one_step_tree's depth-pruning window."""
     base = sorted(depth_pruning)
@@ -239,7 +263,8 @@ def test_depth_pruning_matches_the_authors_window():
 def test_a_pruned_depth_is_not_trained_and_settings_are_checked():
     policy = make("tiny:sd3", "flow_sde", False, branching=Branching(at=[0], depth_pruning=[2, 3]))
     batch = policy.rollout(["red circle"], 2, seeds=[1])
-    assert batch.unit_mask.bool().tolist() == [[True, False, False, False], [True, False, False, False]]
+    # the split at step 0 gives each row its own edges: depths 2 and 3 pruned, the last step (depth 4) trained
+    assert batch.unit_mask.bool().tolist() == [[True, False, False, True], [True, False, False, True]]
     with pytest.raises(ValueError, match="algorithm.group_size=4: policy.branching gives 2 \\*\\* 1"):
         policy.rollout(["red circle"], 4, seeds=[1])
     with pytest.raises(ValueError, match="policy.branching.at=\\[4\\]"):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from helpers import TINY_RECIPE
 
@@ -50,6 +51,7 @@ def test_bad_key_is_a_clear_error(tmp_path):
     assert "algorithm.bta" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # 14 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_user_reward_file_plugs_in(tmp_path):
     (tmp_path / "my_rewards.py").write_text(
         "from mmrl import register_reward\n\n"

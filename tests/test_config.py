@@ -43,6 +43,28 @@ def test_wrong_types_and_choices_are_named():
         parse_config({}, ["algorithm.beta"])
 
 
+def test_a_data_path_override_replaces_the_recipes_data_set_and_the_reverse(tmp_path):
+    """The t2v / i2v headers' `data.path=prompts.jsonl` over a recipe naming `data.name`: the file
+    replaces the registered set (and its builder's args), whichever one the recipe gave."""
+    from mmrl.config.recipes import resolve_recipe
+    for recipe in ("t2v_wan", "i2v_wan"):
+        cfg = load_recipe(resolve_recipe(recipe), ["data.path=prompts.jsonl"])
+        assert (cfg.data.name, cfg.data.path, cfg.data.args) == (None, "prompts.jsonl", {})
+    named = {"data": {"name": "arithmetic", "args": {"n_train": 8}}}
+    assert parse_config(named, ["data.path=a.jsonl", "data.args={n: 1}"]).data.args == {"n": 1}  # given: kept
+    assert parse_config(named, ["data.path=null"]).data.name == "arithmetic"  # clearing the path replaces nothing
+    cfg = parse_config({"data": {"path": "a.jsonl"}}, ["data.name=arithmetic"])
+    assert (cfg.data.name, cfg.data.path) == ("arithmetic", None)
+    assert parse_config(named).data.name == "arithmetic"  # only an override replaces
+    # a recipe that gives both is still refused, naming both
+    from mmrl.train.plan.validate import validate
+    rows = tmp_path / "a.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    both = parse_config({**named, "rewards": {"accuracy": {}}}, [f"data.path={rows}", "data.name=arithmetic"])
+    with pytest.raises(ConfigError, match=r"give exactly one of data.name .* or data.path \(got name='arithmetic'"):
+        validate(both)
+
+
 def test_overrides_do_not_mutate_the_loaded_mapping():
     raw = {"algorithm": {"beta": 0.0}}
     parse_config(raw, ["algorithm.beta=1.0"])

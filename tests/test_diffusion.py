@@ -241,6 +241,7 @@ def test_streamed_steps_equal_one_backward_and_a_training_step(tmp_path, monkeyp
     assert on_policy_step_changes(t)
 
 
+@pytest.mark.slow  # 38 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_lora_training_with_the_closed_form_kl(tmp_path):
     overrides = [f"output_dir={tmp_path}", "optim.lora.r=4", "algorithm.beta=0.04",
                  "algorithm.kl_estimator=closed_form", "algorithm.mu=2", "max_steps=2"]

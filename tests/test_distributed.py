@@ -48,6 +48,7 @@ def test_one_and_two_processes_agree(tmp_path):
         assert torch.allclose(w1[name], w2[name], atol=1e-6), name
 
 
+@pytest.mark.slow  # 17 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_group_reward_sees_whole_groups_on_two_processes(tmp_path):
     """Each process scores whole groups (a draw's groups are split in blocks of whole groups), so a
     win rate, scored while the next group generates, is the same on 1 and 2 processes."""
@@ -65,6 +66,7 @@ def test_a_group_reward_sees_whole_groups_on_two_processes(tmp_path):
     assert single[0]["reward_std"] > 0
 
 
+@pytest.mark.slow  # 39 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_episodes_agree_on_one_and_two_processes(tmp_path):
     """Episodes with tool calls (a warm start teaches the tiny model to call `add` for "2+3"): the
     same turns, tool calls, truncations, rewards, loss and weights on 1 and 2 processes."""

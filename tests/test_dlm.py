@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import assert_grads_close, on_policy_step_changes, streamed_grads
-from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, view_seed
+from mmrl.tasks.dlm.estimators import LOGP_ESTIMATORS, EstimatorArgs, EstimatorInputs, view_seed
 from mmrl.tasks.dlm.generation import DecodeConfig, block_decode, eos_gamma, transfer_counts
-from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
+from mmrl.tasks.dlm.config import DLMConfig
+from mmrl.tasks.dlm.policy import DLMPolicy
 
 from mmrl.config.parse import parse_config
 from mmrl.train.loop.trainer import Trainer
@@ -179,8 +180,9 @@ def test_a_group_depends_only_on_its_prompt_and_seed(policy):
 def _hand_views(policy, batch, name, **args):
     gens = [torch.Generator().manual_seed(view_seed(int(s), int(batch.extras["mask_pass"])))
             for s in batch.extras["mask_seed"]]
-    return LOGP_ESTIMATORS.get(name)(gens, batch.extras["prompt_mask"], batch.extras["completion_ids"].shape[1],
-                                EstimatorArgs(**args))
+    return LOGP_ESTIMATORS.get(name)(EstimatorInputs(
+        gens, batch.extras["prompt_mask"], batch.extras["completion_ids"].shape[1], batch.unit_mask.sum(1).long(),
+        EstimatorArgs(**args), batch.extras["completion_step"], batch.extras["completion_entropy"]))
 
 
 @pytest.mark.parametrize("name", ["diffu_grpo", "coupled", "elbo"])

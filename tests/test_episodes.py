@@ -63,6 +63,8 @@ def test_an_episode_alternates_model_and_tool_turns_with_tool_tokens_masked(taug
     assert batch.columns["tool_calls"][0] == [{"turn": 0, "name": "add", "arguments": {"a": 2, "b": 3},
                                                "result": "5", "images": 0, "error": None}]
     assert not batch.truncated.any()
+    assert set(batch.columns) == set(CausalLMPolicy.rollout_columns(policy.cfg))  # as declared before loading
+    assert CausalLMPolicy.output_kind(policy.cfg) == "episode"
     # units: the model's tokens; the tool turn "t:5<eos>a:" is context, not units
     call = len(CALL) + 1
     tool = len("t:5<eos>a:") - len("<eos>") + 1

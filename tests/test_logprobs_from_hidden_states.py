@@ -13,7 +13,8 @@ from peft import LoraConfig, get_peft_model
 from PIL import Image
 
 from mmrl.errors import UserError
-from mmrl.tasks.dlm.policy import DLMConfig, DLMPolicy
+from mmrl.tasks.dlm.config import DLMConfig
+from mmrl.tasks.dlm.policy import DLMPolicy
 from mmrl.tasks.lm.audio_lm import AudioLMConfig, AudioLMPolicy
 from mmrl.tasks.lm.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.tasks.lm.output_head import OutputHead

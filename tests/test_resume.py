@@ -64,6 +64,7 @@ def test_killed_run_resumes_exactly(whole_run, tmp_path):
     assert_same_run(whole, tmp_path / "killed")  # step 3, logged before the kill, is not duplicated
 
 
+@pytest.mark.slow  # 15 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
     recipe, whole = whole_run
     stopped = train(recipe, tmp_path / "stopped", kill_at=3, signal="SIGTERM")  # during step 3's rollout
@@ -81,6 +82,7 @@ def test_sigterm_saves_the_step_and_resumes_exactly(whole_run, tmp_path):
     assert_same_run(whole, tmp_path / "stopped")
 
 
+@pytest.mark.slow  # 15 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_failing_reward_saves_the_last_step_and_resumes_exactly(whole_run, tmp_path):
     recipe, whole = whole_run
     failed = train(recipe, tmp_path / "failed", kill_at=4, signal="raise")  # the reward raises in step 4
@@ -96,13 +98,27 @@ def test_a_failing_reward_saves_the_last_step_and_resumes_exactly(whole_run, tmp
 
 
 def test_checkpoint_loads_with_from_pretrained(tmp_path):
+    """A full fine-tune of the tiny text model (its output head tied to its input embedding): the
+    checkpoint's model/ loads with the Auto classes, its tokenizer encodes and decodes as the run's
+    did (spaces kept), its logits equal those of the resume weights (model.safetensors, written by
+    accelerate), and saving printed nothing about the tied head."""
+    from mmrl.tasks.demos.tiny_models import char_tokenizer, qwen2_char
     from transformers import AutoModelForCausalLM, AutoTokenizer
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(dict(TINY_RECIPE, max_steps=1)))
     done = train(recipe, tmp_path / "run")
     assert done.returncode == 0, done.stderr[-3000:]
-    path = tmp_path / "run" / "checkpoints" / "step-000001" / "model"
-    model = AutoModelForCausalLM.from_pretrained(path)
-    tok = AutoTokenizer.from_pretrained(path)
-    assert model.config.vocab_size == len(tok)
+    assert "shared tensor" not in done.stdout + done.stderr
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint / "model")
+    tok = AutoTokenizer.from_pretrained(checkpoint / "model")
+    assert model.config.vocab_size == len(tok) and model.config.tie_word_embeddings
+    text = "What is 3 + 4?\n<answer> 7 </answer>"
+    assert tok.decode(tok.encode(text)) == text and tok.encode(text) == char_tokenizer().encode(text)
+    resumed, _ = qwen2_char(**TINY_RECIPE["policy"]["tiny_args"], seed=1)
+    missing, unexpected = resumed.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+    assert (missing, unexpected) == (["lm_head.weight"], [])  # tied: the embedding is the head
+    ids = torch.tensor([tok.encode(text)])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, resumed(ids).logits)
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run" / "checkpoints").iterdir())

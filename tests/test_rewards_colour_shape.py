@@ -56,7 +56,7 @@ def test_targets_score_high_and_hacks_score_low():
 def test_reward_reads_the_columns_and_names_bad_values():
     image = Image.new("RGB", (8, 8), BACKGROUND)
     assert colour_shape(["p"], [image], colour=["red"], shape=["square"]) == [0.0]
-    with pytest.raises(ValueError, match="'colour' and 'shape'"):
+    with pytest.raises(TypeError, match="'colour' and 'shape'"):
         colour_shape(["p"], [image])
     with pytest.raises(ValueError, match="'purple'"):
         colour_shape(["p"], [image], colour=["purple"], shape=["square"])

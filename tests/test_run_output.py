@@ -43,10 +43,12 @@ def test_a_reward_that_never_applies_warns_once_then_stops_the_run(tmp_path, cap
     recipe = _recipe(tmp_path, rewards={"never_applies": {"weight": 1.0}},
                      reward_modules=[str(HERE / "none_reward.py")], max_steps=6)
     caplog.set_level(logging.WARNING)
-    with pytest.raises(NoRewardError, match=r"steps 1-3: no reward \(never_applies\).*max_bad_steps=3"):
+    with pytest.raises(NoRewardError, match=r"steps 1-3: no reward gave a value for any completion \('never_applies' "
+                                            r"returned None for every row.*max_bad_steps=3"):
         Trainer(parse_config(recipe, [])).train()
     warned = _warnings(caplog, "never_applies")
-    assert len(warned) == 1 and warned[0].startswith("step 1: reward 'never_applies' returned None")
+    assert len(warned) == 1 and warned[0].startswith("step 1: no reward gave any completion a value ('never_applies' "
+                                                     "returned None for every row")
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["reward_mean"] is None and r["skipped_frac"] == 1.0 for r in records)
@@ -54,7 +56,7 @@ def test_a_reward_that_never_applies_warns_once_then_stops_the_run(tmp_path, cap
 
 def test_a_saturating_learning_rate_warns(tmp_path, caplog):
     recipe = _recipe(tmp_path, max_steps=5)
-    recipe["optim"]["lr"] = 1e6
+    recipe["optim"]["lr"] = recipe["optim"]["max_lr"] = 1e6  # past the recipe check's ceiling on purpose
     caplog.set_level(logging.WARNING)
     Trainer(parse_config(recipe, [])).train()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -81,7 +83,8 @@ def test_health_counts_only_zero_gradients_after_non_zero_ones_with_rows_to_trai
     health.check(11, {**trained, "grad_norm": 0.0})  # a step with a reward resets the count
     health.check(12, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
     health.check(13, {"reward_mean": float("nan"), "reward/acc": float("nan"), "grad_norm": 0.0})
-    assert len(_warnings(caplog, "'acc'")) == 1
+    said = _warnings(caplog, "'acc'")  # once for each run of steps without a reward
+    assert [s.split(":")[0] for s in said] == ["step 10", "step 12"]
 
 
 def test_a_step_whose_dynamic_sampling_kept_no_group_is_not_a_missing_reward(caplog):
@@ -98,6 +101,85 @@ def test_a_step_whose_dynamic_sampling_kept_no_group_is_not_a_missing_reward(cap
         health.check(7, {"reward_mean": float("nan"), "reward/acc": float("nan"), "sampling/groups": 4.0})
 
 
+def test_a_step_without_any_reward_is_said_at_once_with_each_rewards_cause(caplog):
+    """Failed and skipped, unreadable, None: each reward's cause in the first step's warning; a
+    dynamic-sampling step with no reward at all counts as a step without a reward."""
+    caplog.set_level(logging.WARNING)
+    health = RunHealth(max_bad_steps=3)
+    nan = float("nan")
+    health.check(1, {"reward_mean": nan, "reward/served": nan, "reward/served/failed_frac": 1.0,
+                     "reward/judge": nan, "reward/judge/failed_frac": 0.0, "reward/judge/unparsed_frac": 1.0,
+                     "reward/none": nan})
+    said = _warnings(caplog, "step 1:")
+    assert said == ["step 1: no reward gave any completion a value ('served' failed on every row sent to its server, "
+                    "and rewards.served.client.on_failure=skip left them without it; 'judge' got no answer it could "
+                    "read as a score: reward/judge/unparsed_frac is 1.0, see rewards.judge.args; 'none' returned None "
+                    "for every row, which means 'does not apply': check its data columns and arguments), so the step "
+                    "trained nothing; 3 such steps in a row stop the run (max_bad_steps)"]
+    health.check(2, {"reward_mean": nan, "reward/none": nan, "sampling/groups": 0.0, "sampling/rewarded_frac": 0.0})
+    assert not _warnings(caplog, "equal rewards") and not _warnings(caplog, "step 2:")  # one warning a streak
+    with pytest.raises(NoRewardError, match=r"steps 1-3: no reward gave a value for any completion \('none' returned "
+                                            r"None for every row.*max_bad_steps=3"):
+        health.check(3, {"reward_mean": nan, "reward/none": nan})
+
+
+def test_a_run_is_an_error_only_when_none_of_its_steps_had_a_reward():
+    nan = float("nan")
+    none, some = {"reward_mean": nan, "reward/a": nan}, {"reward_mean": 0.5, "reward/a": 0.5}
+    uniform = {"reward_mean": nan, "reward/a": nan, "sampling/groups": 0.0, "sampling/rewarded_frac": 1.0}
+    for steps in ([some, none], [none, some], [uniform, uniform, uniform, uniform], [none, uniform]):
+        health = RunHealth(max_bad_steps=3)
+        for step, metrics in enumerate(steps, 1):
+            health.check(step, metrics)
+        health.finish()  # trained on something, or its groups were equal (dynamic sampling: a warning only)
+    health = RunHealth(max_bad_steps=3)
+    health.check(1, none)
+    health.check(2, none)
+    with pytest.raises(NoRewardError, match=r"^the run trained on nothing: in none of its 2 steps \(1-2\) did a "
+                                            r"reward give any completion a value \('a' returned None"):
+        health.finish()
+
+
+def test_dynamic_sampling_over_rewards_that_never_apply_is_no_saturated_policy(tmp_path, caplog):
+    """Dynamic sampling keeps no group when no reward gave a value (NaN groups have no variance):
+    that is a step without a reward, not the "every group equal" warning."""
+    recipe = _recipe(tmp_path, rewards={"never_applies": {"weight": 1.0}}, reward_modules=[str(HERE / "none_reward.py")],
+                     max_steps=1, sampling={"dynamic": True, "dynamic_max_tries": 2})
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(NoRewardError, match="the run trained on nothing"):
+        Trainer(parse_config(recipe, [])).train()
+    assert not _warnings(caplog, "equal rewards")
+    record = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert record["sampling/groups"] == 0 and record["sampling/rewarded_frac"] == 0 and record["sampling/tries"] == 2
+
+
+def test_runs_that_train_on_nothing_exit_non_zero_saying_why(tmp_path, capsys):
+    """Two steps (fewer than max_bad_steps): a reward returning None for every row, and a real
+    reward server answering HTTP 500 to every row under on_failure skip, each the run's only reward."""
+    from mmrl.cli.main import main
+    from served import fault_command, free_port, running
+    none = _recipe(tmp_path, rewards={"never_applies": {"weight": 1.0}}, reward_modules=[str(HERE / "none_reward.py")])
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump(none))
+    assert main(["train", str(tmp_path / "none.yaml")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == ("mmrl: error: the run trained on nothing: in none of its 2 steps (1-2) did a reward give any "
+                    "completion a value ('never_applies' returned None for every row, which means 'does not apply': "
+                    "check its data columns and arguments)")
+    port = free_port()
+    served = _recipe(tmp_path, rewards={"digit_share": {"weight": 1.0, "url": f"http://127.0.0.1:{port}",
+                                                        "client": {"retries": 0, "on_failure": "skip"}}})
+    served["output_dir"] = str(tmp_path / "served_run")
+    (tmp_path / "served.yaml").write_text(yaml.safe_dump(served))
+    with running(fault_command("error500", port), port):
+        assert main(["train", str(tmp_path / "served.yaml")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == ("mmrl: error: the run trained on nothing: in none of its 2 steps (1-2) did a reward give any "
+                    "completion a value ('digit_share' failed on every row sent to its server, and "
+                    "rewards.digit_share.client.on_failure=skip left them without it)")
+    metrics = read_metrics(tmp_path / "served_run" / "metrics.jsonl")
+    assert [m["reward/digit_share/failed_frac"] for m in metrics] == [1.0, 1.0]
+
+
 def _mmrl(*args):
     return subprocess.run([sys.executable, "-m", "mmrl", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -107,6 +189,7 @@ def _weights(run, step):
     return load_file(run / "checkpoints" / f"step-{step:06d}" / "model" / "model.safetensors")
 
 
+@pytest.mark.slow  # 14 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_mmrl_train_runs_the_warm_start_once(tmp_path):
     recipe = _recipe(tmp_path, max_steps=1, warm_start={"steps": 3, "batch_size": 4, "lr": 1e-2})
     recipe["optim"]["lr"] = 0.0  # RL leaves the weights as the warm start made them
@@ -176,6 +259,7 @@ def test_a_lora_run_builds_without_a_future_warning(tmp_path):
     assert any("lora_A" in name for name, _ in trainer.unwrapped.named_parameters())
 
 
+@pytest.mark.slow  # 22 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_after_a_warm_start_the_kl_is_to_the_warm_started_model_and_a_resume_keeps_it(tmp_path):
     """The reference of the KL is the warm-started model: the first step's KL (policy = warm start)
     is 0, where a reference copied before the warm start gives the distance to the untrained model;

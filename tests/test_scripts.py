@@ -78,6 +78,7 @@ ENGINE_SMOKE = ("--steps", "2", "--warmup", "0", "--rounds", "1", "--group", "4"
                 "--hidden", "32", "--layers", "1", "--threads", "1")
 
 
+@pytest.mark.slow  # 14 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 @needs_trl
 def test_bench_engine_against_trl(tmp_path):
     report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE, "--trl", "--no-rss")
@@ -213,10 +214,17 @@ def test_bench_diffusion_wan_video_section(tmp_path):
 
 def test_bench_dlm(tmp_path):
     report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
-                   "8", "--steps", "2", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1")
+                   "4", "--steps", "4", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1",
+                   "--dg-hidden", "32", "--dg-canvas", "4", "--dg-blocks", "2", "--dg-steps", "2")
     assert_finite(report, "generation.vocab_100.speedup_vs_d1", "generation.vocab_128.speedup_vs_d1",
-                  *(f"estimators.{name}.time_ratio_to_diffu_grpo" for name in ("coupled", "elbo", "elbo_k8")))
+                  "diffusion_gemma.speed_vs_stock",
+                  *(f"estimators.{name}.time_ratio_to_diffu_grpo"
+                    for name in ("coupled", "elbo", "elbo_k8", "spg", "espo", "tracerl", "agrpo")))
     assert report["setup"]["model"]["hidden"] == 32
+    assert report["estimators"]["tracerl"]["forwards_per_call"] == 4  # one view per decoding step
+    dg = report["diffusion_gemma"]
+    assert dg["one_group_same_tokens_as_stock"] and dg["mmrl"]["decoder_forwards"] == dg["stock"]["decoder_forwards"]
+    assert dg["estimators"]["final_step"]["decoder_forwards_per_call"] == 2  # one per canvas
 
 
 def test_bench_rewards_overlap(tmp_path):
@@ -354,3 +362,17 @@ def test_compare_sweeps_at_equal_time(tmp_path):
     assert "| b 0: rollout.mode=sync | 0.500 | 2.00x | 4 | 0.400 | 0.200 |" in done.stdout
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["T_s"] == 2.0 and list(out["cells"]) == ["a 1: x=a", "b 0: rollout.mode=sync", "b 1: x=b"]
+
+
+@pytest.mark.slow  # 320 s on the 2 cores under a load of 10: the tiny text demo and two `mmrl bench` subprocesses
+def test_bench_gsm8k_text_demo(tmp_path):
+    out = run_script("bench_gsm8k_text_demo.py", "--out", str(tmp_path), "--json", str(tmp_path / "r.json"),
+                     "max_steps=2", "warm_start.steps=2", "eval.max_prompts=4", "save_every=2",
+                     "policy.tiny_args.hidden=32", "policy.tiny_args.layers=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout[out.stdout.index("{"):])
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert report["prompts"] == 4 and report["checkpoint_dir"].endswith("step-000002")
+    for name in ("base", "checkpoint"):
+        assert {"value", "se", "n"} <= set(report[name]["flexible_extract"]) and report[name]["flexible_extract"]["n"] == 4
+    assert math.isfinite(report["difference"])

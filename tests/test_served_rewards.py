@@ -36,8 +36,8 @@ COMPLETIONS = ["<answer>2</answer>", "5", "x<answer>4</answer>", "8 ", "<answer>
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     load_plugins()
-    import_user_module(DIGITS)
-    import_user_module(str(HERE / "image_reward.py"))
+    import_user_module(DIGITS, "reward_modules")
+    import_user_module(str(HERE / "image_reward.py"), "reward_modules")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,7 @@ def final_weights(out):
     return load_file(out / "checkpoints" / "step-000003" / "model" / "model.safetensors")
 
 
+@pytest.mark.slow  # 19 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_a_run_whose_server_dies_stops_saves_and_resumes_exactly(whole_run, tmp_path):
     port = free_port()
     recipe = served_recipe(tmp_path, "served", f"http://127.0.0.1:{port}",
@@ -288,3 +289,28 @@ def test_a_group_reward_is_served_whole_groups_at_a_time():
         got = compute_rewards({"win_rate": served}, PROMPTS, COMPLETIONS, columns)["win_rate"]
     want = compute_rewards({"win_rate": bind_reward("win_rate", prefer)}, PROMPTS, COMPLETIONS, columns)["win_rate"]
     assert len(set(want.tolist())) > 3 and torch.equal(got, want)
+
+
+def test_serve_reward_on_a_taken_port_says_so_in_one_line_and_never_claims_to_serve(capfd):
+    """The port is bound before anything is printed: a busy one is one line naming it, exit code 2."""
+    import socket
+
+    from mmrl.cli.main import main
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve-reward", "digit_share", "--reward-module", DIGITS, "--port", str(port)]) == 2
+    out, err = capfd.readouterr()
+    assert " on http" not in out + err
+    assert err.strip().count("\n") == 0, err
+    assert err.startswith(f"mmrl: error: mmrl serve-reward: cannot listen on 127.0.0.1:{port} (")
+    assert f"another server holds port {port}" in err
+
+
+def test_url_and_replay_together_are_refused_naming_both(tmp_path):
+    from mmrl.config.parse import ConfigError, parse_config
+    from mmrl.train.plan.validate import validate
+    rewards = {"accuracy": {"weight": 1.0}, "digit_share": {"url": "http://127.0.0.1:8002", "replay": "answers.jsonl"}}
+    with pytest.raises(ConfigError, match=r"^rewards.digit_share.url and rewards.digit_share.replay are both set"):
+        validate(parse_config(dict(TINY_RECIPE, rewards=rewards)))

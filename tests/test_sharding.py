@@ -74,6 +74,7 @@ LM = dict(TINY_RECIPE, algorithm={"group_size": 4, "beta": 0.04, "mu": 2},
           optim={**TINY_RECIPE["optim"], "micro_batch_size": 3}, max_steps=3)
 
 
+@pytest.mark.slow  # 49 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_fsdp_matches_one_process_with_a_sharded_reference(tmp_path):
     """Full fine-tune with a KL term: the reference is a frozen sharded copy; mu=2 keeps old
     log-probs from no-grad passes; micro-batches of 3 over groups of 4 leave the processes
@@ -106,6 +107,7 @@ def test_fsdp_with_lora_matches_one_process(tmp_path):
     assert (tmp_path / "two" / "checkpoints" / "step-000002" / "model" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow  # 37 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_accelerate_fsdp_launcher_config_shards_the_same(tmp_path):
     """`accelerate launch --config_file scripts/accelerate/fsdp.yaml` runs the recipe sharded: the
     same metrics as `distributed.strategy=fsdp` under torchrun, and the same shard files."""
@@ -147,6 +149,7 @@ def check_resumes_exactly_after_kill_9(tmp_path: Path, strategy: str) -> None:
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
+@pytest.mark.slow  # 54 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
     check_resumes_exactly_after_kill_9(tmp_path, "fsdp")
 

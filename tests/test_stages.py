@@ -174,6 +174,7 @@ def assert_same_runs(a_dir, b_dir, step, atol=1e-6):
     return a
 
 
+@pytest.mark.slow  # 21 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_killed_staged_run_resumes_exactly_across_a_stage_boundary(tmp_path):
     # stages: steps 1 | 2-3 (new data, new lr) | 4-5 (same data: the data position carries on);
     # the checkpoint at step 2 is inside stage 1, the kill at step 4 is past the next boundary

@@ -147,6 +147,7 @@ def test_cells_compared_at_equal_training_time(tmp_path):
     assert "| 1 | 0.500 | 2.00x | 6 | 0.910 ± 0.010 | 0.510 ± 0.010 |" in md
 
 
+@pytest.mark.slow  # 132 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
     out = tmp_path / "sweep"
     rc = sweep("text", ["algorithm.estimator=grpo,dr_grpo", "optim.lr=1e-4,1e-3"], 2, out, TINY, parallel=2,
@@ -175,6 +176,7 @@ def test_two_by_two_grid_two_seeds_one_warm_start_per_seed(tmp_path):
     assert greedy["0"] != greedy["1"]
 
 
+@pytest.mark.slow  # 65 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "mmrl", "sweep", "text", "--grid", "algorithm.estimator=grpo,dr_grpo",

@@ -98,6 +98,7 @@ def judge():
     return train_judge(frames=4, size=16, seed=1)
 
 
+@pytest.mark.slow  # 169 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 def test_the_judge_names_colour_shape_and_direction_of_unseen_clean_clips(judge):
     rng = random.Random(4321)  # not the judge's training seed
     truth = [(c, s, d) for c in COLOURS for s in SHAPES for d in DIRECTIONS for _ in range(8)]

@@ -41,7 +41,7 @@ BAD = [  # override, what the message must say
     ("optim.betas=[0.9,1.5]", r"optim.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
     ("optim.lr=.nan", r"optim.lr=nan must be a finite number"),
     ("logging.report_to=[tensorbord]", r"logging.report_to: 'tensorbord' is not one of"),
-    ("data.path=nowhere.jsonl", r"data: give exactly one of data.name"),
+    ("data.path=nowhere.jsonl", r"data.path: 'nowhere.jsonl' does not exist"),  # replacing the recipe's data.name
     ("algorithm.estimator=median", r"algorithm.group_size=\d+: the median estimator \(MC-GRPO\) draws G\+1 rollouts"),
     ("algorithm.train_extremes=-1", r"algorithm.train_extremes=-1 must be >= 0"),
     ("algorithm.train_extremes=9", r"algorithm.train_extremes=9: the k highest and k lowest rows of a group of "
@@ -96,16 +96,6 @@ def test_plot_every_zero_draws_the_plot_only_at_the_end(tmp_path):
     assert (tmp_path / "plots" / "rewards.png").is_file()
 
 
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Fail the test if the policy is built (the data is read, the model is not)."""
-    import mmrl.train.loop.parts as parts
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the policy was built")
-    monkeypatch.setattr(parts, "build_policy", refuse)
-
-
 def data_file(tmp_path, prompts):
     import json
     path = tmp_path / "rows.jsonl"
@@ -145,3 +135,57 @@ def test_an_output_dir_nothing_can_be_written_in_is_refused_before_the_data(tmp_
     from mmrl.errors import UserError
     with pytest.raises(UserError, match=r"output_dir '/proc/mmrl-run': '/proc' is not writable"):
         Trainer(parse_config(TINY_RECIPE, ["output_dir=/proc/mmrl-run"]))
+
+
+def test_a_missing_tool_file_is_blamed_on_the_key_that_names_it(tmp_path, no_model):
+    """Not on reward_modules (which the recipe may not even have): each key names its own file."""
+    tools = ["policy.episode.tools=[python]", "policy.episode.max_turns=2"]
+    text = problems(tmp_path, *tools, "policy.episode.tool_modules=[no_such_tools.py]")
+    assert "policy.episode.tool_modules: file 'no_such_tools.py' does not exist" in text
+    assert "reward_modules" not in text
+    text = problems(tmp_path, "policy.episode.tools=[no_such_tools.py:lookup]")
+    assert "policy.episode.tools: file 'no_such_tools.py' does not exist" in text and "reward_modules" not in text
+    with pytest.raises(ConfigError, match="^reward_modules: file 'gone.py' does not exist"):
+        validate(parse_config(TINY_RECIPE, ["reward_modules=[gone.py]"]))
+
+
+def test_a_hub_data_set_id_is_not_looked_for_on_disk(tmp_path):
+    """The gsm8k recipe names `openai/gsm8k` (docs/data.md: a hub id is a data.path); a missing local
+    file or directory is still refused before anything loads."""
+    from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
+    validate(load_recipe(resolve_recipe("gsm8k"), [f"output_dir={tmp_path}"]))
+    for missing in ("nowhere.jsonl", "./nowhere", "data/train/shards"):
+        with pytest.raises(ConfigError, match=f"data.path: '{missing}' does not exist"):
+            validate(load_recipe(resolve_recipe("gsm8k"), [f"data.path={missing}"]))
+
+
+def test_an_absurd_learning_rate_is_refused_and_a_large_one_warned_of(tmp_path, no_model, caplog):
+    """1e6 (typed for 1e-6) is refused before anything loads unless optim.max_lr allows it; above
+    1e-2 the run warns; the shipped recipes' rates are below both."""
+    import logging
+
+    from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
+    from mmrl.registry import RECIPES, load_plugins
+    from mmrl.train.plan.learning_rates import WARN_ABOVE, learning_rates
+    from mmrl.train.plan.stages import StagePlan
+    assert ("optim.lr=1000000.0 is above optim.max_lr=1.0: a learning rate this large diverges"
+            in problems(tmp_path, "optim.lr=1e6"))
+    assert "warm_start.lr=5.0 is above optim.max_lr=1.0" in problems(tmp_path, "warm_start.steps=2", "warm_start.lr=5")
+    assert "stages[1].optim.lr=3.0 is above" in problems(tmp_path, "max_steps=2",
+                                                         "stages=[{steps: 1}, {steps: 1, optim: {lr: 3}}]")
+    warned = []
+    validate(parse_config(TINY_RECIPE, ["optim.lr=1e6", "optim.max_lr=1e6"]), warn=warned.append)
+    assert warned == ["optim.lr=1000000.0 is above 0.01: fine-tuning rates are 1e-6 to 1e-3 (the tiny CPU models' "
+                      "at most 2e-3); a rate this large may train on noise"]
+    caplog.set_level(logging.WARNING)
+    validate(parse_config(TINY_RECIPE, ["optim.lr=0.05"]))  # the default: the run's log
+    assert [r.getMessage()[:20] for r in caplog.records] == ["optim.lr=0.05 is abo"]
+    validate(parse_config(TINY_RECIPE, ["optim.lr=2e-3", "warm_start.lr=0.5"]), warn=warned.append)  # no warm start
+    assert len(warned) == 1
+    load_plugins()
+    for name in RECIPES.names():
+        cfg = load_recipe(resolve_recipe(name))
+        rates = learning_rates(cfg, [stage.config for stage in StagePlan(cfg).stages] if cfg.stages else [])
+        assert all(rate <= WARN_ABOVE for rate in rates.values()), (name, rates)

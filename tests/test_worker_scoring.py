@@ -21,6 +21,7 @@ def scored_by(path: Path) -> set[int]:
     return {int(line) for line in path.read_text().split()}
 
 
+@pytest.mark.slow  # 20 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 def test_the_worker_scores_with_the_rewards_the_trainer_would_give(tmp_path):
     """A served reward (a real `mmrl serve-reward`) and an in-process one that records which process
     scores: with scoring.where=worker only the worker's process scores, and the rollouts, rewards,

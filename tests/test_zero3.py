@@ -62,6 +62,7 @@ def test_zero3_matches_one_process_with_a_partitioned_reference(tmp_path):
                if f"model.safetensors:{n}" in weights)
 
 
+@pytest.mark.slow  # 19 s in the default run on 2 cores (2026-11-29); the default run stays under 15 min
 @needs_deepspeed
 def test_zero3_with_lora_matches_one_process(tmp_path):
     cfg = dict(LM, optim={**LM["optim"], "lr": 1e-2, "lora": {"r": 4, "alpha": 8}})
@@ -72,6 +73,7 @@ def test_zero3_with_lora_matches_one_process(tmp_path):
     assert (tmp_path / "two" / "checkpoints" / "step-000002" / "model" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow  # 68 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 @needs_deepspeed
 def test_zero3_resumes_exactly_after_kill_9(tmp_path):
     check_resumes_exactly_after_kill_9(tmp_path, "zero3")
@@ -167,6 +169,7 @@ def test_zero3_recipe_problems_are_named_before_anything_loads(tmp_path, overrid
         validate(load_recipe(recipe, [ZERO3, override]))
 
 
+@pytest.mark.slow  # 44 s in the default run on 2 cores beside two demos (2026-11-29); the default run stays under 15 min
 @needs_deepspeed
 def test_accelerate_zero3_launcher_config_trains_the_same(tmp_path):
     """`accelerate launch --config_file scripts/accelerate/zero3.yaml` runs the recipe under ZeRO-3:

@@ -25,7 +25,7 @@ def _same_run(recipe_name: str, recipe_cfg, run_cfg, run_config: Path) -> None:
                         f"--checkpoint alone, or another output_dir")
 
 
-def _eval_config(args, checkpoint: Path | None):
+def run_config(args, checkpoint: Path | None):
     """The run's own ``config.json`` (with the overrides) when the checkpoint, or the recipe's
     output_dir, belongs to a run (said on stderr; refused when the recipe's task or model is
     another), else the recipe."""
@@ -62,7 +62,7 @@ def run_eval(args) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and not (checkpoint / ckpt.STATE).is_file():
         raise UserError(f"--checkpoint {args.checkpoint!r} is not a checkpoint directory (no {ckpt.STATE})")
-    cfg = _eval_config(args, checkpoint)
+    cfg = run_config(args, checkpoint)
     if checkpoint is None and not args.base:
         checkpoint = ckpt.latest_checkpoint(cfg.output_dir, warn=lambda m: print(m, file=sys.stderr))
         if checkpoint is None:
@@ -122,9 +122,10 @@ def run_list(args: argparse.Namespace) -> int:
     from mmrl.core.objectives import AGGREGATIONS, OBJECTIVES, RATIO_LEVELS
     from mmrl.core.regularisers import CLOSED_FORM_KL, KL_ESTIMATORS
     from mmrl.core.scoring import REWARDS
-    from mmrl.registry import ADAPTERS, DEMOS, RECIPES, load_plugins
+    from mmrl.registry import ADAPTERS, BENCHMARKS, DEMOS, RECIPES, load_plugins
     load_plugins()
     rows = [("recipes", RECIPES.names()), ("demos", DEMOS.names()), ("task adapters", ADAPTERS.names()),
+            ("benchmarks (mmrl bench)", BENCHMARKS.names()),
             ("advantage estimators (algorithm.estimator)", ADVANTAGE_ESTIMATORS.names()),
             ("objectives (algorithm.objective)", OBJECTIVES.names()),
             ("loss aggregations (algorithm.aggregation)", AGGREGATIONS.names()),
@@ -137,7 +138,6 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_serve_reward(args: argparse.Namespace) -> int:
     """`mmrl serve-reward NAME [--port] [--host] [--device] [--batch-size] [--reward-module F] [key=value ...]`."""
-    import yaml
     from mmrl.registry import import_user_module, load_plugins
     try:
         from mmrl.serving.server_app import bind_served_reward, serve
@@ -145,19 +145,25 @@ def run_serve_reward(args: argparse.Namespace) -> int:
         raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
     for module in args.reward_module:
-        import_user_module(module)
-    reward_args = {}
-    for item in args.args:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"mmrl serve-reward: {item!r} is not a reward argument key=value")
-        reward_args[key] = yaml.safe_load(value)
+        import_user_module(module, "--reward-module")
     try:
-        fn = bind_served_reward(args.name, reward_args, args.device)
+        fn = bind_served_reward(args.name, reward_arguments(args.args), args.device)
     except (KeyError, ValueError) as e:  # an unknown reward, a plain function that cannot load
         raise UserError(f"mmrl serve-reward: {e.args[0] if e.args else e}") from None
     serve(args.name, fn, args.host, args.port, args.batch_size)
     return 0
+
+
+def reward_arguments(items: list[str]) -> dict:
+    """`mmrl serve-reward`'s ``key=value`` arguments, each value read as YAML."""
+    import yaml
+    found = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"mmrl serve-reward: {item!r} is not a reward argument key=value")
+        found[key] = yaml.safe_load(value)
+    return found
 
 
 # ----- command lines ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl demo NAME``, ``mmrl sweep``, ``mmrl export``,
+"""``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl bench``, ``mmrl demo NAME``, ``mmrl sweep``, ``mmrl export``,
 ``mmrl explain``, ``mmrl list``; ``python -m mmrl`` too.
 
 Help answers without importing torch or the plugins: recipes and demos are read from the plugins'
@@ -24,6 +24,7 @@ from mmrl.errors import is_user_error, message
 DISPATCH = {
     "train": ("mmrl.cli.commands", "run_train"),
     "eval": ("mmrl.cli.commands", "run_eval"),
+    "bench": ("mmrl.cli.bench_command", "run_bench_command"),
     "serve-reward": ("mmrl.cli.commands", "run_serve_reward"),
     "demo": ("mmrl.cli.commands", "run_demo_command"),
     "list": ("mmrl.cli.commands", "run_list"),
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command in ("eval", "serve-reward") and not any(x.startswith("-") for x in extra):
+    if extra and args.command in ("eval", "bench", "serve-reward") and not any(x.startswith("-") for x in extra):
         args.args += extra  # overrides after an option (`--checkpoint DIR key=value`)
     elif extra and args.command == "sweep" and not any(x.startswith("-") for x in extra):
         args.overrides += extra  # overrides after the sweep's options

@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   mmrl train text_demo output_dir=runs/a max_steps=50 algorithm.group_size=4
   mmrl train my_recipe.yaml resume=auto            continue the run in output_dir if it has a checkpoint
   mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
+  mmrl bench gsm8k --checkpoint runs/a/checkpoints/step-000050 --num-prompts 50   a standard benchmark
   mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
   mmrl export runs/a/checkpoints/step-000050 --merge merged/   a LoRA merged into a from_pretrained directory
   mmrl explain algorithm.mu                        a recipe key's help, type, default and allowed values
@@ -46,6 +47,34 @@ def _eval(add: Add, recipe_list: str) -> None:
                         "scores go to OUTPUT_DIR/base.eval.json")
 
 
+def _bench(add: Add, recipe_list: str) -> None:
+    p = add("bench", "score a model on a registered benchmark by its published protocol (docs/bench.md); results "
+                     "in OUT/bench/NAME/ (samples, scores, summary.json with standard errors, report.md)",
+            f"{recipe_list}\n\nbenchmarks: `mmrl list`; --stage generate / score run apart (another machine, a judge "
+            "server started later); --shard i/n splits the prompts and a rerun skips finished shards")
+    p.add_argument("name", metavar="NAME", help="a registered benchmark, e.g. gsm8k, math500, refcoco, librispeech_clean")
+    p.add_argument("args", nargs="*", metavar="[RECIPE] key=value",
+                   help="a recipe (optional with --checkpoint or --model) and policy overrides, in any order")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", help="a checkpoint directory of a run (its config.json is used)")
+    which.add_argument("--model", help="a model id or directory (policy.model), with the recipe's or the benchmark's adapter")
+    which.add_argument("--base", action="store_true", help="the run's starting model (policy.model of the recipe's run)")
+    p.add_argument("--out", help="results go to OUT/bench/NAME/ (default: the checkpoint directory; OUTPUT_DIR/base "
+                                 "with --base; outputs/bench-MODEL with --model)")
+    p.add_argument("--stage", default="all", choices=("all", "generate", "score"),
+                   help="generate the samples, score them, or both (default; scores once every shard is finished)")
+    p.add_argument("--shard", metavar="i/n", help="generate only prompts i, i + n, ... (0 <= i < n)")
+    p.add_argument("--num-prompts", type=int, help="a smoke subset: the first N prompts (marked so in the summary)")
+    p.add_argument("--data", help="a local copy of the benchmark's data in its source's format (default: its hub data set)")
+    p.add_argument("--split", help="another split than the benchmark's own")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a protocol option of the benchmark (docs/bench.md lists them), value read as YAML")
+    p.add_argument("--scorer-url", help="score at this server (mmrl serve-reward SCORER, or a judge's server)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the samples (default 0): sample k of a prompt is "
+                                                       "drawn from (seed, prompt id, k)")
+    p.add_argument("--prompts-per-call", type=int, default=16, help="prompts per rollout call (default 16)")
+
+
 def _serve_reward(add: Add) -> None:
     p = add("serve-reward", "serve a registered reward over HTTP (POST /score, GET /health) for recipes "
                             "that name it with rewards.NAME.url (docs/rewards.md#served-rewards)")
@@ -63,7 +92,7 @@ def _demo_list_explain_export(add: Add, demos: list[str]) -> None:
     p = add("demo", "run an embedded CPU demo end to end (no download)", f"demos: {_columns(demos)}")
     p.add_argument("name", metavar="NAME", help=f"one of: {_columns(demos)}")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    add("list", "print every registered name (adapters, estimators, losses, rewards; imports the plugins)")
+    add("list", "print every registered name (adapters, benchmarks, estimators, losses, rewards; imports the plugins)")
     p = add("explain", "print a recipe key's help, type, default and allowed values")
     p.add_argument("key", help="a dotted recipe key, e.g. algorithm.mu or policy.p_mask")
     p.add_argument("--task", help="the adapter whose policy section to read (default: causal_lm)")
@@ -116,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_list = f"recipes: {_columns(recipes)}"
     _train(add, recipe_list)
     _eval(add, recipe_list)
+    _bench(add, recipe_list)
     _serve_reward(add)
     _demo_list_explain_export(add, demos)
     _sweep(add)

@@ -24,6 +24,10 @@ class AlgorithmConfig:
         "Ignored by dr_grpo and pairwise.")})
     eps: float = field(default=1e-4, metadata={"stage": True, "help": (
         "Added to the std before dividing (1e-4 as TRL; Flow-GRPO also 1e-4).")})
+    std_ddof: Literal[0, 1] | None = field(default=None, metadata={"stage": True, "help": (
+        "The std's delta degrees of freedom: 1 divides the squared deviations by n - 1 (the unbiased std: "
+        "torch's default, TRL's and UniRL's), 0 by n (the population std: numpy's default, the stat tracker of "
+        "Flow-GRPO and DiffusionNFT); null: the objective's authors' (0 for nft, 1 otherwise).")})
     clip_advantage: float | None = field(default=None, metadata={"stage": True, "help": (
         "Clamp advantages to [-c, c] (Flow-GRPO uses 5); null: no clip.")})
     batch_renorm: bool = field(default=False, metadata={"stage": True, "help": (
@@ -72,6 +76,9 @@ class AlgorithmConfig:
         "Per-unit KL estimate with x = log pi_ref - log pi_theta: k1 = -x, k2 = x^2/2, k3 = exp(x) - x - 1 "
         "(Schulman; GRPO's), or closed_form (the adapter's exact KL, e.g. Flow-GRPO's on a diffusion step's "
         "mean)."), "choices": "mmrl.core.regularisers:KL_ESTIMATORS,mmrl.core.regularisers:CLOSED_FORM_KL"})
+    kl_level: Literal["unit", "sequence"] = field(default="unit", metadata={"help": (
+        "Where kl_estimator applies: unit (to each unit's log-probs) or sequence (to each row's log-likelihood, the "
+        "sum over its units, spread evenly over them: k(sum logp, sum ref) / units; ESPO's k2 on the sequence ELBO).")})
     aggregation: str = field(default="token_mean", metadata={"help": (
         "How unit losses are averaged over the batch: token_mean (1 / units in the batch: DAPO), "
         "seq_mean_token_mean (mean over a row's units, then rows: original GRPO), seq_mean_token_sum_norm (1 / "

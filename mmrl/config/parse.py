@@ -159,8 +159,39 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     return parse_config(data, overrides)
 
 
+def _field_at(cls: type, dotted: str) -> dataclasses.Field | None:
+    """The dataclass field a dotted key names under `cls` (None where the key leaves the typed sections)."""
+    field = None
+    for part in dotted.split("."):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return None
+        field = fields[part]
+        cls = typing.get_type_hints(cls).get(part)
+    return field
+
+
+def clear_replaced(data: dict[str, Any], overrides: list[str]) -> None:
+    """An override of a field that `replaces` others (its metadata: data.path replaces data.name and
+    data.args) drops those others from `data` (they take their defaults), unless the same overrides
+    give them too: `data.path=rows.jsonl` over a recipe that names `data.name` trains on the file."""
+    given = {item.split("=", 1)[0] for item in overrides if "=" in item}
+    for key in sorted(given):
+        field = _field_at(TrainConfig, key)
+        parent, _, name = key.rpartition(".")
+        node = data
+        for part in parent.split(".") if parent else ():
+            node = node.get(part) if isinstance(node, dict) else None
+        if field is None or not isinstance(node, dict) or node.get(name) is None:
+            continue
+        for sibling in field.metadata.get("replaces", ()):
+            if ".".join(filter(None, (parent, sibling))) not in given:
+                node.pop(sibling, None)
+
+
 def parse_config(data: dict[str, Any], overrides: list[str] = ()) -> TrainConfig:
     data = apply_overrides(copy.deepcopy(data), list(overrides))
+    clear_replaced(data, list(overrides))
     return from_dict(TrainConfig, data)  # the stages' overrides are checked with the whole recipe (mmrl/train/plan/validate.py)
 
 

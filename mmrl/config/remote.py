@@ -39,7 +39,7 @@ class ClientSettings:
 class ServerLaunch:
     command: str = field(default="", metadata={"help": (
         "Shell command that starts the reward's server (e.g. 'mmrl serve-reward clip --port 8001'), run by "
-        "the run's main process before the first step and stopped with the run (also on Ctrl-C and SIGTERM); "
+        "the run's main process before the model loads and stopped with the run (also on Ctrl-C and SIGTERM); "
         "its output goes to OUTPUT_DIR/servers/NAME.log.")})
     ready: str = field(default="/health", metadata={"help": (
         "Path on the reward's first url that answers 200 once the server is ready.")})

@@ -74,8 +74,9 @@ class RolloutConfig:
         "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
         "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
         "at max_staleness + 1 steps of prompt groups). Both: any family (causal_lm, vlm, audio_lm: the hf engine; "
-        "diffusion: policy.units steps; dlm: temperature above 0), one process, no LoRA, no dynamic sampling, no "
-        "stages; keep algorithm.rollout_correction tis or mis on (docs/async.md).")})
+        "diffusion: policy.units steps; dlm: temperature above 0), whole weights or LoRA (the worker then takes the "
+        "adapter's tensors alone after the first transfer), one process, no dynamic sampling, no stages; keep "
+        "algorithm.rollout_correction tis or mis on (docs/async.md).")})
     max_staleness: int = field(default=1, metadata={"help": (
         "one_step_off (0 or 1) and async (0 or more): how many optimizer steps behind the trained weights the "
         "rollout worker's may be; async asks for the rollouts of up to this many steps ahead. 0: the worker "

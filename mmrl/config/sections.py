@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mmrl.config.algorithm import AlgorithmConfig
+from mmrl.config.bench import BenchEvalConfig
 from mmrl.config.remote import ClientSettings, ServerLaunch
 from mmrl.config.rollouts import RolloutConfig, SamplingConfig, ScoringConfig
 
@@ -28,7 +29,12 @@ class LoraConfig:
 @dataclass
 class OptimConfig:
     lr: float = field(default=1e-5, metadata={"stage": True, "help": (
-        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO).")})
+        "AdamW learning rate (LM GRPO ~1e-6; diffusion LoRA 3e-4 in Flow-GRPO). Above 1e-2 a run warns; above "
+        "optim.max_lr it is refused.")})
+    max_lr: float = field(default=1.0, metadata={"help": (
+        "The largest learning rate the recipe may give (optim.lr, warm_start.lr, each stage's optim.lr): a larger "
+        "one is refused before anything loads (1e6 typed for 1e-6 would train on noise). Raise it to train with "
+        "such a rate on purpose.")})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": (
         "AdamW betas [beta1, beta2].")})
@@ -50,12 +56,13 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    name: str | None = field(default=None, metadata={"stage": True, "help": (
-        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both."),
-        "choices": "mmrl.registry:DATASETS"})
-    path: str | None = field(default=None, metadata={"stage": True, "help": (
+    name: str | None = field(default=None, metadata={"stage": True, "replaces": ("path",), "help": (
+        "A registered synthetic data set (e.g. sorting, arithmetic, shapes); give this or path, not both (a "
+        "data.name=... override clears the recipe's data.path)."), "choices": "mmrl.registry:DATASETS"})
+    path: str | None = field(default=None, metadata={"stage": True, "replaces": ("name", "args"), "help": (
         "Training rows: a JSON / JSONL / CSV / parquet / arrow file, a datasets.save_to_disk directory, a "
-        "directory of data files, or a hub data set id (docs/data.md); give this or name.")})
+        "directory of data files, or a hub data set id (docs/data.md); give this or name (a data.path=... "
+        "override clears the recipe's data.name and data.args).")})
     eval_path: str | None = field(default=None, metadata={"help": (
         "Held-out rows for evaluation (mmrl eval, eval.every), in any form data.path takes.")})
     args: dict[str, Any] = field(default_factory=dict, metadata={"stage": True, "help": (
@@ -119,8 +126,8 @@ class RewardSpec:
     record: str | None = field(default=None, metadata={"help": (
         "With url: a JSON-lines file every request's content hash and answer are appended to, for replay")})
     replay: str | None = field(default=None, metadata={"help": (
-        "A file written by record: requests are answered from it, no server needed; a request it does not "
-        "hold is an error naming its rows")})
+        "A file written by record: requests are answered from it, no server needed (give no url with it); a "
+        "request it does not hold is an error naming its rows")})
 
 
 @dataclass
@@ -154,6 +161,9 @@ class EvalConfig:
     keep_best: bool = field(default=False, metadata={
         "help": "with save_total_limit: also keep the checkpoint with the highest eval reward_mean "
                 "(scored when an eval falls on a save step)"})
+    bench: BenchEvalConfig | None = field(default=None, metadata={"help": (
+        "A benchmark's subset scored at every evaluation beside the rewards ({name, num_prompts, ...}), logged as "
+        "eval/bench/NAME/FIGURE (docs/bench.md); null: none.")})
 
 
 @dataclass
@@ -271,7 +281,8 @@ class TrainConfig:
     max_bad_steps: int = field(default=3, metadata={
         "help": "a step whose loss or gradient norm is NaN/inf is skipped (counted as nonfinite_skipped); "
                 "after this many in a row the run saves a checkpoint and stops; it stops as well after this many "
-                "steps in a row in which no reward gave a value for any completion"})
+                "steps in a row in which no reward gave a value for any completion (returned None, failed and "
+                "skipped, or unreadable), and a run none of whose steps had a reward ends in an error"})
     stages: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "training in stages (Vision-R1 PTST, SARI curriculum): an ordered list of {steps: N, "
                 "<overrides>}; stage k takes the recipe's settings with its own overrides of the fields a "

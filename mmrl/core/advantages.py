@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from mmrl.core.estimators import ADVANTAGE_ESTIMATORS, AdvantageOptions, group_index
+from mmrl.core.objectives import OBJECTIVES
 
 
 @dataclass
@@ -172,12 +173,18 @@ def batch_standardised(adv: Tensor, row_mask: Tensor, eps: float) -> Tensor:
     return (adv - kept.mean()) / (kept.std() + eps)
 
 
+def std_ddof(cfg) -> int:
+    """The stds' delta degrees of freedom: `algorithm.std_ddof`, or where it is null the objective's
+    authors' (`Objective.std_ddof`: 0 for DiffusionNFT's nft, 1 otherwise)."""
+    return cfg.std_ddof if cfg.std_ddof is not None else OBJECTIVES.get(cfg.objective).std_ddof
+
+
 def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], group_id: Tensor,
                        cfg) -> AdvantageResult:
     """Advantages for a batch of named rewards ([N] or [N, U] each; NaN = not applicable).
 
     cfg (an `AlgorithmConfig`): ``estimator`` (a name in ADVANTAGE_ESTIMATORS), ``std``, ``eps``,
-    ``max_reward``; ``reward_combine`` "sum" (estimate on the weighted sum), "advantage"
+    ``std_ddof`` (`std_ddof`), ``max_reward``; ``reward_combine`` "sum" (estimate on the weighted sum), "advantage"
     (estimate each reward, then the weighted sum of advantages: DanceGRPO video, MixGRPO; row_mask
     is the AND), "gate" (estimate on `gated_total` with ``gates``: Vision-R1) or "product"
     (estimate on `product_total`); ``drop_zero_variance`` (DAPO: groups whose totals are all equal get advantage 0
@@ -192,7 +199,7 @@ def compute_advantages(rewards: dict[str, Tensor], weights: dict[str, float], gr
     """
     # Built-ins are found without importing the plugins (a plugin cannot replace a built-in).
     estimator = ADVANTAGE_ESTIMATORS.get(cfg.estimator)
-    opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, max_reward=cfg.max_reward,
+    opts = AdvantageOptions(std=cfg.std, eps=cfg.eps, ddof=std_ddof(cfg), max_reward=cfg.max_reward,
                             median_scale=cfg.median_scale, median_rescale=cfg.median_rescale)
     rs = _broadcast(rewards)  # the combination's settings are checked with the recipe (`check_reward_combine`)
     total = combined_total(rewards, weights, cfg.reward_combine, cfg.gates)

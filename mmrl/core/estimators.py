@@ -50,14 +50,16 @@ class AdvantageOptions:
     """Options shared by the estimators.
 
     std: "group" divides by the group's std, "batch" by the std of every (non-NaN) reward in the
-    batch (Flow-GRPO's global std; per unit index for [N, U]), "none" does not divide. Stds are
-    unbiased (correction 1, as TRL); fewer than 2 valid values give std 0.
+    batch (Flow-GRPO's global std; per unit index for [N, U]), "none" does not divide. ddof: the
+    stds' delta degrees of freedom, 1 unbiased (Bessel's correction, as TRL), 0 the population std
+    (numpy's, as Flow-GRPO's and DiffusionNFT's stat tracker); fewer than 2 valid values give std 0.
     eps: added to the std. max_reward: NGRPO's virtual sample.
     median_scale, median_rescale: the MC-GRPO (`median`) estimator's normaliser and rescale.
     """
 
     std: str = "group"
     eps: float = 1e-4
+    ddof: int = 1
     max_reward: float = 1.0
     median_scale: str = "mad"
     median_rescale: bool = False
@@ -67,6 +69,8 @@ class AdvantageOptions:
             raise ValueError(f"algorithm.std={self.std!r} is not one of {', '.join(STD_MODES)}")
         if self.median_scale not in MEDIAN_SCALES:
             raise ValueError(f"algorithm.median_scale={self.median_scale!r} is not one of {', '.join(MEDIAN_SCALES)}")
+        if self.ddof not in (0, 1):
+            raise ValueError(f"algorithm.std_ddof={self.ddof!r} is not one of 0, 1")
 
 
 def group_index(group_id: Tensor) -> tuple[Tensor, int]:
@@ -92,8 +96,8 @@ def _seg_sum(x: Tensor, inv: Tensor, n: int) -> Tensor:
     return out.index_add_(0, inv, x)
 
 
-def _group_moments(r: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per row, in float64: nan-aware group (sum, count, mean, unbiased std; std 0 when count < 2)."""
+def _group_moments(r: Tensor, group_id: Tensor, ddof: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per row, in float64: nan-aware group (sum, count, mean, std with `ddof`; std 0 when count < 2)."""
     inv, n = group_index(group_id)
     valid = ~r.isnan()
     x = torch.where(valid, r.double(), 0.0)
@@ -101,19 +105,19 @@ def _group_moments(r: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tensor,
     total = _seg_sum(x, inv, n)
     mean = total / cnt.clamp(min=1)
     dev = torch.where(valid, x - mean[inv], 0.0)
-    var = _seg_sum(dev * dev, inv, n) / (cnt - 1).clamp(min=1)
+    var = _seg_sum(dev * dev, inv, n) / (cnt - ddof).clamp(min=1)
     std = torch.where(cnt >= 2, var.sqrt(), 0.0)
     return total[inv], cnt[inv], mean[inv], std[inv]
 
 
-def _batch_std(r: Tensor) -> Tensor:
-    """Unbiased nan-aware std over dim 0 (a scalar for [N], one per unit for [N, U]), float64."""
+def _batch_std(r: Tensor, ddof: int = 1) -> Tensor:
+    """Nan-aware std with `ddof` over dim 0 (a scalar for [N], one per unit for [N, U]), float64."""
     valid = ~r.isnan()
     x = torch.where(valid, r.double(), 0.0)
     cnt = valid.sum(0).double()
     mean = x.sum(0) / cnt.clamp(min=1)
     dev = torch.where(valid, x - mean, 0.0)
-    var = (dev * dev).sum(0) / (cnt - 1).clamp(min=1)
+    var = (dev * dev).sum(0) / (cnt - ddof).clamp(min=1)
     return torch.where(cnt >= 2, var.sqrt(), 0.0)
 
 
@@ -121,7 +125,7 @@ def _scale(centered: Tensor, r: Tensor, group_std: Tensor, opts: AdvantageOption
     if opts.std == "group":
         return centered / (group_std + opts.eps)
     if opts.std == "batch":
-        return centered / (_batch_std(r) + opts.eps)
+        return centered / (_batch_std(r, opts.ddof) + opts.eps)
     if opts.std == "none":
         return centered
     raise ValueError(f"algorithm.std={opts.std!r} is not one of {', '.join(STD_MODES)}")
@@ -153,7 +157,7 @@ def grpo(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor, T
     """GRPO (DeepSeekMath): A_i = (r_i - mean_g r) / (std r + eps), std per `opts.std`
     (group, whole batch, or none)."""
     _check(r, group_id)
-    _, _, mean, std = _group_moments(r, group_id)
+    _, _, mean, std = _group_moments(r, group_id, opts.ddof)
     return _finish(_scale(r.double() - mean, r, std, opts), r)
 
 
@@ -214,7 +218,7 @@ def median(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor,
     if opts.median_scale == "mad":
         adv = (r.double() - baseline) / (mad + MAD_EPS)
     else:
-        _, _, _, std = _group_moments(r, group_id)
+        _, _, _, std = _group_moments(r, group_id, opts.ddof)
         adv = _scale(r.double() - baseline, r, std, opts)
     adv, _ = _finish(torch.where(row_mask, adv, 0.0), r)
     if opts.median_rescale:
@@ -244,7 +248,7 @@ def pairwise(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tenso
 @register_estimator("ngrpo")
 def ngrpo(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor, Tensor]:
     """NGRPO: a virtual sample with reward `max_reward` joins each group for the mean and the
-    unbiased std over the G+1 values: A_i = (r_i - mean') / (std' + eps), so an all-wrong group
+    std (`opts.ddof`) over the G+1 values: A_i = (r_i - mean') / (std' + eps), so an all-wrong group
     still gets (negative) advantages. std' per `opts.std` ("batch" and "none" as in grpo)."""
     _check(r, group_id)
     _, cnt, mean, std = _group_moments(r, group_id)
@@ -252,7 +256,7 @@ def ngrpo(r: Tensor, group_id: Tensor, opts: AdvantageOptions) -> tuple[Tensor, 
     mean_v = (mean * cnt + top) / (cnt + 1)
     # sum of squared deviations of the G valid values and the virtual one about mean'
     ss = std.pow(2) * (cnt - 1).clamp(min=0) + cnt * (mean - mean_v).pow(2) + (top - mean_v).pow(2)
-    std_v = (ss / cnt.clamp(min=1)).sqrt()                     # (G + 1) - 1 degrees of freedom
+    std_v = (ss / (cnt + 1 - opts.ddof).clamp(min=1)).sqrt()   # (G + 1) - ddof degrees of freedom
     return _finish(_scale(r.double() - mean_v, r, std_v, opts), r)
 
 

@@ -12,8 +12,9 @@ and the batch loss is sum_{i,u} w_{iu} loss_{iu}, the weights w coming from the 
 over the WHOLE batch, so that micro-batch losses sum to the one-batch loss.
 
 `algorithm.objective` picks the surrogate from OBJECTIVES: ``clip`` (the above), ``wd1``
-(ratio-free weighted likelihood, `weighted_likelihood_loss`) or ``nft`` (DiffusionNFT's
-reward-weighted positive / negative denoising losses on the forward process, `nft_loss`). The regularisers are registered
+(ratio-free weighted likelihood, `weighted_likelihood_loss`), ``nft`` (DiffusionNFT's
+reward-weighted positive / negative denoising losses on the forward process, `nft_loss`) or ``spg``
+(SPG's sandwiched policy gradient on a lower and an upper bound, `sandwiched_loss`). The regularisers are registered
 `Regulariser`s that declare what they need from the engine (every row, whole rows, a reference
 pass, entropies) and the metrics they report, so the trainer names none of them.
 """
@@ -218,21 +219,40 @@ def nft_loss(positive: Tensor, negative: Tensor, advantages: Tensor, mask: Tenso
     return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, ratio_max_dev=0.0, metrics=sums)
 
 
-UNIT_TERMS = ("logprobs", "implicit_velocity")
+def sandwiched_loss(lower: Tensor, upper: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor,
+                    cfg: AlgorithmConfig) -> LossTerms:
+    """SPG (Wang et al. 2025): loss_u = -A lower_u on the rows with A > 0, -A upper_u on the others,
+    lower / upper the policy's per-unit bound terms [B, u] (`Policy.logprob_bounds`): raising a
+    lower bound of the likelihood of what was rewarded and lowering an upper bound of the rest. No
+    ratio, no old policy (SPG's `compute_loss`); aggregated with unit weights (token_mean: SPG's
+    sum_i A_i L_i |o_i| / sum_i |o_i|, with per-unit terms that sum to |o_i| L_i)."""
+    mask = mask.float()
+    adv = advantages.float()
+    if adv.dim() != 1:
+        raise ValueError("algorithm.objective='spg' needs one advantage per row, not step-level rewards")
+    bound = torch.where((adv > 0)[:, None], lower.float(), upper.float())
+    loss = (-adv[:, None] * bound * weights * mask).sum()
+    return LossTerms(loss=loss, units=float(mask.sum()), clipped=0.0, ratio_max_dev=0.0, metrics={})
+
+
+UNIT_TERMS = ("logprobs", "implicit_velocity", "logprob_bounds")
 
 
 @dataclass(frozen=True)
 class Objective:
     """A surrogate: its micro-batch `loss`, whether it takes the importance ratio (then old
     log-probs are kept for mu > 1), an optional map of the WHOLE batch's advantages [N] to per-row
-    coefficients, (advantages, group_id, row_mask) -> [N], and what it takes from the adapter
-    (`unit_terms`): ``logprobs`` (policy_loss's signature) or ``implicit_velocity`` (the positive
-    and negative losses of `Policy.implicit_velocity_losses`, nft_loss's signature)."""
+    coefficients, (advantages, group_id, row_mask) -> [N], what it takes from the adapter
+    (`unit_terms`): ``logprobs`` (policy_loss's signature), ``implicit_velocity`` (the positive
+    and negative losses of `Policy.implicit_velocity_losses`, nft_loss's signature) or
+    ``logprob_bounds`` (`Policy.logprob_bounds`, sandwiched_loss's signature), and the std its
+    authors normalise rewards by (`std_ddof`: 1 unbiased, 0 population; `algorithm.std_ddof: null`)."""
 
     loss: Callable[..., LossTerms]
     uses_ratio: bool
     row_coefficients: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
     unit_terms: str = "logprobs"
+    std_ddof: int = 1
 
 
 OBJECTIVES: Registry[Objective] = Registry("objective")
@@ -244,4 +264,8 @@ OBJECTIVES.register("clip")(Objective(policy_loss, uses_ratio=True))
 OBJECTIVES.register("wd1")(Objective(weighted_likelihood_loss, uses_ratio=False, row_coefficients=wd1_coefficients))
 
 
-OBJECTIVES.register("nft")(Objective(nft_loss, uses_ratio=False, unit_terms="implicit_velocity"))
+# DiffusionNFT's PerPromptStatTracker takes numpy's (population) std
+OBJECTIVES.register("nft")(Objective(nft_loss, uses_ratio=False, unit_terms="implicit_velocity", std_ddof=0))
+
+
+OBJECTIVES.register("spg")(Objective(sandwiched_loss, uses_ratio=False, unit_terms="logprob_bounds"))

@@ -70,7 +70,7 @@ def load_plain_reward(name: str) -> PlainReward:
     if where.endswith(".py") and not Path(where).is_file():
         raise ValueError(f"reward {name!r}: file {where!r} does not exist (relative to {Path.cwd()})")
     try:
-        module = import_user_module(where)
+        module = import_user_module(where, f"rewards.{name}")
     except ImportError as e:
         raise ValueError(f"reward {name!r}: cannot import {where!r} ({e})") from None
     function = getattr(module, attribute, None)

@@ -62,8 +62,23 @@ class Policy(ABC):
     @classmethod
     def unit_terms(cls, cfg: Any) -> str:
         """What a unit gives the objective under adapter config `cfg` (`Objective.unit_terms`):
-        'logprobs', or 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`)."""
+        'logprobs', 'implicit_velocity' (DiffusionNFT's units, `implicit_velocity_losses`) or
+        'logprob_bounds' (a lower and an upper bound of each unit's log-likelihood term, SPG's,
+        `logprob_bounds`)."""
         return "logprobs"
+
+    def logprob_bounds(self, model: nn.Module, batch: Rollout,
+                       units: slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """A lower and an upper bound term [B, u] (fp32, under grad) of each unit's log-likelihood
+        (an adapter whose `unit_terms` is 'logprob_bounds' implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no log-likelihood bounds")
+
+    def unit_weights(self, batch: Rollout, units: slice = slice(None)) -> Tensor | None:
+        """Monte Carlo weights [B, u] of the units the batch's current update pass trains, for an
+        adapter that trains a random sample of its units per pass (a masked diffusion LM's AGRPO
+        draws denoising steps): each unit's loss is multiplied by its weight, and a weight of 0 leaves
+        the unit out of the pass (its log-prob is not computed). None: every unit, weight 1."""
+        return None
 
     def implicit_velocity_losses(self, model: nn.Module, batch: Rollout, units: slice, beta: float,
                                  reference: Callable[[], AbstractContextManager[nn.Module]] | None = None
@@ -130,6 +145,25 @@ class Policy(ABC):
         headers). Before the model loads, the engine makes relative paths in these columns
         absolute (`data.media_root` or the data file's directory) and checks every row with them."""
         return {}
+
+    @classmethod
+    def required_columns(cls, cfg: Any) -> dict[str, str]:
+        """The data columns every row must have under adapter config `cfg` (column -> what needs
+        it, e.g. the image a prompt is conditioned on), checked with the data before the model loads."""
+        return {}
+
+    @classmethod
+    def output_kind(cls, cfg: Any) -> str | None:
+        """What a completion is under adapter config `cfg` (a name such as those of `Medium.kind`, or
+        'episode'), matched before anything loads against the kinds each reward declares it scores
+        (`register_reward(..., outputs=...)`); None: not known, so not checked."""
+        return None
+
+    @classmethod
+    def rollout_columns(cls, cfg: Any) -> tuple[str, ...]:
+        """The columns a rollout under adapter config `cfg` hands the rewards beside the data's
+        (`Rollout.columns`: token ids, a video's frame rate); a reward may need them of no data row."""
+        return ()
 
     @classmethod
     def prompt_check(cls, cfg: Any) -> Callable[[Any], str | None] | None:

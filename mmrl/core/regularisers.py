@@ -89,6 +89,22 @@ def kl_term(x: TermInputs, beta: float) -> tuple[Optional[Tensor], dict[str, flo
     return beta * kl, {"kl": float((kl.detach() * x.mask).sum())}
 
 
+def sequence_kl_term(x: TermInputs, beta: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """beta k(sum_u logp, sum_u ref) / |units| on each of a row's units (`kl_level: sequence`;
+    ESPO's k2 on the sequence ELBO, which its loss divides by the completion length): summed with
+    the seq_mean_token_mean weights, beta times the mean over rows of k / |units|."""
+    if beta == 0.0:
+        return None, {}
+    if x.ref_logp is None:
+        raise ValueError("algorithm.beta != 0 needs reference log-probs")
+    mask = x.mask.float()
+    units = mask.sum(1, keepdim=True).clamp(min=1)
+    seq = KL_ESTIMATORS.get(x.cfg.kl_estimator)((x.logp * mask).sum(1, keepdim=True),
+                                                (x.ref_logp.float() * mask).sum(1, keepdim=True))
+    kl = (seq / units).expand_as(mask)
+    return beta * kl, {"kl": float((kl.detach() * mask).sum())}
+
+
 def entropy_term(x: TermInputs, coef: float) -> tuple[Optional[Tensor], dict[str, float]]:
     """-entropy_coef H_u; the entropy is measured for logging whenever it was computed."""
     if x.entropy is None:
@@ -104,8 +120,13 @@ def llds_term(x: TermInputs, coef: float) -> tuple[Optional[Tensor], dict[str, f
     return coef * penalty, {"llds_active": active}
 
 
-REGULARISERS.register("kl")(Regulariser(lambda cfg: cfg.beta, kl_term, {"kl": ("kl", True)},
-                                        all_rows=True, reference=True))
+REGULARISERS.register("kl")(Regulariser(lambda cfg: cfg.beta if cfg.kl_level == "unit" else 0.0, kl_term,
+                                        {"kl": ("kl", True)}, all_rows=True, reference=True))
+
+
+REGULARISERS.register("sequence_kl")(Regulariser(lambda cfg: cfg.beta if cfg.kl_level == "sequence" else 0.0,
+                                                 sequence_kl_term, {"kl": ("kl", True)}, all_rows=True,
+                                                 whole_rows=True, reference=True))
 
 
 REGULARISERS.register("entropy")(Regulariser(lambda cfg: cfg.entropy_coef, entropy_term,

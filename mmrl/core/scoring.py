@@ -18,6 +18,13 @@ A reward may declare checks of its columns' values, ``@register_reward(name, che
 of the column that feeds `argument` (through ``rewards.NAME.columns``) before any model loads;
 the check returns None for a value the reward can read, else what is wrong and how to fix it,
 reported with the file, row, column and value (`column_checks`).
+
+Two more declarations are checked before any model loads: ``outputs=(KIND, ...)``, the kinds of
+completion the reward scores, against the ``Policy.output_kind`` of the recipe's adapter (a reward
+that declares none is not checked); ``check_column_names=check``, ``check(columns, **recipe_args)``
+called with the names of every column the reward will see (the data's, the engine's and the
+adapter's), returning a problem per argument that names what the rows lack (a judge's template
+fields). A parameter without a default is a column every row must have (`data.validate`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ RewardFn = Callable[..., Sequence[float | None]]
 REWARDS: Registry[RewardFn] = Registry("reward")
 ColumnCheck = Callable[..., str | None]  # check(value, **recipe_args) -> None, or what is wrong and the fix
 COLUMN_CHECKS: dict[str, dict[str, ColumnCheck]] = {}  # reward name -> argument -> check of its column's values
+ColumnNamesCheck = Callable[..., list[str]]  # check(columns, **recipe_args) -> the problems, each naming its argument
+COLUMN_NAME_CHECKS: dict[str, ColumnNamesCheck] = {}  # reward name -> check of the names of the columns it sees
+REWARD_OUTPUTS: dict[str, tuple[str, ...]] = {}  # reward name -> the kinds of completion it scores
 
 
 class RewardError(RuntimeError):
@@ -48,16 +58,22 @@ class RewardError(RuntimeError):
 
 
 def register_reward(name: str, check_columns: Mapping[str, ColumnCheck] | None = None,
-                    per_group: bool = False) -> Callable[[RewardFn], RewardFn]:
+                    per_group: bool = False, outputs: Sequence[str] | None = None,
+                    check_column_names: ColumnNamesCheck | None = None) -> Callable[[RewardFn], RewardFn]:
     """Register `fn(prompts, completions, **columns) -> list[float | None]` under `name`;
-    `check_columns` (argument -> check) as the module docstring describes; `per_group`: called once
-    per prompt group with the group's rows (`group_rewards`)."""
+    `check_columns` (argument -> check), `outputs` (the kinds of completion it scores) and
+    `check_column_names` as the module docstring describes; `per_group`: called once per prompt
+    group with the group's rows (`group_rewards`)."""
     def decorator(fn: RewardFn) -> RewardFn:
         REWARDS.register(name)(fn)
         if per_group:
             setattr(fn, GROUP_FLAG, True)
         if check_columns:
             COLUMN_CHECKS[name] = dict(check_columns)
+        if outputs is not None:
+            REWARD_OUTPUTS[name] = tuple(outputs)
+        if check_column_names is not None:
+            COLUMN_NAME_CHECKS[name] = check_column_names
         return fn
 
     return decorator
@@ -75,6 +91,13 @@ def column_checks(rewards: Mapping[str, tuple[Mapping[str, Any], Mapping[str, st
             who = f"reward {name!r}" + (f" as {argument!r}" if column != argument else "")
             out.append((column, functools.partial(_column_problem, who, check, dict(args or {}))))
     return out
+
+
+def column_name_problems(rewards: Mapping[str, Mapping[str, Any]], columns: Sequence[str]) -> list[str]:
+    """The problems the rewards' `check_column_names` find (name -> recipe args) with `columns`, the
+    names of every column the rewards will see."""
+    return [problem for name, args in rewards.items() if name in COLUMN_NAME_CHECKS
+            for problem in COLUMN_NAME_CHECKS[name](list(columns), **dict(args or {}))]
 
 
 def _column_problem(who: str, check: ColumnCheck, args: dict[str, Any], value: Any) -> str | None:

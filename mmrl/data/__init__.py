@@ -30,10 +30,12 @@ def _transform(cfg: DataConfig, media_columns: Mapping[str, MediaCheck], base_di
 
 def load_data(cfg: DataConfig, media: Mapping[str, MediaCheck] | None = None,
               required: Mapping[str, str] | None = None,
-              values: Sequence[tuple[str, ValueCheck]] = ()) -> tuple[Rows, Rows]:
+              values: Sequence[tuple[str, ValueCheck]] = (),
+              train_required: Mapping[str, str] | None = None) -> tuple[Rows, Rows]:
     """(train rows, held-out rows), validated (`data.validate`): `media` maps each media column to
-    its check (from the adapter), `required` each column a reward needs to who needs it, `values`
-    pairs a column with a check of its values (the rewards' `column_checks`)."""
+    its check (from the adapter), `required` each column a reward (or the adapter) needs to who
+    needs it, `train_required` those only the training rows need (the warm start's target),
+    `values` pairs a column with a check of its values (the rewards' `column_checks`)."""
     media = dict(media or {})
     if (cfg.name is None) == (cfg.path is None):
         raise ValueError("data: give exactly one of data.name (a registered data set) or data.path")
@@ -56,7 +58,7 @@ def load_data(cfg: DataConfig, media: Mapping[str, MediaCheck] | None = None,
     if len(train) == 0:
         raise ValueError(f"data: the training set {train.name} is empty")
     train, held_out = validate([train, held_out], cfg.prompt_column, required or {}, media, cfg.validate,
-                               cfg.validate_rows, cfg.skip_invalid, values)
+                               cfg.validate_rows, cfg.skip_invalid, values, train_required or {})
     if len(train) == 0:
         raise ValueError(f"data: no row of {train.name} is valid (data.skip_invalid dropped them all)")
     return train, held_out

@@ -123,6 +123,12 @@ def _from_files(files: list[Path], split: str | None, where: str) -> Sequence[di
     return undecoded(loaded)
 
 
+def is_hub_id(path: str) -> bool:
+    """Whether `path`, where no file or directory is, names a hub data set (``owner/name``, no data
+    file suffix) rather than a local file or directory that is missing."""
+    return not (Path(path).suffix in DATA_SUFFIXES or path.startswith((".", "/", "~")) or path.count("/") > 1)
+
+
 def open_source(path: str, split: str | None = None, subset: str | None = None) -> Source:
     """The rows at `path` (see the module docstring); `split` / `subset` pick a part of a data set
     with splits or configurations."""
@@ -138,7 +144,7 @@ def open_source(path: str, split: str | None = None, subset: str | None = None) 
             from datasets import load_from_disk
             return Source(undecoded(_pick_split(load_from_disk(str(local)), split, path)), path, local)
         return Source(_from_files(_data_files(local), split, path), path, local)
-    if local.suffix in DATA_SUFFIXES or path.startswith((".", "/", "~")) or path.count("/") > 1:
+    if not is_hub_id(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     from datasets import load_dataset
     try:

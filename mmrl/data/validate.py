@@ -3,12 +3,15 @@
 for the prompt column, every column a reward needs, the values rewards declare checks for
 (``check_columns`` of `register_reward`), and readable media (each adapter names
 its media columns and a check that reads only what it must: image and video headers, audio
-file info). Problems are collected, grouped by (file, column, what is wrong) with the number of
-rows that share them, and reported together; ``data.skip_invalid`` drops those rows instead.
+file info). A required column that no checked row has is named as such, with the columns the
+rows have and the closest one. Problems are collected, grouped by (file, column, what is wrong)
+with the number of rows that share them, and reported together; ``data.skip_invalid`` drops those
+rows instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -68,6 +71,7 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
     are cached by value, so a file shared by many rows is read once."""
     problems: dict[tuple, Problem] = {}
     seen: dict[Any, RowError | None] = {}
+    keys: set[str] = set()  # every column some checked row has
 
     def add(index: int, column: str | None, what: str, detail: str = "") -> None:
         problem = problems.setdefault((column, what), Problem(rows.name, column, what))
@@ -81,6 +85,7 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
         except RowError as e:
             add(index, e.column, e.what, e.detail)
             continue
+        keys.update(row)
         prompt = row.get(prompt_column)
         if prompt is None:
             add(index, prompt_column, "missing (the prompt column, data.prompt_column)")
@@ -111,20 +116,34 @@ def check_rows(rows: Rows, prompt_column: str, required: Mapping[str, str],
                 error = seen[key]
             if error is not None:
                 add(index, column, error.what, error.detail)
-    return list(problems.values())
+    return _name_absent_columns(list(problems.values()), required, keys)
+
+
+def _name_absent_columns(problems: list[Problem], required: Mapping[str, str], keys: set[str]) -> list[Problem]:
+    """`problems` with each required column that no row has (none of `keys`) said to be absent, with
+    the columns the rows have and the closest one."""
+    for problem in problems:
+        who = required.get(problem.column)
+        if who is not None and problem.column not in keys and problem.what == f"missing (needed by {who})":
+            close = difflib.get_close_matches(problem.column, sorted(keys), n=1)
+            problem.what = (f"no row has this column (needed by {who}); the rows' columns: {', '.join(sorted(keys))}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+    return problems
 
 
 def validate(sets: Iterable[Rows], prompt_column: str, required: Mapping[str, str],
              media: Mapping[str, MediaCheck], mode: str, sample_size: int, skip_invalid: bool,
-             values: Sequence[tuple[str, ValueCheck]] = ()) -> list[Rows]:
-    """Check every set; raise DataError listing every problem, or (`skip_invalid`) return the sets
-    without the rows that have one, logging how many were dropped."""
+             values: Sequence[tuple[str, ValueCheck]] = (), first_required: Mapping[str, str] = {}) -> list[Rows]:
+    """Check every set (`first_required`: columns only the first, the training set, needs); raise
+    DataError listing every problem, or (`skip_invalid`) return the sets without the rows that have
+    one, logging how many were dropped."""
     out, report = [], []
-    for rows in sets:
+    for k, rows in enumerate(sets):
         if mode == "off" or len(rows) == 0:
             out.append(rows)
             continue
-        problems = check_rows(rows, prompt_column, required, media, mode, sample_size, values)
+        needed = {**required, **first_required} if k == 0 else required
+        problems = check_rows(rows, prompt_column, needed, media, mode, sample_size, values)
         bad = {r for p in problems for r in p.rows}
         if problems and skip_invalid:
             logger.warning("data: dropped %d of %d rows of %s (data.skip_invalid):\n  %s", len(bad), len(rows),

@@ -134,15 +134,32 @@ class Strategy:
 
     # ----- checkpoints ------------------------------------------------------------------------
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy, directory: Path) -> None:
-        """Write the optimizer, scheduler and RNG states (`Accelerator.save_state`) and the whole
+        """Write the optimizer, scheduler and RNG states (`Accelerator.save_state`, the weights with
+        their tied copies left out as transformers leaves them out, `without_tied_copies`) and the whole
         weights as the adapter saves them (``model/``, the main process) into `directory`."""
-        self.acc.save_state(str(directory), safe_serialization=True)
+        hook = self.acc.register_save_state_pre_hook(without_tied_copies)
+        try:
+            self.acc.save_state(str(directory), safe_serialization=True)
+        finally:
+            hook.remove()
         if self.acc.is_main_process:
             policy.save_pretrained(self.unwrap(model), directory / "model")
 
     def load(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Read back what `save` wrote."""
         self.acc.load_state(str(directory))
+
+
+def without_tied_copies(models: list[nn.Module], weights: list[dict[str, Tensor]], directory: str) -> None:
+    """Before `Accelerator.save_state` writes each model's weights: leave out the tied copies a
+    transformers model declares (`_tied_weights_keys`, e.g. ``lm_head.weight`` of a model whose
+    output head is its input embedding), with transformers' own `remove_tied_weights_from_state_dict`,
+    as `save_pretrained` does; loading ties them again. (Otherwise accelerate drops them itself and
+    prints "Removed shared tensor ..." at every checkpoint.) A model declaring none is left as it is."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    for model, state in zip(models, weights):
+        if any(getattr(m, "_tied_weights_keys", None) for m in model.modules()):
+            remove_tied_weights_from_state_dict(state, model)  # in place
 
 
 def all_finite(tensors: Iterable[Tensor | None]) -> bool:

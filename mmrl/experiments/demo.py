@@ -81,7 +81,8 @@ def run_scored(recipe: str | Path, overrides: list[str], name: str,
     held-out score, ``summary.json`` for any recipe; demo `name`'s samples figure when it has one."""
     cfg = load_recipe(recipe, overrides)
     # the periodic evaluations (eval.every) score the demo's judge too: proxy against gold
-    trainer = Trainer(cfg, held_out_evaluator=DEMO_EVALUATORS.get(name) if name in DEMO_EVALUATORS else None)
+    trainer = Trainer(cfg, held_out_evaluator=DEMO_EVALUATORS.get(name) if name in DEMO_EVALUATORS else None,
+                      needs_held_out=True)
     out = Path(cfg.output_dir)
     before_path = out / "before.json"
     say = print if trainer.accelerator.is_main_process else (lambda *a, **k: None)

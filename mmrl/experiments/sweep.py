@@ -31,16 +31,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mmrl.config.parse import ConfigError, load_recipe
+from mmrl.config.parse import ConfigError, load_recipe, to_dict
 from mmrl.config.recipes import resolve_recipe
-from mmrl.errors import UserError
+from mmrl.data import DataError
+from mmrl.errors import UserError, reading_user_input
 from mmrl.experiments.demo import run_scored
 from mmrl.experiments.sweep_grid import Run, cells, parse_cells, parse_grid, parse_shard, plan
 from mmrl.experiments.sweep_report import write_reports
 from mmrl.experiments.sweep_runs import read_summary
 from mmrl.experiments.warm_start_cache import WARM_DIR, cached_warm_start
 from mmrl.registry import DEMOS, RECIPES, load_plugins
+from mmrl.train.loop.parts import stage_inputs
 from mmrl.train.plan.validate import validate
+
+DATA_KEYS = ("task", "policy", "data", "rewards", "reward_modules", "warm_start")  # what a cell's data checks read
 
 
 def recipe_of(target: str):
@@ -60,33 +64,35 @@ def run_one(target: str, overrides: list[str], cache: Path, ignores: list[str]) 
 
 
 # ----- the sweep --------------------------------------------------------------------------------
+def checked_runs(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
+                 cell_items: list[str] = (), held_out_reward: str | None = None) -> list[Run]:
+    """The sweep's runs, every cell's config validated before anything runs (as `mmrl train` checks
+    a recipe); loads nothing."""
+    if seeds < 1:
+        raise UserError(f"--seeds {seeds} must be >= 1")
+    if not grid_items and not cell_items:
+        raise UserError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
+    recipe, common = recipe_of(target), list(common)
+    runs = plan(cells(parse_grid(list(grid_items)), parse_cells(list(cell_items))), seeds)
+    for item in (*common, *(o for run in runs for o in run.overrides)):
+        if item.partition("=")[0].strip() == "output_dir":  # run_overrides sets each run's own
+            raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
+                            f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
+    check_cells(recipe, common, [r for r in runs if r.seed == 0], out, held_out_reward)
+    return runs
+
+
 def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: list[str] = (),
           parallel: int = 1, shard: str | None = None, ignores: list[str] = (),
           say: Callable[[str], None] = print, cell_items: list[str] = (), held_out_reward: str | None = None) -> int:
     """Run the sweep's missing runs (this shard's), then write the reports; 1 if a run failed.
     `held_out_reward` names the reward component the reports compare the cells on (None: the
     combined reward); every cell must declare it, at any weight."""
-    if seeds < 1 or parallel < 1:
-        raise UserError(f"--seeds {seeds} and --parallel {parallel} must be >= 1")
-    if not grid_items and not cell_items:
-        raise UserError("mmrl sweep needs at least one --grid KEY=V1,V2 or --cell \"k=v ...\"")
-    grid, bundles = parse_grid(list(grid_items)), parse_cells(list(cell_items))
+    if parallel < 1:
+        raise UserError(f"--parallel {parallel} must be >= 1")
     shard_i, shard_n = parse_shard(shard)
-    recipe, common = recipe_of(target), list(common)
-    runs = plan(cells(grid, bundles), seeds)
-    for item in (*common, *(o for run in runs for o in run.overrides)):
-        if item.partition("=")[0].strip() == "output_dir":  # run_overrides sets each run's own
-            raise UserError(f"mmrl sweep: {item!r} would be ignored: each run writes under --out DIR "
-                            f"(DIR/runs/<cell>/seed-<n>); give --out instead of output_dir")
-    for run in (r for r in runs if r.seed == 0):  # every cell's config is valid before anything runs
-        try:
-            cfg = load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
-            validate(cfg)
-        except ConfigError as e:
-            raise ConfigError(f"mmrl sweep: cell {' '.join(run.overrides)}: {e}") from None
-        if held_out_reward is not None and held_out_reward not in cfg.rewards:
-            raise UserError(f"mmrl sweep --held-out-reward {held_out_reward}: cell {' '.join(run.overrides)} has no "
-                            f"such reward; its rewards: {sorted(cfg.rewards)}")
+    runs = checked_runs(target, grid_items, seeds, out, common, cell_items, held_out_reward)
+    grid, bundles, common = parse_grid(list(grid_items)), parse_cells(list(cell_items)), list(common)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps({"target": target, "cells": bundles, "grid": grid, "seeds": seeds,
                                                 "overrides": common, "held_out_reward": held_out_reward}, indent=1))
@@ -97,6 +103,32 @@ def sweep(target: str, grid_items: list[str], seeds: int, out: Path, common: lis
     write_reports(out, runs, held_out_reward)
     say(f"[mmrl sweep] wrote {out / 'sweep.csv'}, {out / 'sweep.md'}, {out / 'sweep.png'}")
     return 1 if failed else 0
+
+
+@reading_user_input()  # a data file that cannot be read is the user's to fix
+def check_cells(recipe, common: list[str], runs: list[Run], out: Path, held_out_reward: str | None) -> None:
+    """Before any run starts: every cell's recipe is valid, names `held_out_reward`, and its data
+    (read and validated once per distinct data, rewards and policy) has the held-out rows that
+    every run scores before and after RL."""
+    read: set[str] = set()
+    for run in runs:
+        cell = " ".join(run.overrides)
+        try:
+            cfg = load_recipe(recipe, run_overrides(common, run, out / "runs" / run.dirname))
+            plan = validate(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"mmrl sweep: cell {cell}: {e}") from None
+        if held_out_reward is not None and held_out_reward not in cfg.rewards:
+            raise UserError(f"mmrl sweep --held-out-reward {held_out_reward}: cell {cell} has no such reward; its "
+                            f"rewards: {sorted(cfg.rewards)}")
+        key = json.dumps([to_dict(cfg)[k] for k in DATA_KEYS], sort_keys=True, default=str)
+        if key in read:
+            continue
+        read.add(key)
+        try:
+            stage_inputs(plan.stage_at(0), plan, warm_start=True, held_out=True)
+        except (UserError, DataError) as e:
+            raise type(e)(f"mmrl sweep: cell {cell}: {e}") from None
 
 
 def run_environment(parallel: int, environ: dict[str, str] | None = None) -> dict[str, str]:

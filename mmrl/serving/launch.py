@@ -1,5 +1,5 @@
 """Reward servers a run starts itself (``rewards.NAME.server``): each command is started by the
-run's main process before the first step, in its own process group, with its output in
+run's main process before the model loads, in its own process group, with its output in
 OUTPUT_DIR/servers/NAME.log; the run waits until the reward's first url answers the ``ready``
 path with 200 (else it stops, showing the end of the log), and stops every server with the run,
 also when it ends on an error, Ctrl-C or SIGTERM (SIGTERM to the group, SIGKILL after 10 s); on

@@ -137,6 +137,9 @@ def remote_problems(name: str, spec: Any) -> list[str]:
         problems.append(f"{key}.url is empty: give a url or a list of urls")
     if spec.record and spec.replay:
         problems.append(f"{key}: record and replay are both set; record writes a file that replay reads later")
+    if spec.url and spec.replay:
+        problems.append(f"{key}.url and {key}.replay are both set: replay answers every request from its file, "
+                        f"without a server; leave {key}.url out to replay, or {key}.replay out to ask the server")
     if spec.record and not spec.url:
         problems.append(f"{key}.record needs {key}.url (the server whose answers are recorded)")
     if sends_own_requests(get_reward(name)):

@@ -12,6 +12,7 @@ import functools
 import inspect
 import math
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -92,14 +93,33 @@ def bind_served_reward(name: str, args: dict[str, Any], device: str | None = Non
     return functools.partial(fn, **args) if args else fn
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port`, or a UserError naming the port (taken by another server, or
+    not this machine's), before anything claims the server is up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UserError(f"mmrl serve-reward: cannot listen on {host}:{port} ({e.strerror or e}): another server "
+                        f"holds port {port}, or {host!r} is not an address of this machine; choose --port or --host"
+                        ) from None
+    return sock
+
+
 def serve(name: str, fn: RewardFn, host: str, port: int, batch_size: int) -> None:
     """Serve `fn` until SIGINT or SIGTERM, which end the server cleanly (uvicorn finishes the requests
-    in flight, then returns)."""
+    in flight, then returns). The port is bound first: a taken one is a UserError, and nothing is
+    printed about serving."""
     import uvicorn
+    sock = listening_socket(host, port)
     for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn shuts down, then hands the signal on to this
         signal.signal(stop, _stopped)
     print(f"mmrl serve-reward: {name} on http://{host}:{port} (POST /score, GET /health)", flush=True)
-    uvicorn.run(reward_app(name, fn, batch_size), host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(reward_app(name, fn, batch_size), log_level="warning"))
+    server.run(sockets=[sock])
 
 
 def _stopped(signum: int, frame: Any) -> None:

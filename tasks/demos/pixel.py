@@ -93,6 +93,7 @@ class PixelFlowVideo(PixelFlowUNet):
     them reshaped to [B, 3 T, H, W]. A completion is its list of T PIL frames."""
 
     pipeline = "PixelFlowVideoPipeline"
+    output = "video"
     fps = 8  # the t2v demo's clips (tasks/demos/synthetic/moving_shapes.py)
 
     def __init__(self, pipe, size, num_frames=1):

@@ -13,6 +13,7 @@ import string
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from ..dlm.policy import make_bidirectional
 from ..model_loading import TINY_MODELS
@@ -26,13 +27,19 @@ def char_tokenizer(vocab_size: int | None = None, **named: str) -> PreTrainedTok
     special tokens (`image_token="<image>"`) are added and become attributes that processors read
     (`tokenizer.image_token`, `tokenizer.image_token_id`) and that `save_pretrained` keeps.
     `vocab_size`: filler tokens ``<x0>``, ``<x1>``, ... up to that many (a real model's output
-    layer size, for benchmarks; text never encodes to them, a sampled one decodes as its name)."""
-    tokens = CHAR_SPECIALS + list(CHAR_ALPHABET)
+    layer size, for benchmarks; text never encodes to them, a sampled one decodes as its name).
+
+    It is a byte-level BPE without merges, as Qwen2's own tokenizer is one with merges: a checkpoint
+    saved with it loads in `AutoTokenizer`, which rebuilds a Qwen2 checkpoint's tokenizer as
+    `Qwen2Tokenizer` from the saved vocabulary, as the same tokenizer (space and newline are the
+    byte-level symbols ``Ġ`` and ``Ċ``; a plain character table would lose them there)."""
+    symbol = bytes_to_unicode()  # byte -> the byte-level alphabet's character
+    tokens = CHAR_SPECIALS + ["".join(symbol[b] for b in c.encode()) for c in CHAR_ALPHABET]
     tokens += [f"<x{i}>" for i in range(max(0, (vocab_size or 0) - len(tokens)))]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                    unk_token="<unk>", padding_side="left", **named)
 

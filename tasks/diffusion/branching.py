@@ -15,7 +15,9 @@ below it; at each depth the group's nodes are normalised together, (r - mean) / 
 unbiased. Each edge is trained once, as the authors collect each parent-child transition once:
 unit k is carried by the first row under its node (`node_rewards` gives NaN, `edge_owners`
 False, on the other rows), so that an estimator taking statistics per unit over the group's
-non-NaN values (`grpo`, `step`) normalises over the depth's nodes.
+non-NaN values (`grpo`, `step`) normalises over the depth's nodes. Every edge is trained, the
+last step's (each leaf's own) included, as the authors' `collect_all_transitions` takes them all
+(`train_last_step`; without a tree the last step is never trained).
 
 Depth pruning (`--depth_pruning`, `--depth_pruning_slide`): units whose child depth is in
 `depth_pruning` are not trained; with `prune_slide_every` n > 0 the depths move s = min(step // n,
@@ -53,6 +55,10 @@ class Branching:
     prune_stop_depth: int | None = field(default=None, metadata={"help": (
         "BranchGRPO: the sliding pruned depths stop when the shallowest reaches this depth (the authors' "
         "depth_pruning_stop_depth); null: max(at).")})
+    train_last_step: bool = field(default=True, metadata={"help": (
+        "BranchGRPO: train the last denoising step too, each leaf's own edge, as the authors train every edge "
+        "of the tree (16 of the 218 edges of their 20-step tree of 16 leaves); false: leave it untrained, as "
+        "mmrl's step schedules do without a tree (policy.schedule).")})
 
     def __post_init__(self):
         if self.factor < 2:

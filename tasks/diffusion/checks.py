@@ -1,9 +1,10 @@
-"""The checks of the diffusion adapter's settings (`DiffusionConfig`), each raising a ValueError that
-names the `policy.` field: `branching_problems` and `check_settings` need no model (the engine runs
-the first with the whole recipe before anything loads; the adapter runs the second before it
-loads the pipeline), `fitted_family` checks the settings against the loaded pipeline's family
-(its kind of prediction, its guidance, its own needs: `Family.check_settings`) and sets the
-family's flow shift.
+"""The checks of the diffusion adapter's settings (`DiffusionConfig`), each naming the `policy.`
+field: `branching_problems`, `pipeline_problems` and `check_settings` need no model (the engine runs
+the first two with the whole recipe before anything loads, the second against the pipeline's
+configs read without its weights: its sizes, its conditioning image; the adapter runs the third
+before it loads the pipeline), `fitted_family` checks the settings against the loaded pipeline's
+family (its sizes, its kind of prediction, its guidance, its own needs: `Family.check_settings`)
+and sets the family's flow shift.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from ..model_loading import DTYPES
 from .config import DiffusionConfig
-from .family import Family, family_of
+from .family import Family, family_of, image_column_problem
+from .pipeline_configs import PipelineConfigs, described_pipeline, loaded_configs
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor
 
 
@@ -22,6 +24,36 @@ def branching_problems(cfg: DiffusionConfig) -> list[str]:
     if cfg.branching.on and (cfg.turning_points or cfg.units != "steps"):
         problems.append("policy.branching: a tree of rollouts is trained by its steps; it does not go with "
                         "policy.turning_points or policy.units=forward_process")
+    return problems
+
+
+def pipeline_problems(cfg: DiffusionConfig) -> list[str]:
+    """What in the settings the pipeline cannot take, from its configs (`pipeline_configs`); none
+    where the pipeline cannot be described before it loads."""
+    described = described_pipeline(cfg)
+    family = described.family if described is not None else None
+    if family is None:
+        return []
+    problem = image_column_problem(family, cfg)
+    return size_problems(described, cfg) + ([problem] if problem else [])
+
+
+def size_problems(described: PipelineConfigs, cfg: DiffusionConfig) -> list[str]:
+    """`policy.height` and `policy.width` against what the pipeline draws: multiples of its VAE's
+    downsampling times its denoiser's patch size, up to its largest size."""
+    family, name = described.family, described.classes[0]
+    multiple, most = family.size_multiple(described.configs), family.max_size(described.configs)
+    problems = []
+    for key in ("height", "width"):
+        value = getattr(cfg, key)
+        if value < multiple or value % multiple:
+            near = [v for v in (value // multiple * multiple, (value // multiple + 1) * multiple) if v > 0]
+            problems.append(f"policy.{key}={value}: {name} draws heights and widths that are multiples of {multiple} "
+                            f"(its VAE's downsampling times its denoiser's patch size); use "
+                            f"{' or '.join(map(str, near))}")
+        elif most is not None and value > most:
+            problems.append(f"policy.{key}={value}: {name} draws at most {most} pixels a side (the positions its "
+                            "denoiser learned)")
     return problems
 
 
@@ -59,6 +91,8 @@ def check_settings(cfg: DiffusionConfig) -> None:
 def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
     """The family of the loaded `pipe`, checked against the settings, with `policy.flow_shift` set."""
     family = family_of(pipe, (cfg.height, cfg.width), cfg.num_frames)
+    if problems := size_problems(loaded_configs(pipe), cfg):
+        raise ValueError(problems[0])
     family.check_settings(cfg)
     if cfg.flow_shift is not None:
         family.set_flow_shift(cfg.flow_shift)

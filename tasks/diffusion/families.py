@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .family import FAMILIES, Family, split_cond
+from .family import FAMILIES, Configs, Family, patch_size, split_cond, vae_scale
 
 
 def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
@@ -27,6 +27,13 @@ def _flow_shift_mu(pipe, image_seq_len: int) -> float | None:
 @FAMILIES.register("sd3")
 class SD3(Family):
     pipeline = "StableDiffusion3Pipeline"
+
+    @classmethod
+    def max_size(cls, configs: Configs) -> int | None:
+        """The MMDiT's learned positions cover `pos_embed_max_size` patches a side."""
+        most = (configs.get("transformer") or {}).get("pos_embed_max_size")
+        return most * patch_size(configs) * vae_scale(configs) if most else None
+
     def encode(self, prompts, guided):
         pe, npe, pooled, npooled = self.pipe.encode_prompt(
             prompt=prompts, prompt_2=None, prompt_3=None, negative_prompt=[""] * len(prompts) if guided else None,
@@ -63,6 +70,11 @@ class SD3(Family):
 class Flux(Family):
     pipeline = "FluxPipeline"
     uses_classifier_free_guidance = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
+
+    @classmethod
+    def size_multiple(cls, configs: Configs) -> int:
+        """The latents are packed in 2x2 patches (`_pack_latents`) before the transformer's own."""
+        return 2 * super().size_multiple(configs)
 
     def encode(self, prompts, guided):
         if guided:

@@ -1,8 +1,10 @@
 """The `Family` interface: everything the diffusion adapter knows about one diffusers pipeline family,
 and the `FAMILIES` registry `family_of` picks a loaded pipeline's family from. A family says how
-the pipeline conditions on a prompt (text, and an image where the prompt row brings one), the
-initial noise's shape, the step levels and model timesteps (from the pipeline's own scheduler, so
-the ODE path equals the stock pipeline's output), one denoiser call with its guidance, decoding to
+the pipeline conditions on a prompt (text, and an image where the prompt row brings one), what it
+draws (images or videos) and the sizes it can draw (read from its components' configs, so that a
+recipe is checked before the weights load: `pipeline_configs.py`), the initial noise's shape, the
+step levels and model timesteps (from the pipeline's own scheduler, so the ODE path equals the
+stock pipeline's output), one denoiser call with its guidance, decoding to
 PIL images (a video: a list of frames), the warm start's noising, which policy settings it needs
 and the columns its completions carry to the rewards. Levels are sigmas s (flow) or cumulative
 alphas ab (eps models); `levels[k] -> levels[k + 1]` is step k. The families themselves live in
@@ -12,7 +14,7 @@ a module of its own imported in `tasks/diffusion/__init__.py`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +22,21 @@ from torch import Tensor, nn
 from mmrl.registry import Registry
 
 Cond = dict[str, Tensor]
+Configs = dict[str, dict[str, Any]]  # a pipeline's component (vae, transformer, unet) -> its config
 FAMILIES: Registry[type] = Registry("diffusion pipeline family")
+
+
+def vae_scale(configs: Configs) -> int:
+    """How many pixels a latent spans on a side: 2 per level of the VAE past its first (1 without a VAE)."""
+    vae = configs.get("vae") or {}
+    return 2 ** (len(vae["block_out_channels"]) - 1) if vae.get("block_out_channels") else 1
+
+
+def patch_size(configs: Configs) -> int:
+    """The denoiser's spatial patch size (1 for a UNet, which has none)."""
+    denoiser = configs.get("transformer") or configs.get("unet") or {}
+    patch = denoiser.get("patch_size") or 1
+    return int(patch[-1] if isinstance(patch, (list, tuple)) else patch)
 
 
 class Family:
@@ -34,6 +50,7 @@ class Family:
     uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    output = "image"  # what a completion is (`Policy.output_kind`): an image, or a video's frames
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
     def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
@@ -44,6 +61,17 @@ class Family:
     @property
     def denoiser(self) -> nn.Module:
         return self.pipe.transformer
+
+    @classmethod
+    def size_multiple(cls, configs: Configs) -> int:
+        """What every height and width must be a multiple of in the pipeline whose component configs
+        are `configs`: the VAE's downsampling times the denoiser's patch size."""
+        return vae_scale(configs) * patch_size(configs)
+
+    @classmethod
+    def max_size(cls, configs: Configs) -> int | None:
+        """The largest height or width the pipeline can draw (None: no bound of its own)."""
+        return None
 
     def encode(self, prompts: list[str], guided: bool) -> Cond:
         raise NotImplementedError
@@ -73,9 +101,8 @@ class Family:
 
     def check_settings(self, cfg: Any) -> None:
         """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
-        if self.conditioning_image and not cfg.image_column:
-            raise ValueError(f"policy.image_column is not set: {type(self).__name__} conditions each prompt on an "
-                             "image; name the data column that holds it")
+        if problem := image_column_problem(type(self), cfg):
+            raise ValueError(problem)
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
 
@@ -94,10 +121,11 @@ class Family:
         """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""
         self.pipe.vae.enable_tiling()
 
-    def completion_columns(self, cfg: Any) -> dict[str, Any]:
+    @classmethod
+    def completion_columns(cls, cfg: Any) -> dict[str, Any]:
         """What each completion carries to the rewards besides itself, one value for all (a video's
         frames per second, `policy.fps` or the family's); {} for images."""
-        return {} if self.fps is None else {"fps": cfg.fps or self.fps}
+        return {} if cls.fps is None else {"fps": cfg.fps or cls.fps}
 
     def noised(self, x0: Tensor, eps: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
         """The warm start's training example from clean latents x0 [B, ...] and noise eps [B, ...]:
@@ -154,6 +182,14 @@ class Family:
         return self.pipe.image_processor.postprocess(image, output_type="pil")
 
 
+def image_column_problem(family: type[Family], cfg: Any) -> str | None:
+    """What is missing when `family` conditions each prompt on an image and `policy.image_column` is unset."""
+    if family.conditioning_image and not cfg.image_column:
+        return (f"policy.image_column is not set: {family.__name__} conditions each prompt on an image; name the "
+                "data column that holds it")
+    return None
+
+
 def split_cond(cond: Cond) -> tuple[dict, dict | None]:
     """(the positive conditioning, the negative one or None) without their `pos/` `neg/` prefixes."""
     pos = {k[4:]: v for k, v in cond.items() if k.startswith("pos/")}
@@ -161,11 +197,15 @@ def split_cond(cond: Cond) -> tuple[dict, dict | None]:
     return pos, (neg or None)
 
 
+def family_class(classes: Sequence[str]) -> type[Family] | None:
+    """The registered family serving a pipeline of one of `classes` (its class and base classes)."""
+    return next((fam for _, fam in FAMILIES.items() if fam.pipeline in classes), None)
+
+
 def family_of(pipe, size: tuple[int, int], num_frames: int = 1) -> Family:
     """The registered family serving the loaded pipeline's class (or one of its base classes)."""
-    classes = [c.__name__ for c in type(pipe).__mro__]
-    for _, fam in FAMILIES.items():
-        if fam.pipeline in classes:
-            return fam(pipe, size, num_frames)
-    served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
-    raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
+    family = family_class([c.__name__ for c in type(pipe).__mro__])
+    if family is None:
+        served = ", ".join(fam.pipeline for _, fam in FAMILIES.items())
+        raise ValueError(f"{type(pipe).__name__} is not a supported pipeline ({served})")
+    return family(pipe, size, num_frames)

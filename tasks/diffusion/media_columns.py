@@ -3,7 +3,9 @@ brings under `policy.image_column` (the conditioning image of an image-to-video 
 image of an editing one), checked with the data before the model loads and read into the
 family's conditioning together with the prompt's text, repeated for each rollout of the group.
 Out: the columns every completion carries to the rewards besides itself (a video's `fps`; an
-audio track's sample rate), which the family declares in `Family.completion_columns`.
+audio track's sample rate), which the family declares in `Family.completion_columns`, and what a
+completion is (`Family.output`). Before the model loads, the family is the one the pipeline's
+configs name (`pipeline_configs`); where they cannot be read, a video is `policy.num_frames` > 1.
 """
 
 from __future__ import annotations
@@ -11,6 +13,36 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from .family import Cond, Family
+from .pipeline_configs import described_pipeline
+
+
+def described_family(cfg: Any) -> type[Family] | None:
+    """The family of the pipeline `policy.model` names, known before it loads (None: not known)."""
+    described = described_pipeline(cfg)
+    return described.family if described is not None else None
+
+
+def completion_kind(cfg: Any) -> str:
+    """What a completion is under settings `cfg` (`Policy.output_kind`)."""
+    family = described_family(cfg)
+    return family.output if family is not None else ("video" if cfg.num_frames > 1 else "image")
+
+
+def completion_column_names(cfg: Any) -> tuple[str, ...]:
+    """The columns a completion carries to the rewards (`Policy.rollout_columns`)."""
+    family = described_family(cfg)
+    if family is None:
+        return ("fps",) if cfg.num_frames > 1 else ()
+    return tuple(family.completion_columns(cfg))
+
+
+def conditioning_columns(cfg: Any) -> dict[str, str]:
+    """The conditioning image's column, which every row needs where the family takes one (or where
+    `policy.image_column` names one for a pipeline not known before it loads)."""
+    family = described_family(cfg)
+    if not cfg.image_column or (family is not None and not family.conditioning_image):
+        return {}
+    return {cfg.image_column: "policy.image_column, the image each prompt is conditioned on"}
 
 
 def column_checks(cfg: Any) -> dict[str, Callable[[Any], None]]:

@@ -42,13 +42,14 @@ from mmrl.core.rollout import Rollout
 from mmrl.registry import ADAPTERS
 
 from .branching import tree_rewards
-from .checks import branching_problems, check_settings, fitted_family
+from .checks import branching_problems, check_settings, fitted_family, pipeline_problems
 from .config import DiffusionConfig
 from .family import Family
 from .forward_process import ForwardProcessUnits
 from .grpo_guard import batch_scales, scales_problem
 from .loading import load_pipeline
-from .media_columns import column_checks, completion_columns, prompt_conditioning
+from .media_columns import (column_checks, completion_column_names, completion_columns, completion_kind,
+                            conditioning_columns, prompt_conditioning)
 from .noise import initial_noise
 from .saving import save_denoiser
 from .sde_rollout import SDERollout
@@ -111,8 +112,20 @@ class DiffusionPolicy(Policy):
         return column_checks(cfg)
 
     @classmethod
+    def required_columns(cls, cfg: DiffusionConfig) -> dict[str, str]:
+        return conditioning_columns(cfg)
+
+    @classmethod
+    def output_kind(cls, cfg: DiffusionConfig) -> str:
+        return completion_kind(cfg)
+
+    @classmethod
+    def rollout_columns(cls, cfg: DiffusionConfig) -> tuple[str, ...]:
+        return completion_column_names(cfg)
+
+    @classmethod
     def config_problems(cls, cfg: DiffusionConfig) -> list[str]:
-        return branching_problems(cfg)
+        return branching_problems(cfg) + pipeline_problems(cfg)
 
     @classmethod
     def group_size_problems(cls, cfg: DiffusionConfig, group_size: int) -> list[str]:

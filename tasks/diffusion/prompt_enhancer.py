@@ -60,7 +60,7 @@ def draw(generator: DiffusionPolicy, texts: list[str], seed: int) -> list[Any]:
         return list(generator.rollout(texts, 1, [text_seed(seed, t) for t in texts], greedy=True).completions)
 
 
-@register_reward("prompt_enhancer")
+@register_reward("prompt_enhancer", outputs=("text",))
 def prompt_enhancer(prompts, completions, generator: dict[str, Any], image_reward: str,
                     image_reward_args: dict[str, Any] | None = None, seed: int = 0, **columns):
     """`image_reward`'s score of the image the frozen `generator` draws from each completion."""

@@ -89,6 +89,8 @@ class SDERollout:
             trained = torch.stack([cfg.schedule.trained(steps, training_step, generator(derive_seed(r, STEPS_SALT)))
                                    for r in rows]) & stochastic
         tree = cfg.branching if cfg.branching.on and not greedy else None
+        if tree is not None and tree.train_last_step:  # every edge of the tree, the leaves' own included
+            trained[:, -1] = stochastic[:, -1]
         return StepPlan(steps=steps, sampler=self.family.deterministic_sampler if greedy else cfg.sampler,
                         strength=0.0 if greedy else cfg.noise_level, levels=levels, timesteps=timesteps,
                         row_seeds=rows, stochastic=stochastic, trained=trained, tree=tree,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .family import FAMILIES, Family, split_cond
+from .family import FAMILIES, Configs, Family, patch_size, split_cond
 
 
 class VideoFamily(Family):
@@ -17,6 +17,7 @@ class VideoFamily(Family):
     VAE decoding to frames (`pipe.video_processor`)."""
 
     batched_guidance = False
+    output = "video"
     fps = 16  # frames per second the family's videos are exported at (diffusers' examples)
 
     def check_settings(self, cfg):
@@ -66,6 +67,11 @@ def _check_one_wan_transformer(pipe) -> None:
 class Wan(VideoFamily):
     pipeline = "WanPipeline"
     max_sequence_length = 512  # the pipelines' default prompt length
+
+    @classmethod
+    def size_multiple(cls, configs: Configs) -> int:
+        """The Wan VAE's `scale_factor_spatial` (8 unless its config says) times the patch's side."""
+        return (configs.get("vae") or {}).get("scale_factor_spatial", 8) * patch_size(configs)
 
     def __init__(self, pipe, size, num_frames=1):
         super().__init__(pipe, size, num_frames)
@@ -143,6 +149,11 @@ class HunyuanVideo(VideoFamily):
     uses_classifier_free_guidance = False  # guidance-distilled: the scale enters as an embedding (x 1000)
     max_sequence_length = 256
     fps = 15
+
+    @classmethod
+    def size_multiple(cls, configs: Configs) -> int:
+        """The VAE's `spatial_compression_ratio` (8 unless its config says) times the patch size."""
+        return (configs.get("vae") or {}).get("spatial_compression_ratio", 8) * patch_size(configs)
 
     def encode(self, prompts, guided):
         if guided:

@@ -1,3 +1,3 @@
 """Masked diffusion language models (LLaDA-style): block decoding, log-prob estimators, policy."""
 
-from . import estimators, generation, policy  # noqa: F401  (registration)
+from . import bound_estimators, estimators, generation, policy, trajectory_estimators  # noqa: F401  (registration)

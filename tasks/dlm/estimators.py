@@ -7,12 +7,14 @@ unit log-prob of token u is
 
     logp_u = sum_v 1[u in S_v] * w_v * log p_theta(y_u | view v)        (fp32 log-softmax)
 
-Every random choice (masks, time points) comes from a generator seeded with the row's mask seed
-and the update pass (`view_seed`), never from the global RNG: the old log-probs of a pass use the
-very masks of that pass, so the on-policy ratio is exactly 1, and a row's views do not depend on
-which rows share its micro-batch.
+(a view may score only some of the positions it masks: `View.scored`, and divide its logits by
+a temperature: `View.temperature`). Every random choice (masks, time points, steps) comes from a
+generator seeded with the row's mask seed and the update pass (`view_seed`), never from the global
+RNG: the old log-probs of a pass use the very masks of that pass, so the on-policy ratio is exactly
+1, and a row's views do not depend on which rows share its micro-batch.
 
-Registered estimators (`policy.estimator`):
+Registered estimators (`policy.estimator`): the three below, SPG's and ESPO's
+(`bound_estimators.py`), TraceRL's and AGRPO's (`trajectory_estimators.py`).
 
 * ``diffu_grpo`` (d1, Zhao et al. 2025): one view, completion fully masked, each prompt token
   masked with probability `p_mask`; w = 1. Cost: 1 forward. Bias: the mean-field one-step
@@ -57,23 +59,62 @@ COUPLED_T_RANGE = (0.2, 0.8)
 @dataclass
 class View:
     """One masked copy of the batch: `masked` [B, C] completion positions replaced by the mask
-    token (and scored), `prompt_masked` [B, P] prompt positions replaced, `weight` [B]."""
+    token, `prompt_masked` [B, P] prompt positions replaced, `weight` [B]; `scored` [B, C] the
+    positions it scores (None: the masked ones), at logits / `temperature`."""
 
     masked: Tensor
     prompt_masked: Tensor
     weight: Tensor
+    scored: Tensor | None = None
+    temperature: float = 1.0
+
+    @property
+    def scores(self) -> Tensor:
+        return self.masked if self.scored is None else self.scored
 
 
 @dataclass
 class EstimatorArgs:
+    """The estimators' settings (`policy.<name>`, DLMConfig) and the decoding ones they replay."""
+
     p_mask: float = 0.15
     elbo_points: int = 4
     coupled_full_view: bool = True
+    spg_views: int = 2
+    espo_samples: int = 2
+    trace_shrink: int = 1
+    agrpo_samples: int = 4
+    agrpo_step_sampling: str = "uniform"
+    block_length: int = 32
+    temperature: float = 1.0
 
 
-# (row generators, prompt mask [B, P] (1 = real token), completion width C, args) -> views
-LOGP_ESTIMATORS: Registry[Callable[[list[torch.Generator], Tensor, int, EstimatorArgs], list[View]]] = \
-    Registry("masked diffusion LM log-prob estimator")
+@dataclass
+class EstimatorInputs:
+    """What an estimator draws its views from, for B rows of C completion columns."""
+
+    generators: list[torch.Generator]  # one per row, seeded by `view_seed`
+    prompt_mask: Tensor                # [B, P] 1 = a real prompt token (left-padded)
+    width: int                         # C
+    lengths: Tensor                    # [B] long: the row's units (up to and including its first EOS)
+    args: EstimatorArgs
+    step: Tensor | None = None         # [B, C] long: the decoding step that committed each token (rollouts)
+    entropy: Tensor | None = None      # [B, C] fp32: the entropy of that step's distribution
+
+    @property
+    def rows(self) -> int:
+        return len(self.generators)
+
+    def keep_prompt(self) -> Tensor:
+        """No prompt position masked [B, P]."""
+        return torch.zeros(self.prompt_mask.shape, dtype=torch.bool)
+
+    def units(self) -> Tensor:
+        """[B, C] bool: the row's unit columns."""
+        return torch.arange(self.width)[None, :] < self.lengths[:, None]
+
+
+LOGP_ESTIMATORS: Registry[Callable[[EstimatorInputs], list[View]]] = Registry("masked diffusion LM log-prob estimator")
 
 
 def view_seed(mask_seed: int, pass_index: int) -> int:
@@ -88,8 +129,8 @@ def _uniform(generators: list[torch.Generator], *shape: int) -> Tensor:
 
 
 @LOGP_ESTIMATORS.register("diffu_grpo")
-def diffu_grpo(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
-               args: EstimatorArgs) -> list[View]:
+def diffu_grpo(inputs: EstimatorInputs) -> list[View]:
+    generators, prompt_mask, width, args = inputs.generators, inputs.prompt_mask, inputs.width, inputs.args
     rows, plen = prompt_mask.shape
     if not 0 <= args.p_mask < 1:
         raise ValueError(f"policy.p_mask={args.p_mask} must be in [0, 1)")
@@ -102,28 +143,26 @@ def diffu_grpo(generators: list[torch.Generator], prompt_mask: Tensor, width: in
 
 
 @LOGP_ESTIMATORS.register("coupled")
-def coupled(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
-            args: EstimatorArgs) -> list[View]:
-    rows, plen = prompt_mask.shape
+def coupled(inputs: EstimatorInputs) -> list[View]:
+    generators, width, rows = inputs.generators, inputs.width, inputs.rows
     low, high = COUPLED_T_RANGE
     t = low + (high - low) * _uniform(generators)
     first = _uniform(generators, width) < t[:, None]
-    keep = torch.zeros(rows, plen, dtype=torch.bool)
+    keep = inputs.keep_prompt()
     coupled_views = [View(first, keep, 1 / (2 * t)), View(~first, keep, 1 / (2 * (1 - t)))]
-    if not args.coupled_full_view:
+    if not inputs.args.coupled_full_view:
         return coupled_views
     full = View(torch.ones(rows, width, dtype=torch.bool), keep, torch.full((rows,), 0.5))
     return [full, *coupled_views]
 
 
 @LOGP_ESTIMATORS.register("elbo")
-def elbo(generators: list[torch.Generator], prompt_mask: Tensor, width: int,
-         args: EstimatorArgs) -> list[View]:
-    rows, plen = prompt_mask.shape
-    k = args.elbo_points
+def elbo(inputs: EstimatorInputs) -> list[View]:
+    generators, width, rows = inputs.generators, inputs.width, inputs.rows
+    k = inputs.args.elbo_points
     if k < 1:
         raise ValueError(f"policy.elbo_points={k} must be >= 1")
-    keep = torch.zeros(rows, plen, dtype=torch.bool)
+    keep = inputs.keep_prompt()
     nodes, weights = np.polynomial.legendre.leggauss(k)  # on [-1, 1]
     views = []
     for x, a in zip(nodes, weights):

@@ -144,16 +144,38 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -
     return (z - torch.log(-torch.log(uniforms.clamp_min(1e-300)))).argmax(dim=-1)
 
 
+@dataclass
+class DecodeTrace:
+    """What block decoding drew for B rows of `gen_length` tokens (the rollout's record of its
+    trajectory, which TraceRL's and AGRPO's estimators replay)."""
+
+    ids: Tensor      # [B, W] long: the completion
+    logp: Tensor     # [B, W] fp32: log softmax(z / T) of each token at the step that committed it (0: greedy)
+    step: Tensor     # [B, W] long: that step's index, counted over the whole completion (block after block)
+    entropy: Tensor  # [B, W] fp32: the entropy of softmax(z / T) at that step (0: greedy)
+
+    def record(self, commit: Tensor, span: slice, logits: Tensor, tokens: Tensor, temperature: float, step: int,
+               greedy: bool) -> None:
+        """Note the tokens a step commits ([B, block] bool) in the completion's columns `span`."""
+        self.step[:, span] = torch.where(commit, step, self.step[:, span])
+        if greedy:
+            return
+        drawn = torch.log_softmax(logits.double() / temperature, dim=-1)
+        self.logp[:, span] = torch.where(commit, drawn.gather(-1, tokens[..., None]).squeeze(-1), self.logp[:, span])
+        entropy = -(drawn.exp() * drawn).sum(-1)
+        self.entropy[:, span] = torch.where(commit, entropy, self.entropy[:, span])
+
+
 @torch.no_grad()
 def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, cfg: DecodeConfig,
                  mask_id: int, eos_id: int | None, seeds: Sequence[int] | None, group_size: int,
-                 with_logp: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                 traced: bool = False) -> Tensor | DecodeTrace:
     """Completion ids [B, gen_length] for left-padded prompts [B, P] (rows grouped by
-    `group_size`, group g drawing from `seeds[g]`; `seeds=None` decodes greedily). With
-    `with_logp`, also each token's decoding log-prob [B, gen_length] (fp32): log softmax(z / T) of
-    the token at the step that committed it, z the (guided) logits of that step's canvas, i.e.
-    the probability the Gumbel-max draw gave it (the choice of which positions to commit is
-    not in it); 0 when decoding greedily."""
+    `group_size`, group g drawing from `seeds[g]`; `seeds=None` decodes greedily). With `traced`,
+    the `DecodeTrace`: also each token's decoding log-prob (fp32): log softmax(z / T) of the token
+    at the step that committed it, z the (guided) logits of that step's canvas, i.e. the
+    probability the Gumbel-max draw gave it (the choice of which positions to commit is not in
+    it; 0 when decoding greedily), that step's index and its distribution's entropy."""
     cfg.check()
     device = prompt_ids.device
     rows, plen = prompt_ids.shape
@@ -165,7 +187,9 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
                                                    device=device)], dim=1)
     prompt_tokens = prompt_mask.bool() if cfg.cfg_scale > 0 else None  # masked in CFG's unconditional pass
     num_blocks = cfg.gen_length // cfg.block_length
-    logp = torch.zeros(rows, cfg.gen_length, dtype=torch.float64, device=device)
+    zeros = torch.zeros(rows, cfg.gen_length, dtype=torch.float64, device=device)
+    trace = DecodeTrace(x[:, plen:], zeros, zeros.long(), zeros.clone())
+    step = 0
     for b in range(num_blocks):
         start, stop = plen + b * cfg.block_length, plen + (b + 1) * cfg.block_length
         positions = torch.arange(start, stop, device=device)
@@ -174,28 +198,38 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
             logits = _guided_logits(logits_fn, x, attention, positions, prompt_tokens, cfg.cfg_scale, mask_id)
             uniforms = _group_uniforms(generators, group_size, logits.shape, device) if not greedy else None
             x0 = gumbel_argmax(logits, cfg.temperature, uniforms)
-            if cfg.remasking == "low_confidence":
-                probs = torch.softmax(logits.double(), dim=-1)
-                confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
-            elif generators is None:  # greedy random remasking: left to right
-                confidence = -positions.double().expand(rows, -1).clone()
-            else:
-                confidence = _group_uniforms(generators, group_size, (rows, cfg.block_length), device)
-            if cfg.eos_early_rejection and eos_id is not None:
-                gamma = eos_gamma(cfg, s, len(counts))
-                confidence = torch.where(x0 == eos_id, confidence * gamma, confidence)
+            confidence = _confidence(cfg, logits, x0, positions, generators, group_size, (s, len(counts)), eos_id)
             block = x[:, start:stop]
             still = block == mask_id
             confidence = confidence.masked_fill(~still, float("-inf"))
             chosen = confidence.topk(k, dim=-1).indices
             commit = torch.zeros_like(still).scatter_(1, chosen, True) & still
             x[:, start:stop] = torch.where(commit, x0, block)
-            if with_logp and not greedy:
-                drawn = torch.log_softmax(logits.double() / cfg.temperature, dim=-1)
-                drawn = drawn.gather(-1, x0[..., None]).squeeze(-1)
-                span = slice(start - plen, stop - plen)
-                logp[:, span] = torch.where(commit, drawn, logp[:, span])
-    return (x[:, plen:], logp.float()) if with_logp else x[:, plen:]
+            if traced:
+                trace.record(commit, slice(start - plen, stop - plen), logits, x0, cfg.temperature, step, greedy)
+            step += 1
+    if not traced:
+        return x[:, plen:]
+    trace.ids, trace.logp, trace.entropy = x[:, plen:], trace.logp.float(), trace.entropy.float()
+    return trace
+
+
+def _confidence(cfg: DecodeConfig, logits: Tensor, x0: Tensor, positions: Tensor,
+                generators: list[torch.Generator] | None, group_size: int, step: tuple[int, int],
+                eos_id: int | None) -> Tensor:
+    """The remasking confidence [B, block] of the predictions `x0` at step `step` = (s, block's steps)."""
+    rows = x0.shape[0]
+    if cfg.remasking == "low_confidence":
+        probs = torch.softmax(logits.double(), dim=-1)
+        confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
+    elif generators is None:  # greedy random remasking: left to right
+        confidence = -positions.double().expand(rows, -1).clone()
+    else:
+        confidence = _group_uniforms(generators, group_size, (rows, cfg.block_length), x0.device)
+    if cfg.eos_early_rejection and eos_id is not None:
+        gamma = eos_gamma(cfg, *step)
+        confidence = torch.where(x0 == eos_id, confidence * gamma, confidence)
+    return confidence
 
 
 def _guided_logits(logits_fn: LogitsFn, x: Tensor, attention: Tensor, positions: Tensor,

@@ -1,6 +1,8 @@
-"""Masked diffusion language models (LLaDA-style) as policies: one unit per completion token.
+"""Diffusion language models as policies (`task: dlm`): one unit per completion token. `DLMPolicy`
+is the masked family's (below) and builds DiffusionGemma's (`policy.family: diffusion_gemma`,
+`diffusion_gemma.py`) when the recipe names that family.
 
-Any model that predicts masked tokens with bidirectional attention: LLaDA-8B-Instruct and Dream-7B
+Masked family: any model that predicts masked tokens with bidirectional attention: LLaDA-8B-Instruct and Dream-7B
 through `trust_remote_code` (``AutoModel``, as their model cards load them), or a `transformers`
 decoder class made bidirectional (``config.is_causal = False`` and every attention module's
 ``is_causal = False``), like the demos' tiny model ``tiny:dlm-char``. Rollouts decode with
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 import transformers
@@ -26,81 +28,18 @@ from mmrl.core.seeding import derive_seed
 from mmrl.registry import ADAPTERS
 
 from ..lm.chat_prompts import chat_template_check, prompt_text, tokenize_prompts
-from ..lm.logprob_settings import (
-    logprob_check_field,
-    logprob_check_tolerance_field,
-    logprob_chunk_tokens_field,
-    logprob_setting_problems,
-    logprobs_from_field,
-)
 from ..lm.rollout_batches import concat_padded, eos_token_ids, first_eos_ends, units_before
 from ..lm.token_logprobs import selective_log_softmax
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
+from ..lm.vlm import check_image
+from .config import AUTO_CLASSES, DLMConfig, config_problems
+from .diffusion_gemma import MASK_SEED_SALT, DiffusionGemmaPolicy
 from .estimators import LOGP_ESTIMATORS
 from .generation import DecodeConfig, block_decode
+from .outputs import TextRollouts
 from .scoring import MaskedScoring
 
 logger = logging.getLogger(__name__)
-AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
-MASK_SEED_SALT = 0xD1
-
-
-@dataclass
-class DLMConfig(DecodeConfig):
-    """The decoding settings (`DecodeConfig`: gen_length, block_length, steps, temperature,
-    remasking, schedule, cfg_scale, eos_early_rejection, eos_min_gamma) and the model's."""
-    # model .. device, chat_template, system_prompt repeat CausalLMConfig's: its sampling fields mean nothing here
-    model: str = field(default="", metadata={"help": (
-        "Hub id or local path of the masked diffusion LM (LLaDA-8B-Instruct, Dream-7B), or tiny:dlm-char.")})
-    tokenizer: str | None = field(default=None, metadata={"help": (
-        "Hub id or path of the tokenizer; null: the model's.")})
-    tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
-        "Keyword arguments of the tiny model builder when model is tiny:NAME.")})
-    auto_class: str = field(default="AutoModelForCausalLM", metadata={"help": (
-        "The transformers class that loads the model: AutoModelForCausalLM, AutoModel (LLaDA, Dream with "
-        "trust_remote_code) or AutoModelForMaskedLM."), "choices": "mmrl.tasks.dlm.policy:AUTO_CLASSES"})
-    trust_remote_code: bool = field(default=False, metadata={"help": (
-        "Allow the model's own code from the hub (LLaDA, Dream).")})
-    dtype: str = field(default="float32", metadata={"help": (
-        "Weights' dtype: float32, bfloat16 or float16 (log-probs are always fp32)."),
-        "choices": "mmrl.tasks.model_loading:DTYPES"})
-    device: str | None = field(default=None, metadata={"help": (
-        "Move the model to this device; null: leave placement to accelerate.")})
-    mask_token_id: int | None = field(default=None, metadata={"help": (
-        "The mask token's id; null: the tokenizer's mask token (LLaDA: 126336).")})
-    logits_shift: bool = field(default=False, metadata={"help": (
-        "The logits at position i predict token i + 1 (Dream); false: they predict token i (LLaDA).")})
-    attention_mask: Literal["2d", "4d", "none"] = field(default="2d", metadata={"help": (
-        "How padding is shown to the model: 2d (a padding mask), 4d (a full [B, 1, L, L] mask: Dream), none.")})
-    chat_template: bool | None = field(default=None, metadata={"help": (
-        "Apply the tokenizer's chat template: true, false, or null (only for prompts given as message lists).")})
-    system_prompt: str | None = field(default=None, metadata={"help": (
-        "A system message put first when the chat template is applied.")})
-    # log-prob estimator (estimators.py)
-    estimator: str = field(default="diffu_grpo", metadata={"help": (
-        "Log-prob estimator of completion tokens: diffu_grpo (d1: one view, completion masked, prompt masked with "
-        "p_mask), coupled (DiffuCoder: two complementary masks), elbo (GDPO: Gauss-Legendre ELBO quadrature)."),
-        "choices": "mmrl.tasks.dlm.estimators:LOGP_ESTIMATORS"})
-    p_mask: float = field(default=0.15, metadata={"help": (
-        "diffu_grpo: the probability that each prompt token is masked in the scoring view (d1: 0.15), redrawn "
-        "each update pass.")})
-    elbo_points: int = field(default=4, metadata={"help": (
-        "elbo: Gauss-Legendre time points (views, forward passes) of the ELBO quadrature (GDPO).")})
-    coupled_full_view: bool = field(default=True, metadata={"help": (
-        "estimator coupled: average in the view with the whole completion masked, logp = (log p_full_mask + "
-        "coupled term) / 2, as the DiffuCoder paper and apple/ml-diffucoder (3 forwards); false = the "
-        "coupled term alone, halved (2 forwards; mmrl's earlier rule)")})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": (
-        "Recompute activations in backward to save memory.")})
-    logprobs_from: Literal["hidden_states", "logits"] = logprobs_from_field("logits", (
-        " Masked diffusion LMs default to logits: with hidden_states the dlm demo learned less (sampled reward "
-        "0.797 -> 0.880 against 0.797 -> 1.014) although the two paths' log-probs and gradients agree on a "
-        "micro-batch; until that is understood, hidden_states is an opt-in here."))
-    logprob_chunk_tokens: int = logprob_chunk_tokens_field()
-    logprob_check: bool = logprob_check_field()
-    logprob_check_tolerance: float | None = logprob_check_tolerance_field()
-    sft_seed: int = field(default=0, metadata={"help": (
-        "Seed of the random masks of the supervised warm start (LLaDA's SFT loss).")})
 
 
 def make_bidirectional(model: nn.Module) -> nn.Module:
@@ -116,12 +55,33 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 
 
 @ADAPTERS.register("dlm")
-class DLMPolicy(MaskedScoring):
+class DLMPolicy(TextRollouts, MaskedScoring):
     Config = DLMConfig
     runs_in_rollout_worker = True
 
+    def __new__(cls, cfg: DLMConfig):
+        """The family's policy: this class for masked models, `DiffusionGemmaPolicy` for DiffusionGemma."""
+        if cfg.family == "diffusion_gemma":
+            return DiffusionGemmaPolicy(cfg)
+        return super().__new__(cls)
+
+    @classmethod
+    def config_problems(cls, cfg: DLMConfig) -> list[str]:
+        return config_problems(cfg)
+
+    @classmethod
+    def unit_terms(cls, cfg: DLMConfig) -> str:
+        """SPG's estimator gives a lower and an upper bound per unit (algorithm.objective: spg)."""
+        return "logprob_bounds" if cfg.estimator == "spg" and cfg.family == "masked" else "logprobs"
+
+    @classmethod
+    def media_columns(cls, cfg: DLMConfig) -> dict[str, Any]:
+        return {cfg.image_column: check_image} if cfg.family == "diffusion_gemma" else {}
+
     @classmethod
     def rollout_worker_problem(cls, policy: dict) -> str | None:
+        if policy.get("family") == "diffusion_gemma":
+            return "policy.family=diffusion_gemma (its rollouts run in the trainer's process)"
         if policy.get("temperature", DecodeConfig.temperature) == 0:
             return "policy.temperature=0 (greedy decoding records no behaviour log-probs to correct stale rows with)"
         return None
@@ -133,7 +93,7 @@ class DLMPolicy(MaskedScoring):
             raise ValueError(f"policy.dtype={cfg.dtype!r} is not one of {sorted(DTYPES)}")
         if cfg.auto_class not in AUTO_CLASSES:
             raise ValueError(f"policy.auto_class={cfg.auto_class!r} is not one of {AUTO_CLASSES}")
-        if problems := logprob_setting_problems(cfg):
+        if problems := config_problems(cfg):
             raise ValueError(problems[0])
         self.estimate = LOGP_ESTIMATORS.get(cfg.estimator)
         self.decode = DecodeConfig(**{f.name: getattr(cfg, f.name) for f in fields(DecodeConfig)})
@@ -156,8 +116,9 @@ class DLMPolicy(MaskedScoring):
 
     @classmethod
     def prompt_check(cls, cfg: DLMConfig):
-        """Message-list prompts (or any, with chat_template true) need the tokenizer's chat template."""
-        return chat_template_check(cfg)
+        """Message-list prompts (or any, with chat_template true) need the tokenizer's chat template
+        (DiffusionGemma's prompts with images: the processor's)."""
+        return None if cfg.family == "diffusion_gemma" else chat_template_check(cfg)
 
     def _load(self, cfg: DLMConfig) -> None:
         if cfg.model.startswith("tiny:"):
@@ -190,11 +151,11 @@ class DLMPolicy(MaskedScoring):
         was_training = self.model.training
         self.model.eval()
         sampled = not greedy and self.decode.temperature > 0
-        completion_ids, logp = block_decode(
+        trace = block_decode(
             lambda x, a, p: self.logits(self.model, x, a, p), prompt_ids.to(self.device),
             prompt_mask.to(self.device), self.decode, self.mask_id, self.eos_ids[0],
-            None if greedy else seeds, group_size, with_logp=True)
-        completion_ids = completion_ids.cpu()
+            None if greedy else seeds, group_size, traced=True)
+        completion_ids = trace.ids.cpu()
         self.model.train(was_training)
         unit_mask, truncated = self._completion_mask(completion_ids)
         ends = unit_mask.sum(1).long().tolist()
@@ -206,8 +167,9 @@ class DLMPolicy(MaskedScoring):
             completions=texts, unit_mask=unit_mask, truncated=truncated,
             columns={"completion_ids": [ids[:n].tolist() for ids, n in zip(completion_ids, ends)]},
             extras={"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                    "completion_step": trace.step.cpu(), "completion_entropy": trace.entropy.cpu(),
                     "mask_seed": mask_seeds, "mask_pass": 0},
-            rollout_logp=logp.cpu() * unit_mask if sampled else None)  # greedy decoding has no draw
+            rollout_logp=trace.logp.cpu() * unit_mask if sampled else None)  # greedy decoding has no draw
 
     def _completion_mask(self, completion_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Units up to and including the first EOS (the canvas after it is EOS filler);

@@ -28,7 +28,7 @@ from ..model_loading import (
     pretrained,
     weightless,
 )
-from .episodes import EpisodeConfig, EpisodeRunner, episode_config_problems
+from .episodes import EPISODE_COLUMNS, EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
 from .memory_workload import token_workload
@@ -165,6 +165,14 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
     def memory_workload(cls, cfg: CausalLMConfig) -> MemoryWorkload:
         """The policy on a model built from its configuration on the meta device (`memory_workload.py`)."""
         return token_workload(cls, cfg)
+
+    @classmethod
+    def output_kind(cls, cfg: CausalLMConfig) -> str:
+        return "episode" if cfg.episode.tools else "text"
+
+    @classmethod
+    def rollout_columns(cls, cfg: CausalLMConfig) -> tuple[str, ...]:
+        return EPISODE_COLUMNS if cfg.episode.tools else ("completion_ids",)
 
     @classmethod
     def prompt_check(cls, cfg: CausalLMConfig):

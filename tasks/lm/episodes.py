@@ -39,6 +39,9 @@ EPISODE_SALT = 0xE915
 TURN_MARK = "MMRL_TURN_CONTENT"  # a stand-in assistant message, to find what a template writes around it
 
 
+EPISODE_COLUMNS = ("completion_ids", "tool_calls", "turns", "turn_texts")  # what an episode hands the rewards
+
+
 @dataclass
 class EpisodeConfig:
     tools: list[str] = field(default_factory=list, metadata={"help": (

@@ -78,31 +78,7 @@ class MultimodalPolicy(CausalLMPolicy):
         return [self._chat_and_media(row) for row in prompts]
 
     def _encode_parts(self, parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        per_token: dict[str, list[Tensor]] = {}
-        per_prompt: dict[str, dict[int, Tensor]] = {}
-        ids = []
-        for i, (chat, media) in enumerate(parts):
-            enc = self.processor(text=[chat], return_tensors="pt", **media)
-            ids.append(enc["input_ids"][0])
-            for key, value in enc.items():
-                if key in TOKEN_KEYS:
-                    continue
-                if value.dim() == 2 and value.shape == enc["input_ids"].shape:
-                    per_token.setdefault(key, []).append(value[0])
-                else:
-                    per_prompt.setdefault(key, {})[i] = value
-        width = max(len(x) for x in ids)
-        left_pad = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v)  # noqa: E731
-                                              for x in xs])
-        out: dict[str, Any] = {
-            "prompt_ids": left_pad(ids, self.tokenizer.pad_token_id),
-            "prompt_mask": left_pad([torch.ones_like(x) for x in ids], 0),
-        }
-        out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
-        for key, values in per_prompt.items():  # a prompt without this input (no video, ...) gets 0 rows of it
-            empty = next(iter(values.values()))[:0]
-            out[key] = [values.get(i, empty) for i in range(len(parts))]
-        return out
+        return encode_prompt_parts(self.processor, self.tokenizer.pad_token_id, parts)
 
     def _chat_and_media(self, row: Any) -> tuple[str, dict[str, Any]]:
         """A row's prompt as chat text (one slot per medium) and the processor's media inputs."""
@@ -203,6 +179,37 @@ class MultimodalPolicy(CausalLMPolicy):
                                   attention_mask=extend(prefix["prompt_mask"], 1), **per_token,
                                   **self._joined(prefix))
         return positions
+
+
+def encode_prompt_parts(processor: Any, pad_token_id: int, parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Each prompt's chat text and media through `processor` on its own, joined: ids and mask
+    (`prompt_ids`, `prompt_mask`) and the per-token outputs (`prompt_<key>`) left-padded, the
+    per-prompt outputs (pixel values, grids) as one tensor per prompt (0 rows for a prompt without)."""
+    per_token: dict[str, list[Tensor]] = {}
+    per_prompt: dict[str, dict[int, Tensor]] = {}
+    ids = []
+    for i, (chat, media) in enumerate(parts):
+        enc = processor(text=[chat], return_tensors="pt", **media)
+        ids.append(enc["input_ids"][0])
+        for key, value in enc.items():
+            if key in TOKEN_KEYS:
+                continue
+            if value.dim() == 2 and value.shape == enc["input_ids"].shape:
+                per_token.setdefault(key, []).append(value[0])
+            else:
+                per_prompt.setdefault(key, {})[i] = value
+    width = max(len(x) for x in ids)
+    left_pad = lambda xs, v: torch.stack([nn.functional.pad(x, (width - len(x), 0), value=v)  # noqa: E731
+                                          for x in xs])
+    out: dict[str, Any] = {
+        "prompt_ids": left_pad(ids, pad_token_id),
+        "prompt_mask": left_pad([torch.ones_like(x) for x in ids], 0),
+    }
+    out.update({f"prompt_{k}": left_pad(v, 0) for k, v in per_token.items()})
+    for key, values in per_prompt.items():  # a prompt without this input (no video, ...) gets 0 rows of it
+        empty = next(iter(values.values()))[:0]
+        out[key] = [values.get(i, empty) for i in range(len(parts))]
+    return out
 
 
 def column_values(row: Any, column: str) -> list:

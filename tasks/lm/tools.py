@@ -66,12 +66,12 @@ def resolve_tools(names: Sequence[str], modules: Sequence[str]) -> dict[str, Cal
     """{name: function} for the recipe's `tools` after importing its `tool_modules`: a registered
     name, or ``FILE.py:FUNCTION`` / ``module:FUNCTION``. Each is checked to have a schema."""
     for module in modules:
-        import_user_module(module)
+        import_user_module(module, "policy.episode.tool_modules")
     tools = {}
     for name in names:
         if ":" in name:
             spec, attr = name.rsplit(":", 1)
-            fn = getattr(import_user_module(spec), attr, None)
+            fn = getattr(import_user_module(spec, "policy.episode.tools"), attr, None)
             if not callable(fn):
                 raise ValueError(f"policy.episode.tools: {spec!r} has no function {attr!r}")
             key = attr

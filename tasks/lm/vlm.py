@@ -159,6 +159,10 @@ class VLMPolicy(MultimodalPolicy):
     def media_columns(cls, cfg: VLMConfig) -> dict[str, Any]:
         return {cfg.image_column: check_image, cfg.video_column: check_video}
 
+    @classmethod
+    def rollout_columns(cls, cfg: VLMConfig) -> tuple[str, ...]:
+        return (*super().rollout_columns(cfg), "original_size", "input_size")  # `_add_image_sizes`
+
     def _load(self, cfg: VLMConfig) -> None:
         super()._load(cfg)
         use_released_positions(self.model)  # Qwen2-VL / Qwen2.5-VL: the positions vLLM and the released models use

@@ -43,6 +43,7 @@ class StageInputs:
     train_rows: Any                # mmrl.data.Rows
     eval_rows: Any                 # mmrl.data.Rows
     sampler: PromptSampler
+    bench: Any = None              # mmrl.train.loop.benchmark_pass.PeriodicBench (eval.bench), or None
 
 
 def generation_calls(groups: range, per_call: int) -> list[range]:
@@ -210,7 +211,14 @@ class RolloutCollector:
 
     @staticmethod
     def _stats(inputs: StageInputs, draws: list[Draw], kept: int) -> dict[str, float]:
+        """The step's sampling metrics; under dynamic sampling `sampling/rewarded_frac`, the share of
+        the drawn rows some reward gave a value (0: no group was kept because no reward gave any)."""
         stats = {"sampling/tries": float(len(draws)), "sampling/groups": float(kept)}
+        if inputs.cfg.sampling.dynamic:
+            algo = inputs.cfg.algorithm
+            totals = [combined_total(d.rewards, inputs.reward_weights, algo.reward_combine, algo.gates) for d in draws]
+            rewarded = [~(t.isnan() if t.dim() == 1 else t.isnan().all(1)) for t in totals]
+            stats["sampling/rewarded_frac"] = float(torch.cat(rewarded).float().mean()) if totals else 0.0
         for draw in draws:
             add_counts(stats, draw.metrics)
         for k in draws[0].auxiliary:  # e.g. T-GRPO's shuffled-frame accuracy beside reward/<name>

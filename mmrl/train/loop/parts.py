@@ -5,54 +5,78 @@ learning-rate schedule."""
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from mmrl.config.parse import ConfigError
 from mmrl.config.sections import TrainConfig
+from mmrl.core.lora import with_lora
 from mmrl.core.policy import Policy, build_policy
 from mmrl.core.regularisers import regulariser_needs
-from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, column_checks
+from mmrl.core.scoring import ENGINE_COLUMNS, ColumnBoundReward, RewardFn, column_checks, column_name_problems
 from mmrl.data import Rows, load_data, reward_columns_needed
 from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
+from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
 
 
-def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn]) -> tuple[Rows, Rows]:
+def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn],
+                        warm_start: bool = False) -> tuple[Rows, Rows]:
     """The data set, validated before any model loads: prompt column (and the adapter's
     `prompt_check`, e.g. a chat template for message lists), every column a reward needs
-    (through its column bindings) and the values rewards check, the adapter's media columns; reward
-    bindings that clash with a data column are errors."""
-    media = ADAPTERS.get(cfg.task).media_columns(policy_cfg)
+    (through its column bindings; those the adapter's rollouts give excepted) and the values rewards
+    check, the columns the adapter requires and its media columns, with `warm_start` the warm
+    start's target column in the training rows; reward bindings that clash with a data column, and
+    columns a reward's arguments name that the rows will not have (`column_name_problems`), are errors."""
+    adapter = ADAPTERS.get(cfg.task)
+    provided = (*ENGINE_COLUMNS, *adapter.rollout_columns(policy_cfg))
     bindings = {name: spec.columns for name, spec in cfg.rewards.items()}
-    required = reward_columns_needed(reward_fns, bindings, provided=ENGINE_COLUMNS)
+    required = {**reward_columns_needed(reward_fns, bindings, provided), **adapter.required_columns(policy_cfg)}
     values = column_checks({name: (spec.args, spec.columns) for name, spec in cfg.rewards.items()})
-    prompt_check = ADAPTERS.get(cfg.task).prompt_check(policy_cfg)
+    prompt_check = adapter.prompt_check(policy_cfg)
     if prompt_check is not None:
         values = [*values, (cfg.data.prompt_column, prompt_check)]
-    train, held_out = load_data(cfg.data, media, required, values)
+    ws = cfg.warm_start
+    target = {ws.target_column: f"the warm start, warm_start.target_column; warm_start.steps={ws.steps}, and "
+                                "warm_start.steps=0 trains without it"} if warm_start and ws.steps > 0 else {}
+    train, held_out = load_data(cfg.data, adapter.media_columns(policy_cfg), required, values, target)
     columns = list(train[0]) if len(train) else []
     for fn in reward_fns.values():
         bound = fn if isinstance(fn, ColumnBoundReward) else getattr(fn, "func", None)
         if isinstance(bound, ColumnBoundReward):
             bound.check(columns)
+    problems = [p for name, spec in cfg.rewards.items()  # the columns a reward sees: its bound arguments too
+                for p in column_name_problems({name: spec.args}, [*columns, *provided, *spec.columns])]
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          "\n  ".join([f"{len(problems)} problems of the rewards with the data:", *problems]))
     return train, held_out
 
 
-def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=None) -> StageInputs:
-    """A stage's rewards (bound here unless given), data and a fresh prompt sampler over it."""
+def stage_inputs(stage: Stage, plan: StagePlan, reward_fns=None, reward_weights=None,
+                 warm_start: bool = False, held_out: bool = False) -> StageInputs:
+    """A stage's rewards (bound here unless given), data (with the warm start's target column where
+    `warm_start`; with `held_out`, refused without held-out rows), a fresh prompt sampler over it and its
+    ``eval.bench`` (its rows read before any model loads)."""
     if reward_fns is None:
         reward_fns, reward_weights = bound_rewards(stage.config)
-    train, held_out = load_validated_data(stage.config, stage.policy, reward_fns)
-    return StageInputs(stage.config, reward_fns, reward_weights, train, held_out,
-                       PromptSampler(train, stage.config.sampling, plan.sampler_seed(stage)))
+    cfg = stage.config
+    train, evaluated = load_validated_data(cfg, stage.policy, reward_fns, warm_start)
+    if held_out and not len(evaluated):
+        raise UserError(f"eval: the data ({cfg.data.path or cfg.data.name}) has no held-out rows to score; "
+                        f"set data.eval_path (a held-out file, or a data set with data.eval_split)")
+    bench = cfg.eval.bench
+    return StageInputs(cfg, reward_fns, reward_weights, train, evaluated,
+                       PromptSampler(train, cfg.sampling, plan.sampler_seed(stage)),
+                       PeriodicBench(bench) if bench is not None else None)
 
 
 @dataclass
@@ -77,13 +101,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         policy.model.to(strategy.acc.device)
     strategy.place(policy.model)
     policy.use_parallel(strategy.view())
-    if cfg.optim.lora.r > 0:
-        from peft import LoraConfig, get_peft_model
-        lora = cfg.optim.lora
-        with warnings.catch_warnings():  # peft (0.21) itself reads transformers' deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            policy.model = get_peft_model(policy.model, LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules))
+    policy.model = with_lora(policy.model, cfg.optim.lora)  # as the rollout worker wraps its copy
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
         reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))

@@ -8,8 +8,9 @@ A step (`train_step`):
      (mmrl/train/loop/batching.py);
   4. update: `mu` optimizer steps over streamed micro-batches (mmrl/train/loop/update.py).
 The run (`train`): steps, held-out evaluation every `eval.every`, metrics and plots, checkpoints
-every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps and on an
-error (the state after the last completed step). The run holds its output directory's lock throughout.
+every `save_every`, a checkpoint and a clear stop on signals, on too many non-finite steps or steps
+without a reward, and on an error (the state after the last completed step); a run none of whose
+steps had a reward ends in an error. The run holds its output directory's lock throughout.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from mmrl.core.objectives import OBJECTIVES
 from mmrl.distributed import build_strategy
 from mmrl.distributed.gather import gather_objects
 from mmrl.distributed.launcher import check_world_size, with_launcher_settings
-from mmrl.errors import UserError, reading_user_input
-from mmrl.registry import import_user_module, load_plugins
+from mmrl.errors import reading_user_input
+from mmrl.registry import load_plugins
+from mmrl.serving.health import check_reward_servers
 from mmrl.serving.launch import LaunchedServers
 from mmrl.train.loop.batching import step_batch
 from mmrl.train.loop.collect import RolloutCollector
@@ -58,48 +60,47 @@ _UNSET = object()  # a policy field a stage's recipe does not give
 class Trainer(RunCheckpoints):
     @reading_user_input()  # what goes wrong while reading the recipe, data and model paths is the user's to fix
     def __init__(self, cfg: TrainConfig, accelerator=None, for_training: bool = True,
-                 held_out_evaluator: Evaluator | None = None):
-        """Validate the recipe once, claim the output directory, build the run's parts, resume.
-        `for_training=False` (scoring a checkpoint) neither claims `cfg.output_dir` nor resumes.
-        `held_out_evaluator`: a judge that is never a reward (a demo's, `evaluate`'s `evaluator`),
-        scored beside the reward at every `eval.every`."""
+                 held_out_evaluator: Evaluator | None = None, needs_held_out: bool = False):
+        """Validate the recipe once, claim the output directory, build the run's parts, resume. `for_training=False` (scoring a
+        checkpoint) neither claims `cfg.output_dir` nor resumes. `held_out_evaluator`: a judge that is never a reward (a demo's,
+        `evaluate`'s), scored beside the reward at every `eval.every`; `needs_held_out`: refuse data without held-out rows."""
         self.held_out_evaluator = held_out_evaluator
-        load_plugins()
-        for module in cfg.reward_modules:
-            import_user_module(module)
+        load_plugins()  # the recipe's reward_modules are imported by `validate`, which names a missing one
         if not cfg.rewards:
             raise ValueError("rewards: name at least one reward (see `mmrl --help` for the registered ones)")
         cfg = with_launcher_settings(cfg)  # `accelerate launch` with a config that names a strategy
         self.strategy = build_strategy(cfg)  # an unknown name: the registry's error, with the registered ones
         acc = self.accelerator = self.strategy.accelerator(accelerator)
         check_world_size(acc.num_processes)
-        self.plan = validate(cfg, acc.num_processes)  # the whole recipe, before any model, data set or reward model loads
+        self.plan = validate(cfg, acc.num_processes,  # the whole recipe, before any model, data set or reward model loads
+                             warn=logger.warning if acc.is_main_process else lambda message: None)
         self.output_dir = Path(cfg.output_dir)
         claimed, self._lock = (run_dir.claim_for_run(acc, cfg, to_dict(self.plan.recipe)) if for_training
                                else (run_dir.Claim(), None))
         try:
-            self._build(cfg, claimed.resume_from, for_training)
+            self._build(cfg, claimed.resume_from, for_training, needs_held_out or not for_training)
             if for_training and acc.is_main_process:  # clear the previous run's files, record a resume's changes
                 run_dir.settle(self.output_dir, claimed)
-            self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
             acc.wait_for_everyone()
         except BaseException:
             self.release_output_dir()
             raise
 
-    def _build(self, cfg: TrainConfig, resume_from: Path | None, for_training: bool) -> None:
-        """The run's data, model, optimizer and update, at the checkpoint `resume_from` if given
-        (scoring, not `for_training`: refused without held-out rows before the model loads)."""
+    def _build(self, cfg: TrainConfig, resume_from: Path | None, for_training: bool, held_out: bool) -> None:
+        """The run's data (with the warm start's targets when a fresh run trains; refused without
+        held-out rows when `held_out`), its reward servers (started, and answering at every url),
+        then its model, optimizer and update, at the checkpoint `resume_from` if given."""
         acc = self.accelerator
         self.stage = self.plan.stage_at(int(ckpt.read_trainer_state(resume_from)["step"]) if resume_from else 0)
         if self.plan.staged and cfg.max_steps < self.plan.planned_steps and acc.is_main_process:
             logger.warning("max_steps=%d ends the run in stage %d of the stages' %d planned steps", cfg.max_steps,
                            self.plan.stage_at(cfg.max_steps).index, self.plan.planned_steps)
         self.cfg = self.stage.config
-        self.inputs = stage_inputs(self.stage, self.plan)
-        if not for_training and not len(self.inputs.eval_rows):
-            raise UserError(f"eval: the data ({cfg.data.path or cfg.data.name}) has no held-out rows to score; "
-                            f"set data.eval_path (a held-out file, or a data set with data.eval_split)")
+        self.inputs = stage_inputs(self.stage, self.plan, warm_start=for_training and resume_from is None,
+                                   held_out=held_out)
+        self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
+        if acc.is_main_process:  # the servers the run did not start too
+            check_reward_servers(cfg.rewards)
         parts = build_parts(self.stage, self.plan, self.strategy)
         self.policy, self.model, self.optimizer, self.reference = parts.policy, parts.model, parts.optimizer, parts.reference
         self.scheduler = parts.scheduler
@@ -200,10 +201,10 @@ class Trainer(RunCheckpoints):
         progress = Progress(cfg.max_steps, initial=self.step, enabled=cfg.logging.progress and acc.is_main_process,
                             print_every=cfg.logging.print_every if acc.is_main_process else 0)
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
-        if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
-            self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
+                if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
+                    self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     self._evaluate_every(metrics)
@@ -214,6 +215,7 @@ class Trainer(RunCheckpoints):
                     self._save_or_stop(stop)
             if not cfg.save_every or self.step % cfg.save_every:
                 self.save_checkpoint()
+            health.finish()  # a run none of whose steps had a reward is an error
         finally:
             if self.collector.worker is not None:
                 self.collector.worker.stop()
@@ -277,14 +279,14 @@ class Trainer(RunCheckpoints):
     def evaluate(self, rows: list[dict] | None = None, evaluator=None, keep_samples: bool = False,
                  kept_rows: int | None = None) -> dict:
         """Held-out scores (`mmrl.train.loop.evaluation.evaluate`), with `evaluator`'s beside the reward's
-        (and the samples of the first `kept_rows` rows with `keep_samples`)."""
+        (and the samples of the first `kept_rows` rows with `keep_samples`), and eval.bench's figures."""
         cfg = self.cfg
         rows = (rows if rows is not None else self.inputs.eval_rows)[: cfg.eval.max_prompts]
         with self.collector.rollout_params():
-            return evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights,
-                            cfg.eval.group_size, cfg.seed, combine=cfg.algorithm.reward_combine,
-                            gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples, kept_rows=kept_rows,
-                            show_progress=cfg.logging.progress and self.accelerator.is_main_process)
+            scores = evaluate(self.policy, rows, self.inputs.reward_fns, self.inputs.reward_weights, cfg.eval.group_size, cfg.seed,
+                              combine=cfg.algorithm.reward_combine, gates=cfg.algorithm.gates, evaluator=evaluator, keep_samples=keep_samples,
+                              kept_rows=kept_rows, show_progress=cfg.logging.progress and self.accelerator.is_main_process)
+            return {**scores, **(self.inputs.bench.scores(self.policy, cfg.seed) if self.inputs.bench else {})}
 
     def warm_start(self) -> float:
         """Supervised warm start (`warm_start.*`) of the policy on the data set's targets (none when

@@ -93,6 +93,8 @@ class PolicyUpdate(KeptLogprobs):
         mb = batch.rollout.select(idx)
         if self.objective.unit_terms == "implicit_velocity":
             return self._implicit_velocity_terms(batch, idx, mb, units)
+        if self.objective.unit_terms == "logprob_bounds":
+            return self._bound_terms(batch, idx, mb, units)
         want_entropy = with_entropy or regulariser_needs(algo, "entropy")
         kl = divergence = None
         if old_means is not None:  # trust_region dppo with kept old means
@@ -109,11 +111,15 @@ class PolicyUpdate(KeptLogprobs):
         old = old_logp[idx][:, units].to(device) if old_logp is not None else logp.detach()
         mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
         is_weight = capped = None
+        sampled = self.policy.unit_weights(mb, units)  # the units this pass trains, with their weights
+        if sampled is not None:
+            mask, is_weight = mask * (sampled.to(device) > 0), sampled.to(device)
         if mb.rollout_logp is not None:
             rollout_logp = mb.rollout_logp[:, units].to(device)
             if algo.rollout_correction != "none":
-                is_weight, capped = importance_weights(old, rollout_logp, algo.rollout_correction,
-                                                       algo.rollout_correction_cap)
+                correction, capped = importance_weights(old, rollout_logp, algo.rollout_correction,
+                                                        algo.rollout_correction_cap)
+                is_weight = correction if is_weight is None else is_weight * correction
             if not empty:
                 add_sums(sums, mismatch_sums(old, rollout_logp, mask, capped))
         return self.objective.loss(
@@ -135,6 +141,13 @@ class PolicyUpdate(KeptLogprobs):
         mask = mb.unit_mask[:, units].to(device) * batch.row_mask[idx, None].to(device)
         return self.objective.loss(positive, negative, batch.advantages[idx].to(device), mask,
                                    batch.weights[idx][:, units].to(device), algo, kl=kl)
+
+    def _bound_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
+        """The loss of rows `idx` over `units` from the adapter's log-likelihood bounds (spg)."""
+        lower, upper = self.policy.logprob_bounds(self.model, mb, units)
+        mask = mb.unit_mask[:, units].to(lower.device) * batch.row_mask[idx, None].to(lower.device)
+        return self.objective.loss(lower, upper, batch.advantages[idx].to(lower.device), mask,
+                                   batch.weights[idx][:, units].to(lower.device), self.cfg.algorithm)
 
     def _check_rollout_logp(self, local: Rollout) -> dict[str, float]:
         """The mismatch sums to report (none without sampler log-probs), or a clear error where the

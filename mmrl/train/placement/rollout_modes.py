@@ -38,7 +38,6 @@ def rollout_mode_problems(cfg: TrainConfig, num_processes: int) -> list[str]:
     needs = {"task": (cfg.task in workers, f"task={cfg.task!r} (the rollout worker runs {', '.join(workers)})"),
              "policy": (policy_problem is None, policy_problem),
              "processes": (num_processes == 1, f"{num_processes} processes (the rollout worker serves one)"),
-             "lora": (cfg.optim.lora.r == 0, f"optim.lora.r={cfg.optim.lora.r} (the worker takes whole weights)"),
              "dynamic": (not cfg.sampling.dynamic, "sampling.dynamic=true (a redraw waits for the rewards)"),
              "stages": (not cfg.stages, "stages (a stage may change what the worker generates)"),
              "eval": (not (cfg.eval.every and cfg.policy.get("rollout_engine") == "vllm"),

@@ -4,11 +4,14 @@ free local port, so the trainer's default process group, if it has one, is left 
 is chosen from the two models' devices: NCCL between two different CUDA devices, gloo (CPU copies)
 otherwise. Only gloo is tested.
 
-A transfer is the state dict flattened into one buffer per dtype, broadcast from the trainer. The
-trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
-broadcast and goes on training; the worker receives the buffers when it reads the transfer's
-("weights", version) message (mmrl/train/placement/rollout_worker.py) and copies them into its model in
-place. The buffers of a completed broadcast are reused by the next transfer; a failed one (the
+A transfer is a part of the state dict flattened into one buffer per dtype, broadcast from the
+trainer: the whole state dict (parameters and persistent buffers) first, then after every update
+the parameters the optimizer trains and the buffers, where the model has frozen parameters (with
+LoRA: the adapter's tensors, the base weights never change), else the whole state dict again. The trainer's broadcast is
+asynchronous: it copies the weights into buffers of their own, starts the broadcast and goes on
+training; the worker receives the buffers when it reads the transfer's ("weights", version, part)
+message (mmrl/train/placement/rollout_worker.py) and copies them into its model in place. The
+buffers of a completed broadcast are reused by the next transfer of the same part; a failed one (the
 worker died: its connection closed) raises there.
 """
 
@@ -24,14 +27,34 @@ HOST = "127.0.0.1"
 # How long a broadcast may wait for the other side: the trainer's waits while the worker finishes the
 # generation calls it is in; a dead peer fails at once (its connection closes), a hung one after this.
 TRANSFER_TIMEOUT = datetime.timedelta(hours=1)
+# How long forming the group may wait for the other side: both enter it once the worker has built its
+# model and said so (WORKER_DEVICE_KEY), so only a side that died meanwhile keeps the other waiting.
+JOIN_TIMEOUT = datetime.timedelta(minutes=2)
 WORKER_DEVICE_KEY = "worker_device"
+# The parts of the state dict a transfer carries: the whole of it, or the parameters the optimizer trains
+WHOLE, TRAINED = "whole", "trained"
 
-# [(name, shape, dtype)] of the trainer's state dict, in its order
+# [(name, shape, dtype)] of a part of the trainer's state dict, in its order
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
 
 
 def layout_of(state: dict[str, torch.Tensor]) -> Layout:
     return [(name, tuple(t.shape), t.dtype) for name, t in state.items()]
+
+
+def transfer_layouts(model: torch.nn.Module) -> dict[str, Layout]:
+    """The layouts of the two parts a transfer may carry: WHOLE (the state dict) and TRAINED (its
+    entries that may change in training: the parameters the optimizer trains, those that require
+    grad, and the persistent buffers, which a forward may update, as a batch norm's statistics)."""
+    state = model.state_dict(keep_vars=True)
+    return {WHOLE: layout_of(state), TRAINED: [(name, tuple(t.shape), t.dtype) for name, t in state.items()
+                                               if t.requires_grad or not isinstance(t, torch.nn.Parameter)]}
+
+
+def part_after_updates(model: torch.nn.Module) -> str:
+    """What the transfers after the first carry: TRAINED where some parameters are frozen (LoRA: the
+    adapter's tensors; frozen weights never change), else the whole state dict."""
+    return TRAINED if any(not p.requires_grad for p in model.parameters()) else WHOLE
 
 
 def backend_for(trainer_device: torch.device, worker_device: torch.device) -> str:
@@ -47,16 +70,16 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def _group(store: dist.Store, rank: int, backend: str, device: torch.device) -> dist.ProcessGroup:
     if backend == "nccl":
         torch.cuda.set_device(device)
-        return dist.ProcessGroupNCCL(store, rank, 2, TRANSFER_TIMEOUT)
+        return dist.ProcessGroupNCCL(store, rank, 2, JOIN_TIMEOUT)
     options = dist.ProcessGroupGloo._Options()
-    options._timeout = TRANSFER_TIMEOUT
+    options._timeout = JOIN_TIMEOUT
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 
 def _broadcast(group: dist.ProcessGroup, buffer: torch.Tensor) -> dist.Work:
     options = dist.BroadcastOptions()
-    options.rootRank, options.rootTensor = 0, 0
+    options.rootRank, options.rootTensor, options.timeout = 0, 0, TRANSFER_TIMEOUT
     return group.broadcast([buffer], options)
 
 
@@ -71,20 +94,33 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(torch.Size(shape).numel())
 
 
-class WeightsSender:
-    """The trainer's side: opens the store, waits for the worker to join, broadcasts transfers."""
+def _buffers(layout: Layout, device: torch.device) -> list[torch.Tensor]:
+    """One empty buffer per dtype of `layout`, in `_by_dtype`'s order."""
+    return [torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=device)
+            for dtype, entries in _by_dtype(layout).items()]
 
-    def __init__(self) -> None:
+
+def transfer_bytes(layout: Layout) -> int:
+    """The bytes a transfer of `layout` carries."""
+    return sum(_numel(shape) * dtype.itemsize for _, shape, dtype in layout)
+
+
+class WeightsSender:
+    """The trainer's side: opens the store, waits for the worker to join, broadcasts transfers of the
+    parts of `layouts` (`transfer_layouts` of the trainer's model)."""
+
+    def __init__(self, layouts: dict[str, Layout]) -> None:
+        self.layouts = layouts
         self.store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
         self.port = self.store.port
         self.group: dist.ProcessGroup | None = None
         self.device = torch.device("cpu")
-        self.sending: list[tuple[list[torch.Tensor], list[dist.Work]]] = []  # buffers and their broadcasts
-        self.spare: list[torch.Tensor] | None = None  # a completed transfer's buffers, reused (no fresh pages)
+        self.sending: list[tuple[str, list[torch.Tensor], list[dist.Work]]] = []  # part, buffers, their broadcasts
+        self.spare: tuple[str, list[torch.Tensor]] | None = None  # a completed transfer's part and buffers, reused
 
     def connect(self, trainer_device: torch.device, wait: Callable[[], None]) -> None:
         """Form the group once the worker has joined; `wait` is called meanwhile (it raises if the
-        worker died)."""
+        worker died). A worker that dies while the group forms fails it (RuntimeError)."""
         while not self.store.check([WORKER_DEVICE_KEY]):
             wait()
         worker_device = torch.device(self.store.get(WORKER_DEVICE_KEY).decode())
@@ -92,34 +128,33 @@ class WeightsSender:
         self.device = trainer_device if backend == "nccl" else torch.device("cpu")
         self.group = _group(self.store, 0, backend, self.device)
 
-    def send(self, model: torch.nn.Module) -> None:
-        """Copy the weights into buffers of their own and start their broadcast (the worker receives them
-        when it reads the transfer's message)."""
+    def send(self, model: torch.nn.Module, part: str) -> None:
+        """Copy `part` of the weights into buffers of their own and start their broadcast (the worker
+        receives them when it reads the transfer's message)."""
         self.release_sent()
         state = model.state_dict()
-        buckets = _by_dtype(layout_of(state))
-        buffers, self.spare = self.spare or [
-            torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
-            for dtype, entries in buckets.items()], None
+        buckets = _by_dtype(self.layouts[part])
+        spare, self.spare = self.spare, None
+        buffers = spare[1] if spare is not None and spare[0] == part else _buffers(self.layouts[part], self.device)
         with torch.no_grad():
             for buffer, entries in zip(buffers, buckets.values(), strict=True):
                 offset = 0
                 for name, shape in entries:
                     buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
                     offset += _numel(shape)
-        self.sending.append((buffers, [_broadcast(self.group, buffer) for buffer in buffers]))
+        self.sending.append((part, buffers, [_broadcast(self.group, buffer) for buffer in buffers]))
 
     def release_sent(self) -> None:
         """Keep the buffers of the completed transfers for the next; a failed one raises its error
         (RuntimeError)."""
         waiting = []
-        for buffers, works in self.sending:
+        for part, buffers, works in self.sending:
             if all(work.is_completed() for work in works):
                 for work in works:
                     work.wait()
-                self.spare = buffers
+                self.spare = part, buffers
             else:
-                waiting.append((buffers, works))
+                waiting.append((part, buffers, works))
         self.sending = waiting
 
     def close(self) -> None:
@@ -130,33 +165,37 @@ class WeightsSender:
 class WeightsReceiver:
     """The worker's side: joins the trainer's store and group, receives transfers into its model."""
 
-    def __init__(self, port: int, layout: Layout, model: torch.nn.Module, trainer_device: torch.device):
+    def __init__(self, port: int, layouts: dict[str, Layout], model: torch.nn.Module, trainer_device: torch.device):
         own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        theirs = {name: shape for name, shape, _ in layout}
+        theirs = {name: shape for name, shape, _ in layouts[WHOLE]}
         if own != theirs:
             differ = sorted(set(own.items()) ^ set(theirs.items()))[:4]
             raise RuntimeError(f"the rollout worker's model differs from the trainer's: {differ}")
-        self.layout, self.model = layout, model
+        self.layouts, self.model = layouts, model
         device = model_device(model)
         backend = backend_for(trainer_device, device)
         self.device = device if backend == "nccl" else torch.device("cpu")
-        self.buffers = {dtype: torch.empty(sum(_numel(shape) for _, shape in entries), dtype=dtype, device=self.device)
-                        for dtype, entries in _by_dtype(layout).items()}
+        self.buffers: tuple[str, list[torch.Tensor]] | None = None  # the last transfer's part and buffers
         store = dist.TCPStore(HOST, port, 2, is_master=False)
         store.set(WORKER_DEVICE_KEY, str(device))
         self.group = _group(store, 1, backend, self.device)
 
-    def receive(self) -> None:
-        """The next transfer, copied into the model in place (cast to its dtypes where they differ).
-        The copies bump the parameters' version counters, as a checkpoint load does: a policy's vLLM
-        engine sees its weights stale by them (`vllm_weights.weights_fingerprint`) and is sent the new
-        ones before its next rollout."""
+    def receive(self, part: str) -> None:
+        """The next transfer, of `part`, copied into the model in place (cast to its dtypes where they
+        differ). The copies bump the parameters' version counters, as a checkpoint load does: a
+        policy's vLLM engine sees its weights stale by them (`vllm_weights.weights_fingerprint`) and is
+        sent the new ones before its next rollout. The buffers are kept for the next transfer of the
+        same part (those of the first, whole one are freed when the trained part follows)."""
+        layout = self.layouts[part]
+        buffers = self.buffers[1] if self.buffers is not None and self.buffers[0] == part \
+            else _buffers(layout, self.device)
+        self.buffers = None
         state = self.model.state_dict()
         with torch.no_grad():
-            for dtype, entries in _by_dtype(self.layout).items():
-                buffer = self.buffers[dtype]
+            for buffer, entries in zip(buffers, _by_dtype(layout).values(), strict=True):
                 _broadcast(self.group, buffer).wait()
                 offset = 0
                 for name, shape in entries:
                     state[name].copy_(buffer[offset:offset + _numel(shape)].view(shape))
                     offset += _numel(shape)
+        self.buffers = part, buffers

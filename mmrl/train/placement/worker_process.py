@@ -1,5 +1,6 @@
 """The rollout worker's process (`rollout.mode: one_step_off` and `async`, docs/async.md): it builds
-the policy (and, where it scores, the rewards) from the recipe, receives the trained weights, and
+the policy as the trainer does (the adapter from the recipe, with the engine's LoRA: `core.lora`)
+and, where it scores, the rewards, receives the trained weights, and
 answers the trainer's requests for rollouts (the messages: placement/rollout_worker.py). A failure
 is sent to the trainer as `failure_message`, which raises it as the worker's death."""
 
@@ -16,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mmrl.config.parse import parse_config
+from mmrl.core.lora import with_lora
 from mmrl.core.policy import build_policy
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
@@ -37,11 +39,11 @@ def failure_message(error: BaseException) -> tuple:
 
 
 def serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Queue,
-          weights: tuple[int, Layout, torch.device]) -> None:
+          weights: tuple[int, dict[str, Layout], torch.device]) -> None:
     """The worker process: build the policy (and, with `scores_in_worker`, the rewards) from the
-    recipe, join the trainer's weights group (`weights`: its port, the trainer's state dict layout
-    and device), then answer messages until ("stop",); with `newest_weights`, every waiting message
-    is read before each generation."""
+    recipe, join the trainer's weights group (`weights`: its port, the layouts of the parts of the
+    trainer's state dict a transfer carries, its device), then answer messages until ("stop",); with
+    `newest_weights`, every waiting message is read before each generation."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # the trainer stops the run (a checkpoint first), then the worker
         signal.signal(stop, signal.SIG_IGN)
     scorer = None
@@ -51,13 +53,14 @@ def serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Qu
         cfg = parse_config(recipe, [])
         policy = build_policy(cfg)
         policy.prompt_column = cfg.data.prompt_column
+        policy.model = with_lora(policy.model, cfg.optim.lora)  # the trainer's modules and names, to take its weights
         policy.model.eval()
         if scores_in_worker(cfg):
             for module in cfg.reward_modules:
-                import_user_module(module)
+                import_user_module(module, "reward_modules")
             scorer = CallScorer(bound_rewards(cfg)[0], results)
-        port, layout, trainer_device = weights
-        receiver = WeightsReceiver(port, layout, policy.model, trainer_device)
+        port, layouts, trainer_device = weights
+        receiver = WeightsReceiver(port, layouts, policy.model, trainer_device)
         version, pending = 0, deque()
         while True:
             read = newest_weights or not pending  # one_step_off: each request generated as it is read
@@ -78,7 +81,7 @@ def serve(recipe: dict, newest_weights: bool, requests: mp.Queue, results: mp.Qu
                 return
             elif message[0] == "weights":
                 version = message[1]
-                receiver.receive()
+                receiver.receive(message[2])
             else:
                 key, rows, group_size, seeds = message[1:]
                 pending.append((key, pickle.loads(rows), group_size, seeds))

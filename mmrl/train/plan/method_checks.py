@@ -17,6 +17,9 @@ def check_algorithm(cfg: TrainConfig, problems: list[str]) -> None:
     check_name(problems, OBJECTIVES, "algorithm.objective", algo.objective)
     check_name(problems, AGGREGATIONS, "algorithm.aggregation", algo.aggregation)
     check_name(problems, KL_ESTIMATORS, "algorithm.kl_estimator", algo.kl_estimator, [CLOSED_FORM_KL])
+    if algo.kl_level == "sequence" and algo.kl_estimator == CLOSED_FORM_KL:
+        problems.append("algorithm.kl_level='sequence' applies an estimator (k1, k2, k3) to the rows' summed "
+                        "log-probs; kl_estimator closed_form is the adapter's per-unit KL")
     if algo.ratio_level == "chunk" and not algo.chunks:
         problems.append("algorithm.chunks: ratio_level='chunk' needs the chunk sizes (a list of unit counts)")
     if algo.estimator == "median" and algo.group_size % 2 == 0:  # mmrl/core/advantages.py's median_advantages
@@ -64,14 +67,21 @@ def check_ratio_norm(cfg: TrainConfig, adapter_problem: str | None, problems: li
 
 
 def check_unit_terms(cfg: TrainConfig, given: str, problems: list[str]) -> None:
-    """The objective takes what the adapter's units give (log-probs, or DiffusionNFT's implicit
-    velocity losses), and an implicit-velocity objective is run as its authors run it."""
+    """The objective takes what the adapter's units give (log-probs, DiffusionNFT's implicit
+    velocity losses, or SPG's likelihood bounds), and such an objective is run as its authors run it."""
     algo = cfg.algorithm
     wanted = OBJECTIVES.get(algo.objective).unit_terms
     if wanted != given:
         problems.append(f"algorithm.objective={algo.objective!r} takes {wanted} from the policy, and the "
                         f"{cfg.task!r} adapter under this policy section gives {given} "
-                        f"(DiffusionNFT: objective nft with task diffusion and policy.units: forward_process)")
+                        f"(DiffusionNFT: objective nft with task diffusion and policy.units: forward_process; SPG: "
+                        f"objective spg with task dlm and policy.estimator: spg)")
+    if wanted == "logprob_bounds":
+        for name in ("beta", "entropy_coef", "llds_coef"):
+            if getattr(algo, name):
+                problems.append(f"algorithm.{name}={getattr(algo, name)}: objective {algo.objective!r} trains on "
+                                "likelihood bounds, with no KL, entropy or LLDS term (SPG's); set it to 0")
+        return
     if wanted != "implicit_velocity":
         return
     if algo.mu != 1:

@@ -4,12 +4,14 @@
 - the ``policy:`` section against the chosen adapter's own ``Config`` dataclass, and local model
   paths that do not exist;
 - each reward's ``args`` against the reward function's signature (an argument it does not name
-  is an error even when it takes ``**kwargs``, with the closest name as a suggestion);
+  is an error even when it takes ``**kwargs``, with the closest name as a suggestion) and the
+  values its ``Literal`` annotations allow, the kinds of completion it scores against the
+  adapter's, its urls' form;
 - every registry name (task, data set, reward, estimator, objective, aggregation, KL estimator,
   LR schedule, reporter);
 - the range of every number in `RANGES` (group size >= 2, positive counts and rates, ...).
 The checks of each concern are modules of their own: range_checks, registry_names,
-method_checks, reward_checks.
+method_checks, reward_checks, learning_rates (a rate above optim.max_lr refused, a large one warned of).
 The structure of the recipe (unknown keys, types) is checked when it is parsed
 (`mmrl.config.from_dict`), for every dataclass field whoever adds it.
 """
@@ -17,15 +19,19 @@ The structure of the recipe (unknown keys, types) is checked when it is parsed
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.core.regularisers import regulariser_needs
+from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
-from mmrl.registry import ADAPTERS, DATASETS, import_user_module, load_plugins
+from mmrl.registry import ADAPTERS, BENCHMARKS, DATASETS, import_user_module, load_plugins
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
+from mmrl.train.plan.learning_rates import check_learning_rates
 from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
 from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
@@ -34,20 +40,22 @@ from mmrl.train.plan.stages import StagePlan
 from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+logger = logging.getLogger(__name__)
 
 
-def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
+def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
+    """The ``policy:`` section's problems; returns what the adapter's completions are (None: not known)."""
     if not check_name(problems, ADAPTERS, "task", cfg.task):
-        return
+        return None
     adapter = ADAPTERS.get(cfg.task)
     try:
         policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
     except ConfigError as e:
         problems += str(e).splitlines()
-        return
+        return None
     except (TypeError, ValueError) as e:
         problems.append(f"policy: {e}")
-        return
+        return None
     for name, value in vars(policy_cfg).items():
         if isinstance(value, str) and value.startswith(LOCAL_PATH_PREFIXES) and not Path(value).expanduser().exists():
             problems.append(f"policy.{name}: local path {value!r} does not exist")
@@ -63,6 +71,7 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> None:
         check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
     if cfg.algorithm.trust_region == "dppo":
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+    return adapter.output_kind(policy_cfg)
 
 
 def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
@@ -75,16 +84,19 @@ def _check_optim(cfg: TrainConfig, problems: list[str], num_processes: int) -> N
         problems.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
 
 
-def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int) -> StagePlan | None:
+def _stage_plan(cfg: TrainConfig, problems: list[str], num_processes: int,
+                output_kind: str | None) -> StagePlan | None:
     """The run's stage plan, each stage's settings checked as the recipe's (ranges, prompts per step
-    against the processes); None where the recipe's own problems, already reported, keep it from
-    being built."""
+    against the processes, rewards of its own); None where the recipe's own problems, already
+    reported, keep it from being built."""
     if not cfg.stages and problems:
         return None
     plan = StagePlan(cfg)
     for stage in plan.stages if cfg.stages else ():
         found: list[str] = []
         check_ranges(stage.config, found)
+        if stage.config.rewards != cfg.rewards:
+            check_rewards(stage.config, found, output_kind)
         pps = stage.config.optim.prompts_per_step
         if pps >= 1 and pps % num_processes:
             found.append(f"optim.prompts_per_step={pps} must be a multiple of the {num_processes} processes")
@@ -101,8 +113,15 @@ def _check_data_and_logging(cfg: TrainConfig, problems: list[str]) -> None:
         check_name(problems, DATASETS, "data.name", data.name)
     for key in ("path", "eval_path"):
         value = getattr(data, key, None)
-        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists():
+        if isinstance(value, str) and ":" not in value and not Path(value).expanduser().exists() \
+                and not is_hub_id(value):  # a hub id is loaded with the data, before any model
             problems.append(f"data.{key}: {value!r} does not exist")
+    bench = cfg.eval.bench
+    if bench is not None and check_name(problems, BENCHMARKS, "eval.bench.name", bench.name):
+        unknown = sorted(set(bench.options) - set(BENCHMARKS.get(bench.name).options))
+        problems += [f"eval.bench.options: benchmark {bench.name!r} has no option {unknown[0]!r}"] if unknown else []
+    if bench is not None and bench.num_prompts < 1:
+        problems.append(f"eval.bench.num_prompts={bench.num_prompts} must be >= 1")
     report_to = [cfg.logging.report_to] if isinstance(cfg.logging.report_to, str) else cfg.logging.report_to
     for r in report_to:
         if r not in REPORTERS:
@@ -138,20 +157,22 @@ def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
                         "the model before the warm start; train without LoRA, or without the KL")
 
 
-def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
+def validate(cfg: TrainConfig, num_processes: int = 1, warn: Callable[[str], None] | None = None) -> StagePlan:
     """Raise one `ConfigError` listing every problem of `cfg`, or return the run's plan: its stages,
     each with its ``policy:`` section typed by the adapter (the only place it is typed). Imports the
     plugins and the recipe's `reward_modules` (to know their names), loads no model, data set or
-    reward model."""
+    reward model. `warn`: where what may be a mistake but trains goes (default: this module's logger)."""
     load_plugins()
     problems: list[str] = []
     for module in cfg.reward_modules:
         try:
-            import_user_module(module)
-        except (ImportError, FileNotFoundError) as e:
+            import_user_module(module, "reward_modules")
+        except FileNotFoundError as e:
+            problems.append(str(e))
+        except ImportError as e:
             problems.append(f"reward_modules: {module!r}: {e}")
-    _check_policy(cfg, problems)
-    check_rewards(cfg, problems)
+    output_kind = _check_policy(cfg, problems)
+    check_rewards(cfg, problems, output_kind)
     check_algorithm(cfg, problems)
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
@@ -159,7 +180,9 @@ def validate(cfg: TrainConfig, num_processes: int = 1) -> StagePlan:
     _check_warm_start(cfg, problems)
     check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)
-    plan = _stage_plan(cfg, problems, num_processes)
+    plan = _stage_plan(cfg, problems, num_processes, output_kind)
+    stages = [stage.config for stage in plan.stages] if plan is not None and cfg.stages else []
+    check_learning_rates(cfg, stages, problems, warn or logger.warning)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:

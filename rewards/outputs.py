@@ -1,0 +1,8 @@
+"""The kinds of completion the built-in rewards declare they score (``register_reward(...,
+outputs=...)``), matched before anything loads against what the recipe's adapter draws
+(`Policy.output_kind`): a reward of text on a text-to-image policy is refused naming both."""
+
+TEXT = ("text", "episode")  # a language model's text; an episode's last turn (its turns are columns)
+IMAGE = ("image", "video")  # an image, or a video's frames scored as images (`video_frames.per_frame`)
+VIDEO = ("video",)          # a video's frames, with its `fps` column
+AUDIO = ("audio",)          # a waveform
