@@ -230,8 +230,22 @@ def test_bench_dlm(tmp_path):
 def test_bench_rewards_overlap(tmp_path):
     report = bench("bench_rewards.py", tmp_path, "--overlap", "--latency", "0.01", "--prompts", "2", "--group", "2",
                    "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1")
-    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s")
+    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s",
+                  "overlap_bound", "phase_balance", "ratio_to_bound")
     assert report["setup"]["groups_per_call"] == 1
+    serial = report["serial"]
+    hidden = min(serial["time_generate_s"], serial["time_reward_s"])
+    assert report["overlap_bound"] == pytest.approx(1 - hidden / serial["time_step_s"])
+
+
+def test_overlap_bound_hides_the_shorter_phase(monkeypatch):
+    """A serial step of 1.0 s: 0.5 s generating, 0.4 s scoring, 0.1 s else. At best the 0.4 s of
+    scoring hide behind generation: 0.6 s, a bound of 0.6; a measured 0.66 is 1.1 times it."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_rewards import overlap_bound
+    got = overlap_bound({"time_generate_s": 0.5, "time_reward_s": 0.4, "time_step_s": 1.0}, 0.66)
+    assert got == pytest.approx({"overlap_bound": 0.6, "phase_balance": 0.8, "ratio_to_bound": 1.1})
 
 
 def test_bench_rewards(tmp_path):
