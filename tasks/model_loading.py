@@ -2,7 +2,8 @@
 (`tiny:NAME`, filled by `tasks.demos`), for the token adapters (causal_lm, the multimodal ones, dlm)
 the tokenizer and its left padding, and models built without their weights.
 
-`weightless()` is the memory plan's way in (`Policy.memory_workload`): inside it every module's
+`weightless()` builds a model without its memory (for planning a recipe's memory before any
+download, with mmrl/experiments/memory_trace.py): inside it every module's
 parameters and buffers are made on the meta device (shapes and dtypes, no memory), and
 `pretrained(...)` builds a model from its configuration (a local path's config.json, or a hub id's,
 downloaded alone) instead of reading its weights. Everything else (tokenizers, processors,

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from mmrl.config.parse import from_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.media import Medium, medium
-from mmrl.core.memory import MemoryWorkload
 from mmrl.core.parallel import ParallelView
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
@@ -102,14 +101,8 @@ class Policy(ABC):
     def model_configuration(cls, cfg: Any) -> Any:
         """The model's configuration without its weights (a transformers config, a diffusion pipeline's
         component configurations): from the tiny builder, a local path's config files, or a hub id's
-        (downloaded alone). The memory plan reads it (`mmrl plan`)."""
-        raise UserError(f"{cls.__name__} gives no model configuration: `mmrl plan` cannot plan its memory")
-
-    @classmethod
-    def memory_workload(cls, cfg: Any) -> MemoryWorkload:
-        """The adapter built on the meta device from `model_configuration(cfg)` (no weights, no memory),
-        with its step's work as callables the memory plan traces (mmrl/core/memory.py)."""
-        raise UserError(f"{cls.__name__} has no memory workload: `mmrl plan` cannot plan its memory")
+        (downloaded alone), for planning a recipe's memory before any download."""
+        raise UserError(f"{cls.__name__} gives no model configuration without loading its weights")
 
     @classmethod
     def config_problems(cls, cfg: Any) -> list[str]:

@@ -1,6 +1,6 @@
-"""The memory plan's tracer: runs a policy's own code on modules built on the meta device, so that
-a model of any size is traced without its weights, and counts the bytes its tensors would take on
-the device the plan is for.
+"""A tracer for planning memory before any download: runs a policy's own code on modules built on
+the meta device, so that a model of any size is traced without its weights, and counts the bytes
+its tensors would take on the device the plan is for.
 
 An operation whose tensor arguments are all real runs for real (token ids, masks, the bookkeeping
 that decides what runs); one that touches a meta tensor runs on the meta device (no memory, no

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
-from mmrl.core.memory import MemoryWorkload
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import (
@@ -31,7 +30,6 @@ from ..model_loading import (
 from .episodes import EPISODE_COLUMNS, EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
-from .memory_workload import token_workload
 from .logprob_settings import (
     logprob_check_field,
     logprob_check_tolerance_field,
@@ -160,11 +158,6 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             with weightless():
                 return load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)[0].config
         return model_configuration(cfg.model, cfg.trust_remote_code)
-
-    @classmethod
-    def memory_workload(cls, cfg: CausalLMConfig) -> MemoryWorkload:
-        """The policy on a model built from its configuration on the meta device (`memory_workload.py`)."""
-        return token_workload(cls, cfg)
 
     @classmethod
     def output_kind(cls, cfg: CausalLMConfig) -> str:
