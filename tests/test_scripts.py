@@ -390,3 +390,34 @@ def test_bench_gsm8k_text_demo(tmp_path):
     for name in ("base", "checkpoint"):
         assert {"value", "se", "n"} <= set(report[name]["flexible_extract"]) and report[name]["flexible_extract"]["n"] == 4
     assert math.isfinite(report["difference"])
+
+
+def test_gpu_suite_checks_without_a_gpu(tmp_path):
+    """The GPU suite parses, shows its help, refuses a call without OUT_DIR (2) and, on a machine with
+    no CUDA device, refuses to run (3) before writing anything."""
+    script = str(SCRIPTS / "gpu_suite.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and "--dry-run" in shown.stdout and "engine_memory" in shown.stdout
+    assert subprocess.run(["bash", script], capture_output=True, text=True).returncode == 2
+    import torch
+    if not torch.cuda.is_available():
+        refused = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHON": sys.executable})
+        assert refused.returncode == 3 and "--dry-run" in refused.stderr
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # 30 s idle (150 s at load 10): six scripts started for their --help
+def test_gpu_suite_dry_run_starts_every_script(tmp_path):
+    """--dry-run prints each benchmark's command, with its JSON under OUT_DIR, and every script starts;
+    the limits add up to at most 9 minutes."""
+    import re
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_suite.sh"), "--dry-run", str(tmp_path)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    names = [line.split(" ")[0] for line in lines]
+    assert names == ["logprob", "logprob_frozen", "engine_memory", "wan_1_3b", "rollout_vllm", "dlm"]
+    assert all(f"--json {tmp_path}/{name}.json" in line for name, line in zip(names, lines))
+    assert sum(int(re.search(r"limit (\d+)s", line).group(1)) for line in lines) <= 540
