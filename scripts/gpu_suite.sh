@@ -14,13 +14,13 @@
 #                  GRPOTrainer (80)
 #   logprob_frozen bench_logprob.py --frozen-head: the same table with the projection frozen (50)
 #   engine_memory  bench_engine.py --memory: peak allocated memory of one step of mmrl, TRL and the
-#                  bare loop at the 151,936-token vocabulary and 512-token completions (70)
+#                  bare loop at the 151,936-token vocabulary and 512-token completions (90)
 #   wan_1_3b       gpu_dry_run.py on t2v_wan.yaml at Wan2.1-T2V-1.3B's size, bf16, 4 videos of
 #                  240 x 416 x 33 frames, the published overrides but 10 denoising steps and 2
 #                  training steps, so that it fits the suite's 9 minutes (180)
 #   rollout_vllm   bench_rollout.py --device cuda: HF generate against vLLM rollouts (90; skipped
 #                  when vllm is not importable)
-#   dlm            bench_dlm.py: the masked-diffusion and DiffusionGemma-shaped generation races (60)
+#   dlm            bench_dlm.py: the masked-diffusion and DiffusionGemma-shaped generation races (50)
 # What it does not run yet (no random build of that size exists in scripts/): a Qwen2.5-7B-shaped
 # VLM step, a Wan 14B-shaped video step across processes, SD3.5 / FLUX-shaped image steps.
 #
@@ -46,10 +46,10 @@ scale=${SUITE_SCALE:-1}
 benchmarks=(
   "logprob|80|bench_logprob.py|"
   "logprob_frozen|50|bench_logprob.py|--frozen-head --no-step"
-  "engine_memory|70|bench_engine.py|--vocab 151936 --completion-tokens 512 --memory --rounds 0 --no-rss --bare-micro-batch 1 --hidden 64 --layers 2 --warmup 1"
+  "engine_memory|90|bench_engine.py|--vocab 151936 --completion-tokens 512 --memory --rounds 0 --no-rss --bare-micro-batch 1 --hidden 64 --layers 2 --warmup 1"
   "wan_1_3b|180|gpu_dry_run.py|$here/../tasks/recipes/t2v_wan.yaml --random wan2.1-t2v-1.3b --steps 2 policy.dtype=bfloat16 policy.height=240 policy.width=416 policy.num_frames=33 policy.num_steps=10 policy.eval_num_steps=10 policy.guidance_scale=5.0 policy.gradient_checkpointing=true policy.vae_tiling=true policy.decode_batch=1 algorithm.group_size=4 optim.prompts_per_step=1 optim.micro_batch_size=1"
   "rollout_vllm|90|bench_rollout.py|--device cuda --hidden 1024 --layers 8 --heads 16"
-  "dlm|60|bench_dlm.py|--reps 3"
+  "dlm|50|bench_dlm.py|--reps 3"
 )
 
 if [ "$dry_run" = 0 ]; then
