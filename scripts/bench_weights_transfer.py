@@ -1,6 +1,6 @@
 """The rollout worker's weights transfer (docs/async.md): the text demo's model (its `tiny_args`, or
 --hidden / --layers) sent --repeats times from this process to a spawned one that builds the same
-model, over the broadcast the worker uses (mmrl/train/placement/weights_broadcast.py) and, for comparison,
+model, over the broadcast the worker uses (mmrl/serving/weights_broadcast.py) and, for comparison,
 as a CPU state dict through a multiprocessing queue (the transport before it, rebuilt here).
 
 With --lora-r R the model carries the engine's LoRA of rank R (`mmrl.core.lora.with_lora`, alpha 2R,
@@ -47,7 +47,7 @@ def demo_model(sizes: Sizes) -> torch.nn.Module:
 def layouts(model: torch.nn.Module) -> dict:
     """The parts sent: the worker's two (`transfer_layouts`: `whole` is WHOLE) and, with LoRA, the
     merged weights' size."""
-    from mmrl.train.placement.weights_broadcast import TRAINED, WHOLE, transfer_layouts
+    from mmrl.serving.weights_broadcast import TRAINED, WHOLE, transfer_layouts
     parts = transfer_layouts(model)
     base = [entry for entry in parts[WHOLE] if ".lora_" not in entry[0]]
     return {WHOLE: parts[WHOLE], "adapter": parts[TRAINED], "merged": base}
@@ -56,7 +56,7 @@ def layouts(model: torch.nn.Module) -> dict:
 def receive(transport: str, sizes: Sizes, port: int, parts: dict, inbox: mp.Queue, acks: mp.Queue) -> None:
     """The receiving process: each message is a transfer (a state dict, or the part broadcast) to take
     into its model, then acknowledge."""
-    from mmrl.train.placement.weights_broadcast import WeightsReceiver
+    from mmrl.serving.weights_broadcast import WeightsReceiver
     torch.set_num_threads(1)
     model = demo_model(sizes)
     receiver = None if transport == "queue" else WeightsReceiver(port, parts, model, torch.device("cpu"))
@@ -81,7 +81,7 @@ def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def measure(transport: str, part: str, model: torch.nn.Module, sizes: Sizes, repeats: int) -> dict:
-    from mmrl.train.placement.weights_broadcast import WeightsSender, transfer_bytes
+    from mmrl.serving.weights_broadcast import WeightsSender, transfer_bytes
     parts = layouts(model)
     context = mp.get_context("spawn")
     inbox, acks = context.Queue(), context.Queue()

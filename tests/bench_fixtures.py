@@ -83,3 +83,17 @@ def mmau(folder: Path) -> str:
              "choices": json.dumps(["a dog", "a bell", "rain", "speech"]), "answer": "a bell",
              "task": ["sound", "music"][i], "difficulty": "easy"} for i in range(2)]
     return _jsonl(folder / "mmau.jsonl", rows)
+
+
+def generator_config(bench_name: str, recipe: str, steps: int = 2):
+    """The `recipe`'s diffusion policy (the t2i or t2v demo's tiny model) with benchmark `bench_name`'s
+    protocol settings, sampling `steps` denoising steps: the image and video benchmarks end to end test
+    the harness and the scoring, for which a 2-step image is as good a sample as a 16-step one."""
+    import yaml
+
+    from mmrl.config.parse import parse_config
+    from mmrl.experiments.bench.policy_source import protocol_config
+    from mmrl.registry import BENCHMARKS, RECIPES
+    policy = yaml.safe_load(open(RECIPES.get(recipe)))["policy"]
+    return protocol_config(BENCHMARKS.get(bench_name), parse_config({"task": "diffusion", "policy": policy}),
+                           [f"policy.num_steps={steps}", f"policy.eval_num_steps={steps}"])

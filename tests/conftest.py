@@ -27,3 +27,16 @@ def no_weights(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the policy was built")
     monkeypatch.setattr(parts, "build_policy", refuse)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The test on one torch thread, its count restored after: bit-for-bit comparisons with a
+    one-thread worker's forwards, and tiny models on a shared machine (two threads of a tiny UNet's
+    forward wait on each other: 0.17 s on one thread, 0.75-6.3 s on two, measured under a load of 7
+    on 2 cores)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,7 +21,7 @@ from mmrl.registry import ADAPTERS, import_user_module
 from mmrl.tasks.lm.causal_lm import CausalLMPolicy
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.placement.rollout_worker import RolloutWorker, RolloutWorkerDied
-from mmrl.train.placement.weights_broadcast import backend_for
+from mmrl.serving.weights_broadcast import backend_for
 from mmrl.train.plan.validate import validate
 
 
@@ -191,17 +191,6 @@ VIDEO_RECIPE = {  # T-GRPO: each group with a video is followed by auxiliary row
     "reward_modules": TINY_RECIPE["reward_modules"],
     "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2, "micro_batch_size": 6},
     "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
-
-
-@pytest.fixture
-def one_torch_thread():
-    """The trainer on one torch thread, as the worker: the audio tower's multithreaded forward gives
-    behaviour log-probs that differ from a one-thread forward's in the last bits (1e-6), and the
-    rollout correction's weights with them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("recipe, keys", [  # the video case is slow (the image and audio cases cover the worker's media)

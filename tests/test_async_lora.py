@@ -16,19 +16,10 @@ from test_async import AUDIO_RECIPE, DIFFUSION_RECIPE, DLM_RECIPE, VLM_RECIPE, d
 from mmrl.config.parse import ConfigError, load_recipe, parse_config
 from mmrl.registry import load_plugins, shipped_recipes
 from mmrl.train.loop.trainer import Trainer
-from mmrl.train.placement.weights_broadcast import TRAINED, WHOLE
+from mmrl.serving.weights_broadcast import TRAINED, WHOLE
 from mmrl.train.plan.validate import validate
 
 LORA = ["optim.lora.r=4", "optim.lora.alpha=8", "optim.lr=0.05"]
-
-
-@pytest.fixture
-def one_torch_thread():
-    """The trainer on one torch thread, as the worker (bit-for-bit comparisons of their forwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -119,21 +119,16 @@ RECORDED = {"00000": {"bench": [[2, 2, 10, 10, 0.5]]},
             "00005": {"boat": [[0, 0, 8, 8, 0.9]], "hot dog": [[8, 8, 16, 16, 0.9]]}}
 
 
-@pytest.mark.slow  # 39 s on 2 loaded cores (diffusers' import, 24 images of the tiny pipeline)
-def test_geneval_runs_end_to_end_on_the_tiny_diffusion_model(tmp_path):
-    import yaml
+def test_geneval_runs_end_to_end_on_the_tiny_diffusion_model(tmp_path, one_torch_thread):
+    from bench_fixtures import generator_config
 
-    from mmrl.config.parse import parse_config
     from mmrl.experiments.bench.harness import BenchRun, run_bench
-    from mmrl.experiments.bench.policy_source import protocol_config
-    from mmrl.registry import BENCHMARKS, RECIPES
     lines = METADATA.read_text().splitlines()
     data = tmp_path / "geneval.jsonl"
     data.write_text("".join(lines[n - 1] + "\n" for n in PROMPT_LINES))
     (tmp_path / "recorded.json").write_text(json.dumps(RECORDED))
     (tmp_path / "clip.json").write_text(json.dumps(TINY_CLIP))
-    policy = yaml.safe_load(open(RECIPES.get("t2i_demo")))["policy"]
-    cfg = protocol_config(BENCHMARKS.get("geneval"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("geneval", "t2i_demo")
     options = {"detector": "recorded", "detector_path": str(tmp_path / "recorded.json"), "clip_pretrained": None,
                "clip_model_config": str(tmp_path / "clip.json"), "device": "cpu"}
     summary = run_bench(BenchRun("geneval", tmp_path, cfg, "tiny:pixel-flow-unet", data=str(data), options=options))

@@ -115,20 +115,16 @@ def test_prompt_sets_and_their_checks(tmp_path):
         hps_rows([{"prompt": "x", "style": "cartoon"}], {})
 
 
-@pytest.mark.slow  # 29 s on 2 loaded cores (diffusers' import, 8 + 20 images of the tiny pipeline)
-def test_hps_and_imagereward_benchmarks_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, image_reward_package):
-    import yaml
+def test_hps_and_imagereward_benchmarks_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, image_reward_package,
+                                                                                   one_torch_thread):
+    from bench_fixtures import generator_config
 
-    from mmrl.config.parse import parse_config
     from mmrl.experiments.bench.harness import BenchRun, run_bench
-    from mmrl.experiments.bench.policy_source import protocol_config
-    from mmrl.registry import BENCHMARKS, RECIPES
-    policy = yaml.safe_load(open(RECIPES.get("t2i_demo")))["policy"]
     _, options = tiny_hps(tmp_path)
     data = tmp_path / "hps.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{s} of a cat", "style": s}) + "\n"
                             for s in ("anime", "concept-art", "paintings", "photo") for _ in range(2)))
-    cfg = protocol_config(BENCHMARKS.get("hps_bench"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("hps_bench", "t2i_demo")
     summary = run_bench(BenchRun("hps_bench", tmp_path, cfg, "tiny:pixel-flow-unet", data=str(data), options=options))
     assert summary["headline"]["n"] == 8 and set(summary["categories"]["style"]) == {"anime", "concept-art", "paintings", "photo"}
     scores = [json.loads(x)["values"]["hps"] for x in (tmp_path / "bench/hps_bench/scores.jsonl").read_text().splitlines()]

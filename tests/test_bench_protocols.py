@@ -150,8 +150,7 @@ def test_a_missing_image_is_named_before_the_model_loads(tmp_path):
         _bench(tmp_path, "refcoco", "vlm", "no/such-model", str(data))  # a model that cannot load: the check comes first
 
 
-@pytest.mark.slow  # 75 s under a load of 18 on 2 cores (~12 s idle: diffusers' import and the pipeline)
-def test_a_benchmark_of_generated_images_runs_on_the_tiny_diffusion_model(tmp_path):
+def test_a_benchmark_of_generated_images_runs_on_the_tiny_diffusion_model(tmp_path, one_torch_thread):
     """The harness with an image generator (what the image and video benchmarks build on): sampled images
     written as PNG per shard, read back for an image scorer (here the t2i demo's colour_shape), figures
     with standard errors, the report's grid of the first images."""
@@ -167,7 +166,7 @@ def test_a_benchmark_of_generated_images_runs_on_the_tiny_diffusion_model(tmp_pa
             prompt=lambda row, options: f"{row['colour']} {row['shape']}", scorer="colour_shape",
             metrics={"score": {"area": [0.08, 0.3]}}, figures={"score": Figure("score")}, headline="score",
             default_task="diffusion", official="the t2i demo's own judge (a test benchmark)", categories=("shape",),
-            policy={"diffusion": {"num_steps": 4, "eval_num_steps": 4}}, greedy=False, samples=2))
+            policy={"diffusion": {"num_steps": 2, "eval_num_steps": 2}}, greedy=False, samples=2))
     data = tmp_path / "shapes.jsonl"
     data.write_text("".join(json.dumps({"colour": c, "shape": s}) + "\n"
                             for c, s in (("red", "circle"), ("blue", "square"), ("green", "circle"))))

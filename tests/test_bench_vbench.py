@@ -1,8 +1,11 @@
 """VBench (tasks/bench/vbench*.py): the final score from normalised dimensions, each computed
-dimension's formula on hand-written videos and flows, the suite's checks, and the benchmark end to
-end on the tiny video model with tiny DINO, CLIP, aesthetic head and RAFT. The formulas were also
-run beside VBench's code on identical inputs (docs/bench.md#vbench-vbench)."""
+dimension's formula on hand-written videos and flows (imaging quality on a small random MUSIQ of
+pyiqa's class, skipped without the imaging extra), the suite's checks, and the benchmark end to end
+on the tiny video model with tiny DINO, CLIP, aesthetic head and MUSIQ (RAFT's dynamic degree is
+tested with a stand-in flow). The formulas were also run beside VBench's code on identical inputs
+(docs/bench.md#vbench-vbench)."""
 
+import importlib.util
 import json
 import math
 
@@ -38,7 +41,7 @@ def test_the_final_score_is_vbenchs_weighted_mean_of_normalised_dimensions():
     assert math.isnan(table["quality_score"]["value"]) and math.isnan(table["total_score"]["value"])
     assert table["partial_quality_score"]["value"] == pytest.approx(
         (norm["subject_consistency"] + norm["background_consistency"] + norm["temporal_flickering"]
-         + norm["aesthetic_quality"] + 0.5 * norm["dynamic_degree"]) / 4.5)
+         + norm["aesthetic_quality"] + norm["imaging_quality"] + 0.5 * norm["dynamic_degree"]) / 5.5)
 
 
 def test_temporal_flickering_and_consistency_by_hand():
@@ -75,9 +78,9 @@ def test_a_dimension_missing_its_model_says_which_option():
     columns = {k: [v] for k, v in OPTIONS.items()}
     with pytest.raises(ValueError, match="dynamic_degree needs --option raft_path"):
         vbench(["p"], [np.zeros((2, 8, 8, 3), np.uint8)], [["dynamic_degree"]], "dynamic_degree", **columns)
-    columns["compute"] = ["temporal_flickering,imaging_quality"]
-    with pytest.raises(ValueError, match="names \\['imaging_quality'\\]"):
-        vbench(["p"], [np.zeros((2, 8, 8, 3), np.uint8)], [["imaging_quality"]], "imaging_quality", **columns)
+    columns["compute"] = ["temporal_flickering,motion_smoothness"]
+    with pytest.raises(ValueError, match="names \\['motion_smoothness'\\]"):
+        vbench(["p"], [np.zeros((2, 8, 8, 3), np.uint8)], [["motion_smoothness"]], "motion_smoothness", **columns)
 
 
 def test_dynamic_degree_samples_frames_by_fps_and_scales_small_frames_up_for_the_flow(monkeypatch):
@@ -102,41 +105,78 @@ def test_dynamic_degree_samples_frames_by_fps_and_scales_small_frames_up_for_the
     assert dims.dynamic_degree(video, 16.0, "raft.pth", "cpu") == 0.0
 
 
+# a MUSIQ of pyiqa's architecture small enough for a test (the SPAQ checkpoint's is pyiqa's defaults)
+TINY_MUSIQ = {"hidden_size": 32, "mlp_dim": 32, "num_heads": 2, "num_layers": 1, "longer_side_lengths": [64]}
+
+
+def tiny_musiq(folder):
+    """A random-weight MUSIQ saved as a checkpoint file and its architecture's JSON: (musiq_path, musiq_arch)."""
+    from pyiqa.archs.musiq_arch import MUSIQ
+    torch.manual_seed(0)
+    torch.save(MUSIQ(pretrained=False, **TINY_MUSIQ).state_dict(), folder / "musiq.pth")
+    (folder / "musiq.json").write_text(json.dumps(TINY_MUSIQ))
+    return str(folder / "musiq.pth"), str(folder / "musiq.json")
+
+
+def test_imaging_quality_is_musiq_of_each_frame_over_100_after_vbenchs_resize(tmp_path):
+    pytest.importorskip("pyiqa", reason="the imaging extra")
+    from pyiqa.archs.musiq_arch import MUSIQ
+    from torchvision.transforms import Resize
+    path, arch = tiny_musiq(tmp_path)
+    musiq = MUSIQ(pretrained_model_path=path, **TINY_MUSIQ)
+    musiq.training = False  # as VBench sets it
+    video = np.random.default_rng(0).integers(0, 256, (2, 40, 600, 3), dtype=np.uint8)
+    frames = torch.from_numpy(video).permute(0, 3, 1, 2).float()
+    # VBench's 'longer' preprocessing: longer side 600 > 512, so Resize((int(512 / 600 x 40), 512)) without antialias
+    frames = Resize(size=(int(512 / 600 * 40), 512), antialias=False)(frames) / 255.0
+    assert torch.allclose(dims.musiq_frames(video), frames, atol=1e-5)
+    with torch.no_grad():
+        want = sum(float(musiq(f[None])) for f in frames) / len(frames) / 100
+    assert dims.imaging_quality(video, path, arch, "cpu") == pytest.approx(want, rel=1e-5)
+    small = video[:, :, :30]  # under 512: not resized
+    assert torch.equal(dims.musiq_frames(small), torch.from_numpy(small).permute(0, 3, 1, 2).float() / 255)
+    with pytest.raises(FileNotFoundError, match="musiq_path '/no/musiq.pth'"):
+        dims.musiq_model("/no/musiq.pth", None, "cpu")
+
+
 def _tiny_scorers(folder):
-    """Tiny random DINO (transformers ViT), CLIP (open_clip) and aesthetic head files."""
+    """Tiny random DINO (transformers ViT), CLIP (open_clip) and aesthetic head files, and MUSIQ's where
+    pyiqa (the imaging extra) is installed."""
     from transformers import ViTConfig, ViTModel
     torch.manual_seed(0)
     ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=224,
                        patch_size=32), add_pooling_layer=False).save_pretrained(folder / "dino")
     (folder / "clip.json").write_text(json.dumps(TINY_CLIP))
     torch.save({"weight": torch.randn(1, 16) / 4, "bias": torch.tensor([5.0])}, folder / "head.pth")
-    return {"dino_path": str(folder / "dino"), "clip_pretrained": None, "clip_model_config": str(folder / "clip.json"),
-            "aesthetic_pretrained": None, "aesthetic_model_config": str(folder / "clip.json"),
-            "aesthetic_head": str(folder / "head.pth"), "device": "cpu",
-            "compute": "subject_consistency,background_consistency,temporal_flickering,aesthetic_quality"}
+    options = {"dino_path": str(folder / "dino"), "clip_pretrained": None, "clip_model_config": str(folder / "clip.json"),
+               "aesthetic_pretrained": None, "aesthetic_model_config": str(folder / "clip.json"),
+               "aesthetic_head": str(folder / "head.pth"), "device": "cpu", "compute": ",".join(E2E_DIMENSIONS)}
+    if "imaging_quality" in E2E_DIMENSIONS:
+        options["musiq_path"], options["musiq_arch"] = tiny_musiq(folder)
+    return options
 
 
-@pytest.mark.slow  # ~40 s on 2 loaded cores: diffusers' import, 20 tiny videos (RAFT left out: 13 s a pair here)
-def test_vbench_runs_end_to_end_on_the_tiny_video_model(tmp_path):
-    import yaml
+HAS_PYIQA = importlib.util.find_spec("pyiqa") is not None
+E2E_DIMENSIONS = ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality") + (
+    ("imaging_quality",) if HAS_PYIQA else ())  # RAFT left out: 13 s a pair on 2 loaded cores
 
-    from mmrl.config.parse import parse_config
+
+def test_vbench_runs_end_to_end_on_the_tiny_video_model(tmp_path, one_torch_thread):
+    from bench_fixtures import generator_config
+
     from mmrl.experiments.bench.harness import BenchRun, run_bench
-    from mmrl.experiments.bench.policy_source import protocol_config
-    from mmrl.registry import RECIPES
     suite = json.loads(SUITE.read_text())
-    picked = [next(r for r in suite if d in r["dimension"]) for d in
-              ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality")]
+    picked = [next(r for r in suite if d in r["dimension"]) for d in E2E_DIMENSIONS]
     data = tmp_path / "vbench.json"
     data.write_text(json.dumps(picked))
-    policy = yaml.safe_load(open(RECIPES.get("t2v_demo")))["policy"]
-    cfg = protocol_config(BENCHMARKS.get("vbench"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("vbench", "t2v_demo")
     summary = run_bench(BenchRun("vbench", tmp_path, cfg, "tiny:pixel-flow-video", data=str(data),
                                  options=_tiny_scorers(tmp_path)))
     figures = summary["figures"]
     assert summary["samples_per_prompt"] == 5
-    for d in ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality"):
-        assert figures[d]["n"] >= 1 and 0 <= figures[d]["value"] <= 1, d
+    for d in E2E_DIMENSIONS:  # a random MUSIQ's score is any number: only the others are bounded
+        assert figures[d]["n"] >= 1 and (d == "imaging_quality" or 0 <= figures[d]["value"] <= 1), d
+        assert math.isfinite(figures[d]["value"]), d
     assert figures["dynamic_degree"]["n"] == 0  # not asked for: no figure
     assert math.isnan(figures["motion_smoothness"]["value"]) and math.isnan(figures["total_score"]["value"])
     assert math.isnan(figures["partial_quality_score"]["value"])  # dynamic degree is one of its parts

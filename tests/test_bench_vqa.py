@@ -84,22 +84,17 @@ def test_the_judge_sums_the_first_token_probabilities_of_the_answers(tiny_judge)
     assert top == processor.tokenizer.decode([int(probs.argmax())])
 
 
-@pytest.mark.slow  # 27 s on 2 loaded cores (diffusers' import, 2 + 8 images of the tiny pipeline, the tiny judge)
-def test_geneval2_and_dpg_bench_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, tiny_judge):
-    import yaml
+def test_geneval2_and_dpg_bench_run_end_to_end_on_the_tiny_diffusion_model(tmp_path, tiny_judge, one_torch_thread):
+    from bench_fixtures import generator_config
 
-    from mmrl.config.parse import parse_config
     from mmrl.experiments.bench.harness import BenchRun, run_bench
-    from mmrl.experiments.bench.policy_source import protocol_config
-    from mmrl.registry import BENCHMARKS, RECIPES
-    policy = yaml.safe_load(open(RECIPES.get("t2i_demo")))["policy"]
     options = {"judge_path": tiny_judge, "device": "cpu"}
     data = tmp_path / "geneval2_data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [
         {"prompt": "two red cows", "atom_count": 3, "vqa_list": [["How many cows are in the image?", "two"], ["Are the cows red?", "Yes"]],
          "skills": ["count", "attribute"]},
         {"prompt": "a cat", "atom_count": 1, "vqa_list": [["Are there any cats in the image?", "Yes"]], "skills": ["object"]}]))
-    cfg = protocol_config(BENCHMARKS.get("geneval2"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("geneval2", "t2i_demo")
     summary = run_bench(BenchRun("geneval2", tmp_path, cfg, "tiny:pixel-flow-unet", data=str(data), options=options))
     figures = summary["figures"]
     assert summary["headline"]["figure"] == "soft_tifa_gm" and set(summary["categories"]["atom_count"]) == {"1", "3"}
@@ -111,7 +106,7 @@ def test_geneval2_and_dpg_bench_run_end_to_end_on_the_tiny_diffusion_model(tmp_p
         writer = csv_module.DictWriter(f, fieldnames=list(csv_rows()[0]))
         writer.writeheader()
         writer.writerows(csv_rows())
-    cfg = protocol_config(BENCHMARKS.get("dpg_bench"), parse_config({"task": "diffusion", "policy": policy}), [])
+    cfg = generator_config("dpg_bench", "t2i_demo")
     dpg = run_bench(BenchRun("dpg_bench", tmp_path, cfg, "tiny:pixel-flow-unet", data=str(csv), options=options))
     assert dpg["samples_per_prompt"] == 4 and dpg["headline"]["n"] == 2 and 0 <= dpg["headline"]["value"] <= 100
     assert dpg["figures"]["relation"]["n"] == 1 and math.isnan(dpg["figures"]["other"]["value"])

@@ -71,7 +71,7 @@ def parsed(argv: list[str]):
     assert not [x for x in extra if x.startswith("-")], f"unknown options {extra}"
     if extra and args.command in ("eval", "bench", "serve-reward"):
         args.args += extra
-    elif extra and args.command == "sweep":
+    elif extra and args.command in ("sweep", "train", "serve-rollout"):
         args.overrides += extra
     else:
         assert not extra, f"unrecognised arguments {extra}"
@@ -93,7 +93,10 @@ def recipe_of(args) -> Path | None:
 
 
 def processes(command: Command) -> int:
-    """How many processes the command's launcher starts (1 without one)."""
+    """How many processes the command's launcher starts (1 without one; with --ray, placement.trainer)."""
+    if "--ray" in command.argv:
+        given = [a.split("=", 1)[1] for a in command.argv if a.startswith("placement.trainer=")]
+        return int(given[-1]) if given else 1
     found = dict(zip(command.launcher, command.launcher[1:]))
     if "--config_file" in found:
         return int(yaml.safe_load((ROOT / found["--config_file"]).read_text()).get("num_processes", 1))

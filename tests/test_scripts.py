@@ -334,6 +334,19 @@ def test_bench_weights_transfer(tmp_path):
     assert report["broadcast"]["latency_ms"] >= report["broadcast"]["send_ms"] > 0
 
 
+@pytest.mark.slow  # about 2 min: a Ray cluster of three nodes, a single-process and a served run, one weights push
+def test_bench_scaleout(tmp_path):
+    pytest.importorskip("ray")
+    report = bench("bench_scaleout.py", tmp_path, "--servers", "1", "--steps", "3", "--warmup", "1", "--prompts", "2",
+                   "--warm-start-steps", "2", "--push-size", "32x1", "--repeats", "3")
+    runs = report["throughput"]
+    assert set(runs) == {"single", "served_1"} and runs["single"]["samples_per_s_vs_single"] == 1.0
+    assert_finite(report, *(f"throughput.{run}.{key}" for run in runs for key in ("samples_per_s", "seconds")),
+                  *(f"weights_push.32x1.{key}" for key in ("push_held_ms", "push_latency_ms", "file_handover_ms")))
+    assert runs["served_1"]["rollout_servers"] == 1 and runs["served_1"]["steps"] == 2
+    assert report["weights_push"]["32x1"]["push_latency_ms"] >= report["weights_push"]["32x1"]["push_held_ms"] > 0
+
+
 @pytest.mark.slow  # 22 s: a warm start and four runs, three with a worker (the default run stays under 15 minutes)
 def test_bench_async(tmp_path):
     report = bench("bench_async.py", tmp_path, "--steps", "3", "--warmup", "1", "--prompts", "2", "--tokens", "6",

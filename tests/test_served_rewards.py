@@ -291,6 +291,44 @@ def test_a_group_reward_is_served_whole_groups_at_a_time():
     assert len(set(want.tolist())) > 3 and torch.equal(got, want)
 
 
+def test_a_placed_reward_server_that_dies_is_waited_for_at_its_new_address(tmp_path):
+    """A placed server is found where it announced itself; when it stops answering, the request waits until
+    a server announces itself in its place (a restart, here on another port), without spending a retry."""
+    import threading
+
+    import uvicorn
+
+    from mmrl.serving.app_runner import bound_socket
+    from mmrl.serving.server_app import reward_app
+    from mmrl.serving.server_directory import ServerSlot, announce
+
+    def start():
+        sock = bound_socket("127.0.0.1", 0)
+        server = uvicorn.Server(uvicorn.Config(reward_app("digit_share", get_reward("digit_share")), log_level="warning"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.02)
+        announce(tmp_path / "reward-digit_share-0.json", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        return server, thread
+
+    slot = ServerSlot.placed(tmp_path.parent, "x")
+    slot.path = tmp_path / "reward-digit_share-0.json"
+    reward = served_reward("digit_share", RewardSpec(client=ClientSettings(retries=0, cache=False)), [slot], wait_s=60)
+    expected = get_reward("digit_share")(PROMPTS, COMPLETIONS)
+    server, thread = start()
+    assert reward(PROMPTS, COMPLETIONS) == expected
+    server.should_exit = True
+    thread.join()
+    restarted = []
+    threading.Timer(1.5, lambda: restarted.append(start())).start()
+    assert reward(PROMPTS, COMPLETIONS) == expected  # waited for the new server (retries=0: no retry was spent)
+    assert restarted
+    restarted[0][0].should_exit = True
+    restarted[0][1].join()
+    with pytest.raises(UserError, match=r"server x did not answer within 1s; see its log .*x\.log"):
+        served_reward("digit_share", RewardSpec(client=ClientSettings(retries=0, cache=False)), [slot], wait_s=1)(
+            PROMPTS, COMPLETIONS)
 def test_serve_reward_on_a_taken_port_says_so_in_one_line_and_never_claims_to_serve(capfd):
     """The port is bound before anything is printed: a busy one is one line naming it, exit code 2."""
     import socket

@@ -96,6 +96,7 @@ def test_zero3_hidden_state_logprobs_equal_the_logits_path(tmp_path):
     assert_paths_equal(reports["reports"], ("hidden", "log-probs"))
 
 
+@pytest.mark.slow  # 70 s in the default run of 2026-11-29 (two processes JIT-loading DeepSpeed; load ~2); the FSDP case stays
 @needs_deepspeed
 def test_zero3_hidden_state_logprobs_equal_the_logits_path_with_a_head_of_its_own(tmp_path):
     """An untied head: its weight is used by nothing else in the graph, so the log-probs must be

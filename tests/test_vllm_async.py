@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_RECIPE
-from test_async import VLM_RECIPE, assert_same_run, one_torch_thread, run  # noqa: F401 (a fixture)
+from test_async import VLM_RECIPE, assert_same_run, run
 from test_vllm import PROMPTS, TINY, TOL, max_gap, perturb
 
 pytest.importorskip("vllm")

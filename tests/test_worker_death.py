@@ -18,7 +18,7 @@ from helpers import TINY_RECIPE
 
 from mmrl.config.parse import parse_config
 from mmrl.train.loop.trainer import Trainer
-from mmrl.train.placement import weights_broadcast
+from mmrl.serving import weights_broadcast
 from mmrl.train.placement.rollout_worker import RolloutWorker, RolloutWorkerDied
 
 

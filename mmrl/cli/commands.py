@@ -108,7 +108,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """`mmrl train RECIPE [key=value ...] [--ray [--address A]]`: here, or placed on Ray (cli/ray_train.py) unless
+    Ray placed this process already."""
     cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    from mmrl.distributed.launcher import placed_by_launcher
+    if (args.ray or cfg.launch == "ray") and not placed_by_launcher():
+        from mmrl.cli.ray_train import train_on_ray
+        return train_on_ray(cfg, args.recipe, args.overrides, args.address)
+    if args.address:
+        raise UserError("mmrl train: --address is the Ray cluster's; give --ray (or launch=ray) with it")
     from mmrl.train.loop.trainer import Trainer
     trainer = Trainer(cfg)
     if not trainer.resumed:  # a resumed run's weights were warm-started before its first checkpoint
@@ -141,6 +149,7 @@ def run_serve_reward(args: argparse.Namespace) -> int:
     from mmrl.registry import import_user_module, load_plugins
     try:
         from mmrl.serving.server_app import bind_served_reward, serve
+        from mmrl.serving.server_directory import advertised_host
     except ImportError as e:
         raise UserError(f"mmrl serve-reward needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
     load_plugins()
@@ -150,7 +159,26 @@ def run_serve_reward(args: argparse.Namespace) -> int:
         fn = bind_served_reward(args.name, reward_arguments(args.args), args.device)
     except (KeyError, ValueError) as e:  # an unknown reward, a plain function that cannot load
         raise UserError(f"mmrl serve-reward: {e.args[0] if e.args else e}") from None
-    serve(args.name, fn, args.host, args.port, args.batch_size)
+    advertise = advertised_host(args.host, args.advertise)
+    serve(args.name, fn, args.host, args.port, args.batch_size, args.announce, advertise)
+    return 0
+
+
+def run_serve_rollout(args: argparse.Namespace) -> int:
+    """`mmrl serve-rollout RECIPE [key=value ...] [--port] [--host] [--device] [--announce F] [--advertise H]`."""
+    try:
+        from mmrl.serving.app_runner import run_app
+        from mmrl.serving.rollout_server import RolloutEngine, build_server_policy, rollout_app
+        from mmrl.serving.server_directory import advertised_host
+    except ImportError as e:
+        raise UserError(f"mmrl serve-rollout needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
+    cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    advertise = advertised_host(args.host, args.advertise)
+    engine = RolloutEngine(build_server_policy(cfg, args.device), advertise)
+    what = f"{cfg.task} {cfg.policy.get('model', '?')}"
+    run_app(rollout_app(engine, what), args.host, args.port, f"serve-rollout: {what}", args.announce, advertise,
+            " (POST /rollout, GET /rollout/KEY, POST /connect, POST /weights, GET /health)")
+    engine.stop()
     return 0
 
 

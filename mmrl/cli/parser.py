@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   mmrl demo text                                   a CPU demo end to end (no download)
   mmrl train text_demo output_dir=runs/a max_steps=50 algorithm.group_size=4
   mmrl train my_recipe.yaml resume=auto            continue the run in output_dir if it has a checkpoint
+  mmrl train my_recipe.yaml --ray placement.trainer=2 placement.rollout=2   trainer ranks and rollout servers on Ray
   mmrl eval --checkpoint runs/a/checkpoints/step-000050 eval.max_prompts=16
   mmrl bench gsm8k --checkpoint runs/a/checkpoints/step-000050 --num-prompts 50   a standard benchmark
   mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
@@ -33,6 +34,29 @@ def _train(add: Add, recipe_list: str) -> None:
             "SIGINT/SIGTERM save a checkpoint and stop")
     p.add_argument("recipe")
     p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--ray", action="store_true",
+                   help="place the trainer ranks and the servers on a Ray cluster (as launch=ray; docs/distributed.md)")
+    p.add_argument("--address", help="with --ray: an existing Ray cluster's address (default: a local one)")
+
+
+def _served_address(p: argparse.ArgumentParser) -> None:
+    """The options a placed server is started with (its address, announced for the run)."""
+    p.add_argument("--announce", metavar="FILE", help="write the server's address here once it answers (a server the "
+                                                      "run placed: OUTPUT_DIR/servers/ROLE-INDEX.json)")
+    p.add_argument("--advertise", metavar="HOST", help="this machine's address in the announced url (default: "
+                                                       "$MMRL_NODE_ADDR, else --host, 127.0.0.1 for 0.0.0.0)")
+
+
+def _serve_rollout(add: Add) -> None:
+    p = add("serve-rollout", "serve a recipe's policy rollouts over HTTP for runs with policy.rollout_engine "
+                             "hf_server (docs/distributed.md#served-rollouts); the trainer pushes its weights")
+    p.add_argument("recipe", help="the run's recipe (a shipped recipe's name, or a path to a .yaml file)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100; 0: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--device", help="where the policy runs (default: the recipe's policy.device, else cuda if "
+                                    "there is one, else cpu)")
+    _served_address(p)
 
 
 def _eval(add: Add, recipe_list: str) -> None:
@@ -86,6 +110,7 @@ def _serve_reward(add: Add) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="rows per call of the reward (default 64)")
     p.add_argument("--reward-module", action="append", default=[], metavar="FILE",
                    help="a file or module to import first, so its @register_reward names can be served")
+    _served_address(p)
 
 
 def _demo_list_explain_export(add: Add, demos: list[str]) -> None:
@@ -147,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval(add, recipe_list)
     _bench(add, recipe_list)
     _serve_reward(add)
+    _serve_rollout(add)
     _demo_list_explain_export(add, demos)
     _sweep(add)
     return parser

@@ -1,11 +1,30 @@
 """The recipe's sections on a step's rollouts: how its prompts are drawn (`sampling:`), where and
 when its rewards are scored (`scoring:`), and where its rollouts are generated (`rollout:`: in the
-trainer, or by a rollout worker one step off or asynchronously)."""
+trainer, by a rollout worker one step off or asynchronously, or by rollout servers); and which
+`policy.rollout_engine` values name served engines rather than the adapter's own (`served_engine`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+# `policy.rollout_engine` values that the engine serves rather than the adapter: the adapter's rollouts
+# run in rollout servers (`mmrl serve-rollout`), each building the policy with its own default engine
+SERVED_ENGINES = ("hf_server",)
+
+
+def served_engine(policy: dict[str, Any]) -> str | None:
+    """The served engine a recipe's ``policy:`` section names (`SERVED_ENGINES`), or None."""
+    engine = policy.get("rollout_engine")
+    return engine if engine in SERVED_ENGINES else None
+
+
+def adapter_policy(policy: dict[str, Any]) -> dict[str, Any]:
+    """The ``policy:`` section as the adapter types it: a served engine's name left out (the servers, and
+    the trainer's own evaluations, run the adapter's default engine)."""
+    if served_engine(policy) is None:
+        return policy
+    return {k: v for k, v in policy.items() if k != "rollout_engine"}
 
 
 @dataclass
@@ -69,7 +88,8 @@ class RolloutConfig:
     """Who generates a step's rollouts, and when (docs/async.md#modes-rolloutmode)."""
 
     mode: Literal["sync", "one_step_off", "async"] = field(default="sync", metadata={"help": (
-        "sync: the trainer generates each step's rollouts with the weights it is about to update. one_step_off: "
+        "sync: each step's rollouts are generated with the weights it is about to update (by the trainer, or by "
+        "rollout servers with policy.rollout_engine hf_server). one_step_off: "
         "a rollout worker (a process of its own, one torch thread) generates step k+1's rollouts while step k "
         "trains, from the weights it received after step k-1's update. async: the worker generates continuously, "
         "from the newest weights it has, up to rollout.max_staleness steps ahead of the trainer (a queue bounded "
@@ -84,6 +104,10 @@ class RolloutConfig:
     weights_every: int = field(default=1, metadata={"help": (
         "async: send the worker the trained weights after every this many updates (fewer transfers; rows may "
         "then be up to max_staleness + weights_every - 1 steps old, see rollout.stale_rows). one_step_off: 1.")})
+    servers: list[str] = field(default_factory=list, metadata={"help": (
+        "policy.rollout_engine hf_server: the urls of rollout servers already running (`mmrl serve-rollout RECIPE`), "
+        "each prompt-group request sent to the one with the fewest in flight; empty: the placement.rollout servers "
+        "the run places itself (docs/distributed.md#served-rollouts).")})
     stale_rows: Literal["drop", "keep"] = field(default="drop", metadata={"help": (
         "async: what a step does with prompt groups drawn by weights more than max_staleness steps old (possible "
         "with weights_every > 1). drop: leave them out of the step (rollout/stale_dropped counts their rows); "

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from mmrl.config.algorithm import AlgorithmConfig
 from mmrl.config.bench import BenchEvalConfig
+from mmrl.config.placement import Launch, PlacementConfig
 from mmrl.config.remote import ClientSettings, ServerLaunch
 from mmrl.config.rollouts import RolloutConfig, SamplingConfig, ScoringConfig
 
@@ -255,6 +256,12 @@ class TrainConfig:
         "An optional supervised warm start before RL.")})
     distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata={"help": (
         "Data parallel or sharded (FSDP2) training over the launched processes.")})
+    launch: Launch = field(default="local", metadata={"help": (
+        "Who starts the run's processes. local: this process, or those torchrun / accelerate launch started (placed "
+        "servers are started by the main process); ray: `mmrl train` places the trainer ranks and the servers on a "
+        "Ray cluster, as `mmrl train --ray` does (docs/distributed.md).")})
+    placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"help": (
+        "Processes of each role: trainer ranks, rollout servers, reward servers, and what each needs under Ray.")})
     output_dir: str = field(default="outputs/run", metadata={"help": (
         "Where metrics, plots and checkpoints are written.")})
     seed: int = field(default=0, metadata={"help": (

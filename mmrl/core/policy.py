@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.config.parse import from_dict
+from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.media import Medium, medium
 from mmrl.core.parallel import ParallelView
@@ -111,13 +112,14 @@ class Policy(ABC):
         before anything loads."""
         return []
 
-    # whether `rollout.mode` one_step_off / async may build this adapter in a rollout worker process
+    # whether the engine may build this adapter from the recipe in another process to generate: a rollout
+    # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`)
     runs_in_rollout_worker: bool = False
 
     @classmethod
     def rollout_worker_problem(cls, policy: dict) -> str | None:
-        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker
-        (None: nothing); asked only of adapters that run there."""
+        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker or
+        an asynchronous rollout server (None: nothing); asked only of adapters that run there."""
         return None
 
     @classmethod
@@ -274,6 +276,6 @@ class Policy(ABC):
 def build_policy(cfg: TrainConfig, policy_cfg: Any = None) -> Policy:
     """The adapter of `cfg.task` built from its typed ``policy:`` section (typed here if not given)."""
     adapter = ADAPTERS.get(cfg.task)
-    if policy_cfg is None:
-        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    if policy_cfg is None:  # a served engine's name is the engine's, not the adapter's
+        policy_cfg = from_dict(adapter.Config, adapter_policy(cfg.policy), "policy")
     return adapter(policy_cfg)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mmrl.config.rollouts import served_engine
 from mmrl.config.sections import DistributedConfig, TrainConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
@@ -165,12 +166,17 @@ class FullySharded(Strategy):
 
     @classmethod
     def config_problems(cls, cfg: TrainConfig) -> list[str]:
+        problems = []
         if cfg.warm_start.steps > 0 and regulariser_needs(cfg.algorithm, "reference"):
-            return [f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) and "
-                    "distributed.strategy=fsdp: the warm-started reference would be sharded, and checkpoints keep it "
-                    "whole; warm-start with ddp or on one process, then train from that checkpoint's model/ (or set "
-                    "warm_start.steps=0 or algorithm.beta=0)"]
-        return []
+            problems.append(f"warm_start.steps={cfg.warm_start.steps} with a KL (algorithm.beta={cfg.algorithm.beta}) "
+                            "and distributed.strategy=fsdp: the warm-started reference would be sharded, and checkpoints "
+                            "keep it whole; warm-start with ddp or on one process, then train from that checkpoint's "
+                            "model/ (or set warm_start.steps=0 or algorithm.beta=0)")
+        if served_engine(cfg.policy):
+            problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']} with distributed.strategy=fsdp: the "
+                            "rollout servers are pushed the whole weights from the main process, which holds a shard; "
+                            "use distributed.strategy=ddp")
+        return problems
 
     def place(self, model: nn.Module) -> None:
         # the adapter's dtype becomes the compute dtype; weights and AdamW state stay fp32

@@ -1,5 +1,6 @@
 """What the launcher asked for: `accelerate launch` settings (an FSDP or DeepSpeed config) taken into the
-recipe, and the number of processes that joined checked against the number asked for.
+recipe, and the number of processes that joined checked against the number asked for; and what a launcher
+that places the run's roles (Ray) tells the processes it placed (`PLACED_ENV`, `NODE_ADDRESS_ENV`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,15 @@ from dataclasses import replace
 
 from mmrl.config.sections import TrainConfig
 from mmrl.errors import UserError
+
+PLACED_ENV = "MMRL_PLACED"  # "1": a launcher placed this process and the run's servers (the run starts none)
+NODE_ADDRESS_ENV = "MMRL_NODE_ADDR"  # this machine's address as the other machines reach it
+
+
+def placed_by_launcher() -> bool:
+    """Whether a launcher placed this process and the run's servers (so the run starts none itself)."""
+    return os.environ.get(PLACED_ENV) == "1"
+
 
 # accelerate's FSDP launcher settings (`accelerate launch --config_file scripts/accelerate/fsdp.yaml`,
 # exported as environment variables) -> recipe keys

@@ -163,8 +163,8 @@ class ZeroThree(Strategy):
                             "in every forward; use distributed.strategy=fsdp")
         if cfg.policy.get("rollout_engine", "hf") != "hf":
             problems.append(f"policy.rollout_engine={cfg.policy['rollout_engine']!r} with distributed.strategy=zero3: "
-                            "a vLLM engine needs the whole weights, which ZeRO-3 never holds in one place; use "
-                            "policy.rollout_engine=hf")
+                            "a vLLM engine or a rollout server needs the whole weights, which ZeRO-3 never holds in one "
+                            "place; use policy.rollout_engine=hf")
         return problems
 
     def accelerator(self, given=None):

@@ -37,7 +37,7 @@ class LaunchedServer:
         with open(log, "w") as out:
             self.process = subprocess.Popen(launch.command, shell=True, executable=shutil.which("bash"), stdout=out,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            preexec_fn=_end_with_the_run)
+                                            preexec_fn=end_with_the_run)
 
     def wait_ready(self) -> None:
         """Return once the ready url answers 200; a UserError with the log's end when the process
@@ -77,7 +77,7 @@ class LaunchedServer:
             pass
 
 
-def _end_with_the_run() -> None:
+def end_with_the_run() -> None:
     """In the server's process before its command runs (Linux): the kernel sends it SIGTERM when the
     run's process ends, also when the run is killed (SIGKILL, a second Ctrl-C) and cannot stop it.
     bash runs a command that is one simple command in its own process (exec), which keeps this."""

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from mmrl.core.group_rewards import rows_by_group, scores_groups
 from mmrl.core.scoring import ColumnBoundReward, get_reward
 from mmrl.errors import UserError
+from mmrl.serving.server_directory import ServerSlot
 from mmrl.serving.transport import Answer, Failure, Transport
 from mmrl.serving.wire import encode
 
@@ -153,11 +154,12 @@ def remote_problems(name: str, spec: Any) -> list[str]:
     return problems
 
 
-def served_reward(name: str, spec: Any) -> Callable[..., Any]:
-    """The reward of ``rewards.NAME`` (a `RewardSpec` with url or replay) as a remote reward, its
-    column bindings applied as in process."""
+def served_reward(name: str, spec: Any, slots: list[ServerSlot] | None = None, wait_s: float = 600.0) -> Callable[..., Any]:
+    """The reward of ``rewards.NAME`` (a `RewardSpec` with url or replay, or scored by the run's placed servers
+    `slots`, each waited for up to `wait_s` when it does not answer) as a remote reward, its column
+    bindings applied as in process."""
     urls = [spec.url] if isinstance(spec.url, str) else list(spec.url or [])
-    transport = Transport(urls, spec.client, record=spec.record, replay=spec.replay)
+    transport = Transport(urls, spec.client, record=spec.record, replay=spec.replay, slots=slots, wait_s=wait_s)
     local = get_reward(name)
     if sends_own_requests(local):  # a judge: it speaks its server's protocol through the transport
         remote = functools.partial(local, transport=transport, **spec.args)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import signal
-import socket
 import threading
 from typing import Any
 
@@ -21,6 +19,7 @@ from fastapi import FastAPI, HTTPException
 from mmrl.core.group_rewards import call_per_group, scores_groups
 from mmrl.core.scoring import RewardFn, get_reward, metric_logger, takes_logger
 from mmrl.errors import UserError
+from mmrl.serving.app_runner import run_app
 from mmrl.serving.wire import decode
 
 
@@ -93,35 +92,10 @@ def bind_served_reward(name: str, args: dict[str, Any], device: str | None = Non
     return functools.partial(fn, **args) if args else fn
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port`, or a UserError naming the port (taken by another server, or
-    not this machine's), before anything claims the server is up."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise UserError(f"mmrl serve-reward: cannot listen on {host}:{port} ({e.strerror or e}): another server "
-                        f"holds port {port}, or {host!r} is not an address of this machine; choose --port or --host"
-                        ) from None
-    return sock
-
-
-def serve(name: str, fn: RewardFn, host: str, port: int, batch_size: int) -> None:
+def serve(name: str, fn: RewardFn, host: str, port: int, batch_size: int, announce_to: str | None = None,
+          advertise: str | None = None) -> None:
     """Serve `fn` until SIGINT or SIGTERM, which end the server cleanly (uvicorn finishes the requests
-    in flight, then returns). The port is bound first: a taken one is a UserError, and nothing is
-    printed about serving."""
-    import uvicorn
-    sock = listening_socket(host, port)
-    for stop in (signal.SIGINT, signal.SIGTERM):  # uvicorn shuts down, then hands the signal on to this
-        signal.signal(stop, _stopped)
-    print(f"mmrl serve-reward: {name} on http://{host}:{port} (POST /score, GET /health)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(reward_app(name, fn, batch_size), log_level="warning"))
-    server.run(sockets=[sock])
-
-
-def _stopped(signum: int, frame: Any) -> None:
-    print(f"mmrl serve-reward: {signal.Signals(signum).name}: stopped", flush=True)
-    raise SystemExit(0)
+    in flight, then returns); port 0 takes a free one; `announce_to`: the file its address is written
+    to once it answers (a server the run placed, serving/server_directory.py)."""
+    run_app(reward_app(name, fn, batch_size), host, port, f"serve-reward: {name}", announce_to, advertise,
+            " (POST /score, GET /health)")

@@ -3,7 +3,11 @@ turn), a bounded number at once, each with a timeout and a bounded number of ret
 exponential backoff on the named statuses, timeouts and connection errors; answers cached by the
 content hash of the request, and recorded to or replayed from a file (`recording`); an API key
 from the environment variable ``client.api_key_env`` is sent as a Bearer token. What is sent
-and how an answer is read belong to the caller (the remote reward, a judge)."""
+and how an answer is read belong to the caller (the remote reward, a judge).
+
+Servers the run placed (`server_directory.ServerSlot`) are found where they announce themselves; one
+that does not answer (a connection error) is waited for until it is back, restarted by its launcher,
+without spending a retry (up to `wait_s`, then a UserError naming it and its log)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,11 @@ from typing import Any
 from mmrl.config.remote import ClientSettings
 from mmrl.errors import UserError
 from mmrl.serving.recording import Recording
+from mmrl.serving.server_directory import ServerSlot
 from mmrl.serving.wire import content_hash, dumps
+
+
+CONNECTION_ERROR = "a connection error"
 
 
 @dataclass
@@ -60,8 +68,9 @@ class Transport:
     """Posts request bodies as `ClientSettings` say; see the module docstring."""
 
     def __init__(self, urls: list[str], settings: ClientSettings, record: str | None = None,
-                 replay: str | None = None):
+                 replay: str | None = None, slots: list[ServerSlot] | None = None, wait_s: float = 600.0):
         self.urls, self.settings = [u.rstrip("/") for u in urls], settings
+        self.slots, self.wait_s = slots or [], wait_s
         self.recording = Recording(record, replay) if record or replay else None
         self._cache: dict[str, Any] = {}
         self._turn = itertools.count()
@@ -96,15 +105,26 @@ class Transport:
     def _post_with_retries(self, path: str, data: bytes) -> Answer | Failure:
         s = self.settings
         first = next(self._turn)
-        for attempt in range(s.retries + 1):
-            url = self.urls[(first + attempt) % len(self.urls)] + path  # a retry goes to the next url
+        attempt = 0
+        while True:
+            turn = first + attempt  # a retry goes to the next url
+            url = (self._slot_url(turn) if self.slots else self.urls[turn % len(self.urls)]) + path
             answer, retry = self._post(url, data)
+            if self.slots and isinstance(answer, Failure) and answer.status.startswith(CONNECTION_ERROR):
+                self.slots[turn % len(self.slots)].wait(self.wait_s)  # a placed server restarting: not a retry
+                continue
             if not retry or attempt == s.retries:
                 if isinstance(answer, Failure):
                     answer.attempts = attempt + 1
                 return answer
             time.sleep(s.backoff_s * 2 ** attempt)
-        raise AssertionError("unreachable")
+            attempt += 1
+
+    def _slot_url(self, turn: int) -> str:
+        """The url a placed server announced (waited for while it has none that answers)."""
+        slot = self.slots[turn % len(self.slots)]
+        address = slot.address()
+        return (address.url if address is not None else slot.wait(self.wait_s).url).rstrip("/")
 
     def _post(self, url: str, data: bytes) -> tuple[Answer | Failure, bool]:
         """(the answer or its failure, whether the failure may be retried)."""
@@ -122,9 +142,9 @@ class Transport:
             reason = e.reason
             if isinstance(reason, (TimeoutError, socket.timeout)):
                 return Failure(url, f"no answer (timed out after {self.settings.timeout_s:g}s)"), True
-            return Failure(url, f"a connection error ({reason})"), True
+            return Failure(url, f"{CONNECTION_ERROR} ({reason})"), True
         except (ConnectionError, OSError) as e:
-            return Failure(url, f"a connection error ({e})"), True
+            return Failure(url, f"{CONNECTION_ERROR} ({e})"), True
         try:
             return Answer(url, json.loads(text)), False
         except ValueError:

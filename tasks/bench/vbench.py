@@ -10,13 +10,13 @@ Final score as VBench's ``scripts/cal_final_score.py``: each dimension's mean no
 score the mean of the 7 quality dimensions weighted by `WEIGHTS` (dynamic degree 0.5, the rest 1),
 the semantic score the same over the 9 semantic ones, the total (4 quality + 1 semantic) / 5.
 
-mmrl computes subject and background consistency, temporal flickering, aesthetic quality and
-dynamic degree; the others need models not available here (motion smoothness: AMT-S frame
-interpolation; imaging quality: MUSIQ; object class, multiple objects, colour, spatial
-relationship: GRiT; human action: UMT; scene: Tag2Text; appearance and temporal style, overall
-consistency: ViCLIP / CLIP style scores) and are reported as not computed (None, so their
-figures, the semantic, quality and total scores are NaN); `partial_quality_score` is the weighted
-mean over the quality dimensions computed, and is not VBench's quality score.
+mmrl computes subject and background consistency, temporal flickering, aesthetic quality,
+imaging quality (MUSIQ through pyiqa, the ``imaging`` extra) and dynamic degree; the others need
+models not available here (motion smoothness: AMT-S frame interpolation; object class, multiple
+objects, colour, spatial relationship: GRiT; human action: UMT; scene: Tag2Text; appearance and
+temporal style, overall consistency: ViCLIP / CLIP style scores) and are reported as not computed
+(None, so their figures, the semantic, quality and total scores are NaN); `partial_quality_score`
+is the weighted mean over the quality dimensions computed, and is not VBench's quality score.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .vbench_dimensions import (
     aesthetic_quality,
     background_consistency,
     dynamic_degree,
+    imaging_quality,
     subject_consistency,
     temporal_flickering,
 )
@@ -43,7 +44,9 @@ QUALITY = ("subject_consistency", "background_consistency", "temporal_flickering
            "aesthetic_quality", "imaging_quality", "dynamic_degree")
 SEMANTIC = ("object_class", "multiple_objects", "human_action", "color", "spatial_relationship", "scene",
             "appearance_style", "temporal_style", "overall_consistency")
-COMPUTED = ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality", "dynamic_degree")
+COMPUTED = ("subject_consistency", "background_consistency", "temporal_flickering", "aesthetic_quality",
+            "imaging_quality", "dynamic_degree")
+MUSIQ_SPAQ = "https://huggingface.co/chaofengc/IQA-PyTorch-Weights/resolve/main/musiq_spaq_ckpt-358bb6af.pth"  # pyiqa's copy
 NORMALISATION = {"subject_consistency": (0.1462, 1.0), "background_consistency": (0.2615, 1.0),
                  "temporal_flickering": (0.6293, 1.0), "motion_smoothness": (0.706, 0.9975),
                  "dynamic_degree": (0.0, 1.0), "aesthetic_quality": (0.0, 1.0), "imaging_quality": (0.0, 1.0),
@@ -56,7 +59,7 @@ QUALITY_WEIGHT, SEMANTIC_WEIGHT = 4.0, 1.0
 OPTIONS = {"compute": ",".join(COMPUTED), "dino_path": "facebook/dino-vitb16", "clip_model": "ViT-B-32",
            "clip_pretrained": "openai", "clip_model_config": None, "aesthetic_model": "ViT-L-14",
            "aesthetic_pretrained": "openai", "aesthetic_model_config": None, "aesthetic_head": None,
-           "raft_path": None, "device": None}
+           "musiq_path": MUSIQ_SPAQ, "musiq_arch": None, "raft_path": None, "device": None}
 
 
 def vbench_rows(source: Sequence[dict], options: Mapping[str, Any]) -> list[dict]:
@@ -89,6 +92,9 @@ def _scorer(dimension: str, settings: Mapping[str, Any]):
     if dimension == "dynamic_degree":
         path = _needed(settings["raft_path"], "raft_path", dimension)
         return lambda video, fps: dynamic_degree(video, fps, path, dev)
+    if dimension == "imaging_quality":
+        path = _needed(settings["musiq_path"], "musiq_path", dimension)
+        return lambda video, fps: imaging_quality(video, path, settings["musiq_arch"], dev)
     prefix = "aesthetic_" if dimension == "aesthetic_quality" else "clip_"
     net, _, _ = load_clip(settings[prefix + "model"], settings[prefix + "pretrained"], settings[prefix + "model_config"], dev)
     if dimension == "background_consistency":
@@ -138,8 +144,8 @@ BENCHMARKS.register("vbench")(Benchmark(
     default_task="diffusion",
     official="VBench's prompt suite (the authors' file), its normalisation, weights and final score (checked against "
              "cal_final_score.py); the computed dimensions re-implemented and checked against vbench's code; DINO from "
-             "transformers, CLIP from open_clip, RAFT from torchvision (not VBench's RAFT checkpoint); motion smoothness, "
-             "imaging quality and the 9 semantic dimensions are not computed (NaN), so are the quality, semantic and "
-             "total scores; partial_quality_score is mmrl's, over the dimensions computed",
+             "transformers, CLIP from open_clip, MUSIQ from pyiqa (as VBench), RAFT from torchvision (not VBench's "
+             "RAFT checkpoint); motion smoothness and the 9 semantic dimensions are not computed (NaN), so are the "
+             "quality, semantic and total scores; partial_quality_score is mmrl's, over the dimensions computed",
     greedy=False, samples=5, options=OPTIONS))
 

@@ -10,6 +10,10 @@ identical inputs (docs/bench.md#vbench-vbench). A video is [T, H, W, 3] uint8 fr
                           difference) / 255
   aesthetic_quality       the LAION aesthetic head (a Linear on normalised CLIP ViT-L/14 features,
                           VBench's `sa_0_4_vit_l_14_linear.pth`) / 10, mean over frames
+  imaging_quality         MUSIQ (pyiqa's architecture, VBench's SPAQ-trained checkpoint) of each
+                          frame in [0, 1], frames whose longer side is over 512 first resized
+                          (bilinear, no antialias) to 512 on that side (VBench's default
+                          ``longer`` preprocessing), mean over frames / 100
   dynamic_degree          1 when the video moves: frames taken every round(fps / 8), the optical
                           flow of each consecutive pair (RAFT, 20 iterations, frames padded to a
                           multiple of 8 by replication), its score the mean of its largest 5% flow
@@ -23,6 +27,7 @@ with ``consistency`` of unit features f_0..f_{T-1} the mean over t >= 1 of
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ from .scorer_models import scorer_model
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CLIP_NORM = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 RAFT_MIN_SIDE = 128  # torchvision's RAFT needs feature maps of at least 16 x 16 at 1/8 scale
+MUSIQ_LONGER_SIDE = 512  # VBench's imaging_quality resizes frames whose longer side is over this
 
 
 def frames_uint8(video: Any) -> np.ndarray:
@@ -109,6 +115,42 @@ def background_consistency(video: Any, net: Any, device: str) -> float:
 def aesthetic_quality(video: Any, net: Any, head: Any, device: str) -> float:
     features = F.normalize(net.encode_image(clip_pixels(video).to(device)).float(), dim=-1)
     return float((head(features).squeeze(-1) / 10).mean())
+
+
+@functools.lru_cache(maxsize=2)
+def musiq_model(path: str, arch: str | None, device: str):
+    """pyiqa's MUSIQ (the ``imaging`` extra) with the weights at `path` (a file, or a URL pyiqa downloads
+    and caches); its architecture pyiqa's defaults (the SPAQ checkpoint's) or the arguments in the JSON
+    file `arch`."""
+    try:
+        from pyiqa.archs.musiq_arch import MUSIQ
+    except ImportError:
+        raise ImportError("vbench: imaging_quality needs pyiqa (pip install -e \".[imaging]\"), "
+                          "or leave it out of --option compute=...") from None
+    if not path.startswith(("https://", "http://")) and not Path(path).is_file():
+        raise FileNotFoundError(f"vbench: musiq_path {path!r} does not exist (MUSIQ's SPAQ checkpoint, "
+                                "musiq_spaq_ckpt-358bb6af.pth)")
+    kwargs = json.loads(Path(arch).read_text()) if arch else {}
+    return MUSIQ(pretrained_model_path=path, **kwargs).to(device).eval()
+
+
+def musiq_frames(video: Any) -> torch.Tensor:
+    """[T, 3, H, W] in [0, 1] as VBench's imaging quality feeds MUSIQ: a longer side over 512 resized
+    to 512 (the other int(512 x side / longer)), bilinear without antialias, not rounded."""
+    frames = _tensor(video)
+    h, w = frames.shape[-2:]
+    if max(h, w) > MUSIQ_LONGER_SIDE:
+        scale = MUSIQ_LONGER_SIDE / max(h, w)
+        frames = F.interpolate(frames, size=(int(scale * h), int(scale * w)), mode="bilinear", align_corners=False,
+                               antialias=False)
+    return frames / 255.0
+
+
+@torch.no_grad()
+def imaging_quality(video: Any, path: str, arch: str | None, device: str) -> float:
+    model = musiq_model(path, arch, device)
+    frames = musiq_frames(video).to(device)
+    return float(np.mean([float(model(frame[None])) for frame in frames]) / 100.0)
 
 
 @functools.lru_cache(maxsize=2)

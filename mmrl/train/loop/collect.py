@@ -74,16 +74,20 @@ class RolloutCollector:
     def draw(self, inputs: StageInputs, step: int, attempt: int) -> Draw:
         """Roll out this process's groups of one draw and score them; the rewards of the whole draw
         are gathered (global row order), its auxiliary rows' rewards too (dropped from the rollout).
-        1. generate the groups call by call (`scoring.groups_per_call`), each call's rollout handed
-           to the scorer (scored in a background thread meanwhile with `scoring.overlap`);
+        1. generate the groups call by call (`scoring.groups_per_call`; a rollout worker or servers
+           are asked for every call first), each call's rollout handed to the scorer (scored in a
+           background thread meanwhile with `scoring.overlap`);
         2. the scored rows; 3. step-level rewards, where the adapter has them; 4. the gathers."""
         cfg = inputs.cfg
         prefetched = self.prefetched.pop(step, None) if attempt == 0 else None
         indices = inputs.sampler.draw(step, cfg.optim.prompts_per_step, attempt) if prefetched is None else prefetched
-        local = self._local_groups(len(indices))
+        calls = generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call)
+        if self.worker is not None:  # every call asked at once: several rollout servers draw them side by side
+            for groups in calls:
+                self._ask(inputs, indices, groups, step, attempt)
         with ChunkScorer(inputs.reward_fns, cfg.scoring.overlap, self.policy.concat) as scorer:
             with self.rollout_params():
-                for groups in generation_calls(local, cfg.scoring.groups_per_call):
+                for groups in calls:
                     rollout, scores = self._generate(inputs, indices, groups, step, attempt)
                     scorer.add(rollout) if scores is None else scorer.add_scored((rollout, *scores))
             with self.clock.phase("reward"):
@@ -138,6 +142,14 @@ class RolloutCollector:
             rollout.add_data_columns(rows)
         return rollout, scores
 
+    def _ask(self, inputs: StageInputs, indices: list[int], groups: range, step: int, attempt: int) -> None:
+        """Ask the rollout worker or servers for a generation call's groups, unless they were asked for already."""
+        key = (step, attempt, groups.start)
+        if not self.worker.has_asked(key):
+            cfg = inputs.cfg
+            self.worker.ask(key, [inputs.train_rows[indices[g]] for g in groups], cfg.algorithm.group_size,
+                            [derive_seed(cfg.seed, step, attempt, g) for g in groups])
+
     def prefetch_after(self, inputs: StageInputs, collected: int, last: int) -> None:
         """Draw the prompts of the steps after `collected` up to `last` not drawn yet, in order, and
         ask the worker for the rollouts of those it was not asked for (a resumed run's drawn-ahead
@@ -149,8 +161,7 @@ class RolloutCollector:
             if not self.worker.asked_for(step):
                 indices = self.prefetched[step]
                 for groups in generation_calls(self._local_groups(len(indices)), cfg.scoring.groups_per_call):
-                    self.worker.ask((step, 0, groups.start), [inputs.train_rows[indices[g]] for g in groups],
-                                    cfg.algorithm.group_size, [derive_seed(cfg.seed, step, 0, g) for g in groups])
+                    self._ask(inputs, indices, groups, step, 0)
 
     def collect(self, inputs: StageInputs, step: int) -> Collected:
         """This process's rollouts, and the WHOLE batch's rewards and group ids, for a step; with

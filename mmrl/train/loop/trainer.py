@@ -31,7 +31,6 @@ from mmrl.distributed.launcher import check_world_size, with_launcher_settings
 from mmrl.errors import reading_user_input
 from mmrl.registry import load_plugins
 from mmrl.serving.health import check_reward_servers
-from mmrl.serving.launch import LaunchedServers
 from mmrl.train.loop.batching import step_batch
 from mmrl.train.loop.collect import RolloutCollector
 from mmrl.train.loop.evaluation import Evaluator, evaluate
@@ -41,8 +40,9 @@ from mmrl.train.loop.run_checkpoints import RunCheckpoints
 from mmrl.train.loop.step_clock import StepClock
 from mmrl.train.loop.update import PolicyUpdate
 from mmrl.train.loop.warm_start import warm_start
+from mmrl.train.placement.generators import start_generator
+from mmrl.train.placement.local_servers import RunServers
 from mmrl.train.placement.reward_binding import bound_rewards
-from mmrl.train.placement.rollout_worker import RolloutWorker
 from mmrl.train.plan.stages import Stage
 from mmrl.train.plan.validate import validate
 from mmrl.train.reporting.eval_samples import log_eval_samples
@@ -98,7 +98,7 @@ class Trainer(RunCheckpoints):
         self.cfg = self.stage.config
         self.inputs = stage_inputs(self.stage, self.plan, warm_start=for_training and resume_from is None,
                                    held_out=held_out)
-        self.servers = LaunchedServers(cfg.rewards, self.output_dir, acc.is_main_process)  # rewards.NAME.server
+        self.servers = RunServers(cfg, acc.is_main_process)  # rewards.NAME.server, placement.rollout / reward
         if acc.is_main_process:  # the servers the run did not start too
             check_reward_servers(cfg.rewards)
         parts = build_parts(self.stage, self.plan, self.strategy)
@@ -171,7 +171,7 @@ class Trainer(RunCheckpoints):
         self.policy.set_training_step(step)
         batch = self.prepare_batch(step)
         worker, ro = self.collector.worker, self.cfg.rollout
-        if worker is not None:  # the next max_staleness steps' rollouts, generated while this step trains
+        if worker is not None and ro.mode != "sync":  # the next max_staleness steps' rollouts, generated while this step trains
             self.collector.prefetch_after(self.inputs, step, min(step + ro.max_staleness, self.cfg.max_steps))
         self._phase = "changing"
         update = self.updater.update(batch)  # adds skipped_frac to batch.metrics
@@ -203,8 +203,8 @@ class Trainer(RunCheckpoints):
         health = RunHealth(cfg.max_bad_steps, warn=acc.is_main_process)
         try:
             with StopSignals() as stop, self._checkpoint_on_failure():
-                if cfg.rollout.mode != "sync":  # a fresh worker with the run's (or the checkpoint's) weights
-                    self.collector.worker = RolloutWorker(cfg, self.unwrapped, self.step)
+                # the rollout worker or servers, with the run's (or the checkpoint's) weights; None: the trainer generates
+                self.collector.worker = start_generator(cfg, self.unwrapped, self.step, acc.is_main_process)
                 while self.step < cfg.max_steps:
                     metrics = self.train_step()
                     self._evaluate_every(metrics)

@@ -7,7 +7,7 @@ max_staleness + 1 steps of prompt groups are asked for and not yet taken. one_st
 order asked, with the weights received before each request; async reads every waiting message before
 each generation, so it generates from the newest weights it has.
 
-The weights travel over a process group of the two (placement/weights_broadcast.py): the whole
+The weights travel over a process group of the two (serving/weights_broadcast.py): the whole
 state dict first, then the trained parameters and buffers alone where the model has frozen ones (LoRA: the
 adapter's tensors). The queues carry the messages. To the worker: ("weights", version, part), which
 announces a broadcast of that part the worker receives when it reads it, ("rollout", key, pickled
@@ -38,7 +38,7 @@ from mmrl.config.parse import to_dict
 from mmrl.config.sections import TrainConfig
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
-from mmrl.train.placement.weights_broadcast import WHOLE, WeightsSender, model_device, part_after_updates, transfer_layouts
+from mmrl.serving.weights_broadcast import WHOLE, WeightsSender, model_device, part_after_updates, transfer_layouts
 from mmrl.train.placement.worker_process import WorkerTraceback, serve
 
 # the worker's scores of a rollout's kept rows: rewards, the auxiliary rows' rewards, the rewards' counts
@@ -133,6 +133,10 @@ class RolloutWorker:
             raise UserError(f"rollout.mode={self.mode}: the data rows of step {key[0]} (groups from {key[2]}) cannot "
                             f"be sent to the rollout worker: {type(err).__name__}: {err}; its rows must pickle "
                             "(paths, PIL images, arrays, text)") from None
+
+    def has_asked(self, key) -> bool:
+        """Whether the rollouts of `key` were asked for and not yet taken."""
+        return key in self.asked
 
     def asked_for(self, step: int) -> bool:
         """Whether the rollouts of `step` (its first attempt) were asked for and not yet taken."""

@@ -25,7 +25,7 @@ from mmrl.registry import import_user_module, load_plugins
 from mmrl.train.placement.chunk_scoring import place_call, score_with_counts
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.placement.rollout_modes import scores_in_worker
-from mmrl.train.placement.weights_broadcast import Layout, WeightsReceiver
+from mmrl.serving.weights_broadcast import Layout, WeightsReceiver
 
 
 class WorkerTraceback(Exception):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.config.parse import ConfigError, from_dict, to_dict
+from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import check_reward_combine
 from mmrl.core.seeding import derive_seed
@@ -117,7 +118,7 @@ class StagePlan:
     def __init__(self, cfg: TrainConfig):
         self.recipe = cfg
         if not cfg.stages:
-            self.stages = [Stage(0, 1, max(cfg.max_steps, 1), cfg, from_dict(_adapter_config(cfg.task), cfg.policy, "policy"))]
+            self.stages = [Stage(0, 1, max(cfg.max_steps, 1), cfg, from_dict(_adapter_config(cfg.task), adapter_policy(cfg.policy), "policy"))]
             return
         base = to_dict(cfg)
         base.pop("stages")
@@ -136,7 +137,7 @@ class StagePlan:
                 _check_changeable(name, cfg, stage_fields, where)
             try:
                 config = from_dict(TrainConfig, _merge(base, overrides))
-                policy = from_dict(_adapter_config(cfg.task), config.policy, "policy")
+                policy = from_dict(_adapter_config(cfg.task), adapter_policy(config.policy), "policy")
             except ConfigError as e:
                 raise ConfigError(f"{where}: {e}") from e
             _check_stage(config, cfg, where)

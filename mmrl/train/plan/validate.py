@@ -24,12 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mmrl.config.parse import ConfigError, from_dict
+from mmrl.config.placement import placed_rewards
+from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.objectives import OBJECTIVES
 from mmrl.core.regularisers import regulariser_needs
+from mmrl.core.scoring import REWARDS, get_reward
 from mmrl.data.sources import is_hub_id
 from mmrl.distributed import STRATEGIES
 from mmrl.registry import ADAPTERS, BENCHMARKS, DATASETS, import_user_module, load_plugins
+from mmrl.serving.remote_reward import sends_own_requests
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
 from mmrl.train.plan.learning_rates import check_learning_rates
 from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
@@ -49,7 +53,7 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
         return None
     adapter = ADAPTERS.get(cfg.task)
     try:
-        policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+        policy_cfg = from_dict(adapter.Config, adapter_policy(cfg.policy), "policy")
     except ConfigError as e:
         problems += str(e).splitlines()
         return None
@@ -146,6 +150,19 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
 
 
+def _check_placement(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
+    """The trainer ranks the recipe places against the processes that joined (a launcher placed as many),
+    and the placed reward servers' rewards (`mmrl serve-reward` serves registered rewards, not judges)."""
+    trainer = cfg.placement.trainer
+    if trainer is not None and trainer >= 1 and trainer != num_processes:
+        problems.append(f"placement.trainer={trainer} but {num_processes} trainer process(es) joined; launch as many "
+                        f"(torchrun --nproc_per_node {trainer}, or launch ray), or set placement.trainer=null")
+    for name in placed_rewards(cfg.placement, cfg.rewards):
+        if name in REWARDS and sends_own_requests(get_reward(name)):
+            problems.append(f"placement.rewards: {name!r} is a judge, which speaks to an OpenAI-compatible server "
+                            f"(rewards.{name}.url), not to `mmrl serve-reward`")
+
+
 def _check_warm_start(cfg: TrainConfig, problems: list[str]) -> None:
     """After a warm start the KL's reference is the warm-started model, a copy of the policy's weights
     (Trainer.reference_from_policy), not an adapter switched off (the strategies say what they keep)."""
@@ -177,6 +194,7 @@ def validate(cfg: TrainConfig, num_processes: int = 1, warn: Callable[[str], Non
     _check_optim(cfg, problems, num_processes)
     _check_data_and_logging(cfg, problems)
     _check_distributed(cfg, problems, num_processes)
+    _check_placement(cfg, problems, num_processes)
     _check_warm_start(cfg, problems)
     check_ranges(cfg, problems)
     problems += rollout_mode_problems(cfg, num_processes)

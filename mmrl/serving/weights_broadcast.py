@@ -1,18 +1,21 @@
-"""The trained weights sent to the rollout worker over torch.distributed (docs/async.md): the trainer
-(rank 0) and the worker (rank 1) form a process group of their own, on a TCPStore of their own on a
-free local port, so the trainer's default process group, if it has one, is left alone. The backend
-is chosen from the two models' devices: NCCL between two different CUDA devices, gloo (CPU copies)
-otherwise. Only gloo is tested.
+"""The trained weights sent to a process that generates over torch.distributed (docs/async.md): the
+rollout worker, or a rollout server (docs/distributed.md#served-rollouts). The trainer (rank 0) and the
+receiver (rank 1) form a process group of their own, on a TCPStore of their own on a free port of the
+trainer's address (127.0.0.1 unless the receiver is on another machine), so the trainer's default
+process group, if it has one, is left alone. The backend is chosen from the two models' devices: NCCL
+between two different CUDA devices, gloo (CPU copies) otherwise. Only gloo is tested.
 
-A transfer is a part of the state dict flattened into one buffer per dtype, broadcast from the
-trainer: the whole state dict (parameters and persistent buffers) first, then after every update
+A transfer is a part of the state dict flattened into one buffer per dtype (`flatten`), broadcast from
+the trainer: the whole state dict (parameters and persistent buffers) first, then after every update
 the parameters the optimizer trains and the buffers, where the model has frozen parameters (with
-LoRA: the adapter's tensors, the base weights never change), else the whole state dict again. The trainer's broadcast is
-asynchronous: it copies the weights into buffers of their own, starts the broadcast and goes on
-training; the worker receives the buffers when it reads the transfer's ("weights", version, part)
-message (mmrl/train/placement/rollout_worker.py) and copies them into its model in place. The
-buffers of a completed broadcast are reused by the next transfer of the same part; a failed one (the
-worker died: its connection closed) raises there.
+LoRA: the adapter's tensors, the base weights never change), else the whole state dict again. The
+trainer's broadcast is asynchronous: it copies the weights into buffers of their own, starts the
+broadcast and goes on training; the receiver receives the buffers when it reads the transfer's message
+(("weights", version, part) from the trainer: mmrl/train/placement/rollout_worker.py,
+serving/rollout_server.py) and copies them into its model in place. The buffers of a completed
+broadcast are reused by the next transfer of the same part; a failed one (the receiver died: its
+connection closed) raises there. Several receivers (rollout servers) each have a group of their own
+with the trainer and are broadcast the same buffers.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-HOST = "127.0.0.1"
+LOCAL_HOST = "127.0.0.1"
 # How long a broadcast may wait for the other side: the trainer's waits while the worker finishes the
 # generation calls it is in; a dead peer fails at once (its connection closes), a hung one after this.
 TRANSFER_TIMEOUT = datetime.timedelta(hours=1)
-# How long forming the group may wait for the other side: both enter it once the worker has built its
+# How long forming the group may wait for the other side: both enter it once the receiver has built its
 # model and said so (WORKER_DEVICE_KEY), so only a side that died meanwhile keeps the other waiting.
 JOIN_TIMEOUT = datetime.timedelta(minutes=2)
 WORKER_DEVICE_KEY = "worker_device"
@@ -67,13 +70,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _group(store: dist.Store, rank: int, backend: str, device: torch.device) -> dist.ProcessGroup:
+def _group(store: dist.Store, rank: int, backend: str, device: torch.device, host: str) -> dist.ProcessGroup:
+    """The pair's group; `host`: this side's own address (gloo's connections)."""
     if backend == "nccl":
         torch.cuda.set_device(device)
         return dist.ProcessGroupNCCL(store, rank, 2, JOIN_TIMEOUT)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = JOIN_TIMEOUT
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
 
@@ -105,80 +109,96 @@ def transfer_bytes(layout: Layout) -> int:
     return sum(_numel(shape) * dtype.itemsize for _, shape, dtype in layout)
 
 
-class WeightsSender:
-    """The trainer's side: opens the store, waits for the worker to join, broadcasts transfers of the
-    parts of `layouts` (`transfer_layouts` of the trainer's model)."""
+def flatten(state: dict[str, torch.Tensor], layout: Layout, device: torch.device,
+            into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The entries of `layout` in the state dict, copied into one buffer per dtype on `device`; `into`:
+    the buffers of an earlier transfer of the same layout, reused."""
+    buffers = into if into is not None else _buffers(layout, device)
+    with torch.no_grad():
+        for buffer, entries in zip(buffers, _by_dtype(layout).values(), strict=True):
+            offset = 0
+            for name, shape in entries:
+                buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
+                offset += _numel(shape)
+    return buffers
 
-    def __init__(self, layouts: dict[str, Layout]) -> None:
-        self.layouts = layouts
-        self.store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False)
+
+class WeightsSender:
+    """The trainer's side: opens the store, waits for the receiver to join, broadcasts transfers of the
+    parts of `layouts` (`transfer_layouts` of the trainer's model). `host`: the trainer's address as the
+    receiver reaches it."""
+
+    def __init__(self, layouts: dict[str, Layout], host: str = LOCAL_HOST) -> None:
+        self.layouts, self.host = layouts, host
+        self.store = dist.TCPStore(host, 0, 2, is_master=True, wait_for_workers=False)
         self.port = self.store.port
         self.group: dist.ProcessGroup | None = None
         self.device = torch.device("cpu")
-        self.sending: list[tuple[str, list[torch.Tensor], list[dist.Work]]] = []  # part, buffers, their broadcasts
+        # part, buffers, their broadcasts, and whether the buffers are this sender's own (reused once completed)
+        self.sending: list[tuple[str, list[torch.Tensor], list[dist.Work], bool]] = []
         self.spare: tuple[str, list[torch.Tensor]] | None = None  # a completed transfer's part and buffers, reused
 
     def connect(self, trainer_device: torch.device, wait: Callable[[], None]) -> None:
-        """Form the group once the worker has joined; `wait` is called meanwhile (it raises if the
-        worker died). A worker that dies while the group forms fails it (RuntimeError)."""
+        """Form the group once the receiver has joined; `wait` is called meanwhile (it raises if the
+        receiver died). A receiver that dies while the group forms fails it (RuntimeError)."""
         while not self.store.check([WORKER_DEVICE_KEY]):
             wait()
         worker_device = torch.device(self.store.get(WORKER_DEVICE_KEY).decode())
         backend = backend_for(trainer_device, worker_device)
         self.device = trainer_device if backend == "nccl" else torch.device("cpu")
-        self.group = _group(self.store, 0, backend, self.device)
+        self.group = _group(self.store, 0, backend, self.device, self.host)
 
     def send(self, model: torch.nn.Module, part: str) -> None:
-        """Copy `part` of the weights into buffers of their own and start their broadcast (the worker
+        """Copy `part` of the weights into buffers of their own and start their broadcast (the receiver
         receives them when it reads the transfer's message)."""
         self.release_sent()
-        state = model.state_dict()
-        buckets = _by_dtype(self.layouts[part])
         spare, self.spare = self.spare, None
-        buffers = spare[1] if spare is not None and spare[0] == part else _buffers(self.layouts[part], self.device)
-        with torch.no_grad():
-            for buffer, entries in zip(buffers, buckets.values(), strict=True):
-                offset = 0
-                for name, shape in entries:
-                    buffer[offset:offset + _numel(shape)].copy_(state[name].reshape(-1))
-                    offset += _numel(shape)
-        self.sending.append((part, buffers, [_broadcast(self.group, buffer) for buffer in buffers]))
+        into = spare[1] if spare is not None and spare[0] == part else None
+        self.broadcast(part, flatten(model.state_dict(), self.layouts[part], self.device, into), own=True)
+
+    def broadcast(self, part: str, buffers: list[torch.Tensor], own: bool = False) -> None:
+        """Start the broadcast of buffers `flatten` filled with `part`, kept until it completes (`own`: then
+        reused by `send`; buffers shared with other senders are not)."""
+        self.release_sent()
+        self.sending.append((part, buffers, [_broadcast(self.group, buffer) for buffer in buffers], own))
 
     def release_sent(self) -> None:
         """Keep the buffers of the completed transfers for the next; a failed one raises its error
         (RuntimeError)."""
         waiting = []
-        for part, buffers, works in self.sending:
+        for part, buffers, works, own in self.sending:
             if all(work.is_completed() for work in works):
                 for work in works:
                     work.wait()
-                self.spare = part, buffers
+                self.spare = (part, buffers) if own else self.spare
             else:
-                waiting.append((part, buffers, works))
+                waiting.append((part, buffers, works, own))
         self.sending = waiting
 
     def close(self) -> None:
-        """Leave the group (once the worker has stopped: its transfers are done or failed)."""
+        """Leave the group (once the receiver has stopped: its transfers are done or failed)."""
         self.sending, self.spare, self.group = [], None, None
 
 
 class WeightsReceiver:
-    """The worker's side: joins the trainer's store and group, receives transfers into its model."""
+    """The receiver's side: joins the trainer's store (at `host`:`port`) and group, receives transfers into
+    its model; `own_host`: its own address as the trainer reaches it."""
 
-    def __init__(self, port: int, layouts: dict[str, Layout], model: torch.nn.Module, trainer_device: torch.device):
+    def __init__(self, port: int, layouts: dict[str, Layout], model: torch.nn.Module, trainer_device: torch.device,
+                 host: str = LOCAL_HOST, own_host: str = LOCAL_HOST):
         own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         theirs = {name: shape for name, shape, _ in layouts[WHOLE]}
         if own != theirs:
             differ = sorted(set(own.items()) ^ set(theirs.items()))[:4]
-            raise RuntimeError(f"the rollout worker's model differs from the trainer's: {differ}")
+            raise RuntimeError(f"the receiver's model (rollout worker or server) differs from the trainer's: {differ}")
         self.layouts, self.model = layouts, model
         device = model_device(model)
         backend = backend_for(trainer_device, device)
         self.device = device if backend == "nccl" else torch.device("cpu")
         self.buffers: tuple[str, list[torch.Tensor]] | None = None  # the last transfer's part and buffers
-        store = dist.TCPStore(HOST, port, 2, is_master=False)
+        store = dist.TCPStore(host, port, 2, is_master=False)
         store.set(WORKER_DEVICE_KEY, str(device))
-        self.group = _group(store, 1, backend, self.device)
+        self.group = _group(store, 1, backend, self.device, own_host)
 
     def receive(self, part: str) -> None:
         """The next transfer, of `part`, copied into the model in place (cast to its dtypes where they
