@@ -45,7 +45,6 @@ class ServerState:
     def __init__(self, slot: ServerSlot):
         self.slot = slot
         self.address: Address | None = None
-        self.dead: Address | None = None  # the address it stopped answering at
         self.checked = 0.0  # when its address was last read while set aside
         self.in_flight: set[Key] = set()
 
@@ -149,7 +148,7 @@ class ServedRollouts:
     def _set_aside(self, index: int) -> None:
         """Server `index` stopped answering: its requests in flight go to the others."""
         server = self.servers[index]
-        server.dead, server.address, server.checked = server.address, None, time.monotonic()
+        server.address, server.checked = None, time.monotonic()
         for key in sorted(server.in_flight):
             self._move(key, index)
 
@@ -175,7 +174,7 @@ class ServedRollouts:
         server.checked = time.monotonic()
         found = server.slot.address()
         if found is not None and answers(found.url):
-            server.address, server.dead = found, None
+            server.address = found
 
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:

@@ -20,6 +20,7 @@ from typing import Callable
 
 from mmrl.distributed.launcher import NODE_ADDRESS_ENV
 from mmrl.errors import UserError
+from mmrl.serving.health import HEALTH_PATH
 
 SERVERS, LOGS = "servers", "logs"
 POLL_S = 0.5
@@ -62,9 +63,10 @@ def announce(path: str | Path, url: str) -> str:
 
 
 def answers(url: str, timeout: float = 2.0) -> bool:
-    """Whether the server at `url` answers ``GET /health`` with 200."""
+    """Whether the server at `url` answers ``GET /health`` with 200 (stricter than `health_problem`, for which
+    any answer below 500 is a server: a placed server's port may be taken by something else)."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as response:
+        with urllib.request.urlopen(url.rstrip("/") + HEALTH_PATH, timeout=timeout) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

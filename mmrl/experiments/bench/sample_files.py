@@ -62,36 +62,35 @@ def sample_record(sample: dict, folder: Path, medium_of: MediumOf) -> dict[str, 
             "completion": completion, "columns": columns}
 
 
-def _read_completion(value: Any, folder: Path) -> Any:
-    """A completion as the scorers take it: text, a PIL image, {"array", "sampling_rate"}, or uint8
-    [T, H, W, 3] video frames."""
+def _read_completion(value: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """A completion as the scorers take it (text, a PIL image, {"array", "sampling_rate"}, or uint8
+    [T, H, W, 3] video frames) and the columns its file carries (a video's ``fps``)."""
     if not isinstance(value, dict):
-        return value
+        return value, {}
     path = folder / value["file"]
     if value["kind"] == "image":
         from PIL import Image
         with Image.open(path) as im:
-            return im.convert("RGB")
+            return im.convert("RGB"), {}
     if value["kind"] == "audio":
         import soundfile
         array, rate = soundfile.read(path, dtype="float32")
-        return {"array": array, "sampling_rate": rate}
+        return {"array": array, "sampling_rate": rate}, {}
     with np.load(path) as data:
-        return data["frames"]
+        return data["frames"], {"fps": float(data["fps"])}
 
 
 def read_samples(folder: Path) -> list[dict]:
-    """The samples of a finished shard, their media read back."""
+    """The samples of a finished shard, their media read back (a column the row already has wins
+    over the one its file carries)."""
     out = []
     for n, line in enumerate((folder / "samples.jsonl").read_text().splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{folder / 'samples.jsonl'}:{n}: not valid JSON ({e.msg}); generate the shard again") from None
-        record["completion"] = _read_completion(record["completion"], folder)
-        if isinstance(record["completion"], np.ndarray) and "fps" not in record["columns"]:
-            with np.load(folder / json.loads(line)["completion"]["file"]) as data:
-                record["columns"]["fps"] = float(data["fps"])
+        record["completion"], file_columns = _read_completion(record["completion"], folder)
+        record["columns"] = {**file_columns, **record["columns"]}
         out.append(record)
     return out
 
