@@ -30,6 +30,7 @@ from ..model_loading import (
 from .episodes import EPISODE_COLUMNS, EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
+from .memory_formula import DecoderMemory, decoder_memory
 from .logprob_settings import (
     logprob_check_field,
     logprob_check_tolerance_field,
@@ -158,6 +159,10 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             with weightless():
                 return load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)[0].config
         return model_configuration(cfg.model, cfg.trust_remote_code)
+
+    @classmethod
+    def memory_model(cls, cfg: CausalLMConfig, prompt_length: int) -> DecoderMemory:
+        return decoder_memory(cfg, prompt_length)
 
     @classmethod
     def output_kind(cls, cfg: CausalLMConfig) -> str:
