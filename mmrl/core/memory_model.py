@@ -37,6 +37,12 @@ class MemoryModel(ABC):
         `rows` rollouts, beyond the training state (the activations with the recipe's checkpointing
         among them where the peak holds them; `trains_head`: the output layer takes a gradient)."""
 
+    def first_step_bytes(self, rows: int) -> dict[str, int]:
+        """Bytes by component of a pass the first training step of a run (or of a resumed run) adds
+        to one micro-batch of `rows` rollouts, beyond the training state: a check of the fused path
+        against a plainer one, say. None here."""
+        return {}
+
     @abstractmethod
     def rollout_bytes(self, rows: int) -> dict[str, int]:
         """Bytes by component of one generation call of `rows` rollouts (its cache, its sampler)."""

@@ -6,7 +6,8 @@ Analytic, not traced: the training state is the weightless build's parameter cou
 (LoRA: the adapters alone take gradients and AdamW state), each part divided as the strategy divides
 it (`mmrl.distributed.state_shares`); the passes' memory is the adapter's formula
 (`Policy.memory_model`, mmrl/core/memory_model.py). The step's peak is the training state plus the
-larger of a generation call's memory and a micro-batch's forward and backward.
+largest of a generation call's memory, a micro-batch's forward and backward, and the pass the
+first step adds to it (a check of the fused log-probs).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ class MemoryPlan:
     rows: dict[str, int]             # rollouts per generation call ("rollout") and per update pass ("update")
     state: dict[str, int]            # weights, reference weights, gradients, optimizer state
     update: dict[str, int]           # at the peak of one micro-batch's forward and backward
+    first_step: dict[str, int]       # a pass the first step adds to its first micro-batch (a check)
     rollout: dict[str, int]          # one generation call's cache and sampler
     activations_other: int           # the activations with the other checkpointing setting (not in the peak)
     checkpointing: bool              # the recipe's setting, the one in the peak
-    peak: int                        # state + the larger of update and rollout
+    peak: int                        # state + the largest of update, first_step and rollout
     device_memory: int | None = None     # bytes, --gpu-memory
     largest_group_size: int | None = None   # that fits device_memory at the recipe's micro-batch (0: none)
     largest_micro_batch: int | None = None  # that fits at the recipe's group size, at most a process's rows (0: none)
@@ -77,13 +79,14 @@ def _rows(cfg: TrainConfig, processes: int, group_size: int, micro_batch: int) -
     return {"rollout": group_size * min(per_call, groups), "update": min(micro_batch, groups * group_size)}
 
 
-def _passes(cfg: TrainConfig, model: MemoryModel, rows: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    return model.update_bytes(rows["update"], trains_head=not cfg.optim.lora.r), model.rollout_bytes(rows["rollout"])
+def _passes(cfg: TrainConfig, model: MemoryModel, rows: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Each pass's bytes by component: the update, the first step's extra pass, the rollout."""
+    return {"update": model.update_bytes(rows["update"], trains_head=not cfg.optim.lora.r),
+            "first step": model.first_step_bytes(rows["update"]), "rollout": model.rollout_bytes(rows["rollout"])}
 
 
-def _peak(cfg, model, state, processes, group_size, micro_batch) -> int:
-    update, rollout = _passes(cfg, model, _rows(cfg, processes, group_size, micro_batch))
-    return sum(state.values()) + max(sum(update.values()), sum(rollout.values()))
+def _peak(state: dict[str, int], passes: dict[str, dict[str, int]]) -> int:
+    return sum(state.values()) + max(sum(components.values()) for components in passes.values())
 
 
 def _largest(fits, most: int = LARGEST) -> int:
@@ -108,15 +111,18 @@ def plan_memory(cfg: TrainConfig, processes: int, prompt_length: int, device_mem
     state, whole, trainable = _state(cfg, model, processes)
     group, micro = cfg.algorithm.group_size, cfg.optim.micro_batch_size
     rows = _rows(cfg, processes, group, micro)
-    update, rollout = _passes(cfg, model, rows)
-    plan = MemoryPlan(model.family, whole, trainable, rows, state, update, rollout,
-                      model.activation_bytes(rows["update"], not model.checkpointing), model.checkpointing,
-                      sum(state.values()) + max(sum(update.values()), sum(rollout.values())))
+    passes = _passes(cfg, model, rows)
+    plan = MemoryPlan(model.family, whole, trainable, rows, state, passes["update"], passes["first step"],
+                      passes["rollout"], model.activation_bytes(rows["update"], not model.checkpointing),
+                      model.checkpointing, _peak(state, passes))
     if device_memory is None:
         return plan
-    return replace(plan, device_memory=device_memory,
-                   largest_group_size=_largest(lambda g: _peak(cfg, model, state, processes, g, micro) <= device_memory),
-                   largest_micro_batch=_largest(lambda m: _peak(cfg, model, state, processes, group, m) <= device_memory,
+
+    def fits(group_size: int, micro_batch: int) -> bool:
+        return _peak(state, _passes(cfg, model, _rows(cfg, processes, group_size, micro_batch))) <= device_memory
+
+    return replace(plan, device_memory=device_memory, largest_group_size=_largest(lambda g: fits(g, micro)),
+                   largest_micro_batch=_largest(lambda m: fits(group, m),
                                                 most=group * cfg.optim.prompts_per_step // processes))
 
 
@@ -133,9 +139,11 @@ def plan_table(plan: MemoryPlan) -> str:
         row(f"update: {name}" + (f" ({checkpointed} checkpointing)" if name == "activations" else ""), value)
     other = "without" if plan.checkpointing else "with"
     lines.append(f"{'  (activations ' + other + ' checkpointing, not added)':<44}{plan.activations_other / MIB:>12,.1f}")
+    for name, value in plan.first_step.items():
+        row(f"first step's check: {name}", value)
     for name, value in plan.rollout.items():
         row(f"rollout: {name}", value)
-    row("peak (state + the larger pass)", plan.peak)
+    row("peak (state + the largest pass)", plan.peak)
     if plan.device_memory is not None:
         lines += ["", f"in {plan.device_memory / 2 ** 30:g} GiB: largest group size {plan.largest_group_size} "
                       f"(at micro-batch {plan.rows['update']}), largest micro-batch {plan.largest_micro_batch} "

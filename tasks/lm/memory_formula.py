@@ -13,6 +13,10 @@
   softmax's element-wise work (`token_logprobs.SUB_BLOCK_ELEMENTS` logits each, at most the chunk)
   and, when the output layer trains, its [vocabulary, H] gradient; or, where larger, the end of the
   backward, where a tied input embedding's dense gradient meets the head's (2 x [vocabulary, H]);
+- the first step's `policy.logprob_check` (on): the training forward's activations, alive while
+  the plain path runs beside it: the model's whole logits of the completions and one more position
+  (rows x (completion + 1) x vocabulary, in the weights' dtype), one sequence's block of them in fp32
+  (at most `policy.logprob_chunk_rows` rows) and the softmax's two pieces;
 - a rollout: the key/value cache (layers x 2 x key/value heads x head_dim x tokens x rows x bytes)
   and the step's logits with the sampler's fp32 work on them (six [rows, vocabulary] fp32 buffers,
   measured with the allocation probe: tests/test_memory_plan.py).
@@ -53,6 +57,8 @@ class DecoderMemory(MemoryModel):
         self.completion = cfg.max_new_tokens
         self.length = prompt_length + cfg.max_new_tokens  # tokens per rollout: prompt and completion
         self.chunk_tokens = cfg.logprob_chunk_tokens
+        self.chunk_rows = cfg.logprob_chunk_rows
+        self.check = cfg.logprob_check
         self.bytes = next(module.parameters()).element_size()
         self.tied = module.get_output_embeddings().weight is module.get_input_embeddings().weight
 
@@ -72,7 +78,7 @@ class DecoderMemory(MemoryModel):
 
     def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
         chunk_rows = min(self.chunk_tokens, rows * self.completion)
-        piece_rows = min(chunk_rows, max(1, SUB_BLOCK_ELEMENTS // self.vocab))
+        piece_rows = self.piece_rows(chunk_rows)
         gradient = self.vocab * self.hidden * self.bytes if trains_head else 0
         head = {"activations": self.activation_bytes(rows, self.checkpointing),
                 "log-prob chunk": chunk_rows * self.vocab * 4, "softmax pieces": 2 * piece_rows * self.vocab * 4,
@@ -82,6 +88,18 @@ class DecoderMemory(MemoryModel):
             if sum(embedding.values()) > sum(head.values()):
                 return embedding
         return head
+
+    def first_step_bytes(self, rows: int) -> dict[str, int]:
+        if not self.check:
+            return {}
+        block_rows = min(self.chunk_rows, self.completion)
+        return {"activations": self.activation_bytes(rows, self.checkpointing),
+                "logits": rows * (self.completion + 1) * self.vocab * self.bytes,
+                "fp32 block": block_rows * self.vocab * 4, "softmax pieces": 2 * self.piece_rows(block_rows) * self.vocab * 4}
+
+    def piece_rows(self, rows: int) -> int:
+        """Rows of one piece of the softmax's element-wise work over a block of `rows` rows."""
+        return min(rows, max(1, SUB_BLOCK_ELEMENTS // self.vocab))
 
     def rollout_bytes(self, rows: int) -> dict[str, int]:
         cache = self.layers * 2 * self.kv_width * self.length * rows * self.bytes
