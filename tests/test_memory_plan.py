@@ -174,3 +174,19 @@ def test_the_command_prints_json_and_asks_for_the_prompt_length(capsys):
     assert plan["peak"] == sum(plan["state"].values()) + max(sum(plan["update"].values()), sum(plan["rollout"].values()))
     assert main(["plan", "text_demo"]) != 0
     assert "--prompt-tokens" in capsys.readouterr().err
+
+
+def test_a_configuration_file_alone_is_planned(tmp_path):
+    """A directory holding only Qwen2.5-0.5B's config.json (no weights): its 494,032,768 parameters
+    (the count its model card gives) and a 16-bit training state of that size."""
+    from transformers import Qwen2Config
+    Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True).save_pretrained(tmp_path / "qwen")
+    plan = text_plan(tmp_path, [f"policy.model={tmp_path / 'qwen'}", "policy.dtype=bfloat16"])
+    assert plan.parameters == 494_032_768
+    assert plan.state["weights"] == 2 * 494_032_768 and plan.state["optimizer state"] == 4 * 494_032_768
+
+
+def test_a_model_that_cannot_be_read_is_one_line(capsys):
+    assert main(["plan", "text_demo", "policy.model=/nonexistent/model", "--prompt-tokens", "4"]) != 0
+    assert "Traceback" not in capsys.readouterr().err

@@ -22,7 +22,7 @@ from mmrl.core.lora import with_lora
 from mmrl.core.memory_model import MemoryModel
 from mmrl.core.regularisers import regulariser_needs
 from mmrl.distributed import state_shares
-from mmrl.errors import UserError
+from mmrl.errors import UserError, reading_user_input
 from mmrl.registry import ADAPTERS
 
 MIB = 2 ** 20
@@ -107,7 +107,8 @@ def plan_memory(cfg: TrainConfig, processes: int, prompt_length: int, device_mem
         raise UserError(f"mmrl plan: optim.prompts_per_step={cfg.optim.prompts_per_step} must be a multiple of "
                         f"--gpus {processes}")
     adapter = ADAPTERS.get(cfg.task)
-    model = adapter.memory_model(from_dict(adapter.Config, adapter_policy(cfg.policy), "policy"), prompt_length)
+    with reading_user_input():  # a model path or hub id whose configuration cannot be read: one line
+        model = adapter.memory_model(from_dict(adapter.Config, adapter_policy(cfg.policy), "policy"), prompt_length)
     state, whole, trainable = _state(cfg, model, processes)
     group, micro = cfg.algorithm.group_size, cfg.optim.micro_batch_size
     rows = _rows(cfg, processes, group, micro)
