@@ -105,6 +105,14 @@ def test_bench_engine_memory(tmp_path):
     assert "overhead_ratio" not in report and report["setup"]["model"]["vocab"] == 512
 
 
+@pytest.mark.slow  # ~15 s on 2 idle cores: a fresh process under the CPU profiler
+def test_bench_memory_plan(tmp_path):
+    """The plan beside the probe at one small size: both finite, within 15%."""
+    report = bench("bench_memory_plan.py", tmp_path, "--vocab", "512", "--sizes", "32x8")
+    size = report["sizes"]["32x8"]
+    assert size["measured_mib"] > 0 and abs(size["ratio"] - 1) < 0.15
+
+
 @pytest.mark.slow
 def test_bench_engine_peak_rss(tmp_path):
     """The peak-RSS pass: each contender once more alone in a process of its own (2-3 processes more)."""
