@@ -1,8 +1,8 @@
 """`mmrl plan` against the allocation probe: for each size, the plan's peak (mmrl/experiments/memory_plan.py,
 from the configuration alone) beside the probe's measure (scripts/memory_probe.py: CUDA's
 max_memory_allocated, or the CPU profiler's allocation events) of the same recipe run for real in a
-fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (2 layers, random weights,
-fp32; the second step holds AdamW's state), 2 prompts x `--group` completions of exactly N tokens,
+fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (`--layers`, random weights,
+fp32; the second step holds AdamW's state; `--checkpointing`: with activation checkpointing), 2 prompts x `--group` completions of exactly N tokens,
 one micro-batch. Prints JSON: per size the planned and measured MiB and their ratio.
 
     python scripts/bench_memory_plan.py --vocab 151936 --sizes 64x128,512x128,64x512,512x512 \\
@@ -32,7 +32,8 @@ def recipe(hidden: int, tokens: int, args) -> dict:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     return {"task": "causal_lm",
             "policy": {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens,
-                       "tiny_args": {"hidden": hidden, "layers": 2, "heads": 4, "vocab": args.vocab,
+                       "gradient_checkpointing": args.checkpointing,
+                       "tiny_args": {"hidden": hidden, "layers": args.layers, "heads": 4, "vocab": args.vocab,
                                      "max_positions": 8 + tokens}},
             "data": {"path": os.path.join(here, "prompts.jsonl")}, "rewards": {"plan_length": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936, help="the output layer's tokens")
     parser.add_argument("--sizes", default="64x128,512x128", help="HIDDENxTOKENS,... (completion tokens)")
     parser.add_argument("--group", type=int, default=2, help="completions per prompt (2 prompts)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers")
+    parser.add_argument("--checkpointing", action="store_true", help="train with activation checkpointing")
     parser.add_argument("--worker", metavar="HIDDENxTOKENS", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
@@ -75,11 +78,14 @@ def main() -> None:
         hidden, tokens = map(int, args.worker.split("x"))
         print(json.dumps({"peak": measured(hidden, tokens, args)}))
         return
-    report = {"vocab": args.vocab, "rows": len(PROMPTS) * args.group, "sizes": {}}
+    report = {"vocab": args.vocab, "rows": len(PROMPTS) * args.group, "layers": args.layers,
+              "checkpointing": args.checkpointing, "sizes": {}}
     for size in args.sizes.split(","):
         hidden, tokens = map(int, size.split("x"))
-        run = subprocess.run([sys.executable, __file__, "--worker", size, "--vocab", str(args.vocab),
-                              "--group", str(args.group)], capture_output=True, text=True, check=True)
+        options = ["--vocab", str(args.vocab), "--group", str(args.group), "--layers", str(args.layers)]
+        run = subprocess.run([sys.executable, __file__, "--worker", size, *options,
+                              *(["--checkpointing"] if args.checkpointing else [])],
+                             capture_output=True, text=True, check=True)
         peak = json.loads(run.stdout.strip().splitlines()[-1])["peak"]
         plan = planned(hidden, tokens, args)
         report["sizes"][size] = {"planned_mib": round(plan["peak"] / MIB, 1), "measured_mib": round(peak / MIB, 1),
