@@ -22,10 +22,6 @@ class MemoryModel(ABC):
         self.module = module  # the weightless build: meta parameters, the real build's shapes and dtypes
         self.checkpointing = checkpointing  # the recipe trains with activation (gradient) checkpointing
 
-    def output_layer(self) -> nn.Module | None:
-        """The module that projects to the output (left out of LoRA's 'all-linear', as peft leaves it out)."""
-        return None
-
     @abstractmethod
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         """The activations one training forward of `rows` rollouts keeps for its backward (with or

@@ -19,7 +19,7 @@
   (at most `policy.logprob_chunk_rows` rows) and the softmax's two pieces;
 - a rollout: the key/value cache (layers x 2 x key/value heads x head_dim x tokens x rows x bytes)
   and the step's logits with the sampler's fp32 work on them (six [rows, vocabulary] fp32 buffers,
-  measured with the allocation probe: tests/test_memory_plan.py).
+  read off the allocation probe's rollout phase; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -61,9 +61,6 @@ class DecoderMemory(MemoryModel):
         self.check = cfg.logprob_check
         self.bytes = next(module.parameters()).element_size()
         self.tied = module.get_output_embeddings().weight is module.get_input_embeddings().weight
-
-    def output_layer(self) -> nn.Module | None:
-        return self.module.get_output_embeddings()
 
     def layer_bytes(self) -> int:
         """One token's activations in one layer (module docstring)."""
