@@ -72,11 +72,11 @@ def test_the_plan_predicts_the_probed_step(tmp_path, probe):
     assert plan.peak == pytest.approx(measured, rel=0.15)
 
 
-@pytest.mark.slow  # 60 s to 6 min each under the profiler
-@pytest.mark.parametrize("hidden,tokens", [(64, 128), (512, 128), (64, 512), (512, 512)])
+@pytest.mark.slow  # 1 to 11 min each under the profiler on the loaded 2-core machine
+@pytest.mark.parametrize("hidden,tokens", [(64, 128), (512, 128), (64, 512)])
 def test_the_plan_predicts_the_probed_step_at_qwens_vocabulary(tmp_path, probe, hidden, tokens):
-    """The sizes of docs/benchmarks.md's table: Qwen's 151,936-token vocabulary, hidden 64 and 512,
-    128 and 512 completion tokens; within 15%."""
+    """The measured sizes of docs/benchmarks.md's table: Qwen's 151,936-token vocabulary, hidden 64
+    and 512, 128 and 512 completion tokens; within 15%."""
     recipe = step_recipe(tmp_path, hidden=hidden, vocab=151936, tokens=tokens)
     plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))
     assert plan.peak == pytest.approx(measured_peak(recipe, probe), rel=0.15)
