@@ -40,14 +40,15 @@ def group_advantages(texts: list[str], group: int):
     return rewards - rewards.view(-1, group).mean(1).repeat_interleave(group)
 
 
-def policy_gradient_update(opt, logits, completion, advantages, clock: list[float] | None = None) -> None:
+def policy_gradient_update(opt, logits, completion, advantages, clock: list[float] | None = None,
+                           step: bool = True) -> None:
     """The bare work's update: loss = -mean_{i,t} A_i log p(y_it) from the completion's logits
-    [B, T, V] (fp32 log-softmax), backward, optimizer step; the time after each of the three is
-    appended to `clock` where given."""
+    [B, T, V] (fp32 log-softmax), backward, and (`step`) the optimizer step; the time after each of
+    the three is appended to `clock` where given."""
     import torch
     logp = torch.log_softmax(logits.float(), -1).gather(-1, completion[..., None]).squeeze(-1)
     loss = -(advantages[:, None] * logp).mean()
-    for work in (lambda: None, loss.backward, lambda: (opt.step(), opt.zero_grad())):
+    for work in (lambda: None, loss.backward, (lambda: (opt.step(), opt.zero_grad())) if step else (lambda: None)):
         work()
         if clock is not None:
             clock.append(time.perf_counter())
@@ -88,28 +89,6 @@ def trl_grpo_config(args):
         report_to="none", save_strategy="no", use_cpu=not torch.cuda.is_available(), shuffle_dataset=False,
         disable_dropout=True,
         lr_scheduler_type="constant", warmup_steps=0, dataloader_num_workers=0, seed=0)
-
-
-def peak_bytes(fn) -> int:
-    """Most bytes allocated at once while `fn` runs, beyond those allocated before it (CUDA's
-    allocator, or on a CPU the profiler's allocation events)."""
-    import torch
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def peak_rss_mb() -> float:
@@ -250,11 +229,13 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
 
 
-def launch(script: str, name: str, options: dict[str, Any], interleave: bool, threads: int) -> dict:
-    """`python script --worker NAME --key=value ...` in a fresh process; its last stdout line, as JSON."""
+def launch(script: str, name: str, options: dict[str, Any], interleave: bool, threads: int,
+           flags: tuple[str, ...] = ()) -> dict:
+    """`python script --worker NAME --key=value ... FLAGS` in a fresh process; its last stdout line, as JSON."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, script, "--worker", name] + [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    cmd += list(flags)
     if interleave:
         cmd.append("--interleave")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_harness import digit_share, mmrl_recipe, peak_bytes, peak_rss_mb, require_trl, trl_grpo_config, trl_step_timer
+from bench_harness import digit_share, mmrl_recipe, peak_rss_mb, require_trl, trl_grpo_config, trl_step_timer
+from memory_probe import peak_bytes
 from bench_report import emit
 
 from mmrl.tasks.lm.hidden_logprobs import hidden_state_logprobs

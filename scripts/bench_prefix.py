@@ -37,7 +37,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_harness import compare as compare_steps  # noqa: E402
-from bench_harness import over_bare, peak_bytes, require_trl
+from bench_harness import over_bare, require_trl
+from memory_probe import peak_bytes
 from bench_report import emit  # noqa: E402
 from bench_vlm import SIZE, split_of, visual_tokens  # noqa: E402
 from mmrl.tasks.demos.tiny_models import seeded_model  # noqa: E402

@@ -92,10 +92,22 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
     report = {mode: {key: statistics.median(m[key] for m in runs)
                      for key in ("time_step_s", "time_generate_s", "time_reward_s")} for mode, runs in steps.items()}
     report["overlap_step_time_ratio"] = report["overlapped"]["time_step_s"] / report["serial"]["time_step_s"]
+    report.update(overlap_bound(report["serial"], report["overlap_step_time_ratio"]))
     report["setup"] = {k: getattr(args, k) for k in ("latency", "request_rows", "groups_per_call", "prompts", "group",
                                                      "steps", "warmup", "threads", "new_tokens")}
     report["setup"]["model"] = "text_demo (tiny:qwen2-char, hidden 128, 2 layers)"
     return report
+
+
+def overlap_bound(serial: dict, measured_ratio: float) -> dict:
+    """The best an overlap can do from the serial step's phases: hide the shorter of generation and
+    scoring entirely. `overlap_bound` is that step's time over the serial step's, `phase_balance` the
+    shorter phase over the longer (1: they take as long), `ratio_to_bound` the measured ratio over the
+    bound (1: the machinery hides all it can)."""
+    generate, score, step = serial["time_generate_s"], serial["time_reward_s"], serial["time_step_s"]
+    bound = (step - min(generate, score)) / step
+    return {"overlap_bound": bound, "phase_balance": min(generate, score) / max(generate, score),
+            "ratio_to_bound": measured_ratio / bound}
 
 
 def served_report(args) -> dict:
@@ -117,7 +129,8 @@ def served_report(args) -> dict:
         served = overlap_report(args, f"{{slow_digit_share: {{url: '{url}', client: {client}}}}}", (module,))
         served_rps = requests_per_second(url, args)
     in_process = overlap_report(args, f"{{slow_digit_share: {{args: {{{args_text}}}}}}}", (module,))
-    return {"overlap_step_time_ratio": served["overlap_step_time_ratio"], "served": served,
+    return {"overlap_step_time_ratio": served["overlap_step_time_ratio"],
+            **{key: served[key] for key in ("overlap_bound", "phase_balance", "ratio_to_bound")}, "served": served,
             "in_process": in_process, "served_requests_per_s": served_rps,
             "in_process_requests_per_s": in_process_requests_per_second(args),
             "served_vs_in_process_step_time": served["overlapped"]["time_step_s"] / in_process["overlapped"]["time_step_s"],

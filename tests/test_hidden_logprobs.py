@@ -169,3 +169,32 @@ def test_a_frozen_projection_projects_each_chunk_once_in_forward_and_backward(wi
         ref, ref_ent = plain(hidden, w, b, targets, 0.7)
         want = grads(ref, ref_ent if with_entropy else torch.zeros(N), [hidden])[0]
         assert (got - want).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_a_trained_projection_holds_one_chunk_of_logits_at_a_time(monkeypatch, with_entropy):
+    """The allocation probe (scripts/memory_probe.py: the profiler's allocation events) over the forward
+    and backward of a trained projection: one chunk of fp32 logits [chunk, V], the gradients of h and
+    W, and a few sub-blocks of element-wise temporaries, never a second chunk-sized buffer (the copy of
+    the projection's output, the exponentials, the softmax's gradient: three before)."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    from memory_probe import peak_bytes
+    from mmrl.tasks.lm import token_logprobs
+    n, hidden_size, vocab, chunk, sub_rows = 256, 16, 4096, 128, 8
+    monkeypatch.setattr(token_logprobs, "SUB_BLOCK_ELEMENTS", sub_rows * vocab)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(n, hidden_size, generator=g, requires_grad=True)
+    weight = (torch.randn(vocab, hidden_size, generator=g) / 4).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), generator=g)
+
+    def forward_backward():
+        logp, ent = hidden_state_logprobs(hidden, weight, targets, chunk_tokens=chunk, with_entropy=with_entropy)
+        (logp.sum() + (ent.sum() if with_entropy else 0)).backward()
+
+    forward_backward()  # the gradients exist: the probed pass accumulates into them
+    peak = peak_bytes(forward_backward)
+    chunk_bytes = chunk * vocab * 4
+    gradients = 4 * (n * hidden_size + vocab * hidden_size)  # the backward's dh and dW before they accumulate
+    small = 4 * sub_rows * vocab * 3 + 64 * n * 4  # sub-block temporaries, per-token vectors
+    assert chunk_bytes <= peak <= chunk_bytes + gradients + small

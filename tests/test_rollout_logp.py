@@ -192,3 +192,17 @@ def test_the_samplers_min_new_tokens_ban_draws_what_generates_own_processor_does
     assert (expected[:, :4] != eos).all() and (expected[:, 4] == eos).all()  # the ban, then EOS at once
     assert torch.equal(ids[:, :5], expected[:, :5])
     assert torch.allclose(batch.rollout_logp[:, :5], reference.sampled_logp(6)[:, :5], atol=1e-6)
+
+
+def test_the_sampler_keeps_nothing_of_the_vocabulary_between_steps():
+    """What the sampler keeps per decoding step for `sampled_logp` is two numbers per row, not a view
+    that holds the step's probabilities [N, V] alive for the whole rollout (512 steps of a 152k-token
+    vocabulary would hold 5 GB for 16 rows)."""
+    from mmrl.tasks.lm.seeded_sampler import GroupSeededSampler
+    rows, vocab = 6, 1000
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9)):
+        sampler = GroupSeededSampler([1, 2], 3, 0.7, top_k, top_p, eos_ids=[0], min_new_tokens=2)
+        for step in range(4):
+            sampler(torch.zeros(rows, 3 + step, dtype=torch.long), torch.randn(rows, vocab))
+        kept = [t.untyped_storage().nbytes() for pair in sampler.drawn for t in pair]
+        assert len(kept) == 8 and max(kept) == rows * 4  # fp32 [N, 1] each

@@ -92,6 +92,27 @@ def test_bench_engine_without_trl(tmp_path):
     assert not {"trl_time_ratio", "trl_overhead_ratio", "peak_rss_mb"} & report.keys()
 
 
+@pytest.mark.slow  # 26 s of CPU: three fresh processes, each a warm-up step and a probed one
+def test_bench_engine_memory(tmp_path):
+    """The memory case: each contender's step under the allocation probe, without timing (--rounds 0)."""
+    report = bench("bench_engine.py", tmp_path, *ENGINE_SMOKE[6:], "--warmup", "1", "--rounds", "0", "--vocab", "512",
+                   "--memory", "--bare-micro-batch", "2", TRL_OPTION)
+    memory = report["memory"]
+    assert_finite(memory, "peak_mb.mmrl", "peak_mb.bare", "bare_peak_ratio", "phases.mmrl.update.peak_mb",
+                  "phases.mmrl.rollout.peak_mb", *(("trl_peak_ratio", "phases.trl.update_backward.peak_mb") if HAS_TRL
+                                                   else ()))
+    assert memory["peak_mb"]["mmrl"] >= memory["phases"]["mmrl"]["update"]["peak_mb"] > 0
+    assert "overhead_ratio" not in report and report["setup"]["model"]["vocab"] == 512
+
+
+@pytest.mark.slow  # ~15 s on 2 idle cores: a fresh process under the CPU profiler
+def test_bench_memory_plan(tmp_path):
+    """The plan beside the probe at one small size: both finite, within 15%."""
+    report = bench("bench_memory_plan.py", tmp_path, "--vocab", "512", "--sizes", "32x8")
+    size = report["sizes"]["32x8"]
+    assert size["measured_mib"] > 0 and abs(size["ratio"] - 1) < 0.15
+
+
 @pytest.mark.slow
 def test_bench_engine_peak_rss(tmp_path):
     """The peak-RSS pass: each contender once more alone in a process of its own (2-3 processes more)."""
@@ -217,8 +238,22 @@ def test_bench_dlm(tmp_path):
 def test_bench_rewards_overlap(tmp_path):
     report = bench("bench_rewards.py", tmp_path, "--overlap", "--latency", "0.01", "--prompts", "2", "--group", "2",
                    "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1")
-    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s")
+    assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s",
+                  "overlap_bound", "phase_balance", "ratio_to_bound")
     assert report["setup"]["groups_per_call"] == 1
+    serial = report["serial"]
+    hidden = min(serial["time_generate_s"], serial["time_reward_s"])
+    assert report["overlap_bound"] == pytest.approx(1 - hidden / serial["time_step_s"])
+
+
+def test_overlap_bound_hides_the_shorter_phase(monkeypatch):
+    """A serial step of 1.0 s: 0.5 s generating, 0.4 s scoring, 0.1 s else. At best the 0.4 s of
+    scoring hide behind generation: 0.6 s, a bound of 0.6; a measured 0.66 is 1.1 times it."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_rewards import overlap_bound
+    got = overlap_bound({"time_generate_s": 0.5, "time_reward_s": 0.4, "time_step_s": 1.0}, 0.66)
+    assert got == pytest.approx({"overlap_bound": 0.6, "phase_balance": 0.8, "ratio_to_bound": 1.1})
 
 
 def test_bench_rewards(tmp_path):
@@ -376,3 +411,34 @@ def test_bench_gsm8k_text_demo(tmp_path):
     for name in ("base", "checkpoint"):
         assert {"value", "se", "n"} <= set(report[name]["flexible_extract"]) and report[name]["flexible_extract"]["n"] == 4
     assert math.isfinite(report["difference"])
+
+
+def test_gpu_suite_checks_without_a_gpu(tmp_path):
+    """The GPU suite parses, shows its help, refuses a call without OUT_DIR (2) and, on a machine with
+    no CUDA device, refuses to run (3) before writing anything."""
+    script = str(SCRIPTS / "gpu_suite.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    shown = subprocess.run(["bash", script, "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and "--dry-run" in shown.stdout and "engine_memory" in shown.stdout
+    assert subprocess.run(["bash", script], capture_output=True, text=True).returncode == 2
+    import torch
+    if not torch.cuda.is_available():
+        refused = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHON": sys.executable})
+        assert refused.returncode == 3 and "--dry-run" in refused.stderr
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # 30 s idle (150 s at load 10): six scripts started for their --help
+def test_gpu_suite_dry_run_starts_every_script(tmp_path):
+    """--dry-run prints each benchmark's command, with its JSON under OUT_DIR, and every script starts;
+    the limits add up to at most 9 minutes."""
+    import re
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_suite.sh"), "--dry-run", str(tmp_path)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    names = [line.split(" ")[0] for line in lines]
+    assert names == ["logprob", "logprob_frozen", "engine_memory", "wan_1_3b", "rollout_vllm", "dlm"]
+    assert all(f"--json {tmp_path}/{name}.json" in line for name, line in zip(names, lines))
+    assert sum(int(re.search(r"limit (\d+)s", line).group(1)) for line in lines) <= 540

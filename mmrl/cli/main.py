@@ -32,6 +32,7 @@ DISPATCH = {
     "sweep": ("mmrl.cli.commands", "run_sweep"),
     "export": ("mmrl.cli.commands", "run_export"),
     "explain": ("mmrl.cli.commands", "run_explain"),
+    "plan": ("mmrl.cli.plan_command", "run_plan"),
 }
 
 

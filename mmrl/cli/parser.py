@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   mmrl bench gsm8k --checkpoint runs/a/checkpoints/step-000050 --num-prompts 50   a standard benchmark
   mmrl sweep text --grid algorithm.estimator=grpo,rloo --seeds 3   methods side by side, mean and standard error
   mmrl export runs/a/checkpoints/step-000050 --merge merged/   a LoRA merged into a from_pretrained directory
+  mmrl plan my_recipe.yaml --gpus 8 --gpu-memory 80 --prompt-tokens 512   memory per process, what fits
   mmrl explain algorithm.mu                        a recipe key's help, type, default and allowed values
   mmrl list                                        every registered adapter, estimator, loss, reward"""
 
@@ -127,6 +128,21 @@ def _demo_list_explain_export(add: Add, demos: list[str]) -> None:
     p.add_argument("--merge", required=True, metavar="OUT", help="directory for the merged model")
 
 
+def _plan(add: Add, recipe_list: str) -> None:
+    p = add("plan", "a recipe's peak memory per process by component, from the model's configuration alone (no "
+                    "weights read), and the largest group size and micro-batch that fit (docs/memory-plan.md)",
+            recipe_list)
+    p.add_argument("recipe")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--gpus", type=int, default=1, help="processes, one per GPU (default 1); the strategy "
+                                                       "(distributed.strategy) divides the training state over them")
+    p.add_argument("--gpu-memory", type=float, metavar="GB",
+                   help="one GPU's memory in GiB: also print the largest group size and micro-batch that fit")
+    p.add_argument("--prompt-tokens", type=int, metavar="N",
+                   help="the longest prompt in tokens (default: policy.max_prompt_length)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
 def _sweep(add: Add) -> None:
     p = add("sweep", "run a grid of settings x seeds as separate runs, with mean and standard error per "
                      "cell (see docs/sweep.md)")
@@ -175,4 +191,5 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_rollout(add)
     _demo_list_explain_export(add, demos)
     _sweep(add)
+    _plan(add, recipe_list)
     return parser

@@ -15,8 +15,10 @@ from mmrl.config.parse import from_dict
 from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.media import Medium, medium
+from mmrl.core.memory_model import MemoryModel
 from mmrl.core.parallel import ParallelView
 from mmrl.core.rollout import Rollout
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 
@@ -96,6 +98,19 @@ class Policy(ABC):
         """(ratio scale, loss scale) [B, u] of each unit for `algorithm.ratio_norm: grpo_guard`: a
         denoising step's std and 1 / |dt|."""
         raise NotImplementedError(f"{type(self).__name__} has no per-step scales")
+
+    @classmethod
+    def model_configuration(cls, cfg: Any) -> Any:
+        """The model's configuration without its weights (a transformers config, a diffusion pipeline's
+        component configurations): from the tiny builder, a local path's config files, or a hub id's
+        (downloaded alone), for planning a recipe's memory before any download."""
+        raise UserError(f"{cls.__name__} gives no model configuration without loading its weights")
+
+    @classmethod
+    def memory_model(cls, cfg: Any, prompt_length: int) -> MemoryModel:
+        """The memory formula of this adapter's model for `mmrl plan` (mmrl/core/memory_model.py), its
+        prompts at most `prompt_length` long (tokens); an adapter without one is refused by name."""
+        raise UserError(f"mmrl plan: the adapter {cls.__name__} has no memory formula yet; its memory is not planned")
 
     @classmethod
     def config_problems(cls, cfg: Any) -> list[str]:

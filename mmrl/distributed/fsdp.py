@@ -35,7 +35,7 @@ from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import regulariser_needs
 from mmrl.distributed.fsdp_view import FullyShardedView, local_tensor, unsharded_class
-from mmrl.distributed.strategy import STRATEGIES, Strategy, all_finite
+from mmrl.distributed.strategy import STRATEGIES, StateShares, Strategy, all_finite, sharded_shares
 from mmrl.errors import UserError
 
 SHARDS_DIR = "sharded"  # a checkpoint's subdirectory with every process's shards (torch.distributed.checkpoint)
@@ -163,6 +163,10 @@ class FullySharded(Strategy):
 
     sharding: Sharding
     frees_gradients = True  # the gradient shards, until the next backward (rollouts need none)
+
+    @classmethod
+    def state_shares(cls, cfg: DistributedConfig, processes: int) -> StateShares:
+        return sharded_shares(cfg, processes)
 
     @classmethod
     def config_problems(cls, cfg: TrainConfig) -> list[str]:

@@ -18,15 +18,29 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from mmrl.config.sections import TrainConfig
+from mmrl.config.sections import DistributedConfig, TrainConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
 from mmrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class StateShares:
+    """What part of the whole training state one process keeps on its device between layers, for
+    the memory plan (`mmrl plan`): shares of the weights, gradients and optimizer state (1: whole,
+    1/N: sharded over N processes, 0: kept in CPU memory), and whether the weights and optimizer
+    state stay fp32 whatever the policy's dtype (a master copy; the dtype is then the compute one)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    fp32_master: bool = False
 
 
 class Strategy:
@@ -43,6 +57,11 @@ class Strategy:
     def config_problems(cls, cfg: TrainConfig) -> list[str]:
         """What in the recipe this strategy cannot run, one message per problem, before anything loads."""
         return []
+
+    @classmethod
+    def state_shares(cls, cfg: DistributedConfig, processes: int) -> StateShares:
+        """What one of `processes` processes keeps on its device (`StateShares`): everything, here."""
+        return StateShares(1.0, 1.0, 1.0)
 
     def accelerator(self, given=None):
         """The run's `Accelerator`: `given`, or a new one."""
@@ -178,3 +197,10 @@ def zero_missing_gradients(params: list[Tensor]) -> None:
 
 
 STRATEGIES: Registry[type[Strategy]] = Registry("distribution strategy")
+
+
+def sharded_shares(cfg: DistributedConfig, processes: int) -> StateShares:
+    """The shares of a strategy that shards the weights, gradients and AdamW state over the processes
+    with an fp32 master copy: 1/N of each on the device, none with `distributed.offload`."""
+    share = 0.0 if cfg.offload else 1.0 / processes
+    return StateShares(share, share, share, fp32_master=True)

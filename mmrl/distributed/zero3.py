@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmrl.config.sections import TrainConfig
+from mmrl.config.sections import DistributedConfig, TrainConfig
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
-from mmrl.distributed.strategy import STRATEGIES, Strategy, all_finite
+from mmrl.distributed.strategy import STRATEGIES, StateShares, Strategy, all_finite, sharded_shares
 from mmrl.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # policy.dtype -> compute dtype
@@ -147,6 +147,10 @@ class ZeroThreeView(ParallelView):
 @STRATEGIES.register("zero3")
 class ZeroThree(Strategy):
     """DeepSpeed ZeRO stage 3, driven by the trainer (see the module's docstring)."""
+
+    @classmethod
+    def state_shares(cls, cfg: DistributedConfig, processes: int) -> StateShares:
+        return sharded_shares(cfg, processes)
 
     @classmethod
     def config_problems(cls, cfg: TrainConfig) -> list[str]:

@@ -15,7 +15,7 @@ import numpy as np
 from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 
-from ..model_loading import DTYPES
+from ..model_loading import DTYPES, pretrained
 from .causal_lm import CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
 
@@ -106,9 +106,9 @@ class AudioLMPolicy(MultimodalPolicy):
         if architecture is None or not hasattr(transformers, architecture):
             raise ValueError(f"policy.model={cfg.model!r}: its config names no transformers model class "
                              f"({architecture!r})")
-        self.model = getattr(transformers, architecture).from_pretrained(
-            cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code, **kwargs)
+        self.model = pretrained(getattr(transformers, architecture), cfg.model, dtype=DTYPES[cfg.dtype],
+                                attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
+                                **kwargs)
 
     def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
         rate = self.processor.feature_extractor.sampling_rate

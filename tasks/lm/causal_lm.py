@@ -18,10 +18,19 @@ from transformers import AutoModelForCausalLM
 
 from mmrl.registry import ADAPTERS
 
-from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left
+from ..model_loading import (
+    DTYPES,
+    load_tiny,
+    load_tokenizer,
+    model_configuration,
+    pad_on_the_left,
+    pretrained,
+    weightless,
+)
 from .episodes import EPISODE_COLUMNS, EpisodeConfig, EpisodeRunner, episode_config_problems
 from .chat_prompts import chat_template_check, cut_prompts_left, prompt_text, tokenize_prompts
 from .generation import TokenRollouts
+from .memory_formula import DecoderMemory, decoder_memory
 from .logprob_settings import (
     logprob_check_field,
     logprob_check_tolerance_field,
@@ -145,6 +154,18 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
         return problems
 
     @classmethod
+    def model_configuration(cls, cfg: CausalLMConfig) -> Any:
+        """The transformers configuration: the tiny builder's, or the path's or hub id's config.json."""
+        if cfg.model.startswith("tiny:"):
+            with weightless():
+                return load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)[0].config
+        return model_configuration(cfg.model, cfg.trust_remote_code)
+
+    @classmethod
+    def memory_model(cls, cfg: CausalLMConfig, prompt_length: int) -> DecoderMemory:
+        return decoder_memory(cfg, prompt_length)
+
+    @classmethod
     def output_kind(cls, cfg: CausalLMConfig) -> str:
         return "episode" if cfg.episode.tools else "text"
 
@@ -186,9 +207,8 @@ class CausalLMPolicy(TokenRollouts, TokenScoring):
             self.model, self.tokenizer = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype, cfg.attn_implementation)
             return
         self.tokenizer = load_tokenizer(cfg)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code)
+        self.model = pretrained(AutoModelForCausalLM, cfg.model, dtype=DTYPES[cfg.dtype],
+                                attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
 
     @property
     def max_units(self) -> int:

@@ -4,8 +4,10 @@ For hidden states h [N, H], the output projection W [V, H] (bias b [V]) and a te
 logits of a token are z = (h W^T + b) / T; log p(y) = z_y - logsumexp(z) and the entropy
 H = logsumexp(z) - sum softmax(z) z. The tokens are processed a chunk at a time: the forward
 keeps one fp32 log-normaliser (and entropy) per token, and the backward recomputes each chunk's
-logits to accumulate the gradients of h, W and b, so at most one chunk of logits [n, V] exists at
-a time in either pass. The projection runs in the inputs' dtype (as the model's head does), the
+logits to accumulate the gradients of h, W and b, so at most one chunk of fp32 logits [n, V] exists
+at a time in either pass (the softmax's element-wise work runs in it, a few rows at a time:
+`token_logprobs.sub_blocks`; a frozen projection's forward with the entropy holds a second one, its
+gradient's). The projection runs in the inputs' dtype (as the model's head does), the
 softmax in fp32; the gradients of W and b accumulate in their own dtype, one chunk at a time.
 
 Sharded parameters (under a strategy that shards them: `ParallelView.whole`) are gathered whole
@@ -39,8 +41,9 @@ from .token_logprobs import block_grad, block_stats, scaled_block
 
 def chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
                  banned: Tensor | None) -> Tensor:
-    """fp32 logits [n, V] of one chunk of hidden states [n, H] (`scaled_block` of the projection)."""
-    return scaled_block(F.linear(hidden, weight, bias), temperature, banned)
+    """fp32 logits [n, V] of one chunk of hidden states [n, H] (`scaled_block` of the projection, scaled
+    in the projection's own memory where it is fp32: one chunk-sized buffer)."""
+    return scaled_block(F.linear(hidden, weight, bias), temperature, banned, in_place=True)
 
 
 class _HiddenStateLogProbs(torch.autograd.Function):
@@ -59,15 +62,14 @@ class _HiddenStateLogProbs(torch.autograd.Function):
             for start in range(0, n, chunk_tokens):
                 end = min(start + chunk_tokens, n)
                 z = chunk_logits(hidden[start:end], w, b, temperature, banned)
-                kept = z.clone() if frozen_projection and want_entropy else None  # block_stats overwrites z
                 lse[start:end], logp[start:end], chunk_entropy = block_stats(z, targets[start:end], want_entropy)
                 if want_entropy:
                     entropy[start:end] = chunk_entropy
                 if frozen_projection:
-                    source, z = (kept if want_entropy else z), None
-                    hidden_jacobians(source, lse[start:end], targets[start:end],
+                    hidden_jacobians(z, lse[start:end], targets[start:end],
                                      entropy[start:end] if want_entropy else None, w, temperature, banned,
                                      [None if j is None else j[start:end] for j in jacobians])
+                z = None  # freed before the next chunk's logits: one chunk-sized buffer at a time
         if frozen_projection:
             ctx.save_for_backward(*jacobians)
         else:
@@ -106,6 +108,7 @@ class _HiddenStateLogProbs(torch.autograd.Function):
                     grad_weight.addmm_(dz.t().to(grad_weight.dtype), hidden[start:end].to(grad_weight.dtype))
                 if need_bias:
                     grad_bias.add_(dz.sum(0).to(grad_bias.dtype))
+                dz = None  # freed before the next chunk's logits: one chunk-sized buffer at a time
         if need_weight:
             grad_weight = parallel.whole_gradient(weight, grad_weight)
         if need_bias:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
 from mmrl.data.chat import split_placeholders
+from mmrl.errors import UserError
 
 from ..model_loading import DTYPES, load_tiny
 from .causal_lm import CausalLMConfig, CausalLMPolicy
@@ -45,6 +46,12 @@ class MultimodalPolicy(CausalLMPolicy):
     def prompt_check(cls, cfg: CausalLMConfig):
         """None: the processor's chat template (not the tokenizer's) writes every prompt."""
         return None
+
+    @classmethod
+    def memory_model(cls, cfg: CausalLMConfig, prompt_length: int):
+        """None yet: the media encoder's activations and the media tokens are not modelled."""
+        raise UserError(f"mmrl plan: the adapter {cls.__name__} (a decoder with a media encoder) has no memory "
+                        "formula yet; its memory is not planned")
 
     def _load(self, cfg: CausalLMConfig) -> None:
         if cfg.model.startswith("tiny:"):

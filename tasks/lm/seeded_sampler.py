@@ -33,7 +33,7 @@ class GroupSeededSampler(LogitsProcessor):
         self.eos_ids = torch.tensor(list(eos_ids)) if len(eos_ids) else None  # banned while min_new_tokens lasts
         self.min_new_tokens = min_new_tokens
         self.prompt_width: int | None = None  # input_ids' width at the first step
-        self.drawn: list[tuple[Tensor, Tensor]] = []  # per step: (drawn token's kept probability, kept mass)
+        self.drawn: list[tuple[Tensor, Tensor]] = []  # per step: (drawn token's kept probability [N, 1], kept mass [N, 1])
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         if self.prompt_width is None:
@@ -55,10 +55,10 @@ class GroupSeededSampler(LogitsProcessor):
         for k, g in enumerate(self.generators):
             torch.rand(self.group_size, generator=g, out=u[k * self.group_size:(k + 1) * self.group_size])
         cdf = probs.cumsum(-1)
-        total = cdf[:, -1:]  # the kept (top-k / top-p) mass
+        total = cdf[:, -1:].clone()  # the kept (top-k / top-p) mass [N, 1]; a copy, not a view that keeps cdf [N, V]
         token = torch.searchsorted(cdf, u.to(probs.device)[:, None] * total, right=True).clamp(max=probs.shape[-1] - 1)
         # a token of zero probability is never drawn (u * total can equal a cdf plateau's value); its
-        # probability and the kept mass stay on the device until the rollout ends (`sampled_logp`)
+        # probability and the kept mass [N, 1] each stay on the device until the rollout ends (`sampled_logp`)
         self.drawn.append((probs.gather(1, token), total))
         return scores.scatter_(1, token, float("inf"))  # generate's own fresh copy of the step's logits
 

@@ -8,6 +8,9 @@ dH/dz_j = -p_j (log p_j + H) (an entropy bonus trains).
 
 The blocks are views of the logits, also where the logits are a slice of the model's output
 (`logits[:, P - 1:-1]`, not viewable as one [rows, V] matrix): such a slice is never copied whole.
+Inside a block, the element-wise work (exponentials, the softmax's gradient) runs on a few rows at
+a time (`SUB_BLOCK_ELEMENTS` logits), in place where it can: a block of fp32 logits is the only
+block-sized buffer a forward or a backward holds (`hidden_logprobs.py` relies on it).
 """
 
 from __future__ import annotations
@@ -38,10 +41,21 @@ def row_blocks(logits: Tensor, chunk_rows: int) -> Iterator[tuple[int, Tensor]]:
         yield start, flat[start:start + chunk_rows]
 
 
-def scaled_block(raw: Tensor, temperature: float, banned: Tensor | None) -> Tensor:
-    """fp32 logits [n, V] of a block of raw logits (a new tensor), divided by the temperature, the
-    banned ids at the lowest fp32 value (probability 0, no gradient) as the sampler bans them."""
-    z = raw.to(torch.float32, copy=True)
+SUB_BLOCK_ELEMENTS = 1 << 22  # logits per piece of element-wise work (16 MiB of fp32): its temporaries' size
+
+
+def sub_blocks(rows: int, vocab: int) -> Iterator[slice]:
+    """Consecutive slices of a block's `rows` rows, each at most `SUB_BLOCK_ELEMENTS` logits (one row at least)."""
+    step = max(1, SUB_BLOCK_ELEMENTS // max(vocab, 1))
+    for start in range(0, rows, step):
+        yield slice(start, min(start + step, rows))
+
+
+def scaled_block(raw: Tensor, temperature: float, banned: Tensor | None, in_place: bool = False) -> Tensor:
+    """fp32 logits [n, V] of a block of raw logits, divided by the temperature, the banned ids at the
+    lowest fp32 value (probability 0, no gradient) as the sampler bans them: a new tensor, or with
+    `in_place` `raw` itself where it is fp32 already (a projection's fresh output, nothing else reads it)."""
+    z = raw if in_place and raw.dtype == torch.float32 else raw.to(torch.float32, copy=True)
     if temperature != 1.0:
         z.div_(temperature)
     if banned is not None:
@@ -50,32 +64,39 @@ def scaled_block(raw: Tensor, temperature: float, banned: Tensor | None) -> Tens
 
 
 def block_stats(z: Tensor, targets: Tensor, want_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(log-normaliser, log p(targets), entropy or None) [n] of a block of fp32 logits z [n, V]
-    (overwritten when the entropy is asked)."""
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(1, targets[:, None]).squeeze(1) - lse
-    if not want_entropy:
-        return lse, logp, None
-    log_p = z.sub_(lse[:, None])
-    return lse, logp, -log_p.exp().mul_(log_p).sum(-1)
+    """(log-normaliser, log p(targets), entropy or None) [n] of a block of fp32 logits z [n, V], left
+    as it was; the temporaries are a sub-block's (`sub_blocks`)."""
+    lse = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
+    logp = torch.empty_like(lse)
+    entropy = torch.empty_like(lse) if want_entropy else None
+    for rows in sub_blocks(z.shape[0], z.shape[1]):
+        zs = z[rows]
+        lse[rows] = part_lse = torch.logsumexp(zs, dim=-1)
+        logp[rows] = zs.gather(1, targets[rows, None]).squeeze(1) - part_lse
+        if want_entropy:
+            log_p = zs - part_lse[:, None]
+            entropy[rows] = -log_p.exp().mul_(log_p).sum(-1)
+    return lse, logp, entropy
 
 
 def block_grad(z: Tensor, lse: Tensor, targets: Tensor, g_logp: Tensor,
                entropy_grad: tuple[Tensor, Tensor] | None, temperature: float, banned: Tensor | None) -> Tensor:
-    """d loss / d raw logits [n, V] in fp32 (z, the block's fp32 logits, is overwritten):
-    (g_logp (onehot(y) - p) - g_H p (log p + H)) / T, 0 at the banned ids."""
-    log_p = z.sub_(lse[:, None])
-    p = log_p.exp()
-    if entropy_grad is not None:
-        entropy, g_entropy = entropy_grad
-        from_entropy = log_p.add_(entropy[:, None]).mul_(p).mul_(g_entropy[:, None])  # in z's memory
-    dz = p.mul_(-g_logp[:, None])
-    dz.scatter_add_(1, targets[:, None], g_logp[:, None])
-    if entropy_grad is not None:
-        dz.sub_(from_entropy)
+    """d loss / d raw logits [n, V] in fp32, in z's memory (z, the block's fp32 logits, is overwritten
+    and returned): (g_logp (onehot(y) - p) - g_H p (log p + H)) / T, 0 at the banned ids."""
+    for rows in sub_blocks(z.shape[0], z.shape[1]):
+        log_p = z[rows].sub_(lse[rows, None])
+        g = g_logp[rows, None]
+        if entropy_grad is None:  # in place throughout: -g p, then + g at the target
+            dz = log_p.exp_().mul_(-g)
+        else:
+            entropy, g_entropy = entropy_grad
+            p = log_p.exp()
+            from_entropy = log_p.add_(entropy[rows, None]).mul_(p).mul_(g_entropy[rows, None])  # in z's memory
+            dz = from_entropy.neg_().sub_(p.mul_(g))  # -g_H p (log p + H) - g p
+        dz.scatter_add_(1, targets[rows, None], g)
     if banned is not None:
-        dz.index_fill_(1, banned, 0.0)
-    return dz.div_(temperature) if temperature != 1.0 else dz
+        z.index_fill_(1, banned, 0.0)
+    return z.div_(temperature) if temperature != 1.0 else z
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):

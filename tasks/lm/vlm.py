@@ -27,7 +27,7 @@ from mmrl.data import RowError
 from mmrl.data.images import rgb_image
 from mmrl.registry import ADAPTERS
 
-from ..model_loading import DTYPES
+from ..model_loading import DTYPES, pretrained
 from .causal_lm import CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
 from .qwen_vl_positions import use_released_positions
@@ -172,9 +172,8 @@ class VLMPolicy(MultimodalPolicy):
         kwargs = {k: v for k, v in (("min_pixels", cfg.min_pixels), ("max_pixels", cfg.max_pixels)) if v}
         self.processor = AutoProcessor.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code, **kwargs)
-        self.model = AutoModelForImageTextToText.from_pretrained(
-            cfg.model, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code)
+        self.model = pretrained(AutoModelForImageTextToText, cfg.model, dtype=DTYPES[cfg.dtype],
+                                attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
 
     def _clips(self, row: Any) -> list[Clip]:
         """The row's videos, decoded and sampled."""

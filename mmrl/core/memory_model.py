@@ -1,0 +1,44 @@
+"""What an adapter tells the memory plan (`mmrl plan`, mmrl/experiments/memory_plan.py) about its
+model: the model built without weights (meta parameters of the real build's shapes and dtypes) and
+the bytes of the passes a training step runs, by component, computed from its configuration alone.
+
+The engine adds the training state (weights, gradients, AdamW state, shared as the strategy shares
+them) and finds the largest group size and micro-batch that fit; an adapter returns a `MemoryModel`
+from `Policy.memory_model`, whose formula is its family's own (layers, heads, vocabulary, ...)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch import nn
+
+
+class MemoryModel(ABC):
+    """A family's memory formula for one recipe's policy (`Policy.memory_model`)."""
+
+    family: str = ""  # what the formula describes, as the plan prints it (e.g. "decoder-only transformer")
+
+    def __init__(self, module: nn.Module, checkpointing: bool):
+        self.module = module  # the weightless build: meta parameters, the real build's shapes and dtypes
+        self.checkpointing = checkpointing  # the recipe trains with activation (gradient) checkpointing
+
+    @abstractmethod
+    def activation_bytes(self, rows: int, checkpointing: bool) -> int:
+        """The activations one training forward of `rows` rollouts keeps for its backward (with or
+        without activation checkpointing), in bytes."""
+
+    @abstractmethod
+    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
+        """Bytes by component (name -> bytes) at the peak of one training forward and backward of
+        `rows` rollouts, beyond the training state (the activations with the recipe's checkpointing
+        among them where the peak holds them; `trains_head`: the output layer takes a gradient)."""
+
+    def first_step_bytes(self, rows: int) -> dict[str, int]:
+        """Bytes by component of a pass the first training step of a run (or of a resumed run) adds
+        to one micro-batch of `rows` rollouts, beyond the training state: a check of the fused path
+        against a plainer one, say. None here."""
+        return {}
+
+    @abstractmethod
+    def rollout_bytes(self, rows: int) -> dict[str, int]:
+        """Bytes by component of one generation call of `rows` rollouts (its cache, its sampler)."""
