@@ -114,3 +114,30 @@ def test_gradient_of_the_distilled_objective_against_a_hand_written_policy_gradi
             a_hand[i, u] = (float(adv[i]) - weight * d) * float(mask[i, u])
     want = -(w * a_hand)[..., None] * (onehot - p)
     assert torch.allclose(z.grad, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_gradient_of_the_distillation_loss_against_hand_written_kl_gradients(beta):
+    """form loss: the surrogate plus w JSD_beta differentiated through the student's logits z; at beta 1
+    d/dz KL(S || T) = p (log p - log t - KL), at beta 0 d/dz KL(T || S) = p - t, by hand."""
+    g = torch.Generator().manual_seed(4)
+    B, U, V = 2, 3, 6
+    z = torch.randn(B, U, V, generator=g, requires_grad=True)
+    teacher = torch.randn(B, U, V, generator=g)
+    actions = torch.randint(0, V, (B, U), generator=g)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    logp = torch.log_softmax(z, -1).gather(-1, actions[..., None])[..., 0]
+    cfg = AlgorithmConfig()
+    cfg.distill.teacher, cfg.distill.form, cfg.distill.weight = {"model": "t"}, "loss", 0.3
+    w = token_mean(mask, float(mask.sum()), B, U)
+    terms = policy_loss(logp, logp.detach(), torch.zeros(B), mask, w, cfg, distill=generalized_jsd(z, teacher, beta))
+    terms.loss.backward()
+    p, t = torch.softmax(z.detach(), -1), torch.softmax(teacher, -1)
+    if beta == 1.0:
+        kl = (p * (p.log() - t.log())).sum(-1, keepdim=True)
+        hand = p * (p.log() - t.log() - kl)
+    else:
+        hand = p - t
+    assert torch.allclose(z.grad, 0.3 * (w * mask)[..., None] * hand, atol=1e-6)
+    want_sum = float((generalized_jsd(z.detach(), teacher, beta) * mask).sum())
+    assert terms.metrics["distill"] == pytest.approx(want_sum, rel=1e-5)

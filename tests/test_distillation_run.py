@@ -113,9 +113,47 @@ def test_closed_form_step_kl_of_a_flow_teacher_replaying_the_students_states(tmp
      "divergence='closed_form' needs the adapter's exact per-unit KL"),
     (TINY_RECIPE, ["algorithm.distill.teacher={model: x}", "algorithm.objective=wd1"], "objective='wd1'"),
     (TINY_RECIPE, ["algorithm.distill.teacher={model: x}", "algorithm.distill.beta=1.5"], "algorithm.distill.beta=1.5"),
+    (TINY_RECIPE, ["algorithm.distill.teacher={model: x}", "algorithm.distill.form=loss"], "form='loss' differentiates"),
     (IMAGE_RECIPE, ["algorithm.distill.teacher={tiny_args: {seed: 1}}", "algorithm.distill.divergence=jsd"],
      "divergence='jsd' needs the units' logits"),
 ])
 def test_distillation_recipe_errors_name_the_field(tmp_path, recipe, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         Trainer(parse_config(recipe, [f"output_dir={tmp_path}", *overrides]))
+
+
+def test_loss_form_closed_form_gradient_against_the_step_means_by_hand(tmp_path):
+    """form loss with closed_form (verl-omni's distill_kl): with zero advantages the step's gradient is
+    that of w sum_iu a_iu mean_d (mu_s - mu_t)^2 / (2 std^2), the student's step means under grad."""
+    t = Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", "algorithm.distill.teacher={tiny_args: {seed: 1}}",
+                                            "algorithm.distill.divergence=closed_form", "algorithm.distill.form=loss",
+                                            "algorithm.distill.weight=0.7"]))
+    batch = t.prepare_batch(1)
+    batch.advantages.zero_()
+    up, r = t.updater, batch.rollout
+    t.optimizer.zero_grad(set_to_none=True)
+    sums = up.accumulate_gradients(batch, up.micro_batches(batch), None, None, False)
+    ours = {n: p.grad.clone() for n, p in t.unwrapped.named_parameters() if p.grad is not None}
+    t.optimizer.zero_grad(set_to_none=True)
+    rows, total, divergence = torch.arange(len(r)), 0.0, 0.0
+    for k in range(r.num_units):
+        on = r.unit_mask[:, k] * batch.row_mask
+        if on.sum() == 0:
+            continue
+        mu_s, std = t.policy.step_means(t.unwrapped, r, k, rows)
+        with torch.no_grad():
+            mu_t, _ = t.policy.step_means(t.updater.teacher, r, k, rows)
+        kl = ((mu_s - mu_t) ** 2 / (2 * std ** 2)).flatten(1).mean(1)
+        total = total + 0.7 * (kl * batch.weights[:, k].to(kl.device) * on.to(kl.device)).sum()
+        divergence += float((kl.detach() * on.to(kl.device)).sum())
+    total.backward()
+    assert ours and sums["distill"] == pytest.approx(divergence, rel=1e-4)
+    for name, grad in ours.items():
+        assert torch.allclose(grad, t.unwrapped.get_parameter(name).grad, rtol=1e-4, atol=1e-8), name
+
+
+def test_loss_form_jsd_trains_and_is_zero_for_a_teacher_equal_to_the_student(tmp_path):
+    same = text_trainer(tmp_path / "same", 0, "algorithm.distill.divergence=jsd", "algorithm.distill.form=loss")
+    assert same.train_step()["distill_loss_divergence"] == pytest.approx(0.0, abs=1e-6)
+    t = text_trainer(tmp_path / "other", 1, "algorithm.distill.divergence=jsd", "algorithm.distill.form=loss")
+    assert t.train_step()["distill_loss_divergence"] > 1e-4

@@ -26,6 +26,11 @@ class DistillConfig:
         "per-unit KL(student || teacher), the teacher replaying the student's states: Gaussian denoising "
         "steps, verl-omni's diffusion OPD) or jsd (GKD's generalised JSD with beta over the vocabulary of a "
         "token adapter, TRL's convention).")})
+    form: Literal["advantage", "loss"] = field(default="advantage", metadata={"help": (
+        "How d enters: advantage (detached, A_iu = A_i - w d_iu: the reverse-KL policy gradient of on-policy "
+        "distillation, any divergence) or loss (d differentiated through the student and w d added to every "
+        "unit's loss beside the surrogate: verl-omni's diffusion distill_kl with closed_form, GKD's loss with "
+        "jsd; not with sampled, whose one-sample estimate has no pathwise gradient).")})
     beta: float = field(default=0.5, metadata={"help": (
         "divergence jsd: GKD's interpolation, M = (1 - beta) student + beta teacher; 0 is the forward KL "
         "(teacher || student), 1 the reverse KL (student || teacher), as TRL's GKDConfig.beta.")})

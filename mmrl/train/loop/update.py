@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import row_magnitude
-from mmrl.core.distillation import distilled_advantages
+from mmrl.core.distillation import distilled_advantages, generalized_jsd
 from mmrl.core.objectives import ratio_segments
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import closed_form_kl, metric_names, regulariser_needs
@@ -132,7 +132,19 @@ class PolicyUpdate(KeptLogprobs):
             entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
             **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
                if algo.ratio_norm != "none" else {}),
-            **({"divergence": divergence} if divergence is not None else {}))
+            **({"divergence": divergence} if divergence is not None else {}),
+            **({"distill": self.teacher_divergence_under_grad(mb, units)} if algo.distill.active
+               and algo.distill.form == "loss" else {}))
+
+    def teacher_divergence_under_grad(self, mb: Rollout, units: slice) -> Tensor:
+        """Each unit's divergence [b, u] from the teacher, differentiated through the student
+        (`algorithm.distill.form: loss`; a forward of its own beside the log-probs')."""
+        distill = self.cfg.algorithm.distill
+        if distill.divergence == "closed_form":
+            return self.policy.logprobs_and_kl(self.model, self.teacher_model, mb, units)[2]
+        with torch.no_grad():
+            teacher = self.policy.unit_logits(self.teacher, mb, units)
+        return generalized_jsd(self.policy.unit_logits(self.model, mb, units), teacher, distill.beta)
 
     def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
         """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""
@@ -207,7 +219,7 @@ class PolicyUpdate(KeptLogprobs):
         log-probs of every pass from that pass's own view, all before the first step."""
         algo, strategy = self.cfg.algorithm, self.strategy
         chunks = self.micro_batches(batch)
-        if self.cfg.algorithm.distill.active:
+        if self.cfg.algorithm.distill.active and self.cfg.algorithm.distill.form == "advantage":
             batch = self.distilled(batch, chunks)
         views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
         passes = [batch if view is None else replace(batch, rollout=view) for view in views]

@@ -48,6 +48,9 @@ def check_distill(cfg: TrainConfig, adapter: type[Policy], policy_cfg: Any, prob
         problems.append(f"algorithm.distill.weight={distill.weight} must be >= 0 (it pulls the student to the teacher)")
     if not 0.0 <= distill.beta <= 1.0:
         problems.append(f"algorithm.distill.beta={distill.beta} must lie in [0, 1]")
+    if distill.form == "loss" and distill.divergence == "sampled":
+        problems.append("algorithm.distill.form='loss' differentiates the divergence through the student, and the "
+                        "sampled one-sample estimate has no such gradient; use closed_form or jsd, or form advantage")
     if distill.divergence == "closed_form" and adapter.divergence_problem(policy_cfg):
         problems.append(f"algorithm.distill.divergence='closed_form' needs the adapter's exact per-unit KL: "
                         f"{adapter.divergence_problem(policy_cfg)}")
