@@ -157,3 +157,15 @@ def test_loss_form_jsd_trains_and_is_zero_for_a_teacher_equal_to_the_student(tmp
     assert same.train_step()["distill_loss_divergence"] == pytest.approx(0.0, abs=1e-6)
     t = text_trainer(tmp_path / "other", 1, "algorithm.distill.divergence=jsd", "algorithm.distill.form=loss")
     assert t.train_step()["distill_loss_divergence"] > 1e-4
+
+
+def test_the_text_opd_recipe_trains_a_step(tmp_path):
+    from mmrl.config.parse import load_recipe
+    from mmrl.registry import RECIPES
+    cfg = load_recipe(RECIPES.get("text_opd"), [f"output_dir={tmp_path}", "optim.prompts_per_step=2",
+                                                "algorithm.group_size=4", "policy.max_new_tokens=8",
+                                                "logging.report_to=[none]", "logging.progress=false"])
+    t = Trainer(cfg)
+    assert t.updater.teacher is not None and sum(p.numel() for p in t.updater.teacher.parameters()) > \
+        sum(p.numel() for p in t.unwrapped.parameters())
+    assert t.train_step()["distill_divergence"] != 0
