@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mmrl.config.distill import DistillConfig
+
 
 @dataclass
 class AlgorithmConfig:
@@ -145,3 +147,6 @@ class AlgorithmConfig:
     rollout_correction_cap: float = field(default=2.0, metadata={"help": (
         "The cap C of rollout_correction: tis truncates rho at C, mis drops the units with rho > C (verl's "
         "rollout_is_threshold default 2; TRL's vllm_importance_sampling_clip_max default 3).")})
+    distill: DistillConfig = field(default_factory=DistillConfig, metadata={"help": (
+        "On-policy distillation: a frozen teacher scores the student's rollouts and its per-unit divergence "
+        "is subtracted from the advantage (docs/methods.md, 'On-policy distillation').")})

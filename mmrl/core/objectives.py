@@ -105,7 +105,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 cfg: AlgorithmConfig, *, segments: list[slice] | None = None,
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
                 kl: Tensor | None = None, is_weight: Tensor | None = None,
-                step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None) -> LossTerms:
+                step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None,
+                distill: Tensor | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -116,7 +117,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     `step_scales` (ratio scale, loss scale) [B, u], under `algorithm.ratio_norm: grpo_guard`, multiply
     each unit's log-ratio and its clipped surrogate (GRPO-Guard: the step's std and 1 / |dt|).
     `divergence` [B, u], under `algorithm.trust_region: dppo`, is each unit's KL between the old and
-    the current policy (`dppo_held`; None: the policy is the old one, divergence 0).
+    the current policy (`dppo_held`; None: the policy is the old one, divergence 0). `distill` [B, u],
+    under `algorithm.distill.form: loss`, is each unit's divergence from the teacher, under grad.
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
@@ -142,7 +144,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         per_unit = per_unit * step_scales[1]
     if is_weight is not None:
         per_unit = per_unit * is_weight
-    per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl))
+    per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl,
+                                                           distill))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
     is_clipped = (limited & (mask > 0)).float().sum()

@@ -184,6 +184,12 @@ class Policy(ABC):
         """fp32 log-probs [B, u] of the batch's units (and their entropies when asked), with
         `model` (the training-wrapped module, or the reference). Called under grad."""
 
+    def unit_logits(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> Tensor:
+        """fp32 logits [B, u, V] of each unit over a finite vocabulary, as the sampler draws from them
+        (temperature applied, never-sampled tokens at a large negative value), for
+        `algorithm.distill.divergence: jsd`; adapters with such units implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no unit logits")
+
     def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
                         batch: Rollout, units: slice = slice(None),
                         with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:

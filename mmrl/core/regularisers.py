@@ -52,6 +52,7 @@ class TermInputs:
     ref_logp: Tensor | None = None
     entropy: Tensor | None = None
     kl: Tensor | None = None
+    distill: Tensor | None = None  # each unit's divergence from the distillation teacher, under grad
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,20 @@ REGULARISERS.register("entropy")(Regulariser(lambda cfg: cfg.entropy_coef, entro
 REGULARISERS.register("llds")(Regulariser(lambda cfg: cfg.llds_coef, llds_term,
                                           {"llds_active": ("llds_active_rows", False)},
                                           all_rows=True, whole_rows=True, old_policy=True))
+
+
+def distill_term(x: TermInputs, weight: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """weight d_u, the unit's divergence from the distillation teacher (`algorithm.distill.form: loss`)."""
+    if weight == 0.0:
+        return None, {}
+    if x.distill is None:
+        raise ValueError("algorithm.distill.form='loss' needs the units' divergence from the teacher")
+    return weight * x.distill.float(), {"distill": float((x.distill.detach() * x.mask).sum())}
+
+
+REGULARISERS.register("distill")(Regulariser(
+    lambda cfg: cfg.distill.weight if cfg.distill.active and cfg.distill.form == "loss" else 0.0, distill_term,
+    {"distill": ("distill_loss_divergence", True)}, all_rows=True))
 
 
 def active_regularisers(cfg: AlgorithmConfig) -> list[Regulariser]:

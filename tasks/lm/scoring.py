@@ -57,6 +57,19 @@ class TokenScoring(Policy):
             compare_paths(logp.detach(), plain, mask.to(logp.device), check_tolerance(self.cfg, head), logger)
         return full_width(logp * mask.to(logp.device), ent, width, units)
 
+    def unit_logits(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> Tensor:
+        """fp32 logits [B, u, V] of the completion positions divided by the sampling temperature, the
+        never-sampled tokens (`suppressed_tokens`) at -1e9 (on-policy distillation's jsd)."""
+        completion_ids = batch.extras["completion_ids"]
+        c = completion_ids.shape[1]
+        inputs = self._model_inputs(batch.extras, completion_ids, batch.unit_mask)
+        logits = model(**inputs, logits_to_keep=c + 1, use_cache=False).logits[:, -(c + 1):-1][:, units]
+        logits = logits.float() / self.cfg.temperature
+        banned = self.suppressed_tokens()
+        if banned:
+            logits[..., banned] = -1e9
+        return logits
+
     def _output_head(self, model: nn.Module) -> OutputHead | None:
         """The head log-probs go through (`logprob_settings.output_head_for`; None: the logits)."""
         return output_head_for(model, self.cfg, self.parallel, logger)

@@ -1,22 +1,27 @@
 """The no-grad passes before a step's first update: the old log-probs (kept when the ratio moves
-over several passes, and the old unit means for FlowDPPO's trust region) and the reference's, each
-taken in the same micro-batch layout as training, so that the first pass's on-policy ratio is
-exactly 1."""
+over several passes, and the old unit means for FlowDPPO's trust region), the reference's and the
+distillation teacher's divergence, each taken in the same micro-batch layout as training, so that
+the first pass's on-policy ratio is exactly 1."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from mmrl.core.distillation import generalized_jsd, sampled_reverse_kl
 from mmrl.core.regularisers import reference_pass
+from mmrl.core.rollout import Rollout
 from mmrl.train.loop.records import StepBatch
+
+UnitScore = Callable[[Rollout, slice], tuple[Tensor, Tensor | None]]
 
 
 class KeptLogprobs:
     """The half of `PolicyUpdate` (loop/update.py) that runs without gradients: its strategy,
-    policy, model, reference, clock, cfg and `unit_slices`."""
+    policy, model, reference, teacher, clock, cfg and `unit_slices`."""
 
     @contextmanager
     def reference_model(self):
@@ -40,34 +45,64 @@ class KeptLogprobs:
     @torch.no_grad()
     def _no_grad_units(self, batch: StepBatch, chunks: list[Tensor], reference: bool,
                        with_means: bool) -> tuple[Tensor, Tensor | None]:
-        local = batch.rollout
-        out, means = torch.zeros_like(local.unit_mask), None
-        source = local if len(local) else batch.idle_row
+        def score(mb: Rollout, units: slice) -> tuple[Tensor, Tensor | None]:
+            if reference:
+                with self.reference_model() as ref:
+                    return self.policy.logprobs(ref, mb, units)[0], None
+            if with_means:
+                return self.policy.logprobs_and_means(self.model, mb, units)
+            return self.policy.logprobs(self.model, mb, units)[0], None
+
         model = self.reference if reference and self.reference is not None else self.model
-        with self.strategy.gathered(model), self.clock.phase("forward"):
+        with self.strategy.gathered(model):
+            return self._units_in_layout(batch, chunks, score)
+
+    def _units_in_layout(self, batch: StepBatch, chunks: list[Tensor], score: UnitScore) -> tuple[Tensor, Tensor | None]:
+        """`score(micro-batch, units)` -> (values [b, u], optional means [b, u, ...]) of every row, in the
+        training micro-batch layout (padded passes at zero keep the processes in step), as [N, U] on the CPU."""
+        local = batch.rollout
+        out, means = torch.zeros_like(local.unit_mask, dtype=torch.float32), None
+        source = local if len(local) else batch.idle_row
+        with self.clock.phase("forward"):
             for rows in chunks:
                 padding = len(rows) == 0 or len(local) == 0  # a pass at zero, only to keep the processes in step
                 if padding and not self.strategy.forwards_in_step:
                     continue
                 mb = source.select(rows if not padding else [0])
                 for units, _ in self.unit_slices(mb, in_step=self.strategy.forwards_in_step):
-                    unit_mean = None
-                    if reference:
-                        with self.reference_model() as ref:
-                            logp, _ = self.policy.logprobs(ref, mb, units)
-                    elif with_means:
-                        logp, unit_mean = self.policy.logprobs_and_means(self.model, mb, units)
-                    else:
-                        logp, _ = self.policy.logprobs(self.model, mb, units)
+                    values, unit_mean = score(mb, units)
                     if padding:
                         continue
                     cols = torch.arange(out.shape[1])[units].unsqueeze(0)
-                    out[rows.unsqueeze(1), cols] = logp.float().cpu()
+                    out[rows.unsqueeze(1), cols] = values.float().cpu()
                     if unit_mean is not None:
                         if means is None:
                             means = torch.zeros(*out.shape, *unit_mean.shape[2:])
                         means[rows.unsqueeze(1), cols] = unit_mean.float().cpu()
         return out, means
+
+    @contextmanager
+    def teacher_model(self):
+        """The frozen teacher's module (`algorithm.distill.teacher`), for `Policy.logprobs_and_kl`."""
+        yield self.teacher
+
+    @torch.no_grad()
+    def teacher_divergence(self, batch: StepBatch, chunks: list[Tensor]) -> Tensor:
+        """Each unit's divergence [N, U] of the student at the step's start from the teacher, on the
+        student's rollouts (`algorithm.distill.divergence`; mmrl/core/distillation.py)."""
+        distill = self.cfg.algorithm.distill
+
+        def score(mb: Rollout, units: slice) -> tuple[Tensor, None]:
+            if distill.divergence == "closed_form":
+                return self.policy.logprobs_and_kl(self.model, self.teacher_model, mb, units)[2], None
+            if distill.divergence == "jsd":
+                return generalized_jsd(self.policy.unit_logits(self.model, mb, units),
+                                       self.policy.unit_logits(self.teacher, mb, units), distill.beta), None
+            return sampled_reverse_kl(self.policy.logprobs(self.model, mb, units)[0],
+                                      self.policy.logprobs(self.teacher, mb, units)[0]), None
+
+        with self.strategy.gathered(self.model), self.strategy.gathered(self.teacher):
+            return self._units_in_layout(batch, chunks, score)[0]
 
     def _old_and_reference(self, batch: StepBatch, chunks: list[Tensor], passes: list[StepBatch], redrawn: bool):
         """Per pass: the old log-probs (kept when the ratio moves over several passes), the reference's,

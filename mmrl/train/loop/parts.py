@@ -26,6 +26,7 @@ from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
+from mmrl.train.plan.teacher import teacher_policy_config
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn],
@@ -88,6 +89,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: Any                 # transformers' LR scheduler over `optimizer`
     reference: nn.Module | None    # a frozen copy for the KL, None without one (or with LoRA: adapter off)
+    teacher: nn.Module | None = None  # the frozen distillation teacher's module (algorithm.distill), or None
 
 
 def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
@@ -113,7 +115,19 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
                               num_training_steps=max(cfg.max_steps, 1))
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
-    return Parts(policy, model, optimizer, scheduler, reference)
+    return Parts(policy, model, optimizer, scheduler, reference, build_teacher(plan, strategy))
+
+
+def build_teacher(plan: StagePlan, strategy: Strategy) -> nn.Module | None:
+    """The frozen teacher of on-policy distillation (`algorithm.distill.teacher`): the student's adapter
+    built from the teacher's policy section, of which the engine keeps the module it scores with."""
+    cfg = next((s.config for s in plan.stages if s.config.algorithm.distill.active), None)
+    if cfg is None:
+        return None
+    teacher = build_policy(cfg, teacher_policy_config(cfg))
+    if cfg.policy.get("device") is None:
+        teacher.model.to(strategy.acc.device)
+    return strategy.frozen(teacher.model.eval().requires_grad_(False))
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

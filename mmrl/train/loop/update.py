@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import row_magnitude
+from mmrl.core.distillation import distilled_advantages, generalized_jsd
 from mmrl.core.objectives import ratio_segments
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import closed_form_kl, metric_names, regulariser_needs
@@ -32,9 +33,11 @@ class PolicyUpdate(KeptLogprobs):
     `cfg` is the current stage's recipe (the trainer replaces it when a stage starts)."""
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, policy: Policy, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective, clock: StepClock):
+                 optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective, clock: StepClock,
+                 teacher: nn.Module | None = None):
         self.cfg, self.strategy, self.policy, self.model = cfg, strategy, policy, model
         self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
+        self.teacher = teacher  # the frozen distillation teacher (algorithm.distill), None without one
         self.clock = clock  # the phases of the step's update: forward, backward, optimizer
         self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
 
@@ -43,7 +46,7 @@ class PolicyUpdate(KeptLogprobs):
         regulariser that needs every row) are skipped; every process runs the same number of micro-batches (padded
         with empty ones) so gradient synchronisation lines up."""
         active = batch.row_mask.clone()
-        if not regulariser_needs(self.cfg.algorithm, "all_rows"):
+        if not regulariser_needs(self.cfg.algorithm, "all_rows") and not self.cfg.algorithm.distill.active:
             active &= row_magnitude(batch.advantages) > 0
         rows = active.nonzero().flatten()
         size = self.cfg.optim.micro_batch_size
@@ -129,7 +132,19 @@ class PolicyUpdate(KeptLogprobs):
             entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
             **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
                if algo.ratio_norm != "none" else {}),
-            **({"divergence": divergence} if divergence is not None else {}))
+            **({"divergence": divergence} if divergence is not None else {}),
+            **({"distill": self.teacher_divergence_under_grad(mb, units)} if algo.distill.active
+               and algo.distill.form == "loss" else {}))
+
+    def teacher_divergence_under_grad(self, mb: Rollout, units: slice) -> Tensor:
+        """Each unit's divergence [b, u] from the teacher, differentiated through the student
+        (`algorithm.distill.form: loss`; a forward of its own beside the log-probs')."""
+        distill = self.cfg.algorithm.distill
+        if distill.divergence == "closed_form":
+            return self.policy.logprobs_and_kl(self.model, self.teacher_model, mb, units)[2]
+        with torch.no_grad():
+            teacher = self.policy.unit_logits(self.teacher, mb, units)
+        return generalized_jsd(self.policy.unit_logits(self.model, mb, units), teacher, distill.beta)
 
     def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
         """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""
@@ -204,6 +219,8 @@ class PolicyUpdate(KeptLogprobs):
         log-probs of every pass from that pass's own view, all before the first step."""
         algo, strategy = self.cfg.algorithm, self.strategy
         chunks = self.micro_batches(batch)
+        if self.cfg.algorithm.distill.active and self.cfg.algorithm.distill.form == "advantage":
+            batch = self.distilled(batch, chunks)
         views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
         passes = [batch if view is None else replace(batch, rollout=view) for view in views]
         old_logp, ref_logp, old_means = self._old_and_reference(batch, chunks, passes,
@@ -223,6 +240,21 @@ class PolicyUpdate(KeptLogprobs):
                 grad_norm = strategy.step(self.model, self.optimizer, params)
         self.scheduler.step()
         return self._metrics(first, grad_norm)
+
+    def distilled(self, batch: StepBatch, chunks: list[Tensor]) -> StepBatch:
+        """The batch with the distillation signal in its advantages [n, U] (`algorithm.distill`), and the
+        mean divergence of its units from the teacher logged as `distill_divergence`."""
+        distill = self.cfg.algorithm.distill
+        if self.teacher is None:
+            raise UserError("algorithm.distill.teacher is set in a later stage only: the teacher is built with "
+                            "the run, so name it in the recipe's own algorithm.distill")
+        divergence = self.teacher_divergence(batch, chunks)
+        mask = batch.rollout.unit_mask.float() * batch.row_mask[:, None].float()
+        advantages = distilled_advantages(batch.advantages if distill.with_reward else None, divergence, mask,
+                                          distill.weight)
+        sums = gather_objects(self.strategy.acc, (float((divergence * mask).sum()), float(mask.sum())))
+        batch.metrics["distill_divergence"] = sum(s[0] for s in sums) / max(sum(s[1] for s in sums), 1.0)
+        return replace(batch, advantages=advantages)
 
     def _metrics(self, first: dict[str, float], grad_norm: float) -> dict[str, float]:
         """The first pass's sums over every process, as logged."""

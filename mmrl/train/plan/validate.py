@@ -41,6 +41,7 @@ from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
 from mmrl.train.plan.reward_checks import check_rewards
 from mmrl.train.plan.stages import StagePlan
+from mmrl.train.plan.teacher import check_distill
 from mmrl.train.reporting.tracking import REPORTER_PACKAGES, REPORTERS
 
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
@@ -75,6 +76,8 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
         check_ratio_norm(cfg, adapter.step_scale_problem(policy_cfg), problems)
     if cfg.algorithm.trust_region == "dppo":
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
+    if cfg.algorithm.distill.active:
+        check_distill(cfg, adapter, policy_cfg, problems)
     return adapter.output_kind(policy_cfg)
 
 
