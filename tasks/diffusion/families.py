@@ -24,6 +24,14 @@ def flow_shift_mu(pipe, image_seq_len: int) -> float | None:
                            c.get("base_shift", 0.5), c.get("max_shift", 1.15))
 
 
+def linear_sigma_levels(pipe, num_steps: int, mu: float | None) -> tuple[list[float], torch.Tensor]:
+    """The levels the FLUX-style pipelines set: sigmas from 1 down to 1/num_steps in equal steps, shifted
+    by `mu` (None: the scheduler's own static shift); (sigmas with the final 0, timesteps)."""
+    sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+    pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu", **({"mu": mu} if mu is not None else {}))
+    return pipe.scheduler.sigmas.tolist(), pipe.scheduler.timesteps.clone()
+
+
 @FAMILIES.register("sd3")
 class SD3(Family):
     pipeline = "StableDiffusion3Pipeline"
@@ -94,10 +102,7 @@ class Flux(Family):
         return self.pipe._pack_latents(x, 1, c, h, w)
 
     def levels(self, num_steps, latent_shape):
-        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        mu = flow_shift_mu(self.pipe, latent_shape[-2])
-        self.pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu", **({"mu": mu} if mu is not None else {}))
-        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+        return linear_sigma_levels(self.pipe, num_steps, flow_shift_mu(self.pipe, latent_shape[-2]))
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, _ = split_cond(cond)

@@ -8,10 +8,10 @@ step count). The base models take CFG as the pipeline's two forwards; the step-d
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from .families import linear_sigma_levels
 from .family import FAMILIES, Configs, Family, split_cond, vae_scale
 
 
@@ -59,9 +59,8 @@ class Flux2Klein(Family):
 
     def levels(self, num_steps, latent_shape):
         from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
-        mu = compute_empirical_mu(image_seq_len=latent_shape[-2], num_steps=num_steps)
-        self.pipe.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), device="cpu", mu=mu)
-        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+        return linear_sigma_levels(self.pipe, num_steps, compute_empirical_mu(image_seq_len=latent_shape[-2],
+                                                                              num_steps=num_steps))
 
     def _latent_ids(self, n: int, device: torch.device) -> Tensor:
         h, w = self._token_hw(*self.size)

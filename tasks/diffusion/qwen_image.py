@@ -7,11 +7,10 @@ masked positions to `text_length` tokens so that rollouts drawn apart can be joi
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .families import flow_shift_mu
+from .families import flow_shift_mu, linear_sigma_levels
 from .family import FAMILIES, Configs, Family, split_cond
 
 
@@ -54,10 +53,7 @@ class QwenImage(Family):
         return self.pipe._pack_latents(x, 1, c, h, w)
 
     def levels(self, num_steps, latent_shape):
-        mu = flow_shift_mu(self.pipe, latent_shape[-2])
-        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        self.pipe.scheduler.set_timesteps(sigmas=sigmas, device="cpu", **({"mu": mu} if mu is not None else {}))
-        return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
+        return linear_sigma_levels(self.pipe, num_steps, flow_shift_mu(self.pipe, latent_shape[-2]))
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = split_cond(cond)
