@@ -44,7 +44,10 @@ def test_a_slow_reward_is_counted_as_reward_time_and_nowhere_else(tmp_path):
     reward time holds the sleep; the phases do not overlap (they add up to the step)."""
     if "step_clock_slow_reward" not in REWARDS:
         register_reward("step_clock_slow_reward")(slow_reward)
-    recipe = {**TINY_RECIPE, "rewards": {"step_clock_slow_reward": {"weight": 1.0}}, "max_steps": 3}
+    # scoring.overlap off: with it the scorer's thread starts on the rollout before the reward phase opens,
+    # and the phase holds only the wait for it (3 ms under the sleep measured on a loaded machine)
+    recipe = {**TINY_RECIPE, "rewards": {"step_clock_slow_reward": {"weight": 1.0}}, "max_steps": 3,
+              "scoring": {"overlap": False}}
     trainer = Trainer(parse_config(recipe, tiny_overrides(tmp_path)))
     trainer.train_step()  # warm-up
     fast = trainer.train_step()
