@@ -93,6 +93,8 @@ def test_sample_grid_and_progress(tmp_path):
     p.bar.fp = io.StringIO()
     p.update(2, {"reward_mean": 0.123456, "kl": 0.01, "clip_frac": 0.0})
     assert p.bar.n == 2 and p.bar.postfix == "reward=0.123, kl=0.01, clip=0"
+    p.update(3, {"reward_mean": 0.5, "kl": 0.0, "distill_divergence": 0.0421})  # a distillation run
+    assert p.bar.postfix == "reward=0.5, kl=0, distill=0.0421"
     p.close()
 
 

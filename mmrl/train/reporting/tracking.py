@@ -235,10 +235,11 @@ class Tracker:
 
 
 class Progress:
-    """A tqdm bar over training steps showing reward, KL and clip fraction; tqdm gives the ETA.
-    Without the bar, with `print_every`, one printed line of those metrics every `print_every` steps."""
+    """A tqdm bar over training steps showing reward, KL, clip fraction, loss and, in a distillation run,
+    the student's divergence from its teacher; tqdm gives the ETA. Without the bar, with `print_every`,
+    one printed line of those metrics every `print_every` steps."""
 
-    SHOWN = {"reward": "reward_mean", "kl": "kl", "clip": "clip_frac", "loss": "loss"}
+    SHOWN = {"reward": "reward_mean", "kl": "kl", "clip": "clip_frac", "loss": "loss", "distill": "distill_divergence"}
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "train",
                  print_every: int = 0, leave: bool = True):
