@@ -32,6 +32,18 @@ def linear_sigma_levels(pipe, num_steps: int, mu: float | None) -> tuple[list[fl
     return pipe.scheduler.sigmas.tolist(), pipe.scheduler.timesteps.clone()
 
 
+class PackedFlowLatents:
+    """What FLUX.1 and Qwen-Image share: latents at the VAE's scale rounded to 2x2 patches, packed into
+    tokens by the pipeline, and FLUX's equal-step sigmas shifted by the packed sequence's length."""
+
+    def _latent_hw(self, height: int, width: int) -> tuple[int, int]:
+        f = self.pipe.vae_scale_factor
+        return 2 * (height // (f * 2)), 2 * (width // (f * 2))
+
+    def levels(self, num_steps, latent_shape):
+        return linear_sigma_levels(self.pipe, num_steps, flow_shift_mu(self.pipe, latent_shape[-2]))
+
+
 @FAMILIES.register("sd3")
 class SD3(Family):
     pipeline = "StableDiffusion3Pipeline"
@@ -75,7 +87,7 @@ class SD3(Family):
 
 
 @FAMILIES.register("flux")
-class Flux(Family):
+class Flux(PackedFlowLatents, Family):
     pipeline = "FluxPipeline"
     uses_classifier_free_guidance = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
 
@@ -91,18 +103,11 @@ class Flux(Family):
                                                 num_images_per_prompt=1)
         return {"pos/embeds": pe, "pos/pooled": pooled}
 
-    def _latent_hw(self, height, width):
-        f = self.pipe.vae_scale_factor
-        return 2 * (height // (f * 2)), 2 * (width // (f * 2))
-
     def noise(self, generator, height, width):
         h, w = self._latent_hw(height, width)
         c = self.denoiser.config.in_channels // 4
         x = torch.randn((1, c, h, w), generator=generator, dtype=torch.float32)
         return self.pipe._pack_latents(x, 1, c, h, w)
-
-    def levels(self, num_steps, latent_shape):
-        return linear_sigma_levels(self.pipe, num_steps, flow_shift_mu(self.pipe, latent_shape[-2]))
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, _ = split_cond(cond)

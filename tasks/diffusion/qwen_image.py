@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .families import flow_shift_mu, linear_sigma_levels
+from .families import PackedFlowLatents
 from .family import FAMILIES, Configs, Family, split_cond
 
 
 @FAMILIES.register("qwen_image")
-class QwenImage(Family):
+class QwenImage(PackedFlowLatents, Family):
     pipeline = "QwenImagePipeline"
     batched_guidance = False  # the pipeline's two forwards: the prompt and the negative prompt differ in length
     text_length = 512  # the stock pipeline's default max_sequence_length (prompts are cut there)
@@ -42,18 +42,11 @@ class QwenImage(Family):
         return (torch.nn.functional.pad(embeds, (0, 0, 0, pad)).to(self.dtype),
                 torch.nn.functional.pad(mask, (0, pad)).to(torch.long))
 
-    def _latent_hw(self, height: int, width: int) -> tuple[int, int]:
-        f = self.pipe.vae_scale_factor
-        return 2 * (height // (f * 2)), 2 * (width // (f * 2))
-
     def noise(self, generator, height, width):
         h, w = self._latent_hw(height, width)
         c = self.denoiser.config.in_channels // 4
         x = torch.randn((1, 1, c, h, w), generator=generator, dtype=torch.float32)
         return self.pipe._pack_latents(x, 1, c, h, w)
-
-    def levels(self, num_steps, latent_shape):
-        return linear_sigma_levels(self.pipe, num_steps, flow_shift_mu(self.pipe, latent_shape[-2]))
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = split_cond(cond)
