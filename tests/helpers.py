@@ -55,3 +55,18 @@ def on_policy_step_changes(trainer, rollout_atol=1e-4):
     if rollout_atol is not None:
         assert metrics["rollout/logp_diff_max"] <= rollout_atol, metrics["rollout/logp_diff_max"]
     return [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
+
+
+# A diffusion run of one step on the tiny SD3 (32 px, 4 steps) against the mean-red image reward
+TINY_IMAGE_RECIPE = {
+    "task": "diffusion",
+    "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4,
+               "noise_level": 0.7},
+    "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+    "rewards": {"mean_red": {"weight": 1.0}},
+    "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
+    "algorithm": {"group_size": 3},
+    "optim": {"lr": 3e-2, "prompts_per_step": 2, "micro_batch_size": 6},
+    "logging": {"report_to": ["none"], "progress": False},
+    "max_steps": 1,
+}

@@ -3,28 +3,15 @@ adapter, its divergence on the student's rollouts against independent computatio
 on the whole batch, the logits of the model's own forward, the step means by hand), zero for a
 teacher equal to the student, a training step, and the recipe errors that name the field."""
 
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_IMAGE_RECIPE as IMAGE_RECIPE
 from helpers import TINY_RECIPE, tiny_overrides
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.distillation import generalized_jsd
 from mmrl.train.loop.trainer import Trainer
-
-IMAGE_RECIPE = {
-    "task": "diffusion",
-    "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4,
-               "noise_level": 0.7},
-    "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
-    "rewards": {"mean_red": {"weight": 1.0}},
-    "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
-    "algorithm": {"group_size": 3},
-    "optim": {"lr": 3e-2, "prompts_per_step": 2, "micro_batch_size": 6},
-    "logging": {"report_to": ["none"], "progress": False},
-    "max_steps": 1,
-}
 
 
 def text_trainer(tmp_path, teacher_seed, *extra):

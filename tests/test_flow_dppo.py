@@ -5,10 +5,10 @@ the old step means kept from before the first update pass."""
 
 import copy
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_IMAGE_RECIPE
 from mmrl.tasks.diffusion.samplers import SAMPLERS, gaussian_logprob, gaussian_mean_kl
 
 from mmrl.config.algorithm import AlgorithmConfig
@@ -142,18 +142,7 @@ def test_the_mask_by_hand():
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -2 * math.exp(-0.2) / 4, -2 * math.exp(0.2) / 4, 0.0]]))
 
 
-RECIPE = {
-    "task": "diffusion",
-    "policy": {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 4, "eval_num_steps": 4,
-               "noise_level": 0.7},
-    "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
-    "rewards": {"mean_red": {"weight": 1.0}},
-    "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
-    "algorithm": {"group_size": 3, "trust_region": "dppo", "mu": 2, "dppo_threshold": 1e-9},
-    "optim": {"lr": 3e-2, "prompts_per_step": 2, "micro_batch_size": 6},
-    "logging": {"report_to": ["none"], "progress": False},
-    "max_steps": 1,
-}
+RECIPE = {**TINY_IMAGE_RECIPE, "algorithm": {"group_size": 3, "trust_region": "dppo", "mu": 2, "dppo_threshold": 1e-9}}
 
 
 def test_old_step_means_are_kept_across_passes(tmp_path):
