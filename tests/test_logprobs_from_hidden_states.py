@@ -135,7 +135,24 @@ def test_the_default_path_is_the_hidden_states_and_the_check_passes_and_logs(cap
         policy.logprobs(policy.model, batch)
     checks = [r.getMessage() for r in caplog.records if "logprob_check" in r.getMessage()]
     assert len(checks) == 1 and "max |logp difference|" in checks[0]  # the first micro-batch only
-    assert calls == ["hidden", "logits", "hidden"]  # the check's plain pass once
+    assert calls == ["hidden", "logits", "logits", "hidden"]  # the check's plain pass once, a row at a time
+
+
+def test_the_check_holds_one_rows_logits_at_a_time():
+    """The check's plain pass projects one row's positions at a time: its whole logits are
+    [1, C + 1, V], not the micro-batch's, and its log-probs are the batch pass's."""
+    policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=8))
+    batch = policy.rollout(["12+34=", "5+6="], 3, seeds=[1, 2])
+    head = policy.model.get_output_embeddings()
+    shapes = []
+    handle = head.register_forward_hook(lambda m, a, out: shapes.append(tuple(out.shape)))
+    ids, mask = batch.extras["completion_ids"], batch.unit_mask
+    one_at_a_time = policy._plain_logprobs(policy.model, batch, ids, mask)
+    handle.remove()
+    assert len(shapes) == len(batch) == 6 and all(s[0] == 1 and s[-1] == head.out_features for s in shapes)
+    with torch.no_grad():
+        whole, _ = policy._token_logprobs(policy.model, batch.extras, ids, mask, policy.cfg.temperature, False)
+    torch.testing.assert_close(one_at_a_time * mask, whole * mask, atol=1e-5, rtol=0)
 
 
 def test_the_check_stops_a_run_whose_paths_disagree():

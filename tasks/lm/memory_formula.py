@@ -91,7 +91,7 @@ class DecoderMemory(MemoryModel):
             return {}
         block_rows = min(self.chunk_rows, self.completion)
         return {"activations": self.activation_bytes(rows, self.checkpointing),
-                "logits": rows * (self.completion + 1) * self.vocab * self.bytes,
+                "logits (one row)": (self.completion + 1) * self.vocab * self.bytes,
                 "fp32 block": block_rows * self.vocab * 4, "softmax pieces": 2 * self.piece_rows(block_rows) * self.vocab * 4}
 
     def piece_rows(self, rows: int) -> int:

@@ -52,10 +52,18 @@ class TokenScoring(Policy):
                                                     with_entropy, head)
         if head is not None and self.cfg.logprob_check and not self._logprobs_checked:
             self._logprobs_checked = True  # the run's first micro-batch on this process
-            with torch.no_grad():  # against the plainest path: the model's own forward and logits
-                plain, _ = self._token_logprobs(model, batch.extras, ids, mask, self.cfg.temperature, False)
+            plain = self._plain_logprobs(model, batch, ids, mask)
             compare_paths(logp.detach(), plain, mask.to(logp.device), check_tolerance(self.cfg, head), logger)
         return full_width(logp * mask.to(logp.device), ent, width, units)
+
+    @torch.no_grad()
+    def _plain_logprobs(self, model: nn.Module, batch: Rollout, ids: Tensor, mask: Tensor) -> Tensor:
+        """The plainest path's log-probs [B, C] (the model's own forward and logits), one row at a
+        time: the check's whole logits are one row's [C + 1, V], not the micro-batch's, beside the
+        training pass's activations it runs next to."""
+        rows = [self._token_logprobs(model, batch.select([i]).extras, ids[i:i + 1], mask[i:i + 1],
+                                     self.cfg.temperature, False)[0] for i in range(len(batch))]
+        return torch.cat(rows)
 
     def unit_logits(self, model: nn.Module, batch: Rollout, units: slice = slice(None)) -> Tensor:
         """fp32 logits [B, u, V] of the completion positions divided by the sampling temperature, the
