@@ -43,7 +43,7 @@ def test_sampled_and_jsd_divergences_against_independent_passes(tmp_path):
     batch, d = divergence_of(t)
     r, mask = batch.rollout, batch.rollout.unit_mask.bool()
     with torch.no_grad():
-        want = t.policy.logprobs(t.model, r)[0] - t.policy.logprobs(t.updater.teacher, r)[0]
+        want = t.policy.logprobs(t.model, r)[0] - t.policy.logprobs(t.updater.teachers.modules["teacher"], r)[0]
     assert d[mask].abs().max() > 1e-3
     assert torch.allclose(d[mask], want[mask], atol=1e-5)
     t.cfg.algorithm.distill.divergence, t.cfg.algorithm.distill.beta = "jsd", 0.3
@@ -54,7 +54,7 @@ def test_sampled_and_jsd_divergences_against_independent_passes(tmp_path):
     c = r.extras["completion_ids"].shape[1]
     with torch.no_grad():
         s, te = (m(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, -(c + 1):-1]
-                 for m in (t.unwrapped, t.updater.teacher))
+                 for m in (t.unwrapped, t.updater.teachers.modules["teacher"]))
     want = generalized_jsd(s / t.policy.cfg.temperature, te / t.policy.cfg.temperature, 0.3)
     assert torch.allclose(d[mask], want[mask], atol=1e-5)
 
@@ -85,7 +85,7 @@ def test_closed_form_step_kl_of_a_flow_teacher_replaying_the_students_states(tmp
             if not on.any():  # a step the sampler takes deterministically trains nothing
                 continue
             mu_s, std = t.policy.step_means(t.model, r, k, rows)
-            mu_t, _ = t.policy.step_means(t.updater.teacher, r, k, rows)
+            mu_t, _ = t.policy.step_means(t.updater.teachers.modules["teacher"], r, k, rows)
             want = ((mu_s - mu_t) ** 2 / (2 * std ** 2)).flatten(1).mean(1).cpu()
             assert want[on].min() > 0
             assert torch.allclose(d[on, k], want[on], rtol=1e-4, atol=1e-8)
@@ -129,7 +129,7 @@ def test_loss_form_closed_form_gradient_against_the_step_means_by_hand(tmp_path)
             continue
         mu_s, std = t.policy.step_means(t.unwrapped, r, k, rows)
         with torch.no_grad():
-            mu_t, _ = t.policy.step_means(t.updater.teacher, r, k, rows)
+            mu_t, _ = t.policy.step_means(t.updater.teachers.modules["teacher"], r, k, rows)
         kl = ((mu_s - mu_t) ** 2 / (2 * std ** 2)).flatten(1).mean(1)
         total = total + 0.7 * (kl * batch.weights[:, k].to(kl.device) * on.to(kl.device)).sum()
         divergence += float((kl.detach() * on.to(kl.device)).sum())
@@ -153,6 +153,6 @@ def test_the_text_opd_recipe_trains_a_step(tmp_path):
                                                 "algorithm.group_size=4", "policy.max_new_tokens=8",
                                                 "logging.report_to=[none]", "logging.progress=false"])
     t = Trainer(cfg)
-    assert t.updater.teacher is not None and sum(p.numel() for p in t.updater.teacher.parameters()) > \
+    assert t.updater.teachers.modules["teacher"] is not None and sum(p.numel() for p in t.updater.teachers.modules["teacher"].parameters()) > \
         sum(p.numel() for p in t.unwrapped.parameters())
     assert t.train_step()["distill_divergence"] != 0

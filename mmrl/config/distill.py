@@ -15,6 +15,14 @@ class DistillConfig:
     teacher: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "The teacher, built in process through the same adapter as the student: these keys replace the "
         "policy section's (e.g. {model: path/to/teacher}), and the teacher is frozen. Empty: no distillation.")})
+    teachers: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": (
+        "Several teachers by name, each as `teacher` (keys replacing the policy section's), each row scored by "
+        "the one its data column `teacher_column` names (multi-teacher on-policy distillation: a teacher per "
+        "domain or data source, as Tinker's multi-teacher recipe routes each data set to its teacher). Give "
+        "teacher or teachers, not both.")})
+    teacher_column: str | None = field(default=None, metadata={"help": (
+        "The data column naming each training row's teacher (a key of `teachers`); needed with several "
+        "teachers, checked on the data before any model loads.")})
     weight: float = field(default=1.0, metadata={"stage": True, "help": (
         "w in A_iu = A_i - w d_iu: the weight of the per-unit divergence d of the student from the teacher.")})
     with_reward: bool = field(default=True, metadata={"help": (
@@ -38,4 +46,9 @@ class DistillConfig:
     @property
     def active(self) -> bool:
         """Whether a teacher is named."""
-        return bool(self.teacher)
+        return bool(self.teacher or self.teachers)
+
+    @property
+    def named_teachers(self) -> dict[str, dict[str, Any]]:
+        """Each teacher's keys by name: `teachers`, or the one `teacher` named "teacher"."""
+        return dict(self.teachers) if self.teachers else ({"teacher": self.teacher} if self.teacher else {})

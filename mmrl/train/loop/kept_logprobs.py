@@ -5,11 +5,11 @@ the first pass's on-policy ratio is exactly 1."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmrl.core.distillation import generalized_jsd, sampled_reverse_kl
 from mmrl.core.regularisers import reference_pass
@@ -21,7 +21,7 @@ UnitScore = Callable[[Rollout, slice], tuple[Tensor, Tensor | None]]
 
 class KeptLogprobs:
     """The half of `PolicyUpdate` (loop/update.py) that runs without gradients: its strategy,
-    policy, model, reference, teacher, clock, cfg and `unit_slices`."""
+    policy, model, reference, teachers, clock, cfg and `unit_slices`."""
 
     @contextmanager
     def reference_model(self):
@@ -81,27 +81,29 @@ class KeptLogprobs:
                         means[rows.unsqueeze(1), cols] = unit_mean.float().cpu()
         return out, means
 
-    @contextmanager
-    def teacher_model(self):
-        """The frozen teacher's module (`algorithm.distill.teacher`), for `Policy.logprobs_and_kl`."""
-        yield self.teacher
+    def teacher_divergence_of(self, teacher: nn.Module, mb: Rollout, units: slice) -> Tensor:
+        """Each unit's divergence [b, u] of the student (the trained model as it is now) from `teacher`
+        on the rows `mb` (`algorithm.distill.divergence`; mmrl/core/distillation.py)."""
+        distill = self.cfg.algorithm.distill
+        if distill.divergence == "closed_form":
+            return self.policy.logprobs_and_kl(self.model, lambda: nullcontext(teacher), mb, units)[2]
+        if distill.divergence == "jsd":
+            return generalized_jsd(self.policy.unit_logits(self.model, mb, units),
+                                   self.policy.unit_logits(teacher, mb, units), distill.beta)
+        return sampled_reverse_kl(self.policy.logprobs(self.model, mb, units)[0],
+                                  self.policy.logprobs(teacher, mb, units)[0])
 
     @torch.no_grad()
     def teacher_divergence(self, batch: StepBatch, chunks: list[Tensor]) -> Tensor:
-        """Each unit's divergence [N, U] of the student at the step's start from the teacher, on the
-        student's rollouts (`algorithm.distill.divergence`; mmrl/core/distillation.py)."""
-        distill = self.cfg.algorithm.distill
-
+        """Each unit's divergence [N, U] of the student at the step's start from its row's teacher, on
+        the student's rollouts."""
         def score(mb: Rollout, units: slice) -> tuple[Tensor, None]:
-            if distill.divergence == "closed_form":
-                return self.policy.logprobs_and_kl(self.model, self.teacher_model, mb, units)[2], None
-            if distill.divergence == "jsd":
-                return generalized_jsd(self.policy.unit_logits(self.model, mb, units),
-                                       self.policy.unit_logits(self.teacher, mb, units), distill.beta), None
-            return sampled_reverse_kl(self.policy.logprobs(self.model, mb, units)[0],
-                                      self.policy.logprobs(self.teacher, mb, units)[0]), None
+            return self.teachers.routed(mb, lambda teacher, rows: self.teacher_divergence_of(teacher, rows, units),
+                                        self.strategy.forwards_in_step), None
 
-        with self.strategy.gathered(self.model), self.strategy.gathered(self.teacher):
+        with ExitStack() as gathered:
+            for module in (self.model, *self.teachers.modules.values()):
+                gathered.enter_context(self.strategy.gathered(module))
             return self._units_in_layout(batch, chunks, score)[0]
 
     def _old_and_reference(self, batch: StepBatch, chunks: list[Tensor], passes: list[StepBatch], redrawn: bool):

@@ -24,9 +24,10 @@ from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
+from mmrl.train.loop.teachers import Teachers
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
-from mmrl.train.plan.teacher import teacher_policy_config
+from mmrl.train.plan.teacher import teacher_column_check, teacher_policy_config
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn],
@@ -48,6 +49,10 @@ def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str,
     ws = cfg.warm_start
     target = {ws.target_column: f"the warm start, warm_start.target_column; warm_start.steps={ws.steps}, and "
                                 "warm_start.steps=0 trains without it"} if warm_start and ws.steps > 0 else {}
+    distill = cfg.algorithm.distill
+    if distill.teacher_column is not None:  # the rows' teachers, checked as a reward's columns are
+        target[distill.teacher_column] = "algorithm.distill.teacher_column (each row's teacher)"
+        values = [*values, (distill.teacher_column, teacher_column_check(distill))]
     train, held_out = load_data(cfg.data, adapter.media_columns(policy_cfg), required, values, target)
     columns = list(train[0]) if len(train) else []
     for fn in reward_fns.values():
@@ -89,7 +94,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: Any                 # transformers' LR scheduler over `optimizer`
     reference: nn.Module | None    # a frozen copy for the KL, None without one (or with LoRA: adapter off)
-    teacher: nn.Module | None = None  # the frozen distillation teacher's module (algorithm.distill), or None
+    teachers: Teachers | None = None  # the frozen distillation teachers (algorithm.distill), or None
 
 
 def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
@@ -115,19 +120,23 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
                               num_training_steps=max(cfg.max_steps, 1))
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
-    return Parts(policy, model, optimizer, scheduler, reference, build_teacher(plan, strategy))
+    return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy))
 
 
-def build_teacher(plan: StagePlan, strategy: Strategy) -> nn.Module | None:
-    """The frozen teacher of on-policy distillation (`algorithm.distill.teacher`): the student's adapter
-    built from the teacher's policy section, of which the engine keeps the module it scores with."""
+def build_teachers(plan: StagePlan, strategy: Strategy) -> Teachers | None:
+    """The frozen teachers of on-policy distillation (`algorithm.distill.teacher` or `teachers`): the
+    student's adapter built from each teacher's policy section, of which the engine keeps the module
+    it scores with."""
     cfg = next((s.config for s in plan.stages if s.config.algorithm.distill.active), None)
     if cfg is None:
         return None
-    teacher = build_policy(cfg, teacher_policy_config(cfg))
-    if cfg.policy.get("device") is None:
-        teacher.model.to(strategy.acc.device)
-    return strategy.frozen(teacher.model.eval().requires_grad_(False))
+    modules = {}
+    for name in cfg.algorithm.distill.named_teachers:
+        teacher = build_policy(cfg, teacher_policy_config(cfg, name))
+        if cfg.policy.get("device") is None:
+            teacher.model.to(strategy.acc.device)
+        modules[name] = strategy.frozen(teacher.model.eval().requires_grad_(False))
+    return Teachers(modules, cfg.algorithm.distill.teacher_column)
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
 from mmrl.core.advantages import row_magnitude
-from mmrl.core.distillation import distilled_advantages, generalized_jsd
+from mmrl.core.distillation import distilled_advantages
 from mmrl.core.objectives import ratio_segments
 from mmrl.core.policy import Policy
 from mmrl.core.regularisers import closed_form_kl, metric_names, regulariser_needs
@@ -24,6 +24,7 @@ from mmrl.errors import UserError
 from mmrl.train.loop.kept_logprobs import KeptLogprobs
 from mmrl.train.loop.records import MicroBatchCounts, StepBatch
 from mmrl.train.loop.step_clock import StepClock
+from mmrl.train.loop.teachers import Teachers
 
 MISMATCH_SUMS = {"rollout_units": 0.0, "rollout_diff_sum": 0.0, "rollout_capped": 0.0, "rollout_diff_max": 0.0}
 
@@ -34,10 +35,10 @@ class PolicyUpdate(KeptLogprobs):
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, policy: Policy, model: nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective, clock: StepClock,
-                 teacher: nn.Module | None = None):
+                 teachers: Teachers | None = None):
         self.cfg, self.strategy, self.policy, self.model = cfg, strategy, policy, model
         self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
-        self.teacher = teacher  # the frozen distillation teacher (algorithm.distill), None without one
+        self.teachers = teachers  # the frozen distillation teachers (algorithm.distill), None without any
         self.clock = clock  # the phases of the step's update: forward, backward, optimizer
         self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
 
@@ -137,14 +138,10 @@ class PolicyUpdate(KeptLogprobs):
                and algo.distill.form == "loss" else {}))
 
     def teacher_divergence_under_grad(self, mb: Rollout, units: slice) -> Tensor:
-        """Each unit's divergence [b, u] from the teacher, differentiated through the student
+        """Each unit's divergence [b, u] from its row's teacher, differentiated through the student
         (`algorithm.distill.form: loss`; a forward of its own beside the log-probs')."""
-        distill = self.cfg.algorithm.distill
-        if distill.divergence == "closed_form":
-            return self.policy.logprobs_and_kl(self.model, self.teacher_model, mb, units)[2]
-        with torch.no_grad():
-            teacher = self.policy.unit_logits(self.teacher, mb, units)
-        return generalized_jsd(self.policy.unit_logits(self.model, mb, units), teacher, distill.beta)
+        return self.teachers.routed(mb, lambda teacher, rows: self.teacher_divergence_of(teacher, rows, units),
+                                    self.strategy.lockstep)
 
     def _implicit_velocity_terms(self, batch: StepBatch, idx: Tensor, mb: Rollout, units: slice):
         """The loss of rows `idx` over `units` from the adapter's implicit-velocity losses (nft)."""
@@ -245,7 +242,7 @@ class PolicyUpdate(KeptLogprobs):
         """The batch with the distillation signal in its advantages [n, U] (`algorithm.distill`), and the
         mean divergence of its units from the teacher logged as `distill_divergence`."""
         distill = self.cfg.algorithm.distill
-        if self.teacher is None:
+        if self.teachers is None:
             raise UserError("algorithm.distill.teacher is set in a later stage only: the teacher is built with "
                             "the run, so name it in the recipe's own algorithm.distill")
         divergence = self.teacher_divergence(batch, chunks)

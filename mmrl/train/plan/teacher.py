@@ -3,9 +3,11 @@ student's adapter, and what the chosen divergence needs of that adapter, checked
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mmrl.config.distill import DistillConfig
 from mmrl.config.parse import ConfigError, from_dict
 from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
@@ -16,30 +18,62 @@ from mmrl.registry import ADAPTERS
 TEACHER_FIELD = "algorithm.distill.teacher"
 
 
-def teacher_policy_config(cfg: TrainConfig) -> Any:
-    """The teacher's policy section typed by the student's adapter: the recipe's ``policy:`` with the
-    keys of `algorithm.distill.teacher` replacing its own (a `ConfigError` naming the teacher's key)."""
+def teacher_policy_config(cfg: TrainConfig, name: str = "teacher") -> Any:
+    """The policy section of teacher `name` typed by the student's adapter: the recipe's ``policy:`` with
+    the teacher's keys replacing its own (a `ConfigError` naming the teacher's key)."""
     adapter = ADAPTERS.get(cfg.task)
-    merged = {**adapter_policy(cfg.policy), **cfg.algorithm.distill.teacher}
-    unknown = sorted(set(cfg.algorithm.distill.teacher) - {f for f in adapter.Config.__dataclass_fields__})
+    keys = cfg.algorithm.distill.named_teachers[name]
+    where = teacher_field(cfg.algorithm.distill, name)
+    unknown = sorted(set(keys) - {f for f in adapter.Config.__dataclass_fields__})
     if unknown:
-        raise ConfigError(f"{TEACHER_FIELD}.{unknown[0]}: not a key of the {cfg.task!r} adapter's policy section")
-    return from_dict(adapter.Config, merged, TEACHER_FIELD)
+        raise ConfigError(f"{where}.{unknown[0]}: not a key of the {cfg.task!r} adapter's policy section")
+    return from_dict(adapter.Config, {**adapter_policy(cfg.policy), **keys}, where)
+
+
+def teacher_field(distill: DistillConfig, name: str) -> str:
+    """The recipe key of teacher `name`, as errors name it."""
+    return f"algorithm.distill.teachers.{name}" if distill.teachers else TEACHER_FIELD
+
+
+def teacher_column_check(distill: DistillConfig) -> Callable[[Any], str | None]:
+    """A check of a row's `algorithm.distill.teacher_column` value: one of the teachers' names."""
+    names = sorted(distill.named_teachers)
+    return lambda value: None if value in names else f"names no teacher of algorithm.distill.teachers ({names})"
+
+
+def teachers_problems(distill: DistillConfig) -> list[str]:
+    """How the teachers are named: `teacher` or `teachers`, and a data column to route several."""
+    if distill.teacher and distill.teachers:
+        return ["algorithm.distill: give teacher (one) or teachers (several, by name), not both"]
+    if len(distill.teachers) > 1 and distill.teacher_column is None:
+        return [f"algorithm.distill.teachers names {len(distill.teachers)} teachers ({sorted(distill.teachers)}): "
+                f"set algorithm.distill.teacher_column, the data column naming each row's teacher"]
+    if distill.teacher_column is not None and not distill.teachers:
+        return [f"algorithm.distill.teacher_column={distill.teacher_column!r} routes rows among "
+                f"algorithm.distill.teachers, and none are named"]
+    bad = [name for name, keys in distill.teachers.items() if not isinstance(keys, dict) or not keys]
+    return [f"algorithm.distill.teachers.{name}: a teacher is a mapping of policy keys (e.g. {{model: ...}}), "
+            f"not {distill.teachers[name]!r}" for name in bad]
 
 
 def check_distill(cfg: TrainConfig, adapter: type[Policy], policy_cfg: Any, problems: list[str]) -> None:
     """The teacher's section, the objective (one that takes per-unit advantages) and what the divergence
     needs of the adapter: its exact per-unit divergence (closed_form) or its units' logits (jsd)."""
     distill = cfg.algorithm.distill
-    try:
-        teacher = teacher_policy_config(cfg)
-    except ConfigError as e:
-        problems += str(e).splitlines()
+    found = teachers_problems(distill)
+    if found:
+        problems += found
         return
-    for name, value in vars(teacher).items():
-        if name in distill.teacher and isinstance(value, str) and value.startswith(("/", "./", "../", "~")) \
-                and not Path(value).expanduser().exists():
-            problems.append(f"{TEACHER_FIELD}.{name}: local path {value!r} does not exist")
+    for teacher_name, keys in distill.named_teachers.items():
+        try:
+            teacher = teacher_policy_config(cfg, teacher_name)
+        except ConfigError as e:
+            problems += str(e).splitlines()
+            continue
+        for name, value in vars(teacher).items():
+            if name in keys and isinstance(value, str) and value.startswith(("/", "./", "../", "~")) \
+                    and not Path(value).expanduser().exists():
+                problems.append(f"{teacher_field(distill, teacher_name)}.{name}: local path {value!r} does not exist")
     objective = OBJECTIVES.get(cfg.algorithm.objective) if cfg.algorithm.objective in OBJECTIVES.names() else None
     if objective is not None and (objective.row_coefficients is not None or objective.unit_terms != "logprobs"):
         problems.append(f"algorithm.distill: the signal is a per-unit advantage, and algorithm.objective="
