@@ -1,18 +1,28 @@
 """Several distillation teachers (`algorithm.distill.teachers`, `teacher_column`): each row scored by
 the teacher its data column names, against each teacher's divergence on the whole batch computed
-apart; the routing itself against a hand-written join; the recipe and data errors that name the
-field, row and value before any model loads."""
+apart; the routing itself against a hand-written join; a teacher served by `mmrl serve-teacher`
+against the same teacher in process; the recipe and data errors that name the field, row and value
+before any model loads."""
 
 import json
 import random
+import sys
+import threading
+import time
 
 import pytest
 import torch
+import uvicorn
 from helpers import TINY_RECIPE, tiny_overrides
+from served import free_port, running
 
 from mmrl.config.parse import ConfigError, parse_config
 from mmrl.core.rollout import Rollout
 from mmrl.data.validate import DataError
+from mmrl.errors import UserError
+from mmrl.serving.app_runner import bound_socket
+from mmrl.serving.rollout_server import build_server_policy
+from mmrl.serving.teacher_server import teacher_app
 from mmrl.train.loop.teachers import Teachers
 from mmrl.train.loop.trainer import Trainer
 from mmrl.tasks.demos.synthetic.text_tasks import arithmetic_rows
@@ -106,3 +116,63 @@ def test_a_row_naming_no_teacher_is_refused_before_any_model_loads(tmp_path, mon
     monkeypatch.setattr(parts, "build_parts", lambda *a: pytest.fail("a model was built"))
     with pytest.raises(DataError, match=r"column 'source'.*names no teacher .*\['add', 'sub'\].*'mul'"):
         Trainer(routed_recipe(tmp_path, sources=("add", "mul")))
+
+
+def served_against_in_process(tmp_path, url):
+    """The divergence of a student's rollouts from the teacher at `url` against the same teacher (the
+    tiny Qwen2 of seed 1) built in process; a step trains with the served one."""
+    served = Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "served") + [
+        f"algorithm.distill.teacher={{url: '{url}'}}", "optim.micro_batch_size=3"]))
+    batch = served.prepare_batch(1)
+    d = served.updater.teacher_divergence(batch, served.updater.micro_batches(batch))
+    assert served.train_step()["distill_divergence"] != 0
+    local = Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path / "local") + [
+        f"algorithm.distill.teacher={teacher(1)}", "optim.micro_batch_size=3"]))
+    want = local.updater.teacher_divergence(batch, local.updater.micro_batches(batch))
+    mask = batch.rollout.unit_mask.bool()
+    assert want[mask].abs().max() > 1e-3 and torch.allclose(d[mask], want[mask], atol=1e-5)
+
+
+def test_a_teacher_app_gives_the_in_process_teachers_divergence(tmp_path):
+    """The teacher server's app (uvicorn, in a thread of this process) with the teacher's policy."""
+    policy = build_server_policy(parse_config(TINY_RECIPE, ["policy.tiny_args.seed=1"]), "cpu")
+    sock = bound_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(teacher_app(policy, "test"), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        served_against_in_process(tmp_path, f"http://127.0.0.1:{sock.getsockname()[1]}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.mark.slow  # ~25 s: the server's process imports torch and transformers
+def test_mmrl_serve_teacher_gives_the_in_process_teachers_divergence(tmp_path):
+    """`mmrl serve-teacher` (a real server in a subprocess) with the teacher's recipe."""
+    recipe = tmp_path / "teacher.yaml"
+    recipe.write_text(json.dumps(TINY_RECIPE))
+    port = free_port()
+    command = [sys.executable, "-m", "mmrl", "serve-teacher", str(recipe), "policy.tiny_args.seed=1", "--port", str(port)]
+    with running(command, port) as (url, _):
+        served_against_in_process(tmp_path, url)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["algorithm.distill.teacher={url: 'http://127.0.0.1:1'}", "algorithm.distill.divergence=jsd"],
+     "divergence='jsd' needs the teacher's model in this process"),
+    (["algorithm.distill.teacher={url: 'localhost:80'}"], r"algorithm.distill.teacher.url='localhost:80'"),
+    (["algorithm.distill.teacher={url: 'http://127.0.0.1:1', model: x}"], "a served teacher is its url alone"),
+])
+def test_served_teacher_recipe_errors_name_the_field(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path) + overrides))
+
+
+def test_a_teacher_server_that_does_not_answer_is_named(tmp_path):
+    with pytest.raises(UserError, match=r"algorithm.distill.teachers.far.url: no teacher server answers at "
+                                        r"http://127.0.0.1:\d+ \(start one with `mmrl serve-teacher"):
+        Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path) + [
+            f"algorithm.distill.teachers={{far: {{url: 'http://127.0.0.1:{free_port()}'}}}}"]))

@@ -182,6 +182,23 @@ def run_serve_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_serve_teacher(args: argparse.Namespace) -> int:
+    """`mmrl serve-teacher RECIPE [key=value ...] [--port] [--host] [--device] [--announce F] [--advertise H]`."""
+    try:
+        from mmrl.serving.app_runner import run_app
+        from mmrl.serving.rollout_server import build_server_policy
+        from mmrl.serving.server_directory import advertised_host
+        from mmrl.serving.teacher_server import teacher_app
+    except ImportError as e:
+        raise UserError(f"mmrl serve-teacher needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'") from None
+    cfg = load_recipe(resolve_recipe(args.recipe), args.overrides)
+    what = f"{cfg.task} {cfg.policy.get('model', '?')}"
+    run_app(teacher_app(build_server_policy(cfg, args.device), what), args.host, args.port,
+            f"serve-teacher: {what}", args.announce, advertised_host(args.host, args.advertise),
+            " (POST /logprobs, GET /health)")
+    return 0
+
+
 def reward_arguments(items: list[str]) -> dict:
     """`mmrl serve-reward`'s ``key=value`` arguments, each value read as YAML."""
     import yaml

@@ -1,5 +1,6 @@
 """``mmrl train RECIPE [key=value ...]``, ``mmrl eval``, ``mmrl bench``, ``mmrl demo NAME``, ``mmrl sweep``, ``mmrl export``,
-``mmrl explain``, ``mmrl list``, ``mmrl serve-reward``, ``mmrl serve-rollout``; ``python -m mmrl`` too.
+``mmrl explain``, ``mmrl list``, ``mmrl serve-reward``, ``mmrl serve-rollout``, ``mmrl serve-teacher``; ``python -m mmrl``
+too.
 
 Help answers without importing torch or the plugins: recipes and demos are read from the plugins'
 ``recipes/*.yaml`` and ``demos.yaml`` files. A sub-command is a subparser (mmrl/cli/parser.py) plus one
@@ -27,6 +28,7 @@ DISPATCH = {
     "bench": ("mmrl.cli.bench_command", "run_bench_command"),
     "serve-reward": ("mmrl.cli.commands", "run_serve_reward"),
     "serve-rollout": ("mmrl.cli.commands", "run_serve_rollout"),
+    "serve-teacher": ("mmrl.cli.commands", "run_serve_teacher"),
     "demo": ("mmrl.cli.commands", "run_demo_command"),
     "list": ("mmrl.cli.commands", "run_list"),
     "sweep": ("mmrl.cli.commands", "run_sweep"),
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command in ("eval", "bench", "serve-reward") and not any(x.startswith("-") for x in extra):
         args.args += extra  # overrides after an option (`--checkpoint DIR key=value`)
-    elif extra and args.command in ("sweep", "train", "serve-rollout") and not any(x.startswith("-") for x in extra):
+    elif extra and args.command in ("sweep", "train", "serve-rollout", "serve-teacher") and not any(x.startswith("-") for x in extra):
         args.overrides += extra  # overrides after the command's options
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

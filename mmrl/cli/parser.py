@@ -60,6 +60,19 @@ def _serve_rollout(add: Add) -> None:
     _served_address(p)
 
 
+def _serve_teacher(add: Add) -> None:
+    p = add("serve-teacher", "serve a recipe's policy, frozen, as an on-policy distillation teacher over HTTP: it "
+                             "scores the units of the rollouts a run sends (algorithm.distill.teacher: {url: ...})")
+    p.add_argument("recipe", help="a recipe whose policy section is the teacher's (a shipped recipe's name, or a "
+                                  "path to a .yaml file), e.g. the student's with policy.model=TEACHER")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--port", type=int, default=8200, help="port to listen on (default 8200; 0: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--device", help="where the teacher runs (default: the recipe's policy.device, else cuda if "
+                                    "there is one, else cpu)")
+    _served_address(p)
+
+
 def _eval(add: Add, recipe_list: str) -> None:
     p = add("eval", "score a checkpoint on its run's held-out prompts (the run's config.json, with overrides)",
             f"{recipe_list}\n\nwithout --checkpoint: the newest good checkpoint of the recipe's output_dir; "
@@ -189,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench(add, recipe_list)
     _serve_reward(add)
     _serve_rollout(add)
+    _serve_teacher(add)
     _demo_list_explain_export(add, demos)
     _sweep(add)
     _plan(add, recipe_list)

@@ -14,7 +14,8 @@ class DistillConfig:
 
     teacher: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "The teacher, built in process through the same adapter as the student: these keys replace the "
-        "policy section's (e.g. {model: path/to/teacher}), and the teacher is frozen. Empty: no distillation.")})
+        "policy section's (e.g. {model: path/to/teacher}), and the teacher is frozen; or {url: http://HOST:PORT}, "
+        "a teacher served by `mmrl serve-teacher` (divergence sampled). Empty: no distillation.")})
     teachers: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": (
         "Several teachers by name, each as `teacher` (keys replacing the policy section's), each row scored by "
         "the one its data column `teacher_column` names (multi-teacher on-policy distillation: a teacher per "

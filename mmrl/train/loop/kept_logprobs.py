@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from mmrl.core.distillation import generalized_jsd, sampled_reverse_kl
 from mmrl.core.regularisers import reference_pass
 from mmrl.core.rollout import Rollout
+from mmrl.serving.teacher_client import ServedTeacher
 from mmrl.train.loop.records import StepBatch
 
 UnitScore = Callable[[Rollout, slice], tuple[Tensor, Tensor | None]]
@@ -81,10 +82,13 @@ class KeptLogprobs:
                         means[rows.unsqueeze(1), cols] = unit_mean.float().cpu()
         return out, means
 
-    def teacher_divergence_of(self, teacher: nn.Module, mb: Rollout, units: slice) -> Tensor:
+    def teacher_divergence_of(self, teacher: nn.Module | ServedTeacher, mb: Rollout, units: slice) -> Tensor:
         """Each unit's divergence [b, u] of the student (the trained model as it is now) from `teacher`
         on the rows `mb` (`algorithm.distill.divergence`; mmrl/core/distillation.py)."""
         distill = self.cfg.algorithm.distill
+        if isinstance(teacher, ServedTeacher):  # sampled: its log-probs of the student's units
+            student = self.policy.logprobs(self.model, mb, units)[0]
+            return sampled_reverse_kl(student, teacher.logprobs(mb, units).to(student.device))
         if distill.divergence == "closed_form":
             return self.policy.logprobs_and_kl(self.model, lambda: nullcontext(teacher), mb, units)[2]
         if distill.divergence == "jsd":
@@ -102,7 +106,7 @@ class KeptLogprobs:
                                         self.strategy.forwards_in_step), None
 
         with ExitStack() as gathered:
-            for module in (self.model, *self.teachers.modules.values()):
+            for module in (self.model, *self.teachers.in_process()):
                 gathered.enter_context(self.strategy.gathered(module))
             return self._units_in_layout(batch, chunks, score)[0]
 

@@ -22,12 +22,13 @@ from mmrl.data.sampler import PromptSampler
 from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
+from mmrl.serving.teacher_client import ServedTeacher
 from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
 from mmrl.train.loop.teachers import Teachers
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
-from mmrl.train.plan.teacher import teacher_column_check, teacher_policy_config
+from mmrl.train.plan.teacher import is_served, teacher_column_check, teacher_field, teacher_policy_config
 
 
 def load_validated_data(cfg: TrainConfig, policy_cfg: Any, reward_fns: dict[str, RewardFn],
@@ -130,8 +131,12 @@ def build_teachers(plan: StagePlan, strategy: Strategy) -> Teachers | None:
     cfg = next((s.config for s in plan.stages if s.config.algorithm.distill.active), None)
     if cfg is None:
         return None
-    modules = {}
-    for name in cfg.algorithm.distill.named_teachers:
+    modules: dict[str, nn.Module | ServedTeacher] = {}
+    for name, keys in cfg.algorithm.distill.named_teachers.items():
+        if is_served(keys):
+            modules[name] = ServedTeacher(keys["url"], teacher_field(cfg.algorithm.distill, name))
+            modules[name].check()
+            continue
         teacher = build_policy(cfg, teacher_policy_config(cfg, name))
         if cfg.policy.get("device") is None:
             teacher.model.to(strategy.acc.device)

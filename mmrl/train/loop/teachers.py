@@ -11,16 +11,21 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
+from mmrl.serving.teacher_client import ServedTeacher
 
-TeacherScore = Callable[[nn.Module, Rollout], Tensor]  # (teacher, rows) -> a value per unit [r, u, ...]
+TeacherScore = Callable[[nn.Module | ServedTeacher, Rollout], Tensor]  # (teacher, rows) -> a value per unit [r, u, ...]
 
 
 @dataclass
 class Teachers:
-    """The teachers' frozen modules by name (as the recipe names them; "teacher" for the one
+    """The teachers' frozen modules (or servers) by name (as the recipe names them; "teacher" for the one
     `algorithm.distill.teacher`) and the data column routing rows among several."""
 
-    modules: dict[str, nn.Module]
+    def in_process(self) -> list[nn.Module]:
+        """The teachers' modules in this process (not the served ones)."""
+        return [m for m in self.modules.values() if isinstance(m, nn.Module)]
+
+    modules: dict[str, nn.Module | ServedTeacher]  # a teacher's frozen module, or the server that scores for it
     column: str | None = None  # algorithm.distill.teacher_column; None: the one teacher scores every row
 
     def routed(self, mb: Rollout, score: TeacherScore, in_step: bool) -> Tensor:

@@ -16,6 +16,7 @@ from mmrl.core.policy import Policy
 from mmrl.registry import ADAPTERS
 
 TEACHER_FIELD = "algorithm.distill.teacher"
+SERVED_KEY = "url"  # a teacher {url: ...} is served by `mmrl serve-teacher` (serving/teacher_server.py)
 
 
 def teacher_policy_config(cfg: TrainConfig, name: str = "teacher") -> Any:
@@ -52,8 +53,33 @@ def teachers_problems(distill: DistillConfig) -> list[str]:
         return [f"algorithm.distill.teacher_column={distill.teacher_column!r} routes rows among "
                 f"algorithm.distill.teachers, and none are named"]
     bad = [name for name, keys in distill.teachers.items() if not isinstance(keys, dict) or not keys]
-    return [f"algorithm.distill.teachers.{name}: a teacher is a mapping of policy keys (e.g. {{model: ...}}), "
-            f"not {distill.teachers[name]!r}" for name in bad]
+    found = [f"algorithm.distill.teachers.{name}: a teacher is a mapping of policy keys (e.g. {{model: ...}}), "
+             f"not {distill.teachers[name]!r}" for name in bad]
+    for name, keys in distill.named_teachers.items():
+        if name not in bad and SERVED_KEY in keys:
+            found += served_teacher_problems(distill, name, keys)
+    return found
+
+
+def served_teacher_problems(distill: DistillConfig, name: str, keys: dict[str, Any]) -> list[str]:
+    """A teacher behind `mmrl serve-teacher` ({url: ...}): the url alone, and the divergence it can give
+    (its log-probs of the student's units: sampled)."""
+    where = teacher_field(distill, name)
+    url = keys[SERVED_KEY]
+    found = [] if isinstance(url, str) and url.startswith(("http://", "https://")) else \
+        [f"{where}.url={url!r}: a teacher server's address, http://HOST:PORT"]
+    if set(keys) != {SERVED_KEY}:
+        found.append(f"{where}: a served teacher is its url alone (its policy keys are the server's recipe); "
+                     f"drop {sorted(set(keys) - {SERVED_KEY})}")
+    if distill.divergence != "sampled":
+        found.append(f"algorithm.distill.divergence={distill.divergence!r} needs the teacher's model in this process; "
+                     f"a served teacher ({where}.url) gives its log-probs of the student's units: use sampled")
+    return found
+
+
+def is_served(keys: dict[str, Any]) -> bool:
+    """Whether a teacher's keys name a teacher server rather than a policy built here."""
+    return SERVED_KEY in keys
 
 
 def check_distill(cfg: TrainConfig, adapter: type[Policy], policy_cfg: Any, problems: list[str]) -> None:
@@ -65,6 +91,8 @@ def check_distill(cfg: TrainConfig, adapter: type[Policy], policy_cfg: Any, prob
         problems += found
         return
     for teacher_name, keys in distill.named_teachers.items():
+        if is_served(keys):
+            continue
         try:
             teacher = teacher_policy_config(cfg, teacher_name)
         except ConfigError as e:
