@@ -125,6 +125,27 @@ def test_masked_diffusion_model(estimator):
     assert_paths_equal(policy, batch, sharing=("off",))
 
 
+@pytest.mark.parametrize("estimator", ["diffu_grpo", "elbo"])
+def test_the_masked_diffusion_check_holds_one_rows_logits_at_a_time(estimator):
+    """The masked diffusion LM's check: each view's logits one row at a time ([1, C, V]), and the
+    estimate equal to the whole micro-batch's."""
+    policy = DLMPolicy(DLMConfig(model="tiny:dlm-char", tiny_args={"hidden": 32, "layers": 1, "heads": 2},
+                                 gen_length=8, block_length=4, steps=4, estimator=estimator, p_mask=0.5,
+                                 elbo_points=2))
+    batch = policy.rollout(["12+34=", "5+6="], 2, seeds=[1, 2])
+    views = policy.estimate(policy.estimator_inputs(batch))
+    used = batch.unit_mask.shape[1]
+    shapes = []
+    head = policy.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, a, out: shapes.append(tuple(out.shape)))
+    one_at_a_time = policy._plain_estimate(policy.model, batch.extras, views, used)
+    handle.remove()
+    assert shapes and all(s[0] == 1 for s in shapes) and len(shapes) >= len(batch)
+    with torch.no_grad():
+        whole, _ = policy._estimate(policy.model, batch.extras, views, used, None, False)
+    torch.testing.assert_close(one_at_a_time, whole, atol=1e-5, rtol=0)
+
+
 def test_the_default_path_is_the_hidden_states_and_the_check_passes_and_logs(caplog):
     policy = CausalLMPolicy(CausalLMConfig(model="tiny:qwen2-char", max_new_tokens=8))
     assert policy.cfg.logprobs_from == "hidden_states" and policy.cfg.logprob_check

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.core.policy import Policy
-from mmrl.core.rollout import Rollout
+from mmrl.core.rollout import Rollout, take_rows
 
 from ..lm.logprob_check import compare_paths
 from ..lm.logprob_settings import check_tolerance, output_head_for
@@ -105,10 +105,24 @@ class MaskedScoring(Policy):
         mask = batch.unit_mask[:, :used].to(logp.device)
         if head is not None and self.cfg.logprob_check and not self._logprobs_checked:
             self._logprobs_checked = True  # the run's first micro-batch on this process
-            with torch.no_grad():
-                plain, _ = self._estimate(model, ex, views, used, None, False)
+            plain = self._plain_estimate(model, ex, views, used)
             compare_paths(logp.detach(), plain, mask, check_tolerance(self.cfg, head), logger)
         return full_width(logp * mask, ent * mask if ent is not None else None, ex["completion_ids"].shape[1], units)
+
+    @torch.no_grad()
+    def _plain_estimate(self, model: nn.Module, ex: dict[str, Any], views: list[View], used: int) -> Tensor:
+        """The estimator's log-probs [B, used] from the model's logits, one row at a time: the check's
+        logits are one row's [C, V] per view, not the micro-batch's, beside the training pass."""
+        rows = ex["completion_ids"].shape[0]
+        out = []
+        for i in range(rows):
+            idx = torch.tensor([i])
+            row_views = [replace(v, masked=v.masked[i:i + 1], prompt_masked=v.prompt_masked[i:i + 1],
+                                 weight=v.weight[i:i + 1], scored=None if v.scored is None else v.scored[i:i + 1])
+                         for v in views]
+            out.append(self._estimate(model, {k: take_rows(v, idx, rows) for k, v in ex.items()}, row_views, used,
+                                      None, False)[0])
+        return torch.cat(out)
 
     def _estimate(self, model: nn.Module, ex: dict[str, Any], views: list[View], used: int, head: OutputHead | None,
                   with_entropy: bool) -> tuple[Tensor, Tensor | None]:
