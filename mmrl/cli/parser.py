@@ -51,24 +51,23 @@ def _served_address(p: argparse.ArgumentParser) -> None:
 def _serve_rollout(add: Add) -> None:
     p = add("serve-rollout", "serve a recipe's policy rollouts over HTTP for runs with policy.rollout_engine "
                              "hf_server or vllm_server (docs/distributed.md#served-rollouts); the trainer pushes its weights")
-    p.add_argument("recipe", help="the run's recipe (a shipped recipe's name, or a path to a .yaml file)")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    p.add_argument("--port", type=int, default=8100, help="port to listen on (default 8100; 0: a free one)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--device", help="where the policy runs (default: the recipe's policy.device, else cuda if "
-                                    "there is one, else cpu)")
-    _served_address(p)
+    _served_recipe(p, "the run's recipe", 8100, "the policy")
 
 
 def _serve_teacher(add: Add) -> None:
     p = add("serve-teacher", "serve a recipe's policy, frozen, as an on-policy distillation teacher over HTTP: it "
                              "scores the units of the rollouts a run sends (algorithm.distill.teacher: {url: ...})")
-    p.add_argument("recipe", help="a recipe whose policy section is the teacher's (a shipped recipe's name, or a "
-                                  "path to a .yaml file), e.g. the student's with policy.model=TEACHER")
+    _served_recipe(p, "a recipe whose policy section is the teacher's (e.g. the student's with policy.model=TEACHER)",
+                   8200, "the teacher")
+
+
+def _served_recipe(p: argparse.ArgumentParser, recipe: str, port: int, what: str) -> None:
+    """The arguments of a server of a recipe's policy: the recipe, its overrides, where it listens and runs."""
+    p.add_argument("recipe", help=f"{recipe}: a shipped recipe's name, or a path to a .yaml file")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    p.add_argument("--port", type=int, default=8200, help="port to listen on (default 8200; 0: a free one)")
+    p.add_argument("--port", type=int, default=port, help=f"port to listen on (default {port}; 0: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--device", help="where the teacher runs (default: the recipe's policy.device, else cuda if "
+    p.add_argument("--device", help=f"where {what} runs (default: the recipe's policy.device, else cuda if "
                                     "there is one, else cpu)")
     _served_address(p)
 
