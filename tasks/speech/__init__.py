@@ -1,0 +1,4 @@
+"""Speech generators as policies over codec tokens: CSM (`csm`), one unit per codec frame, its
+log-prob the chain rule over the frame's codebooks (`codec_frames`)."""
+
+from . import csm  # noqa: F401  (registration)
