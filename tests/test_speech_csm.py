@@ -112,3 +112,22 @@ def test_lora_loads_in_the_stock_class_with_peft(tmp_path):
         trained = t.policy.logprobs(t.unwrapped.eval(), batch)[0][mask]
         assert torch.allclose(t.policy.logprobs(loaded, batch)[0][mask], trained, atol=1e-5)
         assert not torch.allclose(t.policy.logprobs(plain, batch)[0][mask], trained, atol=1e-4)
+
+
+def test_the_recipe_trains_a_step_on_its_tiny_model(tmp_path):
+    """tts_csm.yaml as shipped (GSPO, LoRA on the backbone, asr_wer against the words to say), with a tiny
+    random Whisper registered as its ASR judge and short completions."""
+    import mmrl.rewards.wer as W
+    from test_rewards_wer import _tiny_whisper
+    from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
+    W.register_asr_model("tiny-tts-judge", *_tiny_whisper())
+    cfg = load_recipe(resolve_recipe("tts_csm"), [f"output_dir={tmp_path}", "policy.max_new_frames=3",
+                                                  "rewards.asr_wer.args.model=tiny-tts-judge", "max_steps=1",
+                                                  "logging.report_to=[none]", "logging.progress=false"])
+    t = Trainer(cfg)
+    assert t.stage.policy.top_k == 50 and cfg.algorithm.ratio_level == "sequence"
+    trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and "backbone_model" in n for n in trainable)
+    metrics = t.train_step()
+    assert 0.0 <= metrics["reward/asr_wer"] <= 1.0 and torch.isfinite(torch.tensor(metrics["loss"]))
