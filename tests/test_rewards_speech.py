@@ -1,0 +1,71 @@
+"""The speech and sound rewards against hand-written references with tiny random judges:
+speaker similarity (WavLM x-vector cosine) and CLAP (text-audio cosine)."""
+
+import numpy as np
+import pytest
+import torch
+from tiny_audio_judges import tiny_clap, tiny_speaker_encoder
+
+from mmrl.rewards import get_reward
+from mmrl.rewards.audio_models import register_audio_model, resample
+
+
+def noise(seconds: float, rate: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(seconds * rate)) * 0.1).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def speaker():
+    extractor, model = tiny_speaker_encoder()
+    register_audio_model("speaker", "tiny-speaker", extractor, model)
+    return extractor, model
+
+
+def xvector(extractor, model, samples):
+    with torch.no_grad():
+        e = model(**extractor(samples, sampling_rate=16000, return_tensors="pt")).embeddings[0]
+    return e / e.norm()
+
+
+def test_speaker_similarity_is_the_clipped_cosine_of_x_vectors(speaker):
+    extractor, model = speaker
+    a, b, c = noise(1.0, 16000, 0), noise(0.8, 16000, 1), noise(1.2, 24000, 2)
+    fn = get_reward("speaker_similarity")
+    got = fn([None] * 3, [a, {"array": b, "sampling_rate": 16000}, {"array": c, "sampling_rate": 24000}],
+             speaker_audio=[a, {"array": a, "sampling_rate": 16000}, None],
+             speaker_embedding=[None, None, xvector(extractor, model, b).tolist()],
+             model="tiny-speaker", sampling_rate=16000)
+    ea, eb, ec = (xvector(extractor, model, x) for x in (a, b, resample(c, 24000, 16000)))
+    expected = [1.0, max(float(eb @ ea), 0.0), max(float(ec @ eb), 0.0)]
+    assert got == pytest.approx(expected, abs=1e-5)
+    assert 0.0 < got[1] < 1.0  # two different clips: neither identical nor orthogonal
+    floor = fn([None], [b], speaker_audio=[a], model="tiny-speaker", sampling_rate=16000, floor=0.5, ceiling=0.9)
+    assert floor == pytest.approx([min(max((float(eb @ ea) - 0.5) / 0.4, 0.0), 1.0)], abs=1e-5)
+
+
+def test_speaker_similarity_without_a_reference_is_none_and_bad_values_are_named(speaker):
+    fn = get_reward("speaker_similarity")
+    assert fn([None], [noise(0.5, 16000, 3)], model="tiny-speaker", sampling_rate=16000) == [None]
+    with pytest.raises(ValueError, match="speaker_similarity: speaker_audio 0 has no sampling rate"):
+        fn([None], [noise(0.5, 16000, 3)], speaker_audio=[noise(0.5, 16000, 4)], model="tiny-speaker")
+    with pytest.raises(ValueError, match="row 0: the reference embedding has 3 dimensions"):
+        fn([None], [noise(0.5, 16000, 3)], speaker_embedding=[[1.0, 0.0, 0.0]], model="tiny-speaker", sampling_rate=16000)
+
+
+def test_clap_is_the_cosine_of_clap_models_own_embeddings():
+    processor, model = tiny_clap()
+    register_audio_model("clap", "tiny-clap", processor, model)
+    waves = [noise(0.7, 48000, 5), noise(0.4, 16000, 6)]
+    texts = ["a dog barks", "rain on a roof"]
+    got = get_reward("clap")([{"prompt": "ignored"}, "rain on a roof"], [{"array": waves[0], "sampling_rate": 48000},
+                                                                          {"array": waves[1], "sampling_rate": 16000}],
+                             caption=["a dog barks", None], model="tiny-clap")
+    audio = processor.feature_extractor([waves[0], resample(waves[1], 16000, 48000)], sampling_rate=48000,
+                                        return_tensors="pt")
+    tokens = processor.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():  # the model's forward: its normalised embeddings and logit scale
+        out = model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                    input_features=audio["input_features"], is_longer=audio["is_longer"])
+    expected = out.logits_per_audio.diagonal() / model.logit_scale_a.exp()
+    assert got == pytest.approx(expected.tolist(), abs=1e-5)
+    assert len(set(round(g, 4) for g in got)) == 2
