@@ -24,6 +24,8 @@ from . import (  # noqa: F401  (registration)
     video_motion,  # noqa: F401,E402  (registration)
     video_temporal,  # noqa: F401,E402  (registration)
     speaker_similarity,  # noqa: F401,E402  (registration)
+    tts_composite,  # noqa: F401,E402  (registration)
+    tts_stability,  # noqa: F401,E402  (registration)
     wer,  # noqa: F401,E402  (registration)
 )
 

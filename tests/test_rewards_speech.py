@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_audio_judges import tiny_clap, tiny_speaker_encoder
 
-from mmrl.rewards import get_reward
+from mmrl.rewards import get_reward, register_reward
 from mmrl.rewards.audio_models import register_audio_model, resample
 
 
@@ -69,3 +69,51 @@ def test_clap_is_the_cosine_of_clap_models_own_embeddings():
     expected = out.logits_per_audio.diagonal() / model.logit_scale_a.exp()
     assert got == pytest.approx(expected.tolist(), abs=1e-5)
     assert len(set(round(g, 4) for g in got)) == 2
+
+
+# -- tts_stability and tts_composite ----------------------------------------------------------------
+
+def stability(completions, ended=None, **args):
+    return get_reward("tts_stability")([None] * len(completions), completions,
+                                       ended=[True] * len(completions) if ended is None else ended,
+                                       sampling_rate=16000, **args)
+
+
+def test_tts_stability_fails_each_gate_on_its_own():
+    clean = noise(1.0, 16000, 7)
+    periodic = np.tile(noise(0.2, 16000, 8), 5)  # the same 0.2 s frame five times
+    clipped = clean.copy()
+    clipped[:400] = 1.0  # 2.5% of the samples at full scale
+    assert stability([clean, np.zeros(16000, np.float32), clipped, clean[:1600], periodic]) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert stability([clean, clean], ended=[True, False]) == [1.0, 0.0]
+    assert stability([clean, clean], expected_duration_s=[0.5, 5.0]) == [1.0, 0.0]  # 1 s: 2x and 0.2x
+    assert stability([clean], ended=[False], require_eos=False) == [1.0]
+    with pytest.raises(ValueError, match="needs the rollout's `ended` column"):
+        get_reward("tts_stability")([None], [clean], sampling_rate=16000)
+
+
+def _column_score(name):
+    """A component reward that reads its scores from the column of its own name."""
+    def score(prompts, completions, **columns):
+        return list(columns[name])
+    return score
+
+
+for _name in ("content_score", "voice_score", "stable_score"):
+    register_reward(_name)(_column_score(_name))
+
+
+def test_tts_composite_weights_gates_and_penalises_as_unirl():
+    columns = {"content_score": [0.9, 0.9, 0.5, 1.0, None], "voice_score": [0.8, 0.3, 0.6, 0.9, 0.9],
+               "stable_score": [1.0, 1.0, 1.0, 0.0, 1.0]}
+    got = get_reward("tts_composite")([None] * 5, [None] * 5, weights={"content_score": 0.6, "voice_score": 0.15,
+                                                                        "stable_score": 0.1},
+                                      gates={"stable_score": 1.0}, penalties={"voice_score": [0.4, 0.5]},
+                                      content="content_score", **columns)
+    def mean(c, v, s):
+        return (0.6 * c + 0.15 * v + 0.1 * s) / 0.85
+    expected = [mean(0.9, 0.8, 1.0), 0.5 * mean(0.9, 0.3, 1.0), mean(0.5, 0.6, 1.0), 0.0, None]
+    assert got[:4] == pytest.approx(expected[:4]) and got[4] is None
+    with pytest.raises(ValueError, match="under min_content_weight_fraction=0.5"):
+        get_reward("tts_composite")([None], [None], weights={"content_score": 0.2, "voice_score": 0.8},
+                                    gates={}, penalties={}, content="content_score", **columns)

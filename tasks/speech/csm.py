@@ -79,6 +79,12 @@ class CSMPolicy(Policy):
     def output_kind(cls, cfg: CSMConfig) -> str:
         return "audio"
 
+    @classmethod
+    def rollout_columns(cls, cfg: CSMConfig) -> tuple[str, ...]:
+        """`ended`: whether each completion ended with its end frame (False: cut at max_new_frames), for
+        the rewards that gate on it (`tts_stability`)."""
+        return ("ended",)
+
     def __init__(self, cfg: CSMConfig):
         problems = self.config_problems(cfg)
         if problems:
@@ -181,7 +187,7 @@ class CSMPolicy(Policy):
         waves = [self.decode(codes[i, :, :int(ends[i]) - int(ended[i])]) for i in range(len(ends))]
         return Rollout(group_id=torch.zeros(len(ends), dtype=torch.long), prompts=[self.prompt_of(row)] * len(ends),
                        completions=[{"array": w, "sampling_rate": self.sampling_rate} for w in waves],
-                       unit_mask=unit_mask, truncated=~ended,
+                       unit_mask=unit_mask, truncated=~ended, columns={"ended": ended.tolist()},
                        extras={"prompt_ids": prompt_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
                                "completion_codes": codes.cpu()},
                        rollout_logp=None if greedy else (logp.float().cpu() * unit_mask))
