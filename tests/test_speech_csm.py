@@ -131,3 +131,42 @@ def test_the_recipe_trains_a_step_on_its_tiny_model(tmp_path):
     assert trainable and all("lora_" in n and "backbone_model" in n for n in trainable)
     metrics = t.train_step()
     assert 0.0 <= metrics["reward/asr_wer"] <= 1.0 and torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_a_model_wrapped_for_distribution_is_refused_by_name():
+    """The log-probs call CSM's parts outside a wrapper's forward (where a data-parallel wrapper would not
+    average their gradients), so a wrapped model is refused rather than trained silently unsynchronised."""
+    from mmrl.errors import UserError
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    policy = make_policy(max_new_frames=2)
+    batch = policy.rollout(["1"], 2, seeds=[0])
+    with pytest.raises(UserError, match="task csm: the model comes wrapped as Wrapper"):
+        policy.logprobs(Wrapper(policy.model), batch)
+
+
+def test_a_reference_voice_prompt_embeds_as_transformers_merges_it():
+    """A row with a reference voice: our prompt embeddings (the clip's Mimi codes kept beside the ids) equal
+    CsmForConditionalGeneration._merge_input_ids_with_input_values on the same ids and waveform; its
+    rollouts' log-probs are the training forward's."""
+    from mmrl.tasks.speech.csm_prompts import prompt_embeddings
+    policy = make_policy(voice_audio_column="voice", voice_text_column="voice_text", max_new_frames=3)
+    wave = (torch.randn(24000 * 2 // 5, generator=torch.Generator().manual_seed(0)) * 0.1).numpy()  # 5 Mimi frames
+    row = {"prompt": "42", "voice": {"array": wave, "sampling_rate": 24000}, "voice_text": "7"}
+    prompt = policy._prompt_tensors([row])
+    ids, codes = prompt["prompt_ids"], prompt["prompt_codes"]
+    assert int((ids == policy.model.config.audio_token_id).sum()) == 5
+    with torch.no_grad():
+        stock = policy.model._merge_input_ids_with_input_values(
+            input_ids=ids, input_values=torch.from_numpy(wave)[None, None],
+            input_values_cutoffs=torch.tensor([[len(wave)]]))["inputs_embeds"]
+        assert torch.allclose(prompt_embeddings(policy.model, ids, codes), stock, atol=1e-6)
+    batch = policy.rollout([row, {**row, "prompt": "3"}], 2, seeds=[1, 2])
+    with torch.no_grad():
+        training = policy.logprobs(policy.model, batch)[0]
+    mask = batch.unit_mask.bool()
+    assert (training - batch.rollout_logp)[mask].abs().max() < 1e-4

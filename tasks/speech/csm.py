@@ -2,7 +2,8 @@
 units are codec frames (`codec_frames.py`: a frame's log-prob is the chain rule over its codebooks).
 
 A prompt is the text to say; it is written as CSM's processor writes a turn,
-``<bos>[speaker]text<eos>``, and the model continues with audio frames until it draws the end frame
+``<bos>[speaker]text<eos>``, after an optional reference voice (a turn of its transcript and clip,
+`csm_prompts.py`), and the model continues with audio frames until it draws the end frame
 (every codebook but the last at `codebook_eos_token_id`, as transformers' CSM generation stops) or
 `max_new_frames`. The end frame is a unit (the decision to stop), and is not decoded. Rollouts are
 decoded to waveforms by the model's own codec (Mimi), as {"array", "sampling_rate"} completions.
@@ -21,11 +22,14 @@ from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.policy import Policy
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.rollout_batches import concat_padded, full_width, used_width
 from ..model_loading import DTYPES, load_tiny, pretrained
+from ..lm.audio_lm import check_audio, load_audio
 from .codec_frames import draw_frame, frame_logprobs
+from .csm_prompts import left_padded, prompt_embeddings, prompt_positions, turn_ids, voice_codes
 
 
 @dataclass
@@ -44,6 +48,11 @@ class CSMConfig:
         "The speaker id written before the text, as CSM's processor writes a turn's role: [0]text.")})
     speaker_column: str | None = field(default=None, metadata={"help": (
         "A data-set column holding each row's speaker id (overrides speaker); null: speaker for every row.")})
+    voice_audio_column: str | None = field(default=None, metadata={"help": (
+        "A data-set column holding each row's reference voice (a path or {array, sampling_rate}): a turn of that "
+        "clip and its transcript (voice_text_column) goes before the text to say, as CSM takes context; null: none.")})
+    voice_text_column: str | None = field(default=None, metadata={"help": (
+        "The data-set column holding the transcript of each row's reference voice (with voice_audio_column).")})
     temperature: float = field(default=0.9, metadata={"help": (
         "Sampling temperature of every codebook token (CSM's generation config: 0.9).")})
     top_k: int = field(default=50, metadata={"help": (
@@ -73,7 +82,18 @@ class CSMPolicy(Policy):
             problems.append(f"policy.top_k={cfg.top_k} must be >= 0 (0: off)")
         if cfg.max_new_frames < 1:
             problems.append(f"policy.max_new_frames={cfg.max_new_frames} must be at least 1")
+        if (cfg.voice_audio_column is None) != (cfg.voice_text_column is None):
+            problems.append("policy.voice_audio_column and policy.voice_text_column go together (a reference voice is "
+                            "a clip and its transcript)")
         return problems
+
+    @classmethod
+    def media_columns(cls, cfg: CSMConfig) -> dict[str, Any]:
+        return {cfg.voice_audio_column: check_audio} if cfg.voice_audio_column else {}
+
+    @classmethod
+    def required_columns(cls, cfg: CSMConfig) -> dict[str, str]:
+        return {cfg.voice_text_column: "the reference voice's transcript"} if cfg.voice_text_column else {}
 
     @classmethod
     def output_kind(cls, cfg: CSMConfig) -> str:
@@ -103,6 +123,8 @@ class CSMPolicy(Policy):
         self.num_codebooks = config.num_codebooks
         self.allowed = config.codec_config.codebook_size  # ids the codec decodes (the rest: eos / pad markers)
         self.sampling_rate = config.codec_config.sampling_rate
+        bos = self.tokenizer.bos_token_id
+        self._bos = bos if bos is not None else config.bos_token_id
 
     @property
     def max_units(self) -> int:
@@ -110,32 +132,35 @@ class CSMPolicy(Policy):
 
     # ----- prompts ---------------------------------------------------------------------------
     def prompt_ids(self, row: Any) -> list[int]:
-        """The token ids of one turn to be spoken, as CSM's chat template writes it: bos, [speaker]text, eos."""
-        speaker = row.get(self.cfg.speaker_column) if self.cfg.speaker_column and isinstance(row, dict) else None
-        text = f"[{self.cfg.speaker if speaker is None else speaker}]{self.prompt_of(row)}"
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.model.config.bos_token_id
-        return [bos, *ids, self.tokenizer.eos_token_id]
+        """The token ids of the turn to be spoken, as CSM's chat template writes it: bos, [speaker]text, eos."""
+        return turn_ids(self.tokenizer, self._bos, self._speaker(row), str(self.prompt_of(row)))
 
-    def _prompt_tensors(self, rows: Sequence[Any]) -> tuple[Tensor, Tensor]:
-        """Left-padded prompt ids and mask [P, L]."""
-        ids = [self.prompt_ids(r) for r in rows]
-        width = max(len(i) for i in ids)
-        pad = self.model.config.pad_token_id
-        out = torch.full((len(ids), width), pad, dtype=torch.long)
-        mask = torch.zeros(len(ids), width, dtype=torch.long)
-        for i, row in enumerate(ids):
-            out[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
-        return out, mask
+    def _speaker(self, row: Any) -> Any:
+        speaker = row.get(self.cfg.speaker_column) if self.cfg.speaker_column and isinstance(row, dict) else None
+        return self.cfg.speaker if speaker is None else speaker
+
+    def _voice(self, row: Any) -> tuple[list[int], Tensor] | None:
+        """The reference voice's turn ids and its clip's codes [K, n], or None."""
+        if not self.cfg.voice_audio_column or not isinstance(row, dict):
+            return None
+        samples = load_audio(row[self.cfg.voice_audio_column], self.sampling_rate)
+        ids = turn_ids(self.tokenizer, self._bos, self._speaker(row), str(row[self.cfg.voice_text_column]))
+        return ids, voice_codes(self.model, samples)
+
+    def _prompt_tensors(self, rows: Sequence[Any]) -> dict[str, Tensor]:
+        """Left-padded `prompt_ids`, `prompt_mask` [P, L] and `prompt_codes` [P, K, L] (csm_prompts.py)."""
+        positions = [prompt_positions(self.model, self.prompt_ids(r), self._voice(r)) for r in rows]
+        return left_padded(positions, self.model.config.pad_token_id)
 
     # ----- the backbone ------------------------------------------------------------------------
     def _hidden_states(self, model: nn.Module, extras: dict[str, Tensor], width: int) -> Tensor:
         """Backbone hidden states [B, width, H] at the position before each of the first `width` frames."""
-        core = getattr(model, "get_base_model", lambda: model)()
+        core = csm_modules(model)
         prompt_ids, prompt_mask = extras["prompt_ids"].to(self.device), extras["prompt_mask"].to(self.device)
         codes = extras["completion_codes"][:, :, :width - 1].to(self.device)
         frame_mask = torch.ones(codes.shape[0], codes.shape[2], dtype=prompt_mask.dtype, device=self.device)
-        embeds = torch.cat([core.embed_text_tokens(prompt_ids), core.backbone_model.embed_tokens(codes.transpose(1, 2))], 1)
+        prompt = prompt_embeddings(core, prompt_ids, extras["prompt_codes"].to(self.device))
+        embeds = torch.cat([prompt, core.backbone_model.embed_tokens(codes.transpose(1, 2))], 1)
         attention = torch.cat([prompt_mask, frame_mask], dim=1)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         hidden = core.backbone_model(inputs_embeds=embeds, attention_mask=attention, position_ids=positions,
@@ -157,9 +182,9 @@ class CSMPolicy(Policy):
         from transformers import DynamicCache
         model, cfg = self.model, self.cfg
         generator = torch.Generator(device=self.device).manual_seed(int(seed))
-        prompt_ids, prompt_mask = (t.repeat(group_size, 1).to(self.device) for t in self._prompt_tensors([row]))
+        prompt = {k: v.repeat(group_size, *[1] * (v.dim() - 1)) for k, v in self._prompt_tensors([row]).items()}
         cache = DynamicCache(config=model.config)
-        embeds = model.embed_text_tokens(prompt_ids)
+        embeds = prompt_embeddings(model, prompt["prompt_ids"].to(self.device), prompt["prompt_codes"].to(self.device))
         frames, logps = [], []
         done = torch.zeros(group_size, dtype=torch.bool, device=self.device)
         ends = torch.full((group_size,), cfg.max_new_frames, dtype=torch.long)
@@ -176,20 +201,19 @@ class CSMPolicy(Policy):
             if done.all():
                 break
             embeds = model.backbone_model.embed_tokens(codes[:, None, :])
-        return self._group_rollout(row, prompt_ids, prompt_mask, torch.stack(frames, 2), torch.stack(logps, 1),
-                                   ends, done.cpu(), greedy)
+        return self._group_rollout(row, prompt, torch.stack(frames, 2), torch.stack(logps, 1), ends, done.cpu(), greedy)
 
-    def _group_rollout(self, row: Any, prompt_ids: Tensor, prompt_mask: Tensor, codes: Tensor, logp: Tensor,
+    def _group_rollout(self, row: Any, prompt: dict[str, Tensor], codes: Tensor, logp: Tensor,
                        ends: Tensor, ended: Tensor, greedy: bool) -> Rollout:
-        """The record of one group: codes [G, K, T], frame log-probs [G, T], each row's unit count `ends` [G]."""
+        """The record of one group: its prompt tensors, codes [G, K, T], frame log-probs [G, T], each row's
+        unit count `ends` [G]."""
         width = codes.shape[2]
         unit_mask = (torch.arange(width)[None] < ends[:, None]).float()
         waves = [self.decode(codes[i, :, :int(ends[i]) - int(ended[i])]) for i in range(len(ends))]
         return Rollout(group_id=torch.zeros(len(ends), dtype=torch.long), prompts=[self.prompt_of(row)] * len(ends),
                        completions=[{"array": w, "sampling_rate": self.sampling_rate} for w in waves],
                        unit_mask=unit_mask, truncated=~ended, columns={"ended": ended.tolist()},
-                       extras={"prompt_ids": prompt_ids.cpu(), "prompt_mask": prompt_mask.cpu(),
-                               "completion_codes": codes.cpu()},
+                       extras={**prompt, "completion_codes": codes.cpu()},
                        rollout_logp=None if greedy else (logp.float().cpu() * unit_mask))
 
     @torch.no_grad()
@@ -208,7 +232,7 @@ class CSMPolicy(Policy):
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """fp32 log-probs [B, u] of the frames (codec_frames.py), from one backbone pass over prompt and frames."""
-        core = getattr(model, "get_base_model", lambda: model)()
+        core = csm_modules(model)
         width = used_width(batch.unit_mask)
         hidden = self._hidden_states(model, batch.extras, width)
         codes = batch.extras["completion_codes"][:, :, :width].to(self.device).transpose(1, 2)
@@ -219,3 +243,14 @@ class CSMPolicy(Policy):
     def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
         model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+
+def csm_modules(model: nn.Module) -> nn.Module:
+    """The CSM model whose parts (text embeddings, backbone, head, depth decoder) the log-probs call: `model`,
+    or the base model under a LoRA adapter. A model wrapped for distribution is refused: the parts are
+    called outside the wrapper's own forward, so the adapter trains on one process for now."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not hasattr(core, "depth_decoder"):
+        raise UserError(f"task csm: the model comes wrapped as {type(model).__name__}; the csm adapter calls the "
+                        "model's parts outside the wrapper's forward and trains on one process only for now")
+    return core
