@@ -117,3 +117,25 @@ def test_tts_composite_weights_gates_and_penalises_as_unirl():
     with pytest.raises(ValueError, match="under min_content_weight_fraction=0.5"):
         get_reward("tts_composite")([None], [None], weights={"content_score": 0.2, "voice_score": 0.8},
                                     gates={}, penalties={}, content="content_score", **columns)
+
+
+@pytest.mark.slow  # about 30 s on 2 loaded cores: two reward servers start, each importing torch and transformers
+def test_speech_rewards_served_give_the_in_process_values():
+    """speaker_similarity and clap behind `mmrl serve-reward` (their tiny judges registered by a reward
+    module in the server): the clips and reference voices travel the wire as arrays."""
+    from served import HERE, free_port, running, serve_command
+
+    from mmrl.config.remote import ClientSettings
+    from mmrl.registry import import_user_module
+    from mmrl.serving.remote_reward import RemoteReward
+    from mmrl.serving.transport import Transport
+    import_user_module(str(HERE / "speech_judges.py"), "reward_modules")
+    clips = [{"array": noise(0.5 + 0.25 * i, 16000, 20 + i), "sampling_rate": 16000} for i in range(3)]
+    voices = [{"array": noise(0.6, 16000, 30 + i), "sampling_rate": 16000} for i in range(3)]
+    for name, columns, args in (("speaker_similarity", {"speaker_audio": voices}, {"model": "tiny-speaker"}),
+                                ("clap", {"caption": ["a dog", "rain", "wind"]}, {"model": "tiny-clap"})):
+        port = free_port()
+        with running(serve_command(name, port, "--reward-module", str(HERE / "speech_judges.py")), port) as (url, _):
+            served = RemoteReward(name, get_reward(name), Transport([url], ClientSettings()), args)
+            got = served(["p"] * 3, clips, **columns)
+        assert got == pytest.approx(get_reward(name)(["p"] * 3, clips, **columns, **args), abs=1e-6), name
