@@ -170,3 +170,15 @@ def test_a_reference_voice_prompt_embeds_as_transformers_merges_it():
         training = policy.logprobs(policy.model, batch)[0]
     mask = batch.unit_mask.bool()
     assert (training - batch.rollout_logp)[mask].abs().max() < 1e-4
+
+
+def test_dapo_masks_completions_cut_at_the_frame_limit_and_trains(tmp_path):
+    """policy.mask_truncated (DAPO's overlong filtering): a completion without its end frame leaves the loss;
+    a DAPO-style step (clip-higher, token-mean) runs on the rest."""
+    policy = make_policy(max_new_frames=2, mask_truncated=True)
+    batch = policy.rollout(["12"], 3, seeds=[0])
+    assert batch.truncated.all() and not batch.unit_mask.any() and not batch.rollout_logp.any()
+    t = Trainer(parse_config({**RECIPE, "policy": {**RECIPE["policy"], "mask_truncated": False},
+                              "algorithm": {"group_size": 3, "eps_low": 0.2, "eps_high": 0.28,
+                                            "aggregation": "token_mean"}}, [f"output_dir={tmp_path}"]))
+    assert torch.isfinite(torch.tensor(t.train_step()["loss"]))

@@ -60,6 +60,8 @@ class CSMConfig:
         "those of the truncated distribution the sampler draws from.")})
     max_new_frames: int = field(default=125, metadata={"help": (
         "The most codec frames a completion may have (Mimi: 12.5 frames a second, so 125 is 10 s).")})
+    mask_truncated: bool = field(default=False, metadata={"help": (
+        "Completions cut at max_new_frames (no end frame) take no part in the loss (DAPO's overlong filtering).")})
 
 
 @ADAPTERS.register("csm")
@@ -67,7 +69,7 @@ class CSMPolicy(Policy):
     """CSM as a policy over codec frames (module docstring)."""
 
     Config = CSMConfig
-    stage_fields = frozenset({"max_new_frames", "top_k"})
+    stage_fields = frozenset({"max_new_frames", "top_k", "mask_truncated"})
 
     @classmethod
     def config_problems(cls, cfg: CSMConfig) -> list[str]:
@@ -209,6 +211,8 @@ class CSMPolicy(Policy):
         unit count `ends` [G]."""
         width = codes.shape[2]
         unit_mask = (torch.arange(width)[None] < ends[:, None]).float()
+        if self.cfg.mask_truncated:
+            unit_mask = unit_mask * ended[:, None]
         waves = [self.decode(codes[i, :, :int(ends[i]) - int(ended[i])]) for i in range(len(ends))]
         return Rollout(group_id=torch.zeros(len(ends), dtype=torch.long), prompts=[self.prompt_of(row)] * len(ends),
                        completions=[{"array": w, "sampling_rate": self.sampling_rate} for w in waves],
