@@ -8,6 +8,7 @@ from mmrl.core.scoring import REWARDS, get_reward, register_reward
 
 from . import (  # noqa: F401  (registration)
     accuracy,
+    clap,  # noqa: F401,E402  (registration)
     clip,  # noqa: F401,E402  (registration)
     colour_shape,  # noqa: F401,E402  (registration)
     deepeyes,  # noqa: F401,E402  (registration)
@@ -22,6 +23,9 @@ from . import (  # noqa: F401  (registration)
     videoalign,  # noqa: F401,E402  (registration)
     video_motion,  # noqa: F401,E402  (registration)
     video_temporal,  # noqa: F401,E402  (registration)
+    speaker_similarity,  # noqa: F401,E402  (registration)
+    tts_composite,  # noqa: F401,E402  (registration)
+    tts_stability,  # noqa: F401,E402  (registration)
     wer,  # noqa: F401,E402  (registration)
 )
 

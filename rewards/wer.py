@@ -13,13 +13,13 @@ The error rates themselves (transcript normalisation, jiwer's alignments) are in
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
 from mmrl.core.scoring import register_reward
 
+from .audio_models import resample, waveform
 from .error_rates import edit_counts, error_rates
 from .outputs import AUDIO, TEXT
 from .text import completion_text
@@ -121,43 +121,9 @@ def load_asr_model(name: str, device: Any = None) -> tuple[Any, Any]:
     return _ASR_MODELS[key]
 
 
-def resample(wave: np.ndarray, orig_rate: int, target_rate: int) -> np.ndarray:
-    """`wave` resampled from `orig_rate` to `target_rate` Hz with a polyphase filter
-    (``scipy.signal.resample_poly``); output length ceil(len * target / orig)."""
-    if orig_rate == target_rate:
-        return wave
-    from scipy.signal import resample_poly
-
-    g = math.gcd(int(orig_rate), int(target_rate))
-    return resample_poly(wave, int(target_rate) // g, int(orig_rate) // g).astype(np.float32)
-
-
 def _waveform(completion: Any, i: int, sampling_rate: int | None) -> tuple[np.ndarray, int]:
     """(float32 1-D samples, rate) of one audio completion."""
-    rate = sampling_rate
-    if isinstance(completion, dict):
-        if "array" not in completion:
-            raise ValueError(f"asr_wer: completion {i} is a dict without an 'array' of samples")
-        rate = completion.get("sampling_rate", sampling_rate)
-        completion = completion["array"]
-    try:
-        import torch
-
-        if isinstance(completion, torch.Tensor):
-            completion = completion.detach().float().cpu().numpy()
-    except ImportError:  # pragma: no cover
-        pass
-    if not isinstance(completion, np.ndarray) or completion.ndim != 1 or not (
-            np.issubdtype(completion.dtype, np.floating)):
-        raise ValueError(f"asr_wer: completion {i} is not audio (a 1-D float array or tensor of samples, "
-                         f"or {{'array': ..., 'sampling_rate': ...}}): got {type(completion).__name__} "
-                         f"{getattr(completion, 'shape', '')}")
-    if rate is None:
-        raise ValueError(f"asr_wer: completion {i} has no sampling rate (give 'sampling_rate' in the "
-                         f"completion dict or the sampling_rate= argument)")
-    if not (isinstance(rate, (int, np.integer)) or float(rate).is_integer()) or rate <= 0:
-        raise ValueError(f"asr_wer: completion {i} has sampling_rate={rate!r}, not a positive integer")
-    return completion.astype(np.float32, copy=False), int(rate)
+    return waveform("asr_wer", completion, i, sampling_rate)
 
 
 def transcribe(waveforms: Sequence[np.ndarray], processor: Any, model: Any, batch_size: int = 16,
@@ -188,7 +154,8 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
                    device: Any = None, max_new_tokens: int | None = None, lowercase: bool = True,
                    strip_punctuation: bool = True, numbers_to_words: bool = False, mode: Mode = "one_minus_clipped",
                    **kwargs) -> list[float | None]:
-    """1 - min(WER, 1) of the Whisper transcript of each audio completion against `reference`.
+    """1 - min(WER, 1) of the Whisper transcript of each audio completion against `reference`
+    (intelligibility, for a speech generator: the reference is the text it was asked to say).
 
     Completions are waveforms: 1-D float numpy arrays or torch tensors (rate from
     `sampling_rate`) or ``{"array": ..., "sampling_rate": ...}``; they are resampled to the

@@ -1,4 +1,4 @@
-"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`), their recipes, the
+"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`, `speech`), their recipes, the
 built-in benchmarks (`bench`), and the demos (`demos`: everything only the embedded demos and the tests use).
 
 Importing this package registers every adapter and recipe, and through `demos` every tiny model,
@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (registration)
     diffusion,
     dlm,
     lm,
+    speech,
 )
 from . import bench  # noqa: F401,E402  (registration: the built-in benchmarks, on the adapters above)
 

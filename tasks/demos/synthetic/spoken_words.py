@@ -1,4 +1,5 @@
-"""Synthetic speech for the ASR demo: spoken digit words as sine-wave speech, made in code.
+"""Synthetic speech for the ASR demo: spoken digit words as sine-wave speech, made in code (and the
+same words as text to say, for text-to-speech: `words_to_say`).
 
 Sine-wave speech (Remez et al., Science 1981) replaces a voice by a few sine tones that follow
 its formants; listeners still understand it. Here each word of the vocabulary ("zero" ..
@@ -74,6 +75,22 @@ def spoken_words(n_train: int = 2000, n_eval: int = 64, min_words: int = 1, max_
 
     return {"train": rows(n_train), "eval": rows(n_eval)}
 
+
+
+@DATASETS.register("words_to_say")
+def words_to_say(n_train: int = 256, n_eval: int = 16, min_words: int = 1, max_words: int = 3, seed: int = 0):
+    """Text-to-speech rows of the same vocabulary: {"prompt": the words to say, "reference": the same
+    words, what an ASR judge's transcript is scored against}."""
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"words_to_say: need 1 <= min_words ({min_words}) <= max_words ({max_words})")
+    rng = random.Random(seed)
+    vocab = sorted(WORDS)
+
+    def rows(n: int) -> list[dict]:
+        texts = (" ".join(rng.choice(vocab) for _ in range(rng.randint(min_words, max_words))) for _ in range(n))
+        return [{"prompt": text, "reference": text} for text in texts]
+
+    return {"train": rows(n_train), "eval": rows(n_eval)}
 
 def draw_predictions(rows: list[dict], before: list[str], after: list[str], out_png) -> None:
     """Each held-out clip's spectrogram with its transcript and the greedy transcripts before and
