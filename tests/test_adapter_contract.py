@@ -89,6 +89,11 @@ class TestQwenImageEdit(TestDiffusion):
               "reward_modules": [str(Path(__file__).parent / "image_reward.py")]}
 
 
+class TestFluxKontext(TestQwenImageEdit):
+    recipe = {**TestQwenImageEdit.recipe, "policy": {**TestQwenImageEdit.recipe["policy"], "model": "tiny:flux-kontext",
+                                                     "classifier_free_guidance": False}}
+
+
 class TestZImage(TestDiffusion):
     recipe = {**RECIPE_2026, "policy": {"model": "tiny:z-image", **IMAGE_2026}}
 

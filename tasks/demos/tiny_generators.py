@@ -1,6 +1,6 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
 recipes; no download): Qwen-Image and Qwen-Image-Edit over a tiny Qwen2.5-VL text encoder, Z-Image and
-FLUX.2 [klein] over tiny Qwen3 encoders."""
+FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from ..model_loading import TINY_MODELS
 from .tiny_models import chat_template, char_tokenizer_with
 from .tiny_multimodal import qwen25_vl_char
-from .tiny_pipelines import _vae
+from .tiny_pipelines import _vae, tiny_flux
 
 
 @TINY_MODELS.register("qwen-image")
@@ -102,3 +102,11 @@ def tiny_flux2_klein(seed: int = 0, layers: int = 1, distilled: bool = False):
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
         return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                   transformer=transformer, is_distilled=distilled)
+
+
+@TINY_MODELS.register("flux-kontext")
+def tiny_flux_kontext(seed: int = 0, layers: int = 1):
+    """A FluxKontextPipeline of tiny:flux's components (CLIP + T5, one double and one single block, a
+    guidance embedding, a 2-level VAE)."""
+    from diffusers import FluxKontextPipeline
+    return FluxKontextPipeline(**tiny_flux(seed, layers).components)

@@ -46,10 +46,10 @@ class DiffusionConfig:
         "each prompt's conditioning (source) image (a path or a PIL image); required by those pipelines, unused "
         "by the others.")})
     source_area: int | None = field(default=None, metadata={"help": (
-        "Image editing (Qwen-Image-Edit): the area in pixels each source image (policy.image_column) is resized "
-        "to, its aspect ratio kept and its sides rounded to 32, as the stock pipeline's calculate_dimensions; "
-        "null: the pipeline's own 1024 x 1024. The stock QwenImageEditPipeline always uses 1024 x 1024: a "
-        "policy trained at another area is compared with it at that area.")})
+        "Image editing: the area in pixels each source image (policy.image_column) is resized to, its aspect "
+        "ratio kept (Qwen-Image-Edit: sides rounded to 32, the stock pipeline's calculate_dimensions; FLUX.1 "
+        "Kontext: rounded to its packed latents); null: as the stock pipeline resizes it (Qwen-Image-Edit 1024 x "
+        "1024; Kontext the preferred resolution nearest its aspect ratio). See docs/editing.md.")})
     flow_shift: float | None = field(default=None, metadata={"help": (
         "The flow-matching scheduler's timestep shift (DanceGRPO's HunyuanVideo run: 5); null keeps the "
         "pipeline's own. Not for schedulers with resolution-dependent shifting (FLUX).")})
