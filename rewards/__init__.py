@@ -11,6 +11,8 @@ from . import (  # noqa: F401  (registration)
     clip,  # noqa: F401,E402  (registration)
     colour_shape,  # noqa: F401,E402  (registration)
     deepeyes,  # noqa: F401,E402  (registration)
+    edit_clip,  # noqa: F401,E402  (registration)
+    edit_consistency,  # noqa: F401,E402  (registration)
     format,
     judge,  # noqa: F401,E402  (registration)
     iou,  # noqa: F401,E402  (registration)
