@@ -58,3 +58,24 @@ def test_consistency_counts_the_pixels_outside_the_mask_or_all_but_the_changed_s
     assert edit_consistency(["x"], pil[1], image=pil[1]) == [1.0]
     with pytest.raises(ValueError, match="region=1.0 must be in"):
         edit_consistency(["x"], pil[0], image=pil[1], region=1.0)
+
+
+def test_edit_judge_asks_editscores_prompts_and_reads_its_score_lists(tmp_path):
+    from mmrl.rewards.edit_judge import _message, edit_judge, editscore_prompts
+    from mmrl.rewards.judge import image_parts
+    from test_judge import scripted
+    semantics, quality = editscore_prompts(25)
+    assert "From scale 0 to 25:" in semantics and "score1' evaluates the editing success" in semantics
+    source, edits = Image.new("RGB", (8, 8), (250, 0, 0)), [Image.new("RGB", (8, 8), c) for c in ((0, 0, 250), (9, 9, 9))]
+    message = _message("text {with braces}", [source, edits[0]])
+    assert message["content"][0] == image_parts(source)[0] and message["content"][1] == image_parts(edits[0])[0]
+    assert message["content"][2] == {"type": "text", "text": "text {with braces}"}  # the source first, then the edit
+    answers = {semantics.replace("<instruction>", "make it blue"): 'Sure.\n{"reasoning": "blue", "score": [20, 15]}',
+               semantics.replace("<instruction>", "make it grey"): "I cannot tell.",
+               quality: '{"reasoning" : "clean", "score" : [25, 10]}'}
+    with scripted(tmp_path, answers) as transport:
+        ask = dict(image=[source, source], transport=transport)
+        prompts = ["make it blue", "make it grey"]
+        assert edit_judge(prompts, edits, **ask) == [pytest.approx(15 / 2.5), None]  # min / (25 / 10); unread: no number
+        assert edit_judge(prompts, edits, aspect="quality", **ask) == [pytest.approx(4.0)] * 2
+        assert edit_judge(prompts[:1], edits[:1], aspect="overall", **ask) == [pytest.approx((6.0 * 4.0) ** 0.5)]
