@@ -89,6 +89,12 @@ class TestQwenImageEdit(TestDiffusion):
               "reward_modules": [str(Path(__file__).parent / "image_reward.py")]}
 
 
+@pytest.mark.slow  # 40-90 s on the loaded 2-core machine (2026-11-29); Edit-Plus shares Qwen-Image-Edit's denoiser call
+class TestQwenImageEditPlus(TestQwenImageEdit):
+    recipe = {**TestQwenImageEdit.recipe, "policy": {**TestQwenImageEdit.recipe["policy"],
+                                                     "model": "tiny:qwen-image-edit-plus"}}
+
+
 class TestFluxKontext(TestQwenImageEdit):
     recipe = {**TestQwenImageEdit.recipe, "policy": {**TestQwenImageEdit.recipe["policy"], "model": "tiny:flux-kontext",
                                                      "classifier_free_guidance": False}}

@@ -1,11 +1,12 @@
-"""Instruction-based image editing (`tasks/diffusion/editing.py`: Qwen-Image-Edit, FLUX.1
-Kontext) on the tiny random pipelines: the ODE path equals the stock pipeline's call on the same
+"""Instruction-based image editing (`tasks/diffusion/editing.py`: Qwen-Image-Edit and Edit-Plus,
+FLUX.1 Kontext) on the tiny random pipelines: the ODE path equals the stock pipeline's call on the same
 source image and instruction, the sampler's log-probs equal the training forward's, the training methods take
 on-policy steps, a trained LoRA loads in the stock pipeline (and merged) and draws what the policy
 drew, and rows without their source image, or sources the family cannot batch, are refused.
 
-The stock QwenImageEditPipeline resizes every source to 1024 x 1024 pixels; the tests run it with
-that area patched to the tiny recipes' `policy.source_area` (32 x 32), the policy's own setting.
+The stock QwenImageEditPipeline resizes every source to 1024 x 1024 pixels (Edit-Plus: 1024 x 1024
+for the VAE, 384 x 384 for the text encoder); the tests run them with those areas patched to the
+tiny recipes' `policy.source_area` (32 x 32), the policy's own setting.
 FluxKontextPipeline takes the source at its own size with `_auto_resize=False` (32 x 32 here)."""
 
 import math
@@ -36,10 +37,13 @@ ATOL = 5e-5
 
 @pytest.fixture(autouse=True)
 def tiny_source_area(monkeypatch):
-    """The stock pipeline's source area (fixed at 1024 x 1024 in its __call__) set to AREA."""
+    """The stock pipelines' source areas (fixed at 1024 x 1024 in their __call__) set to AREA."""
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as stock
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
     resize = stock.calculate_dimensions
     monkeypatch.setattr(stock, "calculate_dimensions", lambda area, ratio: resize(AREA, ratio))
+    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", AREA)
+    monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", AREA)  # the text encoder's view (384 x 384 in the pipeline)
 
 
 def source(colour="red", shape="circle", size=32, seed=0):
@@ -47,7 +51,8 @@ def source(colour="red", shape="circle", size=32, seed=0):
 
 
 def qwen_image_edit_call(pipe, image, guided, output_type="latent"):
-    """QwenImageEditPipeline's call: true CFG is a negative prompt with true_cfg_scale > 1."""
+    """QwenImageEditPipeline's (and QwenImageEditPlusPipeline's) call: true CFG is a negative prompt with
+    true_cfg_scale > 1."""
     return pipe(image=[image], prompt=[INSTRUCTION], negative_prompt=[""] if guided else None,
                 true_cfg_scale=SCALE if guided else 1.0, num_inference_steps=STEPS, height=SIZE, width=SIZE,
                 generator=torch.Generator().manual_seed(SEED), output_type=output_type).images
@@ -62,7 +67,8 @@ def flux_kontext_call(pipe, image, guided, output_type="latent"):
 
 
 # tiny pipeline -> (the stock call with the policy's evaluation settings, whether it takes CFG)
-FAMILIES = {"qwen-image-edit": (qwen_image_edit_call, True), "flux-kontext": (flux_kontext_call, False)}
+FAMILIES = {"qwen-image-edit": (qwen_image_edit_call, True), "qwen-image-edit-plus": (qwen_image_edit_call, True),
+            "flux-kontext": (flux_kontext_call, False)}
 
 
 def make(name, guided, **kw):
@@ -155,9 +161,11 @@ METHODS = {
 DEFAULT_METHODS = ("flow_grpo", "dance_grpo")  # the rest under -m slow: the denoiser call is the same
 
 
-@pytest.mark.parametrize("method", [m if m in DEFAULT_METHODS else pytest.param(m, marks=pytest.mark.slow)
-                                    for m in METHODS])
-@pytest.mark.parametrize("name", list(FAMILIES))
+# Edit-Plus differs from Qwen-Image-Edit only in how the source is shown: its training steps run
+# under -m slow (4-10 s each on the loaded 2-core machine, 2026-11-29)
+@pytest.mark.parametrize("name, method", [
+    pytest.param(n, m, marks=[] if m in DEFAULT_METHODS and n != "qwen-image-edit-plus" else [pytest.mark.slow])
+    for n in FAMILIES for m in METHODS])
 def test_every_method_takes_an_on_policy_step(name, method, tmp_path):
     assert on_policy_step_changes(Trainer(recipe(tmp_path, name, *METHODS[method])))
 
@@ -174,8 +182,9 @@ def test_diffusion_nft_trains_on_the_forward_process(name, tmp_path):
 
 
 # 12-16 s each on the loaded 2-core machine (2026-11-29): Qwen-Image-Edit's stays in the default run
-# (the export of an editing LoRA), FLUX.1 Kontext's under -m slow
-@pytest.mark.parametrize("name", ["qwen-image-edit", pytest.param("flux-kontext", marks=pytest.mark.slow)])
+# (the export of an editing LoRA), Edit-Plus's and FLUX.1 Kontext's under -m slow
+@pytest.mark.parametrize("name", ["qwen-image-edit", *(pytest.param(n, marks=pytest.mark.slow)
+                                                      for n in ("qwen-image-edit-plus", "flux-kontext"))])
 def test_trained_lora_loads_in_the_stock_pipeline_and_merged(name, tmp_path):
     from diffusers import DiffusionPipeline
     call, guided = FAMILIES[name]
@@ -210,7 +219,8 @@ def test_full_fine_tune_is_a_stock_pipeline_directory(name, tmp_path):
     assert torch.allclose(call(pipe, image, guided)[0].float(), ours, atol=ATOL)
 
 
-RECIPES_OF = {"qwen-image-edit": "edit_qwen_image", "flux-kontext": "edit_flux_kontext"}
+RECIPES_OF = {"qwen-image-edit": "edit_qwen_image", "qwen-image-edit-plus": "edit_qwen_image_plus",
+              "flux-kontext": "edit_flux_kontext"}
 
 
 @pytest.mark.slow  # 7-13 s each on the loaded 2-core machine (2026-11-29)

@@ -1,5 +1,5 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
-recipes; no download): Qwen-Image and Qwen-Image-Edit over a tiny Qwen2.5-VL text encoder, Z-Image and
+recipes; no download): Qwen-Image and Qwen-Image-Edit (and Edit-Plus) over a tiny Qwen2.5-VL text encoder, Z-Image and
 FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components."""
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ def tiny_qwen_image_edit(seed: int = 0, layers: int = 1):
     that shows its text encoder the source image (at most 112 x 112 pixels, 16 vision tokens)."""
     from diffusers import QwenImageEditPipeline
     return QwenImageEditPipeline(**qwen_image_parts(seed, layers))
+
+
+@TINY_MODELS.register("qwen-image-edit-plus")
+def tiny_qwen_image_edit_plus(seed: int = 0, layers: int = 1):
+    """A QwenImageEditPlusPipeline of tiny:qwen-image-edit's components."""
+    from diffusers import QwenImageEditPlusPipeline
+    return QwenImageEditPlusPipeline(**qwen_image_parts(seed, layers))
 
 
 def qwen_image_parts(seed: int, layers: int) -> dict:

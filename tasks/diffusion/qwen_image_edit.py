@@ -1,4 +1,5 @@
-"""The Qwen-Image-Edit family (`QwenImageEditPipeline`): instruction-based image editing on
+"""The Qwen-Image-Edit families (`QwenImageEditPipeline`, and `QwenImageEditPlusPipeline` with one
+source per row): instruction-based image editing on
 Qwen-Image's transformer, VAE and text encoder (`qwen_image.py`: packing, shift, true CFG). Each
 prompt row's source image (`editing.py`) is resized to `source_area` pixels at its own aspect
 ratio (the pipeline's `calculate_dimensions`, 1024 x 1024 unless `policy.source_area` says) and
@@ -7,6 +8,8 @@ the instruction (the prompt and the empty negative prompt alike), and its VAE la
 tokens, follow the noisy latents' tokens."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,8 +28,12 @@ class QwenImageEdit(SourceImage, QwenImage):
     def source_size(self, image) -> tuple[int, int]:
         """(height, width) of `image` (PIL) once resized as the stock pipeline does."""
         from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit
-        area = self.source_area or PIPELINE_AREA
-        width, height, _ = pipeline_qwenimage_edit.calculate_dimensions(area, image.width / image.height)
+        return self._sized(pipeline_qwenimage_edit.calculate_dimensions, self.source_area or PIPELINE_AREA, image)
+
+    @staticmethod
+    def _sized(dimensions, area: int, image) -> tuple[int, int]:
+        """(height, width) of `image` resized to `area` by the pipeline's `dimensions(area, ratio)`."""
+        width, height = dimensions(area, image.width / image.height)[:2]
         if not height or not width:
             raise ValueError(f"policy.source_area={area}: a {image.width} x {image.height} source resizes to "
                              f"{width} x {height} pixels (sides rounded to 32); give a larger area")
@@ -35,17 +42,22 @@ class QwenImageEdit(SourceImage, QwenImage):
     def condition(self, prompts, images, guided):
         return self.joined([self._row_condition(p, image, guided) for p, image in zip(prompts, images)])
 
+    def _views(self, image) -> tuple[Any, Tensor]:
+        """(the source as the text encoder sees it, its pixels [1, 3, 1, H, W] for the VAE): both at
+        the resized source's size."""
+        height, width = self.source_size(image)
+        shown = self.pipe.image_processor.resize(image, height, width)
+        return shown, self.pipe.image_processor.preprocess(shown, height, width).unsqueeze(2)
+
     def _row_condition(self, prompt: str, image, guided: bool) -> dict[str, Tensor]:
         """One row's conditioning: its text read with the source image, the source's tokens."""
         pipe = self.pipe
-        height, width = self.source_size(image)
-        shown = pipe.image_processor.resize(image, height, width)
+        shown, pixels = self._views(image)
         out = {}
         for side, text in (("pos", prompt), ("neg", "" if guided else None)):
             if text is not None:
                 out[f"{side}/embeds"], out[f"{side}/mask"] = self._text([text], self._text_positions(shown),
                                                                         image=[shown])
-        pixels = pipe.image_processor.preprocess(shown, height, width).unsqueeze(2)
         z = pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), generator=None)
         return {**out, **self.source_tokens(z)}
 
@@ -61,3 +73,24 @@ class QwenImageEdit(SourceImage, QwenImage):
     def _image_tokens(self, x, pos):
         hidden, shapes = super()._image_tokens(x, pos)
         return torch.cat([hidden, pos["source"].to(hidden.dtype)], dim=1), shapes + [(1, *source_grid(pos))]
+
+
+@FAMILIES.register("qwen_image_edit_plus")
+class QwenImageEditPlus(QwenImageEdit):
+    """Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`, Qwen-Image-Edit-2509 / 2511), one source per
+    row: the text encoder reads the source at the pipeline's condition area (384 x 384, its
+    `CONDITION_IMAGE_SIZE`) after "Picture 1: ", the VAE encodes it at `source_area` (its
+    `VAE_IMAGE_SIZE`, 1024 x 1024, unless `policy.source_area` says)."""
+
+    pipeline = "QwenImageEditPlusPipeline"
+
+    def source_size(self, image):
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+        return self._sized(plus.calculate_dimensions, self.source_area or plus.VAE_IMAGE_SIZE, image)
+
+    def _views(self, image):
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+        height, width = self._sized(plus.calculate_dimensions, plus.CONDITION_IMAGE_SIZE, image)
+        vae_height, vae_width = self.source_size(image)
+        return (self.pipe.image_processor.resize(image, height, width),
+                self.pipe.image_processor.preprocess(image, vae_height, vae_width).unsqueeze(2))
