@@ -122,8 +122,8 @@ def edit_judge(prompts, completions, image: Sequence, aspect: Aspect = "semantic
                model: str = "judge", max_tokens: int = 512, temperature: float = 0.0, *,
                transport: Transport | None = None, log_metric=None, **columns):
     """Each edit's EditScore (the module docstring); `image` is the source image column."""
-    if aspect not in ("semantics", "quality", "overall"):
-        raise UserError(f"rewards.edit_judge.args.aspect={aspect!r}: choose semantics, quality or overall")
+    if problems := args_problems({"aspect": aspect, "score_range": score_range}):
+        raise UserError(problems[0])
     reading, (semantics, quality) = ScoreListReading(score_range), editscore_prompts(score_range)
     asked = {"semantics": aspect != "quality", "quality": aspect != "semantics"}
     bodies, spans = [], []
@@ -149,4 +149,17 @@ def _message(text: str, images: list) -> dict[str, Any]:
     return user_message("edit_judge", "{text}", {"text": text}, images)
 
 
+def args_problems(args: dict[str, Any]) -> list[str]:
+    """What is wrong with ``rewards.edit_judge.args``, found before any model loads."""
+    problems = []
+    if args.get("aspect", "semantics") not in ("semantics", "quality", "overall"):
+        problems.append(f"rewards.edit_judge.args.aspect={args['aspect']!r}: choose semantics, quality or overall")
+    score_range = args.get("score_range", 25)
+    if not isinstance(score_range, int) or isinstance(score_range, bool) or score_range < 1:
+        problems.append(f"rewards.edit_judge.args.score_range={score_range!r}: the top of EditScore's scale, a "
+                        "positive integer (25 as EditScore, 10 as VIEScore)")
+    return problems
+
+
 setattr(edit_judge, SENDS_OWN_REQUESTS, True)
+edit_judge.args_problems = args_problems

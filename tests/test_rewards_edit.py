@@ -79,3 +79,16 @@ def test_edit_judge_asks_editscores_prompts_and_reads_its_score_lists(tmp_path):
         assert edit_judge(prompts, edits, **ask) == [pytest.approx(15 / 2.5), None]  # min / (25 / 10); unread: no number
         assert edit_judge(prompts, edits, aspect="quality", **ask) == [pytest.approx(4.0)] * 2
         assert edit_judge(prompts[:1], edits[:1], aspect="overall", **ask) == [pytest.approx((6.0 * 4.0) ** 0.5)]
+
+
+def test_edit_judges_bad_arguments_are_plan_problems():
+    from mmrl.config.sections import RewardSpec
+    from mmrl.registry import load_plugins
+    from mmrl.serving.remote_reward import remote_problems
+    load_plugins()
+    spec = RewardSpec(url="http://127.0.0.1:1", args={"aspect": "style", "score_range": 0})
+    assert remote_problems("edit_judge", spec) == [
+        "rewards.edit_judge.args.aspect='style': choose semantics, quality or overall",
+        "rewards.edit_judge.args.score_range=0: the top of EditScore's scale, a positive integer (25 as EditScore, "
+        "10 as VIEScore)"]
+    assert remote_problems("edit_judge", RewardSpec(url="http://127.0.0.1:1")) == []
