@@ -90,6 +90,27 @@ class TestQwenImage(TestDiffusion):
     recipe = {**RECIPE_2026, "policy": {"model": "tiny:qwen-image", **IMAGE_2026}}
 
 
+class TestQwenImageEdit(TestDiffusion):
+    """Image editing: each row's source image (policy.image_column) conditions the edit."""
+    recipe = {**RECIPE_2026, "policy": {"model": "tiny:qwen-image-edit", "image_column": "image", "source_area": 1024,
+                                        **IMAGE_2026},
+              "data": {"name": "shape_edits", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+              # a continuous reward: the untrained editor's edits all miss colour_shape's target
+              "rewards": {"mean_red": {"weight": 1.0}},
+              "reward_modules": [str(Path(__file__).parent / "image_reward.py")]}
+
+
+@pytest.mark.slow  # 40-90 s on the loaded 2-core machine (2026-11-29); Edit-Plus shares Qwen-Image-Edit's denoiser call
+class TestQwenImageEditPlus(TestQwenImageEdit):
+    recipe = {**TestQwenImageEdit.recipe, "policy": {**TestQwenImageEdit.recipe["policy"],
+                                                     "model": "tiny:qwen-image-edit-plus"}}
+
+
+class TestFluxKontext(TestQwenImageEdit):
+    recipe = {**TestQwenImageEdit.recipe, "policy": {**TestQwenImageEdit.recipe["policy"], "model": "tiny:flux-kontext",
+                                                     "classifier_free_guidance": False}}
+
+
 class TestZImage(TestDiffusion):
     recipe = {**RECIPE_2026, "policy": {"model": "tiny:z-image", **IMAGE_2026}}
 

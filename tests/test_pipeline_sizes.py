@@ -16,7 +16,9 @@ PIPELINES = {"sd3": ("flow_sde", True, 1), "flux": ("flow_sde", False, 1), "sd15
              "pixel-flow-video": ("flow_sde", False, 4), "wan-t2v": ("dance", True, 5),
              "wan-i2v": ("dance", True, 5), "hunyuan-video": ("dance", False, 5),
              "qwen-image": ("flow_sde", True, 1), "z-image": ("flow_sde", True, 1),
-             "flux2-klein": ("flow_sde", True, 1)}
+             "flux2-klein": ("flow_sde", True, 1), "qwen-image-edit": ("flow_sde", True, 1),
+             "qwen-image-edit-plus": ("flow_sde", True, 1), "flux-kontext": ("flow_sde", False, 1)}
+EDITING = ("qwen-image-edit", "qwen-image-edit-plus", "flux-kontext")  # a source image per row, resized to 32 x 32
 
 
 def drawn_size(name, pipe, size):
@@ -27,7 +29,8 @@ def drawn_size(name, pipe, size):
     sampler, guided, frames = PIPELINES[name]
     cfg = DiffusionConfig(model=f"tiny:{name}", height=size, width=size, num_frames=frames, num_steps=2,
                           eval_num_steps=2, sampler=sampler, classifier_free_guidance=guided,
-                          image_column="image" if name == "wan-i2v" else None)
+                          image_column="image" if name in ("wan-i2v", *EDITING) else None,
+                          source_area=32 * 32 if name in EDITING else None)
     try:
         rollout = DiffusionPolicy(cfg, pipe).rollout([{"prompt": "red", "image": Image.new("RGB", (32, 32))}], 2,
                                                      seeds=[1])
@@ -37,9 +40,10 @@ def drawn_size(name, pipe, size):
     return (completion[0] if isinstance(completion, list) else completion).size
 
 
-# sd3 (~21 s: it also draws past its 128-pixel positions), wan-i2v (~11 s) and qwen-image (~18 s: its
-# 512-token text padding at every refused size) on a loaded 2-core machine
-SLOW_PIPELINES = ("sd3", "wan-i2v", "qwen-image")
+# sd3 (~21 s: it also draws past its 128-pixel positions), wan-i2v (~11 s) and qwen-image and its
+# editing pipelines (~18 s: its 512-token text padding at every refused size), flux-kontext (~13 s: a source
+# encoded at every size) on a loaded 2-core machine
+SLOW_PIPELINES = ("sd3", "wan-i2v", "qwen-image", *EDITING)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_PIPELINES else n
@@ -103,6 +107,11 @@ PUBLISHED = {
     "z_image": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "transformer": {"all_patch_size": [2]}}, 16,
                 None),
     "flux2_klein": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "transformer": {"patch_size": 1}}, 16, None),
+    # the editing pipelines: Qwen-Image-Edit(-Plus) as Qwen-Image, FLUX.1 Kontext as FLUX.1
+    "qwen_image_edit": ({"vae": {"temperal_downsample": [False, True, True]}, "transformer": {"patch_size": 2}}, 16,
+                        None),
+    "flux_kontext": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "transformer": {"patch_size": 1}}, 16,
+                     None),
 }
 
 

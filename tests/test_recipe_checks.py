@@ -189,6 +189,18 @@ def test_image_to_video_rows_without_their_image_and_a_wrong_image_column(tmp_pa
             tmp_path, [{"prompt": "red circle", "image": image, "colour": "red", "shape": "circle"}], "good.jsonl"))))
 
 
+def test_editing_rows_without_their_source_image_are_refused_before_the_model_loads(tmp_path, no_weights):
+    image = picture(tmp_path)
+    rows = rows_file(tmp_path, [{"prompt": "make the circle blue", "image": image, "colour": "blue", "shape": "circle"},
+                                {"prompt": "move the square left", "colour": "red", "shape": "square"}])
+    for name in ("edit_qwen_image", "edit_flux_kontext"):
+        text = refused(recipe(name, tmp_path, "data.name=null", f"data.path={rows}"), DataError)
+        assert ("rows.jsonl: column 'image': missing (needed by policy.image_column, the image each prompt is "
+                "conditioned on): 1 row(s): row 1") in text, name
+    assert "policy.image_column is not set: QwenImageEdit conditions each prompt on an image" in refused(
+        recipe("edit_qwen_image", tmp_path, "data.name=null", f"data.path={rows}", "policy.image_column=null"))
+
+
 # ----- sizes the pipeline cannot draw --------------------------------------------------------------
 def test_a_size_the_vae_and_patches_cannot_take_names_the_multiple(tmp_path, no_model):
     text = refused(recipe("t2v_wan", tmp_path, "policy.height=30"))

@@ -1,6 +1,6 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
-recipes; no download): Qwen-Image over a tiny Qwen2.5-VL text encoder, Z-Image and
-FLUX.2 [klein] over tiny Qwen3 encoders."""
+recipes; no download): Qwen-Image and Qwen-Image-Edit (and Edit-Plus) over a tiny Qwen2.5-VL text encoder, Z-Image and
+FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from ..model_loading import TINY_MODELS
 from .tiny_models import chat_template, char_tokenizer_with
 from .tiny_multimodal import qwen25_vl_char
-from .tiny_pipelines import _vae
+from .tiny_pipelines import _vae, tiny_flux
 
 
 @TINY_MODELS.register("qwen-image")
@@ -17,8 +17,30 @@ def tiny_qwen_image(seed: int = 0, layers: int = 1):
     """A QwenImagePipeline: a 1-layer Qwen2.5-VL text encoder over characters, a `layers`-block
     Qwen-Image MMDiT on 2x2-packed latents, a one-level Qwen-Image VAE (2x in space), the Euler flow
     scheduler with Qwen-Image's resolution-dependent exponential shift."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import QwenImagePipeline
+    parts = qwen_image_parts(seed, layers)
+    parts.pop("processor")
+    return QwenImagePipeline(**parts)
+
+
+@TINY_MODELS.register("qwen-image-edit")
+def tiny_qwen_image_edit(seed: int = 0, layers: int = 1):
+    """A QwenImageEditPipeline of tiny:qwen-image's components, with the Qwen2.5-VL processor
+    that shows its text encoder the source image (at most 112 x 112 pixels, 16 vision tokens)."""
+    from diffusers import QwenImageEditPipeline
+    return QwenImageEditPipeline(**qwen_image_parts(seed, layers))
+
+
+@TINY_MODELS.register("qwen-image-edit-plus")
+def tiny_qwen_image_edit_plus(seed: int = 0, layers: int = 1):
+    """A QwenImageEditPlusPipeline of tiny:qwen-image-edit's components."""
+    from diffusers import QwenImageEditPlusPipeline
+    return QwenImageEditPlusPipeline(**qwen_image_parts(seed, layers))
+
+
+def qwen_image_parts(seed: int, layers: int) -> dict:
+    """The components of the tiny Qwen-Image pipelines (the editing one's processor included)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         text_encoder, processor = qwen25_vl_char(hidden=32, layers=1, heads=2, vision_hidden=16, seed=seed)
@@ -33,8 +55,8 @@ def tiny_qwen_image(seed: int = 0, layers: int = 1):
         scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16,
                                                     max_image_seq_len=256, base_shift=0.5, max_shift=0.9,
                                                     shift_terminal=0.02, time_shift_type="exponential")
-        return QwenImagePipeline(scheduler=scheduler, vae=vae.eval(), text_encoder=text_encoder,
-                                 tokenizer=tokenizer, transformer=transformer)
+    return dict(scheduler=scheduler, vae=vae.eval(), text_encoder=text_encoder, tokenizer=tokenizer,
+                processor=processor, transformer=transformer)
 
 
 @TINY_MODELS.register("z-image")
@@ -87,3 +109,11 @@ def tiny_flux2_klein(seed: int = 0, layers: int = 1, distilled: bool = False):
         scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True)
         return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                   transformer=transformer, is_distilled=distilled)
+
+
+@TINY_MODELS.register("flux-kontext")
+def tiny_flux_kontext(seed: int = 0, layers: int = 1):
+    """A FluxKontextPipeline of tiny:flux's components (CLIP + T5, one double and one single block, a
+    guidance embedding, a 2-level VAE)."""
+    from diffusers import FluxKontextPipeline
+    return FluxKontextPipeline(**tiny_flux(seed, layers).components)

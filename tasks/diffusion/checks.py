@@ -4,7 +4,7 @@ the first two with the whole recipe before anything loads, the second against th
 configs read without its weights: its sizes, its conditioning image; the adapter runs the third
 before it loads the pipeline), `fitted_family` checks the settings against the loaded pipeline's
 family (its sizes, its kind of prediction, its guidance, its own needs: `Family.check_settings`)
-and sets the family's flow shift.
+and sets the family's flow shift and source area.
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
     family.check_settings(cfg)
     if cfg.flow_shift is not None:
         family.set_flow_shift(cfg.flow_shift)
+    if cfg.source_area is not None:
+        family.set_source_area(cfg.source_area)
     name = type(family).__name__
     if (cfg.sampler in EPS_SAMPLERS) != (family.kind == "eps"):
         raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {name} "

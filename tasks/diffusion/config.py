@@ -42,8 +42,14 @@ class DiffusionConfig:
         "second, VideoAlign's frame sampling); null: the family's (Wan 16, HunyuanVideo 15, as diffusers' "
         "examples export them). Image families ignore it.")})
     image_column: str | None = field(default=None, metadata={"help": (
-        "Image-to-video (Wan I2V): the data column holding each prompt's conditioning image (a path or a PIL "
-        "image); required by image-to-video pipelines, unused by the others.")})
+        "Image-to-video (Wan I2V) and image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext): the column holding "
+        "each prompt's conditioning (source) image (a path or a PIL image); required by those pipelines, unused "
+        "by the others.")})
+    source_area: int | None = field(default=None, metadata={"help": (
+        "Image editing: the area in pixels each source image (policy.image_column) is resized to, its aspect "
+        "ratio kept (Qwen-Image-Edit, Edit-Plus's VAE view: sides rounded to 32, the stock pipeline's calculate_dimensions; FLUX.1 "
+        "Kontext: rounded to its packed latents); null: as the stock pipeline resizes it (Qwen-Image-Edit 1024 x "
+        "1024; Kontext the preferred resolution nearest its aspect ratio). See docs/editing.md.")})
     flow_shift: float | None = field(default=None, metadata={"help": (
         "The flow-matching scheduler's timestep shift (DanceGRPO's HunyuanVideo run: 5); null keeps the "
         "pipeline's own. Not for schedulers with resolution-dependent shifting (FLUX).")})

@@ -112,14 +112,19 @@ class Flux(PackedFlowLatents, Family):
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, _ = split_cond(cond)
         n = x.shape[0]
-        h, w = (d // 2 for d in self._latent_hw(*self.size))
-        img_ids = self.pipe._prepare_latent_image_ids(n, h, w, x.device, self.dtype)
+        hidden, img_ids = self._image_tokens(x, pos)
         txt_ids = torch.zeros(pos["embeds"].shape[1], 3, device=x.device, dtype=self.dtype)
         guidance = (torch.full((n,), guidance_scale, device=x.device, dtype=torch.float32)
                     if self.denoiser.config.guidance_embeds else None)
-        return model(hidden_states=x.to(self.dtype), timestep=(t.expand(n).to(x.device, self.dtype) / 1000),
+        return model(hidden_states=hidden.to(self.dtype), timestep=(t.expand(n).to(x.device, self.dtype) / 1000),
                      guidance=guidance, pooled_projections=pos["pooled"], encoder_hidden_states=pos["embeds"],
-                     txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+                     txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0][:, :x.shape[1]]
+
+    def _image_tokens(self, x: torch.Tensor, pos: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer's image tokens [N, L, C] and their position ids [L, 3]: the noisy latents'
+        alone (an editing family appends its source image's)."""
+        h, w = (d // 2 for d in self._latent_hw(*self.size))
+        return x, self.pipe._prepare_latent_image_ids(x.shape[0], h, w, x.device, self.dtype)
 
     def decode(self, latents, height, width):
         f = self.pipe.vae_scale_factor

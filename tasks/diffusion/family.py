@@ -81,6 +81,15 @@ class Family:
         classifier-free guidance passes read it."""
         raise NotImplementedError
 
+    def condition(self, prompts: list[str], images: list | None, guided: bool) -> Cond:
+        """The conditioning of each prompt and, for a family with `conditioning_image`, its row's
+        image: the text's, then the image's (an editing family, whose text encoder reads the
+        source image with the instruction, conditions on both at once)."""
+        cond = self.encode(prompts, guided)
+        if images is not None:
+            cond.update(self.image_condition(images))
+        return cond
+
     def noise(self, generator: torch.Generator, height: int, width: int) -> Tensor:
         raise NotImplementedError
 
@@ -116,6 +125,10 @@ class Family:
             raise ValueError(f"policy.flow_shift={shift}: the scheduler of {type(self.pipe).__name__} shifts by "
                              "resolution (use_dynamic_shifting); a fixed shift would be ignored")
         self.pipe.scheduler = type(sched).from_config(sched.config, shift=shift)
+
+    def set_source_area(self, area: int) -> None:
+        """Resize each source image to `area` pixels (`policy.source_area`; an editing family's)."""
+        raise ValueError(f"policy.source_area={area}: {type(self.pipe).__name__} takes no source image to resize")
 
     def enable_tiling(self) -> None:
         """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""

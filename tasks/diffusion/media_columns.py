@@ -67,9 +67,8 @@ def prompt_conditioning(family: Family, cfg: Any, prompts: Sequence[Any], texts:
                         group_size: int) -> Cond:
     """The family's conditioning of each prompt (its text, and its row's image where the family
     takes one), each repeated `group_size` times: [N, ...] per key."""
-    cond = family.encode(texts, cfg.classifier_free_guidance)
-    if family.conditioning_image:
-        cond.update(family.image_condition(condition_images(prompts, cfg.image_column)))
+    images = condition_images(prompts, cfg.image_column) if family.conditioning_image else None
+    cond = family.condition(texts, images, cfg.classifier_free_guidance)
     return {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
 
 

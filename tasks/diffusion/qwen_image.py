@@ -33,12 +33,18 @@ class QwenImage(PackedFlowLatents, Family):
                 out[f"{side}/embeds"], out[f"{side}/mask"] = self._text(texts)
         return out
 
-    def _text(self, texts: list[str]) -> tuple[Tensor, Tensor]:
-        """(embeddings [B, text_length, D], mask [B, text_length]) of `texts`: the pipeline's, zero-padded."""
-        embeds, mask = self.pipe.encode_prompt(texts, device=self.device, max_sequence_length=self.text_length)
+    def _text(self, texts: list[str], length: int | None = None, **inputs) -> tuple[Tensor, Tensor]:
+        """(embeddings [B, L, D], mask [B, L]) of `texts` (with the pipeline's other `encode_prompt`
+        inputs): the pipeline's, zero-padded to L = `length` (`text_length` unless given)."""
+        length = length or self.text_length
+        embeds, mask = self.pipe.encode_prompt(texts, device=self.device, max_sequence_length=self.text_length,
+                                               **inputs)
+        if embeds.shape[1] > length:
+            raise ValueError(f"{type(self).__name__}: a prompt takes {embeds.shape[1]} text-encoder positions, "
+                             f"more than the {length} its conditioning is padded to")
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        pad = self.text_length - embeds.shape[1]
+        pad = length - embeds.shape[1]
         return (torch.nn.functional.pad(embeds, (0, 0, 0, pad)).to(self.dtype),
                 torch.nn.functional.pad(mask, (0, pad)).to(torch.long))
 
@@ -51,13 +57,13 @@ class QwenImage(PackedFlowLatents, Family):
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = split_cond(cond)
         n = x.shape[0]
-        h, w = self._latent_hw(*self.size)
-        shapes = [[(1, h // 2, w // 2)]] * n
+        hidden, shapes = self._image_tokens(x, pos)
         timestep = t.expand(n).to(x.device, self.dtype) / 1000
 
         def run(c):
-            return model(hidden_states=x.to(self.dtype), timestep=timestep, encoder_hidden_states=c["embeds"],
-                         encoder_hidden_states_mask=c["mask"], img_shapes=shapes, return_dict=False)[0]
+            return model(hidden_states=hidden.to(self.dtype), timestep=timestep, encoder_hidden_states=c["embeds"],
+                         encoder_hidden_states_mask=c["mask"], img_shapes=[shapes] * n,
+                         return_dict=False)[0][:, :x.shape[1]]
         text = run(pos)
         if not guided:
             return text
@@ -65,6 +71,12 @@ class QwenImage(PackedFlowLatents, Family):
         guided_pred = uncond + guidance_scale * (text - uncond)
         # the pipeline's rescale: each token's guided prediction takes the conditional one's norm
         return guided_pred * (text.norm(dim=-1, keepdim=True) / guided_pred.norm(dim=-1, keepdim=True))
+
+    def _image_tokens(self, x: Tensor, pos: dict) -> tuple[Tensor, list[tuple[int, int, int]]]:
+        """The transformer's image tokens [N, L, C] and their (frames, rows, columns) grids: the noisy
+        latents' alone (an editing family appends its source image's)."""
+        h, w = self._latent_hw(*self.size)
+        return x, [(1, h // 2, w // 2)]
 
     def decode(self, latents, height, width):
         vae = self.pipe.vae
