@@ -1,5 +1,6 @@
-"""The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video,
-HunyuanVideo text-to-video, through the stock diffusers pipelines (`family.py` for the interface).
+"""The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video
+(Wan 2.2 A14B's two experts as one denoiser, `experts.py`), HunyuanVideo text-to-video, through
+the stock diffusers pipelines (`family.py` for the interface).
 Latents are [B, C, F, H, W] with F = (num_frames - 1) // temporal factor + 1; a unit is still one
 denoising step, so every sampler, schedule and the closed-form KL apply unchanged."""
 
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .experts import TimestepExperts
 from .family import FAMILIES, Configs, Family, patch_size, split_cond
 
 
@@ -57,10 +59,18 @@ def with_euler_flow_scheduler(pipe) -> None:
                                                          shift=config.get("flow_shift") or 1.0)
 
 
-def _check_one_wan_transformer(pipe) -> None:
-    if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
-        raise ValueError(f"{type(pipe).__name__} has two expert transformers (Wan 2.2 A14B, boundary_ratio): mmrl "
-                         "trains one denoiser; use Wan 2.1 or Wan 2.2 TI2V-5B")
+def wan_denoiser(pipe) -> nn.Module:
+    """What a Wan pipeline denoises with, as its call picks it: the transformer, or with a
+    `boundary_ratio` and a `transformer_2` (Wan 2.2 A14B) both experts switched at the boundary
+    timestep (`experts.TimestepExperts`)."""
+    ratio = pipe.config.get("boundary_ratio")
+    if pipe.transformer is None:
+        raise ValueError(f"{type(pipe).__name__} has no `transformer` (the high-noise expert): load the pipeline "
+                         "with both experts")
+    if ratio is None or getattr(pipe, "transformer_2", None) is None:
+        return pipe.transformer
+    boundary = ratio * pipe.scheduler.config.num_train_timesteps
+    return TimestepExperts({"transformer": pipe.transformer, "transformer_2": pipe.transformer_2}, boundary)
 
 
 @FAMILIES.register("wan")
@@ -75,8 +85,12 @@ class Wan(VideoFamily):
 
     def __init__(self, pipe, size, num_frames=1):
         super().__init__(pipe, size, num_frames)
-        _check_one_wan_transformer(pipe)
         with_euler_flow_scheduler(pipe)
+        self._denoiser = wan_denoiser(pipe)
+
+    @property
+    def denoiser(self) -> nn.Module:
+        return self._denoiser
 
     def encode(self, prompts, guided):
         pe, npe = self.pipe.encode_prompt(prompt=prompts, negative_prompt=[""] * len(prompts) if guided else None,
