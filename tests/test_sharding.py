@@ -220,11 +220,6 @@ FAMILY_RECIPES = {
                    "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
                    "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
                    "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
-    "wan22_a14b": {"task": "diffusion", "policy": {"model": "tiny:wan22-a14b", "height": 32, "width": 32, "num_frames": 5,
-                                                   "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7},
-                   "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
-                   "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
-                   "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
 }
 
 
