@@ -104,7 +104,7 @@ def test_video_settings_errors_name_the_field():
         make("wan-i2v", image_column=None)
     with pytest.raises(ValueError, match="policy.num_frames=4"):
         make("wan-t2v", num_frames=4)
-    with pytest.raises(ValueError, match="policy.classifier_free_guidance"):
+    with pytest.raises(ValueError, match="policy.embedded_guidance_scale is not set"):  # true CFG: test_hunyuan_true_cfg.py
         make("hunyuan-video", classifier_free_guidance=True)
 
 
