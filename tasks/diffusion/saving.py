@@ -1,8 +1,9 @@
 """How a trained denoiser is written, in the formats the diffusers ecosystem loads. A LoRA: the
 PEFT adapter of the denoiser, and the same weights in the diffusers LoRA format
 (`pytorch_lora_weights.safetensors`, rank and alpha in its metadata), so that
-`pipe.load_lora_weights(path)` on the stock pipeline applies it (pipelines without diffusers LoRA
-support keep PEFT's alone). Full weights: the whole pipeline with the trained denoiser in place,
+`pipe.load_lora_weights(path)` on the stock pipeline applies it (a pipeline without diffusers LoRA
+support, whose denoiser loads LoRA adapters, gets the same file for `pipe.transformer.load_lora_adapter`;
+others keep PEFT's alone). Full weights: the whole pipeline with the trained denoiser in place,
 loadable by `DiffusionPipeline.from_pretrained(path)`.
 
 A denoiser made of two experts (`experts.TimestepExperts`, Wan 2.2 A14B) writes one diffusers
@@ -38,8 +39,7 @@ def save_denoiser(pipe: Any, denoiser: nn.Module, model: nn.Module, path: Path,
     names = denoiser.component_names if experts else (next(k for k, v in pipe.components.items() if v is denoiser),)
     if hasattr(model, "peft_config"):
         model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
-        if hasattr(pipe, "save_lora_weights"):  # pipelines without diffusers LoRA support keep PEFT's
-            _save_diffusers_lora(pipe, model, path, state_dict, names, experts)
+        _save_diffusers_lora(pipe, denoiser, model, path, state_dict, names, experts)
         return
     if experts:
         trained = {name: _plain(getattr(model, name), name, state_dict, plain_class) for name in names}
@@ -56,13 +56,21 @@ def _pipeline_settings(pipe: Any) -> dict[str, Any]:
     return {k: v for k, v in pipe.config.items() if k in accepted and k not in pipe.components}
 
 
-def _save_diffusers_lora(pipe: Any, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None,
-                         names: tuple[str, ...], experts: bool) -> None:
-    """The adapter in the diffusers LoRA format: one file per expert of a two-expert denoiser."""
+def _save_diffusers_lora(pipe: Any, denoiser: nn.Module, model: nn.Module, path: Path,
+                         state_dict: dict[str, Tensor] | None, names: tuple[str, ...], experts: bool) -> None:
+    """The adapter in the diffusers LoRA format: one file per expert of a two-expert denoiser. A
+    pipeline without diffusers LoRA support (HunyuanVideo 1.5) gets the same file where its denoiser
+    loads it (`pipe.transformer.load_lora_adapter(path, prefix="transformer")`); else PEFT's alone."""
     from peft.utils import get_peft_model_state_dict
+    if not hasattr(pipe, "save_lora_weights") and not hasattr(denoiser, "load_lora_adapter"):
+        return
     layers = {k.removeprefix("base_model.model."): v
               for k, v in get_peft_model_state_dict(model, state_dict=state_dict).items()}
     metadata = model.peft_config[model.active_adapter].to_dict()
+    if not hasattr(pipe, "save_lora_weights"):
+        from diffusers.loaders.lora_base import LoraBaseMixin
+        LoraBaseMixin._save_lora_weights(path, {names[0]: layers}, {names[0]: metadata}, weight_name=LORA_FILE)
+        return
     if not experts:
         pipe.save_lora_weights(path, **{f"{names[0]}_lora_layers": layers,
                                         f"{names[0]}_lora_adapter_metadata": metadata})
