@@ -89,7 +89,7 @@ def student_flops(params: int, lengths: dict, rl_steps: int) -> dict[str, float]
 
 
 def run_sweep(args, out: Path, flops: dict) -> None:
-    cells = [*CELLS.values(), f"max_steps=0 warm_start.steps={flops['sft_steps']} "
+    cells = [*CELLS.values(), f"max_steps=1 warm_start.steps={flops['sft_steps']} "  # its score: before RL
                               "warm_start.target_column=teacher_target"]
     command = [sys.executable, "-m", "mmrl", "sweep", "text_opd", "--seeds", str(args.seeds),
                "--parallel", str(args.parallel), "--out", str(out / "sweep"), "--held-out-reward", "accuracy",
@@ -112,7 +112,11 @@ def report(out: Path, flops: dict, steps: int) -> dict:
     summary, curves = {}, {}
     for index, name in enumerate(names):
         mine = [r for r in runs if int(r["cell"]) == index]
-        summary[name] = {key: mean_se([float(r[key]) for r in mine]) for key in ("before", "after", "greedy_after")}
+        if name in CELLS:
+            keys = {"before": "before", "after": "after", "greedy_after": "greedy_after"}
+        else:  # the supervised cell's result is its warm start's, scored before its one (unused) RL step
+            keys = {"after": "before", "greedy_after": "greedy_before"}
+        summary[name] = {key: mean_se([float(r[column]) for r in mine]) for key, column in keys.items()}
         summary[name]["runs"] = len(mine)
         by_step: dict[int, list[float]] = {}
         for run in mine:

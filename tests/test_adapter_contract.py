@@ -78,6 +78,26 @@ class TestWanImageToVideo(TestDiffusion):
     recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:wan-i2v", "image_column": "image", **VIDEO}}
 
 
+@pytest.mark.slow  # 52 s on the loaded 2-core machine (2026-11-29); the default run keeps its stock-pipeline, log-prob,
+# method and LoRA checks (test_wan22_experts.py)
+class TestWan22A14B(TestDiffusion):
+    """Wan 2.2 A14B: the trained `model` holds both experts (`experts.TimestepExperts`)."""
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:wan22-a14b", **VIDEO}}
+
+    def reload_model(self, model, path):
+        # a full fine-tune is a whole WanPipeline: the experts are its `transformer` and `transformer_2`
+        from diffusers import DiffusionPipeline
+        from mmrl.tasks.diffusion.experts import TimestepExperts
+        pipe = DiffusionPipeline.from_pretrained(path)
+        return TimestepExperts({name: getattr(pipe, name) for name in model.component_names}, model.boundary).eval()
+
+
+@pytest.mark.slow  # 16-37 s per test on the loaded 2-core machine (its fixed 1000 + 256 + 729 conditioning tokens per forward,
+# 2026-11-29); the default run keeps its stock-pipeline check (test_hunyuan_video15.py)
+class TestHunyuanVideo15(TestDiffusion):
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:hunyuan-video-15", **VIDEO}}
+
+
 class TestHunyuanVideo(TestDiffusion):
     recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:hunyuan-video", "classifier_free_guidance": False, **VIDEO}}
 

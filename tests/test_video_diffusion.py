@@ -104,7 +104,7 @@ def test_video_settings_errors_name_the_field():
         make("wan-i2v", image_column=None)
     with pytest.raises(ValueError, match="policy.num_frames=4"):
         make("wan-t2v", num_frames=4)
-    with pytest.raises(ValueError, match="policy.classifier_free_guidance"):
+    with pytest.raises(ValueError, match="policy.embedded_guidance_scale is not set"):  # true CFG: test_hunyuan_true_cfg.py
         make("hunyuan-video", classifier_free_guidance=True)
 
 
@@ -276,7 +276,7 @@ def test_step_schedules_and_chunks_on_video_latents(policies):
     assert sum(calibrate_chunks(policy, ["red circle"], 2, group_size=2)) == 3
 
 
-def test_wan22_ti2v_text_to_video_equals_the_stock_call_and_two_experts_are_refused():
+def test_wan22_ti2v_text_to_video_equals_the_stock_call():
     from diffusers import WanPipeline
 
     from mmrl.tasks.demos.tiny_pipelines import tiny_wan_t2v
@@ -288,7 +288,4 @@ def test_wan22_ti2v_text_to_video_equals_the_stock_call_and_two_experts_are_refu
                                              num_steps=3, noise_level=0.0), pipe=pipe)
     ours = policy.rollout([ROW], 1, seeds=[7])
     stock = stock_call(policy, "wan-t2v")
-    assert torch.allclose(ours.extras["latents"][0, -1], stock[0].float(), atol=1e-5)
-    two = WanPipeline(**{**base.components, "transformer_2": base.transformer}, boundary_ratio=0.9)
-    with pytest.raises(ValueError, match="two expert transformers"):
-        DiffusionPolicy(DiffusionConfig(model="tiny:wan-t2v", height=SIZE, width=SIZE, num_frames=FRAMES), pipe=two)
+    assert torch.allclose(ours.extras["latents"][0, -1], stock[0].float(), atol=1e-5)  # (two experts: test_wan22_experts.py)

@@ -122,6 +122,8 @@ class Policy(ABC):
     # whether the engine may build this adapter from the recipe in another process to generate: a rollout
     # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`, `vllm_server`)
     runs_in_rollout_worker: bool = False
+    # whether one backward may leave some trained parameters without a gradient (a model routing each input to one of its parts)
+    partial_backward: bool = False
 
     @classmethod
     def rollout_worker_problem(cls, policy: dict) -> str | None:

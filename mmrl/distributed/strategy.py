@@ -83,6 +83,12 @@ class Strategy:
     def shard(self, model: nn.Module) -> None:
         """Split the policy model over the processes in place (before its optimizer is built)."""
 
+    def allow_partial_backward(self) -> None:
+        """Before `prepare`: a backward may leave some parameters without a gradient (`Policy.partial_backward`),
+        which DistributedDataParallel then finds on each synchronised backward (find_unused_parameters)."""
+        from accelerate.utils import DistributedDataParallelKwargs
+        self.acc.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         """The trained module and its optimizer, wrapped for the backend."""
         return self.acc.prepare(model, optimizer)

@@ -216,13 +216,16 @@ def tiny_wan_i2v(seed: int = 0, layers: int = 1):
 @TINY_MODELS.register("hunyuan-video")
 def tiny_hunyuan_video(seed: int = 0, layers: int = 1):
     """A HunyuanVideoPipeline: a tiny Llama and CLIP text encoder, a HunyuanVideo transformer (one
-    dual- and one single-stream block, guidance embedding), its causal 3D VAE (4x time, 2x space)."""
+    dual- and one single-stream block, guidance embedding), its causal 3D VAE (4x time, 2x space).
+    The Llama tokenizer pads and truncates on the left: the pipeline's prompt template (500 characters,
+    a character each) keeps its end, the prompt, within the tokens it reads after cropping the first 95."""
     from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
                            HunyuanVideoTransformer3DModel)
     from transformers import LlamaConfig, LlamaModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tok = pipeline_tokenizer()
+        tok.padding_side = tok.truncation_side = "left"
         llama = LlamaModel(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                                        pad_token_id=tok.pad_token_id)).eval()

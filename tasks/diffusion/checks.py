@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model_loading import DTYPES
 from .config import DiffusionConfig
-from .family import Family, family_of, image_column_problem
+from .family import Family, embedded_guidance_problem, family_of, image_column_problem
 from .pipeline_configs import PipelineConfigs, described_pipeline, loaded_configs
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor
 
@@ -34,7 +34,7 @@ def pipeline_problems(cfg: DiffusionConfig) -> list[str]:
     family = described.family if described is not None else None
     if family is None:
         return []
-    problem = image_column_problem(family, cfg)
+    problem = image_column_problem(family, cfg) or embedded_guidance_problem(family, cfg)
     return size_problems(described, cfg) + ([problem] if problem else [])
 
 

@@ -65,6 +65,11 @@ class DiffusionConfig:
     classifier_free_guidance: bool = field(default=True, metadata={"help": (
         "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
         "as an embedding instead.")})
+    embedded_guidance_scale: float | None = field(default=None, metadata={"help": (
+        "A guidance-embedding model under true CFG (HunyuanVideo with policy.classifier_free_guidance=true: two "
+        "forwards, prompt and empty negative prompt, combined at policy.guidance_scale, the stock call's "
+        "true_cfg_scale): the embedding's value (the stock call's guidance_scale, 6.0 there by default). "
+        "Required then; without CFG the embedding takes policy.guidance_scale.")})
     sampler: str = field(default="flow_sde", metadata={"help": (
         "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
         "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),

@@ -50,6 +50,7 @@ class Family:
     uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    guidance_embedding_with_cfg = False  # CFG beside a guidance embedding (`policy.embedded_guidance_scale`)
     output = "image"  # what a completion is (`Policy.output_kind`): an image, or a video's frames
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
@@ -110,7 +111,7 @@ class Family:
 
     def check_settings(self, cfg: Any) -> None:
         """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
-        if problem := image_column_problem(type(self), cfg):
+        if problem := image_column_problem(type(self), cfg) or embedded_guidance_problem(type(self), cfg):
             raise ValueError(problem)
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
@@ -200,6 +201,15 @@ def image_column_problem(family: type[Family], cfg: Any) -> str | None:
     if family.conditioning_image and not cfg.image_column:
         return (f"policy.image_column is not set: {family.__name__} conditions each prompt on an image; name the "
                 "data column that holds it")
+    return None
+
+
+def embedded_guidance_problem(family: type[Family], cfg: Any) -> str | None:
+    """What is missing when `family` takes true CFG beside its guidance embedding and the embedding's value is unset."""
+    if family.guidance_embedding_with_cfg and cfg.classifier_free_guidance and cfg.embedded_guidance_scale is None:
+        return (f"policy.embedded_guidance_scale is not set: {family.__name__} with policy.classifier_free_guidance="
+                "true (true CFG at policy.guidance_scale) also takes its guidance embedding's value (the stock "
+                "call's guidance_scale, 6.0 by default)")
     return None
 
 

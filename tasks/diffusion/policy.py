@@ -44,6 +44,7 @@ from mmrl.registry import ADAPTERS
 from .branching import tree_rewards
 from .checks import branching_problems, check_settings, fitted_family, pipeline_problems
 from .config import DiffusionConfig
+from .experts import TimestepExperts
 from .family import Family
 from .forward_process import ForwardProcessUnits
 from .grpo_guard import batch_scales, scales_problem
@@ -86,6 +87,7 @@ class DiffusionPolicy(Policy):
                 module.requires_grad_(False).eval()
         self.model = self.family.denoiser
         self.model.requires_grad_(True)
+        self.partial_backward = isinstance(self.model, TimestepExperts)  # a step's backward reaches its expert only
         if cfg.gradient_checkpointing:  # recompute the denoiser's activations in backward
             self.model.enable_gradient_checkpointing()
         if cfg.vae_tiling:

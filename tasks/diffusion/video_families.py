@@ -1,5 +1,6 @@
-"""The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video,
-HunyuanVideo text-to-video, through the stock diffusers pipelines (`family.py` for the interface).
+"""The video families of the diffusion adapter: Wan 2.1 / 2.2 text-to-video and image-to-video
+(Wan 2.2 A14B's two experts as one denoiser, `experts.py`), HunyuanVideo text-to-video, through
+the stock diffusers pipelines (`family.py` for the interface).
 Latents are [B, C, F, H, W] with F = (num_frames - 1) // temporal factor + 1; a unit is still one
 denoising step, so every sampler, schedule and the closed-form KL apply unchanged."""
 
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .experts import TimestepExperts
 from .family import FAMILIES, Configs, Family, patch_size, split_cond
 
 
@@ -57,10 +59,18 @@ def with_euler_flow_scheduler(pipe) -> None:
                                                          shift=config.get("flow_shift") or 1.0)
 
 
-def _check_one_wan_transformer(pipe) -> None:
-    if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
-        raise ValueError(f"{type(pipe).__name__} has two expert transformers (Wan 2.2 A14B, boundary_ratio): mmrl "
-                         "trains one denoiser; use Wan 2.1 or Wan 2.2 TI2V-5B")
+def wan_denoiser(pipe) -> nn.Module:
+    """What a Wan pipeline denoises with, as its call picks it: the transformer, or with a
+    `boundary_ratio` and a `transformer_2` (Wan 2.2 A14B) both experts switched at the boundary
+    timestep (`experts.TimestepExperts`)."""
+    ratio = pipe.config.get("boundary_ratio")
+    if pipe.transformer is None:
+        raise ValueError(f"{type(pipe).__name__} has no `transformer` (the high-noise expert): load the pipeline "
+                         "with both experts")
+    if ratio is None or getattr(pipe, "transformer_2", None) is None:
+        return pipe.transformer
+    boundary = ratio * pipe.scheduler.config.num_train_timesteps
+    return TimestepExperts({"transformer": pipe.transformer, "transformer_2": pipe.transformer_2}, boundary)
 
 
 @FAMILIES.register("wan")
@@ -75,8 +85,12 @@ class Wan(VideoFamily):
 
     def __init__(self, pipe, size, num_frames=1):
         super().__init__(pipe, size, num_frames)
-        _check_one_wan_transformer(pipe)
         with_euler_flow_scheduler(pipe)
+        self._denoiser = wan_denoiser(pipe)
+
+    @property
+    def denoiser(self) -> nn.Module:
+        return self._denoiser
 
     def encode(self, prompts, guided):
         pe, npe = self.pipe.encode_prompt(prompt=prompts, negative_prompt=[""] * len(prompts) if guided else None,
@@ -145,10 +159,20 @@ class WanImageToVideo(Wan):
 
 @FAMILIES.register("hunyuan_video")
 class HunyuanVideo(VideoFamily):
+    """Guidance-distilled: the guidance scale enters as an embedding (x 1000), `policy.guidance_scale`
+    without CFG. With `policy.classifier_free_guidance` the stock call's true CFG: two forwards, the
+    prompt and an empty negative prompt, both with the embedding at `policy.embedded_guidance_scale`,
+    combined as u + g (c - u) at g = `policy.guidance_scale` (its `true_cfg_scale`)."""
+
     pipeline = "HunyuanVideoPipeline"
-    uses_classifier_free_guidance = False  # guidance-distilled: the scale enters as an embedding (x 1000)
+    guidance_embedding_with_cfg = True
     max_sequence_length = 256
     fps = 15
+    embedded_scale: float | None = None  # the embedding's value under true CFG (`check_settings` keeps it)
+
+    def check_settings(self, cfg):
+        super().check_settings(cfg)
+        self.embedded_scale = cfg.embedded_guidance_scale
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
@@ -156,12 +180,14 @@ class HunyuanVideo(VideoFamily):
         return (configs.get("vae") or {}).get("spatial_compression_ratio", 8) * patch_size(configs)
 
     def encode(self, prompts, guided):
-        if guided:
-            raise ValueError("HunyuanVideo takes the guidance scale as an embedding: set "
-                             "policy.classifier_free_guidance=false")
-        pe, pooled, mask = self.pipe.encode_prompt(prompt=prompts, device=self.device,
-                                                   max_sequence_length=self.max_sequence_length)
-        return {"pos/embeds": pe.to(self.dtype), "pos/pooled": pooled.to(self.dtype), "pos/mask": mask.to(self.dtype)}
+        out = {}
+        for side, texts in (("pos", prompts), ("neg", [""] * len(prompts) if guided else None)):
+            if texts is not None:
+                pe, pooled, mask = self.pipe.encode_prompt(prompt=texts, device=self.device,
+                                                           max_sequence_length=self.max_sequence_length)
+                out.update({f"{side}/embeds": pe.to(self.dtype), f"{side}/pooled": pooled.to(self.dtype),
+                            f"{side}/mask": mask.to(self.dtype)})
+        return out
 
     def levels(self, num_steps, latent_shape):
         sigmas = np.linspace(1.0, 0.0, num_steps + 1)[:-1]
@@ -169,12 +195,16 @@ class HunyuanVideo(VideoFamily):
         return self.pipe.scheduler.sigmas.tolist(), self.pipe.scheduler.timesteps.clone()
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, _ = split_cond(cond)
+        pos, neg = split_cond(cond)
         n = x.shape[0]
-        guidance = torch.full((n,), guidance_scale, dtype=self.dtype, device=x.device) * 1000.0
-        return model(hidden_states=x.to(self.dtype), timestep=t.expand(n).to(x.device, torch.float32),
-                     encoder_hidden_states=pos["embeds"], encoder_attention_mask=pos["mask"],
-                     pooled_projections=pos["pooled"], guidance=guidance, return_dict=False)[0]
+        embedded = self.embedded_scale if guided else guidance_scale
+        guidance = torch.full((n,), embedded, dtype=self.dtype, device=x.device) * 1000.0
+
+        def run(h, c):
+            return model(hidden_states=h.to(self.dtype), timestep=t.expand(n).to(h.device, torch.float32),
+                         encoder_hidden_states=c["embeds"], encoder_attention_mask=c["mask"],
+                         pooled_projections=c["pooled"], guidance=guidance, return_dict=False)[0]
+        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
 
     def decode(self, latents, height, width):
         vae = self.pipe.vae

@@ -119,6 +119,8 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
     from transformers import get_scheduler
     scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
                               num_training_steps=max(cfg.max_steps, 1))
+    if policy.partial_backward:
+        strategy.allow_partial_backward()
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
     return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy))
