@@ -143,7 +143,7 @@ def report(out: Path, flops: dict, steps: int) -> dict:
         points = sorted(set(points))
         ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
                     label=name, capsize=3)
-    ax.set_xlabel("student FLOPs (estimated: 2N per token forward, 6N forward and backward)")
+    ax.set_xlabel("student FLOPs (2N per token forward, 6N forward + backward)")
     ax.set_ylabel("held-out exact match (sampled)")
     ax.legend()
     fig.tight_layout()
