@@ -6,4 +6,4 @@ families are `families.py` (images) and `video_families.py` (videos), and a new 
 more class there or a module of its own imported below. (The tiny pipelines, the t2i demo's
 pixel-space flow pipelines and its synthetic coloured shapes are the demos': `tasks.demos`.)"""
 
-from . import families, flux2_klein, flux_kontext, policy, prompt_enhancer, qwen_image, qwen_image_edit, video_families, z_image  # noqa: F401  (registration)
+from . import families, flux2_klein, flux_kontext, policy, prompt_enhancer, qwen_image, qwen_image_edit, stable_audio3, video_families, z_image  # noqa: F401  (registration)

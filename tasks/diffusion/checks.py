@@ -98,6 +98,8 @@ def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
         family.set_flow_shift(cfg.flow_shift)
     if cfg.source_area is not None:
         family.set_source_area(cfg.source_area)
+    if cfg.duration is not None:
+        family.set_duration(cfg.duration)
     name = type(family).__name__
     if (cfg.sampler in EPS_SAMPLERS) != (family.kind == "eps"):
         raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {name} "

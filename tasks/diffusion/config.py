@@ -41,6 +41,9 @@ class DiffusionConfig:
         "Frames per second of the generated videos, handed to video rewards as the `fps` column (motion per "
         "second, VideoAlign's frame sampling); null: the family's (Wan 16, HunyuanVideo 15, as diffusers' "
         "examples export them). Image families ignore it.")})
+    duration: float | None = field(default=None, metadata={"help": (
+        "Sound families (Stable Audio 3): the seconds each completion lasts, the pipeline's duration "
+        "conditioning; null: the pipeline's own (10 s). Image and video families refuse it.")})
     image_column: str | None = field(default=None, metadata={"help": (
         "Image-to-video (Wan I2V) and image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext): the column holding "
         "each prompt's conditioning (source) image (a path or a PIL image); required by those pipelines, unused "

@@ -130,6 +130,10 @@ class Family:
         """Resize each source image to `area` pixels (`policy.source_area`; an editing family's)."""
         raise ValueError(f"policy.source_area={area}: {type(self.pipe).__name__} takes no source image to resize")
 
+    def set_duration(self, seconds: float) -> None:
+        """Draw `seconds` of sound (`policy.duration`; a sound family's)."""
+        raise ValueError(f"policy.duration={seconds}: {type(self.pipe).__name__} draws no sound of a duration")
+
     def enable_tiling(self) -> None:
         """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""
         self.pipe.vae.enable_tiling()
