@@ -22,9 +22,9 @@ class DiffusionConfig:
     # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
     model: str = field(default="", metadata={"help": (
         "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
-        "tiny:pixel-flow-unet / tiny:pixel-flow-video / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video (tiny random "
+        "tiny:pixel-flow-unet / tiny:pixel-flow-video / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video / tiny:stable-audio-3 (tiny random "
         "pipelines; pixel-flow draws pixels directly, an MMDiT or a UNet, pixel-flow-video a clip's frames stacked "
-        "on a UNet's channels; the last four are video pipelines).")})
+        "on a UNet's channels; pixel-flow-video, wan and hunyuan-video are video pipelines, stable-audio-3 a sound one).")})
     tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (

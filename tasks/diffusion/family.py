@@ -1,14 +1,14 @@
 """The `Family` interface: everything the diffusion adapter knows about one diffusers pipeline family,
 and the `FAMILIES` registry `family_of` picks a loaded pipeline's family from. A family says how
 the pipeline conditions on a prompt (text, and an image where the prompt row brings one), what it
-draws (images or videos) and the sizes it can draw (read from its components' configs, so that a
+draws (images, videos or sound) and the sizes it can draw (read from its components' configs, so that a
 recipe is checked before the weights load: `pipeline_configs.py`), the initial noise's shape, the
 step levels and model timesteps (from the pipeline's own scheduler, so the ODE path equals the
 stock pipeline's output), one denoiser call with its guidance, decoding to
 PIL images (a video: a list of frames), the warm start's noising, which policy settings it needs
 and the columns its completions carry to the rewards. Levels are sigmas s (flow) or cumulative
 alphas ab (eps models); `levels[k] -> levels[k + 1]` is step k. The families themselves live in
-`families.py` (images) and `video_families.py` (videos); a new one is one more class in either, or
+`families.py` (images) and `video_families.py` (videos), a sound one in `stable_audio3.py`; a new one is one more class in either, or
 a module of its own imported in `tasks/diffusion/__init__.py`.
 """
 
@@ -50,7 +50,7 @@ class Family:
     uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
-    output = "image"  # what a completion is (`Policy.output_kind`): an image, or a video's frames
+    output = "image"  # what a completion is (`Policy.output_kind`): an image, a video's frames, or audio (a waveform)
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
     def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
