@@ -87,12 +87,17 @@ def test_the_duration_sets_the_length_and_is_checked():
         DiffusionPolicy(DiffusionConfig(model="tiny:sd3", height=32, width=32, duration=1.0))
 
 
-def test_the_completions_are_audio_for_the_rewards():
-    from mmrl.core.media import medium
-    assert DiffusionPolicy.output_kind(DiffusionConfig(model="tiny:stable-audio-3")) == "audio"
-    _, completion = policy_sample(make(False))
-    seen = medium(completion, {})
-    assert seen.kind == "audio" and seen.rate == 800 and seen.data.shape == (200,)
+@pytest.mark.parametrize("override, message", [
+    ("policy.duration=12", r"policy.duration=12.0: StableAudio3Pipeline draws between 0 and 10.0 seconds"),
+    ("policy.duration=0", r"policy.duration=0.0: StableAudio3Pipeline draws between 0 and 10.0"),
+    ("policy.model=tiny:sd3", r"policy.duration=0.25: StableDiffusion3Pipeline draws no sound")])
+def test_a_bad_duration_is_refused_before_the_pipeline_loads(override, message, tmp_path, monkeypatch):
+    from mmrl.config.parse import ConfigError
+    from mmrl.tasks.diffusion import policy
+    from mmrl.train.plan.validate import validate
+    monkeypatch.setattr(policy, "load_pipeline", None)  # loading would fail
+    with pytest.raises(ConfigError, match=message):
+        validate(parse_config(RECIPE, overrides(tmp_path, override)))
 
 
 def overrides(tmp_path, *more):

@@ -130,9 +130,15 @@ class Family:
         """Resize each source image to `area` pixels (`policy.source_area`; an editing family's)."""
         raise ValueError(f"policy.source_area={area}: {type(self.pipe).__name__} takes no source image to resize")
 
+    @classmethod
+    def duration_problem(cls, configs: Configs, seconds: float) -> str | None:
+        """What is wrong with drawing `seconds` of sound (`policy.duration`) in the pipeline whose
+        component configs are `configs` (None: nothing): only a sound family draws a duration."""
+        return f"policy.duration={seconds}: {cls.pipeline} draws no sound of a duration"
+
     def set_duration(self, seconds: float) -> None:
         """Draw `seconds` of sound (`policy.duration`; a sound family's)."""
-        raise ValueError(f"policy.duration={seconds}: {type(self.pipe).__name__} draws no sound of a duration")
+        raise ValueError(self.duration_problem({}, seconds))
 
     def enable_tiling(self) -> None:
         """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""

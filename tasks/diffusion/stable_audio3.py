@@ -33,11 +33,18 @@ class StableAudio3(Family):
         """Sound has no height or width: any (policy.height and policy.width are unused)."""
         return 1
 
-    def set_duration(self, seconds: float) -> None:
-        most = self.pipe.duration_embedder.config.max_val
+    @classmethod
+    def duration_problem(cls, configs: Configs, seconds: float) -> str | None:
+        """Above its duration embedder's `max_val` the conditioning would be clamped: refused."""
+        most = (configs.get("duration_embedder") or {}).get("max_val", 384.0)
         if not 0 < seconds <= most:
-            raise ValueError(f"policy.duration={seconds}: {type(self.pipe).__name__} draws between 0 and {most} "
-                             "seconds (its duration embedder's range)")
+            return (f"policy.duration={seconds}: {cls.pipeline} draws between 0 and {most} seconds (its duration "
+                    "embedder's range)")
+        return None
+
+    def set_duration(self, seconds: float) -> None:
+        if problem := self.duration_problem({"duration_embedder": dict(self.pipe.duration_embedder.config)}, seconds):
+            raise ValueError(problem)
         self.duration = float(seconds)
 
     @property
