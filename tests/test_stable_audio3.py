@@ -174,3 +174,13 @@ def test_recipe_trains_two_steps_with_clap(tmp_path):
         metrics = t.train_step()
         assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
         assert -1.0 <= metrics["reward/clap"] <= 1.0
+
+
+def test_a_saved_pipelines_duration_range_is_read_before_it_loads(tmp_path):
+    from mmrl.tasks.diffusion.pipeline_configs import described_pipeline
+    from mmrl.tasks.diffusion.stable_audio3 import StableAudio3
+    TINY_MODELS.get("stable-audio-3")().save_pretrained(tmp_path / "sa3")
+    described = described_pipeline(DiffusionConfig(model=str(tmp_path / "sa3")))
+    assert described.family is StableAudio3 and described.configs["duration_embedder"]["max_val"] == 10.0
+    assert "between 0 and 10.0 seconds" in StableAudio3.duration_problem(described.configs, 11.0)
+    assert StableAudio3.duration_problem(described.configs, 10.0) is None
