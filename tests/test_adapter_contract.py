@@ -240,3 +240,11 @@ def test_every_registered_adapter_runs_the_contract():
     missing = set(ADAPTERS.names()) - covered
     assert not missing, f"adapters without a contract test: {sorted(missing)} (see tests/adapter_contract.py)"
 
+
+
+class TestStableAudio3(TestDiffusion):
+    """Sound: Stable Audio 3's latents are audio frames; a completion is a waveform."""
+    recipe = {**TestDiffusion.recipe, "policy": {"model": "tiny:stable-audio-3", "duration": 0.25, "num_steps": 3,
+                                                 "eval_num_steps": 3, "noise_level": 0.7},
+              "data": {"name": "words_to_say", "args": {"n_train": 8, "n_eval": 2}},
+              "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}

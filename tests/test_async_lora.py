@@ -7,6 +7,7 @@ trainer's policy's with the same adapter, bit for bit. Every shipped recipe with
 import json
 import multiprocessing.queues
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,7 +111,9 @@ def test_every_shipped_lora_recipe_validates_with_the_worker(tmp_path, no_model)
 # what a two-step smoke run of a recipe may make cheaper, leaving what the worker runs as shipped
 SMALLER = ["optim.prompts_per_step=2", "max_steps=2", "save_every=0", "eval.every=0", "logging.progress=false",
            "logging.report_to=[none]"]
-SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.mu=2"]}  # 256 tokens, 128 steps, mu 12
+SPEECH_JUDGES = Path(__file__).parent / "speech_judges.py"  # tiny CLAP in place of a hub judge (offline)
+SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.mu=2"],  # 256 tokens, 128 steps, mu 12
+               "t2a_stable_audio3": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"]}
 
 
 @pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)

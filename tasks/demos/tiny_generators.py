@@ -1,13 +1,13 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
 recipes; no download): Qwen-Image and Qwen-Image-Edit (and Edit-Plus) over a tiny Qwen2.5-VL text encoder, Z-Image and
-FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components."""
+FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components; Stable Audio 3 (sound) over a tiny T5Gemma encoder."""
 
 from __future__ import annotations
 
 import torch
 
 from ..model_loading import TINY_MODELS
-from .tiny_models import chat_template, char_tokenizer_with
+from .tiny_models import chat_template, char_tokenizer, char_tokenizer_with
 from .tiny_multimodal import qwen25_vl_char
 from .tiny_pipelines import _vae, tiny_flux
 
@@ -117,3 +117,37 @@ def tiny_flux_kontext(seed: int = 0, layers: int = 1):
     guidance embedding, a 2-level VAE)."""
     from diffusers import FluxKontextPipeline
     return FluxKontextPipeline(**tiny_flux(seed, layers).components)
+
+
+@TINY_MODELS.register("stable-audio-3")
+def tiny_stable_audio3(seed: int = 0, layers: int = 1):
+    """A StableAudio3Pipeline drawing stereo sound at 800 Hz: a 1-layer T5Gemma encoder over
+    characters, a `layers`-block Stable Audio 3 DiT, a one-stage SAME autoencoder (8 samples a
+    latent frame, 4 latent channels; its residual branches' output projections and
+    output tokens, zero or near zero at initialisation, drawn at random), a duration embedder up to 10 s, the plain Euler flow
+    scheduler (the base checkpoint's; the distilled one's `stochastic_sampling` is off)."""
+    from diffusers import AutoencoderSAME, FlowMatchEulerDiscreteScheduler, StableAudio3DiTModel, StableAudio3Pipeline
+    from diffusers.pipelines.stable_audio_3.modeling_stable_audio_3 import StableAudio3DurationEmbedder
+    from transformers import T5GemmaConfig, T5GemmaEncoderModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = char_tokenizer()
+        module = dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+                      sliding_window=64, pad_token_id=tokenizer.pad_token_id)
+        text_encoder = T5GemmaEncoderModel(T5GemmaConfig(encoder=module, decoder=module, vocab_size=len(tokenizer),
+                                                         is_encoder_decoder=False)).eval()
+        vae = AutoencoderSAME(audio_channels=2, patch_size=4, encoder_channels=8, encoder_c_mults=(2,),
+                              encoder_strides=(2,), encoder_transformer_depths=(1,), latent_dim=4, dim_heads=8,
+                              ff_mult=2, sampling_rate=800).eval()
+        with torch.no_grad():  # what SAME zero-initialises, drawn so that the decoded sound depends on the latents
+            for name, param in vae.named_parameters():
+                if name.endswith(("to_out.weight", "proj_out.weight", "new_tokens")):
+                    param.normal_(0.0, 1.0 if name.endswith("new_tokens") else 0.3)
+        transformer = StableAudio3DiTModel(io_channels=4, embed_dim=32, depth=layers, num_heads=2, cond_token_dim=16,
+                                           global_cond_dim=16, local_add_cond_dim=5, timestep_features_dim=16,
+                                           ff_mult=2, num_memory_tokens=2)
+        duration_embedder = StableAudio3DurationEmbedder(output_dim=16, fourier_dim=8, max_val=10.0)
+        return StableAudio3Pipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                    duration_embedder=duration_embedder, transformer=transformer,
+                                    scheduler=FlowMatchEulerDiscreteScheduler())

@@ -1,7 +1,7 @@
 """The checks of the diffusion adapter's settings (`DiffusionConfig`), each naming the `policy.`
 field: `branching_problems`, `pipeline_problems` and `check_settings` need no model (the engine runs
 the first two with the whole recipe before anything loads, the second against the pipeline's
-configs read without its weights: its sizes, its conditioning image; the adapter runs the third
+configs read without its weights: its sizes, its conditioning image, a sound's duration; the adapter runs the third
 before it loads the pipeline), `fitted_family` checks the settings against the loaded pipeline's
 family (its sizes, its kind of prediction, its guidance, its own needs: `Family.check_settings`)
 and sets the family's flow shift and source area.
@@ -34,8 +34,9 @@ def pipeline_problems(cfg: DiffusionConfig) -> list[str]:
     family = described.family if described is not None else None
     if family is None:
         return []
-    problem = image_column_problem(family, cfg) or embedded_guidance_problem(family, cfg)
-    return size_problems(described, cfg) + ([problem] if problem else [])
+    problems = [image_column_problem(family, cfg), embedded_guidance_problem(family, cfg),
+                family.duration_problem(described.configs, cfg.duration) if cfg.duration is not None else None]
+    return size_problems(described, cfg) + [p for p in problems if p]
 
 
 def size_problems(described: PipelineConfigs, cfg: DiffusionConfig) -> list[str]:
@@ -98,6 +99,8 @@ def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
         family.set_flow_shift(cfg.flow_shift)
     if cfg.source_area is not None:
         family.set_source_area(cfg.source_area)
+    if cfg.duration is not None:
+        family.set_duration(cfg.duration)
     name = type(family).__name__
     if (cfg.sampler in EPS_SAMPLERS) != (family.kind == "eps"):
         raise ValueError(f"policy.sampler={cfg.sampler!r} does not fit a {name} "

@@ -1,14 +1,14 @@
 """The `Family` interface: everything the diffusion adapter knows about one diffusers pipeline family,
 and the `FAMILIES` registry `family_of` picks a loaded pipeline's family from. A family says how
 the pipeline conditions on a prompt (text, and an image where the prompt row brings one), what it
-draws (images or videos) and the sizes it can draw (read from its components' configs, so that a
+draws (images, videos or sound) and the sizes it can draw (read from its components' configs, so that a
 recipe is checked before the weights load: `pipeline_configs.py`), the initial noise's shape, the
 step levels and model timesteps (from the pipeline's own scheduler, so the ODE path equals the
 stock pipeline's output), one denoiser call with its guidance, decoding to
 PIL images (a video: a list of frames), the warm start's noising, which policy settings it needs
 and the columns its completions carry to the rewards. Levels are sigmas s (flow) or cumulative
 alphas ab (eps models); `levels[k] -> levels[k + 1]` is step k. The families themselves live in
-`families.py` (images) and `video_families.py` (videos); a new one is one more class in either, or
+`families.py` (images) and `video_families.py` (videos), a sound one in `stable_audio3.py`; a new one is one more class in either, or
 a module of its own imported in `tasks/diffusion/__init__.py`.
 """
 
@@ -51,7 +51,7 @@ class Family:
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
     guidance_embedding_with_cfg = False  # CFG beside a guidance embedding (`policy.embedded_guidance_scale`)
-    output = "image"  # what a completion is (`Policy.output_kind`): an image, or a video's frames
+    output = "image"  # what a completion is (`Policy.output_kind`): an image, a video's frames, or audio (a waveform)
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
     def __init__(self, pipe, size: tuple[int, int], num_frames: int = 1):
@@ -130,6 +130,16 @@ class Family:
     def set_source_area(self, area: int) -> None:
         """Resize each source image to `area` pixels (`policy.source_area`; an editing family's)."""
         raise ValueError(f"policy.source_area={area}: {type(self.pipe).__name__} takes no source image to resize")
+
+    @classmethod
+    def duration_problem(cls, configs: Configs, seconds: float) -> str | None:
+        """What is wrong with drawing `seconds` of sound (`policy.duration`) in the pipeline whose
+        component configs are `configs` (None: nothing): only a sound family draws a duration."""
+        return f"policy.duration={seconds}: {cls.pipeline} draws no sound of a duration"
+
+    def set_duration(self, seconds: float) -> None:
+        """Draw `seconds` of sound (`policy.duration`; a sound family's)."""
+        raise ValueError(self.duration_problem({}, seconds))
 
     def enable_tiling(self) -> None:
         """Decode with the VAE's own tiling (`policy.vae_tiling`: spatial tiles, temporal ones for video)."""

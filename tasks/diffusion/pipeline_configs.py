@@ -67,8 +67,10 @@ def _from_files(file) -> PipelineConfigs:
     """The description from a saved pipeline's files, `file(relative name)` giving each one's path."""
     index = json.loads(file(INDEX).read_text())
     name = index["_class_name"]
-    models = [component for component, entry in index.items()  # diffusers models: not a scheduler, a tokenizer
-              if not component.startswith("_") and isinstance(entry, list) and entry[0] == "diffusers"
+    # diffusers' models and a pipeline's own (Stable Audio 3's duration embedder, library "stable_audio_3"):
+    # not transformers' (text encoders, tokenizers), not a scheduler
+    models = [component for component, entry in index.items()
+              if not component.startswith("_") and isinstance(entry, list) and entry[0] not in (None, "transformers")
               and not str(entry[1]).endswith("Scheduler")]
     configs = {component: json.loads(file(f"{component}/config.json").read_text()) for component in models}
     return PipelineConfigs(_class_names(name), configs)
