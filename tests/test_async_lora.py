@@ -111,9 +111,13 @@ def test_every_shipped_lora_recipe_validates_with_the_worker(tmp_path, no_model)
 # what a two-step smoke run of a recipe may make cheaper, leaving what the worker runs as shipped
 SMALLER = ["optim.prompts_per_step=2", "max_steps=2", "save_every=0", "eval.every=0", "logging.progress=false",
            "logging.report_to=[none]"]
-SPEECH_JUDGES = Path(__file__).parent / "speech_judges.py"  # tiny CLAP in place of a hub judge (offline)
+SPEECH_JUDGES = Path(__file__).parent / "speech_judges.py"  # tiny CLAP and Whisper in place of hub judges (offline)
+DIGIT_REWARDS = Path(__file__).parent / "digit_reward.py"  # the test rewards (loudness: an audio completion's RMS)
 SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.mu=2"],  # 256 tokens, 128 steps, mu 12
-               "t2a_stable_audio3": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"]}
+               "t2a_stable_audio3": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
+               # the tiny Whisper hears the tiny CSM's sound as nothing (every WER 1, no advantage): loudness varies
+               "tts_csm": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]", "rewards.asr_wer.args.model=tiny-tts-judge",
+                           "rewards.loudness.weight=1.0", "policy.max_new_frames=3"]}
 
 
 @pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)

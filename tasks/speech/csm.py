@@ -70,6 +70,7 @@ class CSMPolicy(Policy):
 
     Config = CSMConfig
     stage_fields = frozenset({"max_new_frames", "top_k", "mask_truncated"})
+    runs_in_rollout_worker = True  # its rollouts need the model alone, not a process group
 
     @classmethod
     def config_problems(cls, cfg: CSMConfig) -> list[str]:
