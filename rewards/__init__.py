@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (registration)
     edit_clip,  # noqa: F401,E402  (registration)
     edit_consistency,  # noqa: F401,E402  (registration)
     edit_judge,  # noqa: F401,E402  (registration)
+    edit_shift,  # noqa: F401,E402  (registration)
     format,
     judge,  # noqa: F401,E402  (registration)
     iou,  # noqa: F401,E402  (registration)

@@ -1,5 +1,5 @@
 """Everything only the embedded demos (`mmrl demo NAME`) and the tests use: tiny random models and
-pipelines, the t2i and t2v demos' pixel-space pipelines and judges, the synthetic data sets, the
+pipelines, the t2i, t2v and edit demos' pixel-space pipelines and judges, the synthetic data sets, the
 demos' held-out evaluators, sample writers and figures. Importing it registers them; no adapter
 imports this package (they find what it registers in `TINY_MODELS` and `PIPELINE_LOADERS`).
 """
@@ -17,8 +17,9 @@ from . import (tiny_diffusion_gemma, tiny_generators, tiny_models, tiny_multimod
 from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match, zoom_answers
 from .samples import write_samples
 from .clip_judge import clip_match
+from .edit_pair_judge import edit_match
 from .shape_judge import shape_colour_match
-from .synthetic import colour_shapes, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones, zoom_patches
+from .synthetic import colour_shapes, shape_edits, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones, zoom_patches
 
 # demo name -> recipe name; the file sits at the plugin's root, where `mmrl --help` reads it
 # without importing the plugin (mmrl.registry.shipped_demos)
@@ -31,6 +32,7 @@ DEMO_FIGURES.register("asr")(spoken_words.draw_predictions)
 DEMO_FIGURES.register("latex")(formulas.draw_predictions)
 DEMO_FIGURES.register("t2i")(colour_shapes.draw_samples)
 DEMO_FIGURES.register("t2v")(moving_shapes.draw_samples)
+DEMO_FIGURES.register("edit")(shape_edits.draw_samples)
 DEMO_FIGURES.register("video")(moving_dot.draw_predictions)
 DEMO_FIGURES.register("audio")(tones.draw_predictions)
 DEMO_FIGURES.register("zoom")(zoom_patches.draw_episodes)
@@ -43,6 +45,7 @@ DEMO_EVALUATORS.register("asr")(exact_transcript())
 DEMO_EVALUATORS.register("grounding")(boxes_at_iou(0.5))
 DEMO_EVALUATORS.register("t2i")(shape_colour_match())
 DEMO_EVALUATORS.register("t2v")(clip_match())
+DEMO_EVALUATORS.register("edit")(edit_match())
 # accuracy of the answer letter; the video's also on its frames shuffled (does the model read their order?)
 DEMO_EVALUATORS.register("video")(Evaluator("accuracy of the <answer> letter", exact_match("answer").score,
                                             variants={"shuffled_frames": moving_dot.shuffled_frames}))
@@ -59,5 +62,5 @@ def pixel_pipeline_loader(class_name: str):
     return load
 
 
-for _class_name in ("PixelFlowPipeline", "PixelFlowUNetPipeline", "PixelFlowVideoPipeline"):
+for _class_name in ("PixelFlowPipeline", "PixelFlowUNetPipeline", "PixelFlowVideoPipeline", "PixelFlowEditPipeline"):
     PIPELINE_LOADERS.register(_class_name)(pixel_pipeline_loader(_class_name))

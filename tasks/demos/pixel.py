@@ -2,7 +2,9 @@
 VAE), FlowMatchEulerDiscreteScheduler, a CLIP text encoder, and as the denoiser an SD3 MMDiT
 (token states and the pooled projection; `PixelFlowPipeline`) or a UNet that cross-attends to the
 token states (`PixelFlowUNetPipeline`, the t2i demo's); and for video the same UNet over a clip's
-frames stacked on the channel axis (`PixelFlowVideoPipeline`, the t2v demo's). Each is a `DiffusionPipeline`, so it saves, loads
+frames stacked on the channel axis (`PixelFlowVideoPipeline`, the t2v demo's); and for
+instruction-based editing the UNet with the source image's pixels concatenated to the noisy ones
+on the channel axis (`PixelFlowEditPipeline`, the edit demo's). Each is a `DiffusionPipeline`, so it saves, loads
 and moves like any diffusers pipeline; diffusers does not know the class, so a saved one loads with
 `PixelFlowPipeline.from_pretrained(path)` (or `PixelFlowUNetPipeline`), and `policy.model: path`
 finds the class through the loaders `tasks.demos` registers in
@@ -117,3 +119,35 @@ class PixelFlowVideo(PixelFlowUNet):
         images = super().decode(frames, height, width)
         t = latents.shape[2]
         return [images[i:i + t] for i in range(0, len(images), t)]
+
+
+class PixelFlowEditPipeline(UNetComponents):
+    """The pixel UNet flow model for instruction-based editing: the UNet takes 6 channels, the
+    noisy image's 3 then the source image's 3 (InstructPix2Pix's conditioning by concatenation),
+    and cross-attends to the instruction; it predicts the edit's 3."""
+
+
+@FAMILIES.register("pixel_flow_edit")
+class PixelFlowEdit(PixelFlowUNet):
+    """Each prompt row brings its source image (`policy.image_column`), read at the drawn size
+    into [-1, 1] and kept as ``pos/source`` [B, 3, H, W]; every denoiser call sees it beside the
+    noisy pixels (both guidance passes: the unconditional one drops only the text)."""
+
+    pipeline = "PixelFlowEditPipeline"
+    conditioning_image = True
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        channels = pipe.unet.config.in_channels
+        if channels != 6:
+            raise ValueError(f"{type(pipe).__name__}: its UNet takes {channels} channels, not 6 (noisy image + source)")
+
+    def image_condition(self, images):
+        from ..diffusion.warm_start import target_pixels
+        height, width = self.size
+        pixels = [target_pixels(image, f"source image {i}", height, width) for i, image in enumerate(images)]
+        return {"pos/source": torch.stack(pixels).to(self.device, self.dtype)}
+
+    def predict(self, model, x, t, cond, guidance_scale, guided):
+        source = cond["pos/source"].to(x.device, x.dtype)
+        return super().predict(model, torch.cat([x, source], 1), t, cond, guidance_scale, guided)

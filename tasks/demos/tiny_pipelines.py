@@ -136,6 +136,27 @@ def tiny_pixel_flow_unet(seed: int = 0, channels: tuple[int, ...] = (32, 64), si
                                      text_encoder=_clip(tok), tokenizer=tok)
 
 
+@TINY_MODELS.register("pixel-flow-edit")
+def tiny_pixel_flow_edit(seed: int = 0, channels: tuple[int, ...] = (32, 64), size: int = 16, head_dim: int = 8):
+    """A PixelFlowEditPipeline (`pixel.py`) for `size` x `size` edits: the pixel-flow UNet with the
+    source image's 3 channels after the noisy image's; instructions of up to 32 characters
+    ("make the circle yellow")."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, UNet2DConditionModel
+
+    from .pixel import PixelFlowEditPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = pipeline_tokenizer(max_length=32)
+        levels = len(channels)
+        unet = UNet2DConditionModel(sample_size=size, in_channels=6, out_channels=3, layers_per_block=1,
+                                    block_out_channels=tuple(channels), norm_num_groups=8, cross_attention_dim=32,
+                                    down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * (levels - 1),
+                                    up_block_types=("CrossAttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
+                                    attention_head_dim=head_dim)
+        return PixelFlowEditPipeline(unet=unet, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+                                     text_encoder=_clip(tok), tokenizer=tok)
+
+
 @TINY_MODELS.register("pixel-flow-video")
 def tiny_pixel_flow_video(seed: int = 0, channels: tuple[int, ...] = (32, 64), size: int = 16, head_dim: int = 8,
                           frames: int = 4):

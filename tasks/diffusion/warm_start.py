@@ -1,7 +1,8 @@
 """The supervised warm start of a diffusion policy (`warm_start.steps`): the denoising loss on the
 rows' target images (PIL images or paths; for a video family whose latents are pixels, clips:
 lists of frames), each read at the configured size into [-1, 1], encoded to latents by the
-family, noised on the family's training process (`Family.noised`: rectified flow, or DDPM for eps
+family, conditioned on the prompt (and, for a family that takes one, the row's image under
+`policy.image_column`: an editing family's source), noised on the family's training process (`Family.noised`: rectified flow, or DDPM for eps
 models) and predicted by the denoiser; prompts are dropped to "" with probability
 `policy.cfg_dropout` so that classifier-free guidance has an unconditional model.
 """
@@ -18,6 +19,7 @@ from mmrl.data.images import rgb_image
 
 from .config import DiffusionConfig
 from .family import Family
+from .media_columns import condition_images
 
 
 def target_pixels(image: Any, where: str, height: int, width: int) -> Tensor:
@@ -54,7 +56,8 @@ def denoising_loss(family: Family, cfg: DiffusionConfig, model: nn.Module, rows:
         x0 = family.image_latents(pixels.to(device))
         keep = torch.rand(len(rows)) >= cfg.cfg_dropout
         texts = [str(prompt_of(r)) if k else "" for r, k in zip(rows, keep.tolist())]
-        cond = family.encode(texts, False)
+        images = condition_images(rows, cfg.image_column) if family.conditioning_image else None
+        cond = family.condition(texts, images, False)
     x, t, target = family.noised(x0, torch.randn_like(x0), device)
     pred = family.predict(model, x, t, cond, cfg.guidance_scale, False)
     return torch.nn.functional.mse_loss(pred.float(), target.float())
