@@ -70,3 +70,16 @@ TINY_IMAGE_RECIPE = {
     "logging": {"report_to": ["none"], "progress": False},
     "max_steps": 1,
 }
+
+
+# each flow training method as recipe overrides on a tiny family (the t2i recipes' settings), for the
+# families' method tests
+FLOW_METHODS = {
+    "flow_grpo": [],
+    "flow_grpo_cps": ["policy.sampler=cps"],
+    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
+    "mix_grpo": ["policy.num_steps=5", "policy.schedule.kind=sliding_window", "policy.schedule.size=2"],
+    "flow_grpo_fast": ["policy.num_steps=5", "policy.schedule.kind=random_window", "policy.schedule.size=2"],
+    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
+    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
+}

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.model_loading import TINY_MODELS
@@ -106,15 +106,7 @@ def recipe_overrides(name, tmp_path, *more):
 
 
 # each training method as recipe overrides (the t2i recipes' settings on the tiny model)
-METHODS = {
-    "flow_grpo": [],
-    "flow_grpo_cps": ["policy.sampler=cps"],
-    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
-    "mix_grpo": ["policy.num_steps=5", "policy.schedule.kind=sliding_window", "policy.schedule.size=2"],
-    "flow_grpo_fast": ["policy.num_steps=5", "policy.schedule.kind=random_window", "policy.schedule.size=2"],
-    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
-    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
-}
+METHODS = FLOW_METHODS
 
 
 # the default run takes Flow-GRPO and DanceGRPO on each family (what differs between families is

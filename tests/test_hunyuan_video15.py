@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.diffusion.saving import LORA_FILE
@@ -78,15 +78,7 @@ def recipe(tmp_path, *overrides):
                                      f"policy.guidance_scale={SCALE}", *overrides])
 
 
-METHODS = {
-    "flow_grpo": [],
-    "flow_grpo_cps": ["policy.sampler=cps"],
-    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
-    "mix_grpo": ["policy.num_steps=5", "policy.schedule.kind=sliding_window", "policy.schedule.size=2"],
-    "flow_grpo_fast": ["policy.num_steps=5", "policy.schedule.kind=random_window", "policy.schedule.size=2"],
-    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
-    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
-}
+METHODS = FLOW_METHODS
 @SLOW  # 13-55 s each (2026-11-29)
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_takes_an_on_policy_step(method, tmp_path):

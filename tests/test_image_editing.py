@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes
 from test_diffusion import RECIPE
 from mmrl.tasks.demos.synthetic.colour_shapes import draw_shape
 from mmrl.tasks.diffusion.config import DiffusionConfig
@@ -150,14 +150,8 @@ def recipe(tmp_path, name, *more):
     return parse_config(edit, [f"output_dir={tmp_path}", *more])
 
 
-# each training method as recipe overrides (the t2i tests' settings, test_generators_2026.py)
-METHODS = {
-    "flow_grpo": [],
-    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
-    "flow_grpo_cps": ["policy.sampler=cps"],
-    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
-    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
-}
+# the training methods (helpers.FLOW_METHODS) this family's tests take
+METHODS = {m: FLOW_METHODS[m] for m in ("flow_grpo", "dance_grpo", "flow_grpo_cps", "grpo_guard", "flow_dppo")}
 DEFAULT_METHODS = ("flow_grpo", "dance_grpo")  # the rest under -m slow: the denoiser call is the same
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.model_loading import TINY_MODELS
@@ -104,14 +104,7 @@ def overrides(tmp_path, *more):
     return [f"output_dir={tmp_path}", *more]
 
 
-METHODS = {
-    "flow_grpo": [],
-    "flow_grpo_cps": ["policy.sampler=cps"],
-    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
-    "mix_grpo": ["policy.num_steps=5", "policy.schedule.kind=sliding_window", "policy.schedule.size=2"],
-    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
-    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
-}
+METHODS = {m: FLOW_METHODS[m] for m in ("flow_grpo", "flow_grpo_cps", "dance_grpo", "mix_grpo", "grpo_guard", "flow_dppo")}
 
 
 @pytest.mark.parametrize("method", list(METHODS))  # 0.1-2 s each on the loaded 2-core machine (2026-11-29)

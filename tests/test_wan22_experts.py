@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.experts import TimestepExperts
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
@@ -95,15 +95,7 @@ def recipe(tmp_path, *overrides):
                                      f"policy.guidance_scale={SCALE}", *overrides])
 
 
-METHODS = {
-    "flow_grpo": [],
-    "flow_grpo_cps": ["policy.sampler=cps"],
-    "dance_grpo": ["policy.sampler=dance", "policy.schedule.kind=random_fraction", "policy.schedule.fraction=0.6"],
-    "mix_grpo": ["policy.num_steps=5", "policy.schedule.kind=sliding_window", "policy.schedule.size=2"],
-    "flow_grpo_fast": ["policy.num_steps=5", "policy.schedule.kind=random_window", "policy.schedule.size=2"],
-    "grpo_guard": ["algorithm.ratio_norm=grpo_guard"],
-    "flow_dppo": ["algorithm.trust_region=dppo", "algorithm.dppo_threshold=1e-5", "algorithm.mu=2"],
-}
+METHODS = FLOW_METHODS
 # Flow-GRPO and DanceGRPO in the default run (the expert routing is the same call in every method);
 # the rest under -m slow (a few seconds each on the loaded 2-core machine, 2026-11-29)
 DEFAULT_METHODS = ("flow_grpo", "dance_grpo")
