@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import FLOW_METHODS, on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.model_loading import TINY_MODELS
@@ -175,15 +175,7 @@ RECIPES = {"qwen-image": "t2i_qwen_image", "z-image": "t2i_z_image", "flux2-klei
 @pytest.mark.slow  # 12 s on the loaded 2-core machine (2026-11-29)
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_recipe_trains_two_steps(name, tmp_path):
-    from mmrl.config.parse import load_recipe
-    from mmrl.registry import RECIPES as SHIPPED
-    cfg = load_recipe(SHIPPED.get(RECIPES[name]), [f"output_dir={tmp_path}", "algorithm.group_size=2",
-                                                   "optim.prompts_per_step=1", "max_steps=2", "policy.num_steps=4",
-                                                   "logging.progress=false", "logging.report_to=[none]"])
-    t = Trainer(cfg)
-    for _ in range(2):
-        metrics = t.train_step()
-        assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    shipped_recipe_trains_two_steps(RECIPES[name], tmp_path)
 
 
 def test_a_distilled_flux2_klein_refuses_cfg():

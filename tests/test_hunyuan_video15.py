@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import FLOW_METHODS, on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.diffusion.saving import LORA_FILE
@@ -18,8 +18,7 @@ from mmrl.tasks.demos.tiny_video_generators import tiny_hunyuan_video15
 from test_video_diffusion import WAN_RECIPE
 
 from mmrl.cli.main import main
-from mmrl.config.parse import load_recipe, parse_config
-from mmrl.registry import RECIPES
+from mmrl.config.parse import parse_config
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.safety.checkpoint import latest_checkpoint
 
@@ -127,10 +126,4 @@ def test_full_fine_tune_is_a_stock_pipeline_directory(tmp_path):
 
 @SLOW
 def test_recipe_trains_two_steps(tmp_path):
-    cfg = load_recipe(RECIPES.get("t2v_hunyuan15"), [f"output_dir={tmp_path}", "algorithm.group_size=2",
-                                                     "optim.prompts_per_step=1", "max_steps=2", "policy.num_steps=4",
-                                                     "logging.progress=false", "logging.report_to=[none]"])
-    t = Trainer(cfg)
-    for _ in range(2):
-        metrics = t.train_step()
-        assert math.isfinite(metrics["loss"])
+    shipped_recipe_trains_two_steps("t2v_hunyuan15", tmp_path, on_policy=False)

@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers import FLOW_METHODS, on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
 from test_diffusion import RECIPE
 from mmrl.tasks.demos.synthetic.colour_shapes import draw_shape
 from mmrl.tasks.diffusion.config import DiffusionConfig
@@ -23,8 +23,7 @@ from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from mmrl.tasks.model_loading import TINY_MODELS
 
 from mmrl.cli.main import main
-from mmrl.config.parse import load_recipe, parse_config
-from mmrl.registry import RECIPES
+from mmrl.config.parse import parse_config
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.safety.checkpoint import latest_checkpoint
 
@@ -220,10 +219,4 @@ RECIPES_OF = {"qwen-image-edit": "edit_qwen_image", "qwen-image-edit-plus": "edi
 @pytest.mark.slow  # 7-13 s each on the loaded 2-core machine (2026-11-29)
 @pytest.mark.parametrize("name", list(RECIPES_OF))
 def test_recipe_trains_two_steps(name, tmp_path):
-    cfg = load_recipe(RECIPES.get(RECIPES_OF[name]), [f"output_dir={tmp_path}", "algorithm.group_size=2",
-                                                      "optim.prompts_per_step=1", "max_steps=2", "policy.num_steps=4",
-                                                      "logging.progress=false", "logging.report_to=[none]"])
-    t = Trainer(cfg)
-    for _ in range(2):
-        metrics = t.train_step()
-        assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    shipped_recipe_trains_two_steps(RECIPES_OF[name], tmp_path)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import FLOW_METHODS, on_policy_step_changes
+from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.experts import TimestepExperts
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
@@ -17,8 +17,7 @@ from mmrl.tasks.demos.tiny_video_generators import tiny_wan22_a14b
 from test_video_diffusion import WAN_RECIPE
 
 from mmrl.cli.main import main
-from mmrl.config.parse import load_recipe, parse_config
-from mmrl.registry import RECIPES
+from mmrl.config.parse import parse_config
 from mmrl.train.loop.trainer import Trainer
 from mmrl.train.safety.checkpoint import latest_checkpoint
 
@@ -159,10 +158,4 @@ def test_full_fine_tune_of_both_experts_is_a_stock_pipeline_directory(tmp_path):
 
 @pytest.mark.slow  # two steps of 8 videos x 8 steps through both experts (measured below, 2026-11-29)
 def test_recipe_trains_two_steps(tmp_path):
-    cfg = load_recipe(RECIPES.get("t2v_wan22_a14b"), [f"output_dir={tmp_path}", "algorithm.group_size=2",
-                                                      "optim.prompts_per_step=1", "max_steps=2", "policy.num_steps=4",
-                                                      "logging.progress=false", "logging.report_to=[none]"])
-    t = Trainer(cfg)
-    for _ in range(2):
-        metrics = t.train_step()
-        assert metrics["ratio_max_dev"] == 0.0 and math.isfinite(metrics["loss"])
+    shipped_recipe_trains_two_steps("t2v_wan22_a14b", tmp_path)
