@@ -67,16 +67,8 @@ def teacher_samples(teacher: str, out: Path, overrides: list[str]) -> tuple[dict
                for key in ("prompt", "target", "teacher_target")}
     (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data["eval"]))
-    student = build_policy(cfg, cfg_policy(cfg))
+    student = build_policy(cfg)  # the recipe's own policy section: the student
     return lengths, sum(p.numel() for p in student.model.parameters())
-
-
-def cfg_policy(cfg):
-    """The recipe's own (student's) policy section, typed by its adapter."""
-    from mmrl.config.parse import from_dict
-    from mmrl.config.rollouts import adapter_policy
-    from mmrl.registry import ADAPTERS
-    return from_dict(ADAPTERS.get(cfg.task).Config, adapter_policy(cfg.policy), "policy")
 
 
 def student_flops(params: int, lengths: dict, rl_steps: int, warm_steps: int, warm_target: str) -> dict[str, float]:
