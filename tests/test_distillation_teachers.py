@@ -171,7 +171,10 @@ def test_served_teacher_recipe_errors_name_the_field(tmp_path, overrides, messag
         Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path) + overrides))
 
 
-def test_a_teacher_server_that_does_not_answer_is_named(tmp_path):
+def test_a_teacher_server_that_does_not_answer_is_named(tmp_path, monkeypatch):
+    """Named before any model loads (the student's included)."""
+    import mmrl.train.loop.parts as parts
+    monkeypatch.setattr(parts, "build_policy", lambda *a: pytest.fail("a model was built"))
     with pytest.raises(UserError, match=r"algorithm.distill.teachers.far.url: no teacher server answers at "
                                         r"http://127.0.0.1:\d+ \(start one with `mmrl serve-teacher"):
         Trainer(parse_config(TINY_RECIPE, tiny_overrides(tmp_path) + [

@@ -102,6 +102,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
     """The policy (seeded by the recipe, so identical on every process), placed by the strategy, with
     LoRA, the reference a regulariser asks for, AdamW and the schedule, prepared by the strategy."""
     cfg = stage.config
+    served = served_teachers(plan)  # each asked whether it answers, before any model loads
     torch.manual_seed(cfg.seed)  # model construction and LoRA init are identical on every process
     policy = build_policy(cfg, stage.policy)
     policy.prompt_column = cfg.data.prompt_column
@@ -123,21 +124,38 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         strategy.allow_partial_backward()
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
-    return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy))
+    return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy, served))
 
 
-def build_teachers(plan: StagePlan, strategy: Strategy) -> Teachers | None:
+def distill_config(plan: StagePlan) -> TrainConfig | None:
+    """The first stage's config that distils (the run's teachers are built from it), None if none does."""
+    return next((s.config for s in plan.stages if s.config.algorithm.distill.active), None)
+
+
+def served_teachers(plan: StagePlan) -> dict[str, ServedTeacher]:
+    """The teachers behind `mmrl serve-teacher` by name ({url: ...}), each checked to answer."""
+    cfg = distill_config(plan)
+    if cfg is None:
+        return {}
+    distill = cfg.algorithm.distill
+    served = {name: ServedTeacher(keys["url"], teacher_field(distill, name))
+              for name, keys in distill.named_teachers.items() if is_served(keys)}
+    for teacher in served.values():
+        teacher.check()
+    return served
+
+
+def build_teachers(plan: StagePlan, strategy: Strategy, served: dict[str, ServedTeacher]) -> Teachers | None:
     """The frozen teachers of on-policy distillation (`algorithm.distill.teacher` or `teachers`): the
-    student's adapter built from each teacher's policy section, of which the engine keeps the module
-    it scores with."""
-    cfg = next((s.config for s in plan.stages if s.config.algorithm.distill.active), None)
+    `served` ones, and the student's adapter built from each other teacher's policy section, of which
+    the engine keeps the module it scores with."""
+    cfg = distill_config(plan)
     if cfg is None:
         return None
     modules: dict[str, nn.Module | ServedTeacher] = {}
-    for name, keys in cfg.algorithm.distill.named_teachers.items():
-        if is_served(keys):
-            modules[name] = ServedTeacher(keys["url"], teacher_field(cfg.algorithm.distill, name))
-            modules[name].check()
+    for name in cfg.algorithm.distill.named_teachers:
+        if name in served:
+            modules[name] = served[name]
             continue
         teacher = build_policy(cfg, teacher_policy_config(cfg, name))
         if cfg.policy.get("device") is None:
