@@ -101,9 +101,8 @@ class Policy(ABC):
 
     @classmethod
     def model_configuration(cls, cfg: Any) -> Any:
-        """The model's configuration without its weights (a transformers config, a diffusion pipeline's
-        component configurations): from the tiny builder, a local path's config files, or a hub id's
-        (downloaded alone), for planning a recipe's memory before any download."""
+        """The model's configuration without its weights (a transformers config, a pipeline's component
+        configurations: from the tiny builder, a path's or hub id's config files), for `mmrl plan`."""
         raise UserError(f"{cls.__name__} gives no model configuration without loading its weights")
 
     @classmethod
@@ -136,6 +135,11 @@ class Policy(ABC):
         """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
         a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
         return []
+
+    def parameter_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]] | None:
+        """`model`'s optimizer groups ``{"params", "lr"}`` for parts trained at their own rates (`lr`: optim.lr;
+        the schedule scales each alike); None (default): every trained parameter at `lr`."""
+        return None
 
     @property
     def max_units(self) -> int | None:

@@ -1,0 +1,163 @@
+"""The composite policy (`task: composite`, tasks/composite/): a thinker's tokens and a generator's
+denoising steps in one episode. The adapter contract on two pairings (the character-level Qwen2
+thinker with the pixel flow MMDiT, and with SD3), each part's learning rate, LoRA and freezing, how
+one rollout addresses the parts' units, and the checks made before anything loads."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from adapter_contract import COMMON, AdapterContract
+
+from mmrl.config.parse import parse_config
+from mmrl.errors import UserError
+from mmrl.train.loop.trainer import Trainer
+
+THINKER = {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 6}
+PIXEL_FLOW = {"model": "tiny:pixel-flow", "height": 16, "width": 16, "num_steps": 3, "eval_num_steps": 3,
+              "noise_level": 0.7}
+SD3 = {"model": "tiny:sd3", "height": 32, "width": 32, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
+
+
+def composite_recipe(generator: dict, size: int = 16, **policy) -> dict:
+    return {"task": "composite", "policy": {"thinker": THINKER, "generator": generator, **policy},
+            "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": size}},
+            "rewards": {"colour_shape": {"weight": 1.0}}, "reward_modules": [],
+            "algorithm": {"group_size": 3, "eps_low": 1e-3, "eps_high": 1e-3},
+            "optim": {"lr": 1e-3, "prompts_per_step": 2}}
+
+
+def trainer(tmp_path: Path, recipe: dict, *overrides: str) -> Trainer:
+    return Trainer(parse_config({**COMMON, **recipe}, [f"output_dir={tmp_path}", *overrides]))
+
+
+class TestThinkerWithPixelFlow(AdapterContract):
+    recipe = composite_recipe(PIXEL_FLOW)
+
+    def reload_model(self, model, path):
+        """Each part from its own directory, with its own family's `from_pretrained`."""
+        from transformers import AutoModelForCausalLM
+
+        from mmrl.tasks.composite.model import CompositeModel
+        from mmrl.tasks.demos.pixel import PixelFlowPipeline
+        generator = PixelFlowPipeline.from_pretrained(path / "generator").transformer
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": generator}).eval()
+
+    def assert_same_draw(self, alone, in_batch):
+        assert alone.columns["thought"] == in_batch.columns["thought"]
+        assert torch.allclose(alone.extras["generator/latents"], in_batch.extras["generator/latents"], atol=1e-5)
+
+
+class TestThinkerWithSD3(TestThinkerWithPixelFlow):
+    recipe = composite_recipe(SD3, size=32)
+
+    def reload_model(self, model, path):
+        from diffusers import DiffusionPipeline
+        from transformers import AutoModelForCausalLM
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
+
+
+def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _moved(before: dict, module: torch.nn.Module) -> bool:
+    return any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def test_one_rollout_holds_each_part_in_its_columns(tmp_path):
+    """The thinker's tokens in columns [0, 6), the generator's steps in [6, 9): each part's units are
+    those its own adapter draws alone (same seeds), and a slice across both parts scores each part's
+    units as its own adapter scores its own rollout."""
+    from mmrl.core.seeding import derive_seed
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW))
+    rows = t.inputs.train_rows[:2]
+    batch = t.policy.rollout(rows, 3, seeds=[1, 2])
+    thinker, generator = t.policy.parts["thinker"], t.policy.parts["generator"]
+    thought = thinker.rollout(rows, 3, seeds=[1, 2])
+    drawn = generator.rollout(list(thought.completions), 1, [derive_seed(s, k) for s in (1, 2) for k in range(3)])
+    width = thought.num_units
+    assert batch.num_units == 6 + 3 and width <= 6
+    assert torch.equal(batch.unit_mask[:, :width], thought.unit_mask.float())
+    assert not batch.unit_mask[:, width:6].any()
+    assert torch.equal(batch.unit_mask[:, 6:], drawn.unit_mask.float())
+    assert batch.columns["thought"] == thought.completions
+    assert torch.equal(batch.extras["generator/latents"], drawn.extras["latents"])
+    with torch.no_grad():
+        across = t.policy.logprobs(t.model, batch, slice(2, 8))[0]
+        own_tokens = thinker.logprobs(thinker.model, thought)[0]
+        own_steps = generator.logprobs(generator.model, drawn, slice(0, 2))[0]
+    mask = batch.unit_mask[:, 2:8].bool()
+    expected = torch.cat([torch.nn.functional.pad(own_tokens[:, 2:], (0, 6 - width)), own_steps], dim=1)
+    assert torch.allclose(across[mask], expected[mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("frozen", ["none", "thinker", "generator"])
+def test_a_frozen_part_samples_and_does_not_train(tmp_path, frozen):
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW, freeze=frozen), "optim.lr=1e-2")
+    parts = {name: t.policy.parts[name].model for name in ("thinker", "generator")}
+    before = {name: _weights(m) for name, m in parts.items()}
+    batch = t.policy.rollout(t.inputs.train_rows[:2], 3, seeds=[1, 2])
+    assert bool(batch.unit_mask[:, :6].any()) is (frozen != "thinker")
+    assert bool(batch.unit_mask[:, 6:].any()) is (frozen != "generator")
+    assert len(t.optimizer.param_groups) == (1 if frozen != "none" else 2)
+    t.train_step()
+    for name, module in parts.items():
+        assert _moved(before[name], module) is (name != frozen), name
+
+
+def test_each_part_has_its_own_learning_rate(tmp_path):
+    """thinker_lr 0 leaves the thinker where it was while the generator trains at optim.lr; a new base
+    rate (a stage's) keeps each part's ratio to it."""
+    from mmrl.train.loop.parts import set_base_lr
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker_lr=0.0, generator_lr=5e-3), "optim.lr=1e-2")
+    assert [g["lr"] for g in t.optimizer.param_groups] == [0.0, 5e-3]
+    thinker = _weights(t.policy.parts["thinker"].model)
+    generator = _weights(t.policy.parts["generator"].model)
+    t.train_step()
+    assert not _moved(thinker, t.policy.parts["thinker"].model)
+    assert _moved(generator, t.policy.parts["generator"].model)
+    set_base_lr(t.optimizer, t.scheduler, 2e-2)
+    assert t.scheduler.base_lrs == pytest.approx([0.0, 1e-2])
+
+
+def test_each_part_takes_its_own_lora_which_loads_on_the_stock_class(tmp_path):
+    from peft import PeftModel
+
+    from mmrl.tasks.composite.model import CompositeModel
+    from mmrl.tasks.demos.tiny_pipelines import tiny_sd3
+    from mmrl.tasks.model_loading import load_tiny
+    t = trainer(tmp_path / "run", composite_recipe(SD3, size=32, thinker_lora={"r": 4, "alpha": 8},
+                                                   generator_lora={"r": 2, "alpha": 4}), "optim.lr=1e-2")
+    trained = [n for n, p in t.unwrapped.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert any(n.startswith("parts.thinker.") for n in trained) and any(n.startswith("parts.generator.") for n in trained)
+    t.train_step()
+    t.policy.save_pretrained(t.unwrapped, tmp_path / "saved")
+    assert (tmp_path / "saved" / "generator" / "pytorch_lora_weights.safetensors").exists()  # diffusers' LoRA
+    base = load_tiny("tiny:qwen2-char", THINKER["tiny_args"], "float32")[0]
+    thinker = PeftModel.from_pretrained(base, tmp_path / "saved" / "thinker")
+    pipe = tiny_sd3()  # the stock StableDiffusion3Pipeline, untrained, loads the generator's LoRA itself
+    pipe.load_lora_weights(tmp_path / "saved" / "generator")
+    generator = pipe.transformer
+    batch = t.policy.rollout(t.inputs.train_rows[:1], 3, seeds=[1])
+    again = CompositeModel({"thinker": thinker, "generator": generator}).eval()
+    with torch.no_grad():
+        before, after = t.policy.logprobs(t.model, batch)[0], t.policy.logprobs(again, batch)[0]
+    mask = batch.unit_mask.bool()
+    assert torch.allclose(before[mask], after[mask], atol=1e-5)
+
+
+def test_problems_are_named_before_anything_loads(tmp_path):
+    with pytest.raises(Exception, match=r"policy\.thinker\.temperature"):
+        trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker={**THINKER, "temperature": 0}))
+    with pytest.raises(Exception, match=r"policy\.generator_lora\.r=4: the generator is frozen"):
+        trainer(tmp_path, composite_recipe(PIXEL_FLOW, freeze="generator", generator_lora={"r": 4}))
+    with pytest.raises(Exception, match=r"policy\.thinker_task=diffusion: its completions are 'image'"):
+        trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker_task="diffusion", thinker=PIXEL_FLOW))
+    with pytest.raises(UserError, match=r"policy\.thinker_lora / policy\.generator_lora"):
+        trainer(tmp_path, composite_recipe(PIXEL_FLOW), "optim.lora.r=4")
