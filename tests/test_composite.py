@@ -161,3 +161,16 @@ def test_problems_are_named_before_anything_loads(tmp_path):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker_task="diffusion", thinker=PIXEL_FLOW))
     with pytest.raises(UserError, match=r"policy\.thinker_lora / policy\.generator_lora"):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW), "optim.lora.r=4")
+
+
+def test_the_shipped_recipe_trains_two_steps(tmp_path):
+    import math
+
+    from mmrl.config.parse import load_recipe
+    from mmrl.registry import RECIPES
+    t = Trainer(load_recipe(RECIPES.get("think_draw"), [
+        f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=2", "max_steps=2",
+        "logging.progress=false", "logging.report_to=[none]"]))
+    for _ in range(2):
+        metrics = t.train_step()
+        assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
