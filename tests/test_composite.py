@@ -174,3 +174,21 @@ def test_the_shipped_recipe_trains_two_steps(tmp_path):
     for _ in range(2):
         metrics = t.train_step()
         assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
+
+
+@pytest.mark.slow  # 51 s on the loaded 2-core machine (2026-11-29): two launches of two steps
+def test_one_and_two_processes_give_the_same_weights(tmp_path):
+    """1 process and 2 (gloo on CPU, the default data-parallel strategy): the same rewards, loss and
+    weights of both parts after two steps with a KL to the frozen reference, with the harness and
+    tolerances of tests/test_sharding.py."""
+    from test_sharding import assert_same, exported, launch, write
+    recipe = write(tmp_path, {**composite_recipe(PIXEL_FLOW), **COMMON, "max_steps": 2,
+                              "algorithm": {"group_size": 3, "beta": 0.04},
+                              "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
+                              "logging": {"report_to": ["none"], "progress": False}})
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two")
+    assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
+    weights = exported(tmp_path / "one", 2)
+    assert any(k.startswith("thinker/") for k in weights) and any(k.startswith("generator/") for k in weights)
+    assert_same(one, two, weights, exported(tmp_path / "two", 2))
