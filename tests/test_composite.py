@@ -192,3 +192,47 @@ def test_one_and_two_processes_give_the_same_weights(tmp_path):
     weights = exported(tmp_path / "one", 2)
     assert any(k.startswith("thinker/") for k in weights) and any(k.startswith("generator/") for k in weights)
     assert_same(one, two, weights, exported(tmp_path / "two", 2))
+
+
+def test_each_unit_clipped_at_its_own_range_is_the_hand_computation():
+    """policy_loss with a clip range per unit (`Policy.unit_clip`) against a loop over the units:
+    max(-A r, -A clip(r, 1 - eps_low_u, 1 + eps_high_u)), summed with the weights; and the recipe's
+    range given per unit is the loss without one."""
+    from mmrl.config.algorithm import AlgorithmConfig
+    from mmrl.core.objectives import policy_loss
+    torch.manual_seed(0)
+    logp, old = torch.randn(3, 5) * 0.3, torch.randn(3, 5) * 0.3
+    adv, mask, weights = torch.tensor([1.0, -0.5, 2.0]), torch.ones(3, 5), torch.full((3, 5), 0.1)
+    low = torch.tensor([[0.2] * 2 + [0.01] * 3] * 3)
+    high = torch.tensor([[0.28] * 2 + [0.02] * 3] * 3)
+    cfg = AlgorithmConfig(eps_low=0.2, eps_high=0.28)
+    got = policy_loss(logp, old, adv, mask, weights, cfg, clip_range=(low, high)).loss
+    expected = 0.0
+    for i in range(3):
+        for u in range(5):
+            r = float(torch.exp(logp[i, u] - old[i, u]))
+            clipped = min(max(r, 1 - float(low[i, u])), 1 + float(high[i, u]))
+            expected += 0.1 * max(-float(adv[i]) * r, -float(adv[i]) * clipped)
+    assert float(got) == pytest.approx(expected, abs=1e-6)
+    recipe_range = (torch.full((3, 5), 0.2), torch.full((3, 5), 0.28))
+    assert torch.allclose(policy_loss(logp, old, adv, mask, weights, cfg, clip_range=recipe_range).loss,
+                          policy_loss(logp, old, adv, mask, weights, cfg).loss)
+    assert float(got) != pytest.approx(float(policy_loss(logp, old, adv, mask, weights, cfg).loss), abs=1e-4)
+
+
+def test_each_part_clips_at_its_own_range(tmp_path):
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW, generator_clip=[1e-4, 2e-4]),
+                "algorithm.eps_low=0.2", "algorithm.eps_high=0.28", "algorithm.mu=2")
+    batch = t.policy.rollout(t.inputs.train_rows[:2], 3, seeds=[1, 2])
+    low, high = t.policy.unit_clip(batch, slice(4, 8), (0.2, 0.28))
+    assert torch.equal(low[0], torch.tensor([0.2, 0.2, 1e-4, 1e-4])) and torch.equal(high[0], torch.tensor([0.28, 0.28, 2e-4, 2e-4]))
+    plain = trainer(tmp_path / "plain", composite_recipe(PIXEL_FLOW), "algorithm.eps_low=0.2",
+                    "algorithm.eps_high=0.28", "algorithm.mu=2")
+    assert plain.policy.unit_clip(batch, slice(None), (0.2, 0.28)) is None
+    # two update passes: the second clips the generator's steps at its own range only, so the same step
+    # leaves the thinker where the recipe's range leaves it and the generator elsewhere
+    for run in (t, plain):
+        run.train_step()
+    own = {n: _weights(t.policy.parts[n].model) for n in ("thinker", "generator")}
+    assert not _moved(own["thinker"], plain.policy.parts["thinker"].model)
+    assert _moved(own["generator"], plain.policy.parts["generator"].model)

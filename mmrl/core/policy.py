@@ -53,12 +53,11 @@ class Policy(ABC):
     @abstractmethod
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
-        """Sample `group_size` completions for each prompt, under no grad. A prompt is a data-set
-        row (a dict: the adapter reads `prompt_column` and whatever else it needs, e.g. images)
-        or the bare prompt itself. Group `g` must be a function of `prompts[g]` and `seeds[g]`
-        alone, so that rollouts do not depend on how groups are spread over processes. Rows are
-        ordered group by group (a group's block may hold auxiliary rows, see `Rollout.auxiliary`);
-        `Rollout.prompts` holds the prompt as the rewards should see it."""
+        """Sample `group_size` completions for each prompt (a data-set row, a dict the adapter reads
+        `prompt_column` and its media from, or the bare prompt), under no grad. Group `g` must be a
+        function of `prompts[g]` and `seeds[g]` alone (rollouts do not depend on how groups are spread
+        over processes). Rows are ordered group by group (a group's block may hold auxiliary rows,
+        `Rollout.auxiliary`); `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @classmethod
     def unit_terms(cls, cfg: Any) -> str:
@@ -139,6 +138,11 @@ class Policy(ABC):
     def parameter_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]] | None:
         """`model`'s optimizer groups ``{"params", "lr"}`` for parts trained at their own rates (`lr`: optim.lr;
         the schedule scales each alike); None (default): every trained parameter at `lr`."""
+        return None
+
+    def unit_clip(self, batch: Rollout, units: slice, eps: tuple[float, float]) -> tuple[Tensor, Tensor] | None:
+        """(eps_low, eps_high) [B, u] of each unit for units clipped at their own ranges (a composite's
+        parts), `eps` the recipe's; None (default): every unit at `eps`."""
         return None
 
     @property
@@ -236,11 +240,9 @@ class Policy(ABC):
 
     def step_rewards(self, batch: Rollout, score: Callable[[list[int], list[Any]], dict[str, Tensor]]
                      ) -> dict[str, Tensor] | None:
-        """Per-unit rewards {name: [N, U]} for step-level credit assignment (e.g. TP-GRPO, which
-        scores intermediate states), or None: one reward per rollout. `score(rows, completions)`
-        scores extra completions, completion j standing for row rows[j] (its prompt and data
-        columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
-        `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        """Per-unit rewards {name: [N, U]} (step-level credit, e.g. TP-GRPO's intermediate states), or None.
+        `score(rows, completions)` scores extra completions, completion j standing for row rows[j], with
+        every reward: {name: [len(rows)]}. In training only; the result replaces the rollout rewards."""
         return None
 
     def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
@@ -261,11 +263,9 @@ class Policy(ABC):
         return {}
 
     def pass_view(self, batch: Rollout, pass_index: int) -> Rollout | None:
-        """The batch as update pass `pass_index` (0 .. mu-1) scores it, for adapters whose
-        log-probs are Monte Carlo estimates redrawn each pass (a masked diffusion LM draws a fresh
-        mask per pass, d1); None (the default) when every pass scores the batch alike. The engine
-        then computes the old (and reference) log-probs of each pass from its own view, before
-        the first update, so every pass's ratio is taken under one draw."""
+        """The batch as update pass `pass_index` (0 .. mu-1) scores it, for log-probs that are Monte Carlo
+        estimates redrawn each pass (a masked diffusion LM's fresh masks, d1), or None (every pass alike);
+        each pass's old and reference log-probs are then taken from its view before the first update."""
         return None
 
     def unit_slices(self, batch: Rollout) -> list[slice]:

@@ -24,6 +24,11 @@ def composite_problems(cfg: CompositeConfig) -> list[str]:
         lr = cfg.thinker_lr if name == "thinker" else cfg.generator_lr
         if lr is not None and lr < 0:
             problems.append(f"policy.{name}_lr={lr} must be >= 0 (null: optim.lr)")
+    for name in PARTS:
+        clip = cfg.part_clip(name)
+        if clip is not None and (len(clip) != 2 or any(e < 0 for e in clip)):
+            problems.append(f"policy.{name}_clip={clip} must be [eps_low, eps_high], both >= 0 (null: the "
+                            "algorithm's)")
     try:
         cfg.prompt_template.format(thought="", prompt="")
     except (KeyError, IndexError, ValueError) as err:

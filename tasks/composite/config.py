@@ -43,6 +43,11 @@ class CompositeConfig:
         "that changes optim.lr keeps its ratio to it.")})
     generator_lr: float | None = field(default=None, metadata={"help": (
         "The generator's learning rate (null: optim.lr); scheduled as thinker_lr is.")})
+    thinker_clip: list[float] | None = field(default=None, metadata={"help": (
+        "The thinker's tokens' clip range [eps_low, eps_high] of the clipped surrogate (null: algorithm.eps_low "
+        "and eps_high), e.g. [0.2, 0.28] beside a generator's [1.0e-4, 1.0e-4].")})
+    generator_clip: list[float] | None = field(default=None, metadata={"help": (
+        "The generator's units' clip range [eps_low, eps_high] (null: algorithm.eps_low and eps_high).")})
     thinker_lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": _lora_help("thinker")})
     generator_lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": _lora_help("generator")})
 
@@ -57,6 +62,9 @@ class CompositeConfig:
         """The learning rate of `part` when optim.lr is `lr`."""
         own = self.thinker_lr if part == "thinker" else self.generator_lr
         return lr if own is None else own
+
+    def part_clip(self, part: str) -> list[float] | None:
+        return self.thinker_clip if part == "thinker" else self.generator_clip
 
     def part_lora(self, part: str) -> LoraConfig:
         return self.thinker_lora if part == "thinker" else self.generator_lora

@@ -216,6 +216,18 @@ class CompositePolicy(Policy):
                 entropy[:, at:at + ent.shape[1]] = ent.float()
         return logp, entropy
 
+    def unit_clip(self, batch: Rollout, units: slice, eps: tuple[float, float]) -> tuple[Tensor, Tensor] | None:
+        """Each unit's (eps_low, eps_high) [B, u]: its part's `policy.PART_clip`, else the recipe's `eps`."""
+        if all(self.cfg.part_clip(name) is None for name in PARTS):
+            return None
+        start, stop, _ = units.indices(batch.num_units)
+        low, high = torch.full((len(batch), stop - start), eps[0]), torch.full((len(batch), stop - start), eps[1])
+        for col in self.columns:
+            own, a, b = self.cfg.part_clip(col.name), max(start, col.start), min(stop, col.stop)
+            if own is not None and a < b:
+                low[:, a - start:b - start], high[:, a - start:b - start] = own
+        return low, high
+
     # ----- what users see, and checkpoints ---------------------------------------------------------
     def sample_medium(self, completion: Any, columns: dict[str, Any]) -> Medium:
         return self.parts["generator"].sample_medium(completion, columns)
