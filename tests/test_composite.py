@@ -1,13 +1,14 @@
 """The composite policy (`task: composite`, tasks/composite/): a thinker's tokens and a generator's
-denoising steps in one episode. The adapter contract on two pairings (the character-level Qwen2
-thinker with the pixel flow MMDiT, and with SD3), each part's learning rate, LoRA and freezing, how
-one rollout addresses the parts' units, and the checks made before anything loads."""
+denoising steps in one episode. Each part's learning rate, clip range, LoRA and freezing, how one
+rollout addresses the parts' units, the checks made before anything loads, and 1 against 2
+processes. (The adapter contract on two pairings, the character-level Qwen2 thinker with the pixel
+flow MMDiT and with SD3, is in tests/test_adapter_contract.py.)"""
 
 from pathlib import Path
 
 import pytest
 import torch
-from adapter_contract import COMMON, AdapterContract
+from adapter_contract import COMMON
 
 from mmrl.config.parse import parse_config
 from mmrl.errors import UserError
@@ -29,36 +30,6 @@ def composite_recipe(generator: dict, size: int = 16, **policy) -> dict:
 
 def trainer(tmp_path: Path, recipe: dict, *overrides: str) -> Trainer:
     return Trainer(parse_config({**COMMON, **recipe}, [f"output_dir={tmp_path}", *overrides]))
-
-
-class TestThinkerWithPixelFlow(AdapterContract):
-    recipe = composite_recipe(PIXEL_FLOW)
-
-    def reload_model(self, model, path):
-        """Each part from its own directory, with its own family's `from_pretrained`."""
-        from transformers import AutoModelForCausalLM
-
-        from mmrl.tasks.composite.model import CompositeModel
-        from mmrl.tasks.demos.pixel import PixelFlowPipeline
-        generator = PixelFlowPipeline.from_pretrained(path / "generator").transformer
-        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
-                               "generator": generator}).eval()
-
-    def assert_same_draw(self, alone, in_batch):
-        assert alone.columns["thought"] == in_batch.columns["thought"]
-        assert torch.allclose(alone.extras["generator/latents"], in_batch.extras["generator/latents"], atol=1e-5)
-
-
-class TestThinkerWithSD3(TestThinkerWithPixelFlow):
-    recipe = composite_recipe(SD3, size=32)
-
-    def reload_model(self, model, path):
-        from diffusers import DiffusionPipeline
-        from transformers import AutoModelForCausalLM
-
-        from mmrl.tasks.composite.model import CompositeModel
-        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
-                               "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
 
 
 def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
