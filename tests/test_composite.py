@@ -134,12 +134,13 @@ def test_problems_are_named_before_anything_loads(tmp_path):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW), "optim.lora.r=4")
 
 
-def test_the_shipped_recipe_trains_two_steps(tmp_path):
+@pytest.mark.parametrize("name", ["think_draw", "think_draw_unigrpo"])
+def test_the_shipped_recipe_trains_two_steps(tmp_path, name):
     import math
 
     from mmrl.config.parse import load_recipe
     from mmrl.registry import RECIPES
-    t = Trainer(load_recipe(RECIPES.get("think_draw"), [
+    t = Trainer(load_recipe(RECIPES.get(name), [
         f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=2", "max_steps=2",
         "logging.progress=false", "logging.report_to=[none]"]))
     for _ in range(2):
@@ -207,3 +208,48 @@ def test_each_part_clips_at_its_own_range(tmp_path):
     own = {n: _weights(t.policy.parts[n].model) for n in ("thinker", "generator")}
     assert not _moved(own["thinker"], plain.policy.parts["thinker"].model)
     assert _moved(own["generator"], plain.policy.parts["generator"].model)
+
+
+UNIGRPO = ["algorithm.beta=1.0", "algorithm.kl_estimator=closed_form", "policy.generator.kl_form=velocity_mse",
+           "policy.generator.classifier_free_guidance=false", "policy.generator.guidance_scale=1.0"]
+
+
+def test_velocity_mse_is_the_hand_computation_on_the_generator_and_zero_on_the_thinker(tmp_path):
+    """UniGRPO's regulariser (`policy.generator.kl_form: velocity_mse`, closed_form): each generator step's
+    mean_d (v_theta - v_ref)^2 from the two models' velocity predictions at the step's latents, against
+    the reference before the generator moved; the thinker's tokens carry none."""
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW), *UNIGRPO)
+    generator = t.policy.parts["generator"]
+    with torch.no_grad():  # the trained generator moves away from its frozen reference
+        for p in generator.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = t.policy.rollout(t.inputs.train_rows[:2], 3, seeds=[1, 2])
+    with torch.no_grad():
+        logp, _, kl = t.policy.logprobs_and_kl(t.model, t.updater.reference_model, batch, slice(None))
+        plain = t.policy.logprobs(t.model, batch)[0]
+    mask = batch.unit_mask.bool()
+    assert torch.allclose(logp[mask], plain[mask], atol=1e-5)
+    assert not kl[:, :6].any()
+    sub = batch.extras
+    rows = torch.arange(len(batch))
+    reference = t.reference.parts["generator"]
+    for k in range(3):
+        if not batch.unit_mask[:, 6 + k].any():
+            continue
+        x, step_t = sub["generator/latents"][:, k], sub["generator/timesteps"][0, k]
+        cond = {key[len("generator/"):]: v for key, v in sub.items() if key.startswith("generator/pos/")}
+        with torch.no_grad():
+            v = generator.family.predict(generator.model, x, step_t, cond, 1.0, False)
+            v_ref = generator.family.predict(reference, x, step_t, cond, 1.0, False)
+        expected = ((v - v_ref) ** 2).flatten(1).mean(1)
+        assert expected.min() > 0
+        assert torch.allclose(kl[rows, 6 + k], expected, rtol=1e-4, atol=1e-7), k
+
+
+def test_the_unigrpo_settings_train_and_are_checked(tmp_path):
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW), *UNIGRPO)
+    metrics = t.train_step()
+    assert metrics["ratio_max_dev"] == 0.0 and metrics["kl"] == 0.0  # the first step: the reference itself
+    with pytest.raises(Exception, match=r"kl_form=velocity_mse.*classifier_free_guidance=true"):
+        trainer(tmp_path / "cfg", composite_recipe(PIXEL_FLOW), *UNIGRPO[:3],
+                "policy.generator.classifier_free_guidance=true")

@@ -14,9 +14,11 @@ its own LoRA, or frozen.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -193,15 +195,15 @@ class CompositePolicy(Policy):
         return slices
 
     def logprobs(self, model: nn.Module, batch: Rollout, units: slice = slice(None),
-                 with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                 with_entropy: bool = False, skip: tuple[str, ...] = ()) -> tuple[Tensor, Tensor | None]:
         """fp32 log-probs [B, u] of the units in `units`: each trained part's from its own adapter, on its
         own rollout and the slice of its units (`units.PartColumns.local`), 0 over a frozen part's and
-        padding units."""
+        padding units (and over the parts in `skip`, left to the caller)."""
         start, stop, _ = units.indices(batch.num_units)
         logp = torch.zeros(len(batch), stop - start)
         entropy = torch.zeros(len(batch), stop - start) if with_entropy else None
         for col in self.columns:
-            if not self.trained(col.name):
+            if not self.trained(col.name) or col.name in skip:
                 continue
             sub = self._part(batch, col)
             found = col.local(slice(start, stop), sub.num_units)
@@ -215,6 +217,30 @@ class CompositePolicy(Policy):
                 entropy = entropy.to(ent.device)
                 entropy[:, at:at + ent.shape[1]] = ent.float()
         return logp, entropy
+
+    def logprobs_and_kl(self, model: nn.Module, reference: Callable[[], AbstractContextManager[nn.Module]],
+                        batch: Rollout, units: slice = slice(None),
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`logprobs` and each unit's closed-form KL [B, u] (`algorithm.kl_estimator: closed_form`): the
+        generator's own (its step Gaussians' KL, or UniGRPO's velocity MSE with its `kl_form: velocity_mse`);
+        0 on the thinker's tokens, which have none (UniGRPO regularises the drawing alone)."""
+        start, stop, _ = units.indices(batch.num_units)
+        logp, entropy = self.logprobs(model, batch, slice(start, stop), with_entropy, skip=("generator",))
+        kl = torch.zeros_like(logp)
+        col = self.columns[-1]
+        sub = self._part(batch, col)
+        found = col.local(slice(start, stop), sub.num_units) if self.trained(col.name) else None
+        if found is not None:
+            own, at = found
+            lp, ent, own_kl = self.parts[col.name].logprobs_and_kl(
+                PartCall(model, col.name), partial(_part_reference, reference, col.name), sub, own, with_entropy)
+            width = lp.shape[1]
+            logp, kl = logp.to(lp.device), kl.to(lp.device)
+            logp[:, at:at + width], kl[:, at:at + width] = lp.float(), own_kl.float()
+            if with_entropy and ent is not None:
+                entropy = entropy.to(ent.device)
+                entropy[:, at:at + width] = ent.float()
+        return logp, entropy, kl
 
     def unit_clip(self, batch: Rollout, units: slice, eps: tuple[float, float]) -> tuple[Tensor, Tensor] | None:
         """Each unit's (eps_low, eps_high) [B, u]: its part's `policy.PART_clip`, else the recipe's `eps`."""
@@ -241,6 +267,13 @@ class CompositePolicy(Policy):
             own = None if state_dict is None else {k[len(prefix):]: v for k, v in state_dict.items()
                                                    if k.startswith(prefix)}
             self.parts[name].save_pretrained(parts[name], Path(path) / name, own)
+
+
+@contextmanager
+def _part_reference(reference: Callable[[], AbstractContextManager[nn.Module]], name: str) -> Iterator[PartCall]:
+    """The reference's part `name`, as its adapter enters a reference."""
+    with reference() as whole:
+        yield PartCall(whole, name)
 
 
 def _index_in_group(groups: list[int]) -> list[int]:
