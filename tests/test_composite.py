@@ -130,7 +130,7 @@ def test_problems_are_named_before_anything_loads(tmp_path):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW, freeze="generator", generator_lora={"r": 4}))
     with pytest.raises(Exception, match=r"policy\.thinker_task=diffusion: its completions are 'image'"):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker_task="diffusion", thinker=PIXEL_FLOW))
-    with pytest.raises(UserError, match=r"policy\.thinker_lora / policy\.generator_lora"):
+    with pytest.raises(UserError, match=r"optim\.lora\.r=4: task composite gives each part its own LoRA"):
         trainer(tmp_path, composite_recipe(PIXEL_FLOW), "optim.lora.r=4")
 
 

@@ -117,16 +117,16 @@ class Policy(ABC):
         before anything loads."""
         return []
 
-    # whether the engine may build this adapter from the recipe in another process to generate: a rollout
-    # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`, `vllm_server`)
+    # whether the engine may build this adapter in another process to generate (a rollout worker or server)
     runs_in_rollout_worker: bool = False
     # whether one backward may leave some trained parameters without a gradient (a model routing each input to one of its parts)
     partial_backward: bool = False
+    # why `optim.lora` may not wrap this adapter's whole model (None: it may), refused before anything loads
+    engine_lora_refused: str | None = None
 
     @classmethod
     def rollout_worker_problem(cls, policy: dict) -> str | None:
-        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker or
-        an asynchronous rollout server (None: nothing); asked only of adapters that run there."""
+        """What in the policy section keeps the rollouts out of a rollout worker or server (None: nothing)."""
         return None
 
     @classmethod

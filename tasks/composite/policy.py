@@ -45,6 +45,8 @@ class CompositePolicy(Policy):
 
     Config = CompositeConfig
     partial_backward = True  # a unit slice runs one part: the other's parameters get no gradient
+    engine_lora_refused = ("gives each part its own LoRA: set policy.thinker_lora / policy.generator_lora and "
+                           "leave optim.lora.r at 0")
 
     def __init__(self, cfg: CompositeConfig):
         problems = self.config_problems(cfg)
@@ -127,9 +129,8 @@ class CompositePolicy(Policy):
 
     def parameter_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]]:
         """One group per trained part, at its own learning rate (`policy.thinker_lr`, `generator_lr`)."""
-        if hasattr(model, "peft_config"):
-            raise UserError("task composite: optim.lora wraps the whole composite; give each part its LoRA as "
-                            "policy.thinker_lora / policy.generator_lora and leave optim.lora.r at 0")
+        if hasattr(model, "peft_config"):  # refused with the recipe; a model wrapped since is refused here
+            raise UserError(f"task composite {self.engine_lora_refused}")
         parts = composite_of(model).parts
         return [{"params": [p for p in parts[name].parameters() if p.requires_grad], "lr": self.cfg.part_lr(name, lr)}
                 for name in PARTS if self.trained(name)]
