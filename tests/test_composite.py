@@ -253,3 +253,31 @@ def test_the_unigrpo_settings_train_and_are_checked(tmp_path):
     with pytest.raises(Exception, match=r"kl_form=velocity_mse.*classifier_free_guidance=true"):
         trainer(tmp_path / "cfg", composite_recipe(PIXEL_FLOW), *UNIGRPO[:3],
                 "policy.generator.classifier_free_guidance=true")
+
+
+HERE = Path(__file__).parent
+PAIRINGS = {
+    # a vision-language thinker reads the row's image and writes; the pixel flow MMDiT draws its text
+    "vlm+pixel-flow": {"thinker_task": "vlm", "thinker": {"model": "tiny:qwen2.5-vl-char", "max_new_tokens": 5},
+                       "generator": PIXEL_FLOW, "data": {"name": "shapes", "args": {"n_train": 8, "n_eval": 2, "size": 56}},
+                       "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")]},
+    # the text thinker, then Wan 2.1 text-to-video drawing a clip of its text
+    "causal_lm+wan-t2v": {"generator": {"model": "tiny:wan-t2v", "height": 32, "width": 32, "num_frames": 5,
+                                        "num_steps": 2, "eval_num_steps": 2, "noise_level": 0.7},
+                          "rewards": {"mean_red_video": {"weight": 1.0}},
+                          "reward_modules": [str(HERE / "video_reward.py")]},
+}
+
+
+@pytest.mark.parametrize("pairing", list(PAIRINGS))
+def test_other_pairings_train_on_policy_and_move_both_parts(tmp_path, pairing):
+    """A vision-language thinker, and a video generator: a step starts exactly on-policy, the sampler's
+    log-probs are the training forward's, and both parts move."""
+    from helpers import on_policy_step_changes
+    spec = dict(PAIRINGS[pairing])
+    policy = {"thinker": spec.pop("thinker", THINKER), "generator": spec.pop("generator"),
+              **({"thinker_task": spec.pop("thinker_task")} if "thinker_task" in spec else {})}
+    recipe = {**composite_recipe(PIXEL_FLOW), "policy": policy, **spec}
+    t = trainer(tmp_path, recipe, "optim.lr=1e-2")
+    changed = on_policy_step_changes(t)
+    assert any(n.startswith("parts.thinker.") for n in changed) and any(n.startswith("parts.generator.") for n in changed)
