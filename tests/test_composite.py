@@ -146,6 +146,8 @@ def test_the_shipped_recipe_trains_two_steps(tmp_path, name):
     for _ in range(2):
         metrics = t.train_step()
         assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
+    scores = t.evaluate(keep_samples=True, kept_rows=1)  # greedy episodes: the thinker's argmax, the ODE drawing
+    assert all(math.isfinite(v) for k, v in scores.items() if isinstance(v, float))
 
 
 @pytest.mark.slow  # 51 s on the loaded 2-core machine (2026-11-29): two launches of two steps
@@ -281,3 +283,21 @@ def test_other_pairings_train_on_policy_and_move_both_parts(tmp_path, pairing):
     t = trainer(tmp_path, recipe, "optim.lr=1e-2")
     changed = on_policy_step_changes(t)
     assert any(n.startswith("parts.thinker.") for n in changed) and any(n.startswith("parts.generator.") for n in changed)
+
+
+def test_rollouts_drawn_apart_join_as_one(tmp_path):
+    """`concat` (dynamic sampling's draws joined): each part's rollouts joined by its own adapter, and every
+    row scores in the joined batch as it did in its own draw."""
+    t = trainer(tmp_path, composite_recipe(PIXEL_FLOW, thinker={**THINKER, "max_new_tokens": 6}))
+    rows = t.inputs.train_rows
+    first, second = (t.policy.rollout(rows[i:i + 1], 3, seeds=[i + 1]) for i in (0, 1))
+    joined = t.policy.concat([first, second])
+    assert len(joined) == 6 and joined.num_units == first.num_units == 9
+    assert joined.columns["thought"] == first.columns["thought"] + second.columns["thought"]
+    with torch.no_grad():
+        together = t.policy.logprobs(t.model, joined)[0]
+        apart = torch.cat([t.policy.logprobs(t.model, r)[0] for r in (first, second)])
+    mask = joined.unit_mask.bool()
+    assert torch.equal(mask, torch.cat([first.unit_mask, second.unit_mask]).bool())
+    assert torch.allclose(together[mask], apart[mask], atol=1e-5)
+    assert torch.equal(joined.rollout_logp, torch.cat([first.rollout_logp, second.rollout_logp]))
