@@ -6,6 +6,7 @@ import pytest
 import torch
 from adapter_contract import AdapterContract
 from helpers import on_policy_step_changes
+from test_composite import PIXEL_FLOW, SD3, composite_recipe
 
 from mmrl.registry import ADAPTERS
 
@@ -233,6 +234,37 @@ class TestDiffusionGemma(AdapterContract):
               "rewards": {"digit_share": {"weight": 1.0}},
               "algorithm": {"group_size": 4}, "optim": {"lr": 1e-2, "prompts_per_step": 2}}
     stream_sizes = (3,)
+
+
+class TestThinkerWithPixelFlow(AdapterContract):
+    """A composite (tasks/composite/): the char-level Qwen2 thinker, then the pixel flow MMDiT drawing its text."""
+    recipe = composite_recipe(PIXEL_FLOW)
+
+    def reload_model(self, model, path):
+        """Each part from its own directory, with its own family's `from_pretrained`."""
+        from transformers import AutoModelForCausalLM
+
+        from mmrl.tasks.composite.model import CompositeModel
+        from mmrl.tasks.demos.pixel import PixelFlowPipeline
+        generator = PixelFlowPipeline.from_pretrained(path / "generator").transformer
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": generator}).eval()
+
+    def assert_same_draw(self, alone, in_batch):
+        assert alone.columns["thought"] == in_batch.columns["thought"]
+        assert torch.allclose(alone.extras["generator/latents"], in_batch.extras["generator/latents"], atol=1e-5)
+
+
+class TestThinkerWithSD3(TestThinkerWithPixelFlow):
+    recipe = composite_recipe(SD3, size=32)
+
+    def reload_model(self, model, path):
+        from diffusers import DiffusionPipeline
+        from transformers import AutoModelForCausalLM
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
 
 
 def test_every_registered_adapter_runs_the_contract():

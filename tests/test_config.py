@@ -86,7 +86,9 @@ def test_shipped_recipes_parse():
         cfg = load_recipe(RECIPES.get(name))
         assert cfg.task in ADAPTERS, (name, cfg.task)
         policy_cfg = from_dict(ADAPTERS.get(cfg.task).Config, cfg.policy, "policy")
-        assert getattr(policy_cfg, "model", ""), f"recipe {name} names no policy.model"
+        models = [getattr(policy_cfg, "model", "")] if cfg.task != "composite" else [
+            cfg.policy[part].get("model") for part in ("thinker", "generator")]  # a composite: each part's
+        assert all(models), f"recipe {name} names no policy.model"
         assert cfg.rewards, f"recipe {name} has no reward"
         assert not cfg.reward_modules, f"shipped recipe {name} needs a user module"
         for reward in cfg.rewards:

@@ -106,7 +106,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
                 kl: Tensor | None = None, is_weight: Tensor | None = None,
                 step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None,
-                distill: Tensor | None = None) -> LossTerms:
+                distill: Tensor | None = None, clip_range: tuple[Tensor, Tensor] | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -119,6 +119,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     `divergence` [B, u], under `algorithm.trust_region: dppo`, is each unit's KL between the old and
     the current policy (`dppo_held`; None: the policy is the old one, divergence 0). `distill` [B, u],
     under `algorithm.distill.form: loss`, is each unit's divergence from the teacher, under grad.
+    `clip_range` (eps_low, eps_high) [B, u], when given, is each unit's own clip range
+    (`Policy.unit_clip`), in place of `cfg.eps_low` / `cfg.eps_high`.
     """
     logp, old_logp, mask = logp.float(), old_logp.float(), mask.float()
     adv = advantages.float()
@@ -135,7 +137,9 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         per_unit = torch.where(held, torch.zeros_like(unclipped), unclipped)
         limited = held  # logged as clip_frac
     else:
-        clipped = -adv * torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+        low, high = clip_range if clip_range is not None else (cfg.eps_low, cfg.eps_high)
+        clipped = -adv * (torch.clamp(ratio, 1.0 - low, 1.0 + high) if clip_range is None
+                          else torch.minimum(torch.maximum(ratio, 1.0 - low), 1.0 + high))
         per_unit = torch.maximum(unclipped, clipped)
         limited = clipped > unclipped
     if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan/validate.py)

@@ -53,12 +53,11 @@ class Policy(ABC):
     @abstractmethod
     def rollout(self, prompts: Sequence[Any], group_size: int, seeds: Sequence[int],
                 greedy: bool = False) -> Rollout:
-        """Sample `group_size` completions for each prompt, under no grad. A prompt is a data-set
-        row (a dict: the adapter reads `prompt_column` and whatever else it needs, e.g. images)
-        or the bare prompt itself. Group `g` must be a function of `prompts[g]` and `seeds[g]`
-        alone, so that rollouts do not depend on how groups are spread over processes. Rows are
-        ordered group by group (a group's block may hold auxiliary rows, see `Rollout.auxiliary`);
-        `Rollout.prompts` holds the prompt as the rewards should see it."""
+        """Sample `group_size` completions for each prompt (a data-set row, a dict the adapter reads
+        `prompt_column` and its media from, or the bare prompt), under no grad. Group `g` must be a
+        function of `prompts[g]` and `seeds[g]` alone (rollouts do not depend on how groups are spread
+        over processes). Rows are ordered group by group (a group's block may hold auxiliary rows,
+        `Rollout.auxiliary`); `Rollout.prompts` holds the prompt as the rewards should see it."""
 
     @classmethod
     def unit_terms(cls, cfg: Any) -> str:
@@ -101,9 +100,8 @@ class Policy(ABC):
 
     @classmethod
     def model_configuration(cls, cfg: Any) -> Any:
-        """The model's configuration without its weights (a transformers config, a diffusion pipeline's
-        component configurations): from the tiny builder, a local path's config files, or a hub id's
-        (downloaded alone), for planning a recipe's memory before any download."""
+        """The model's configuration without its weights (a transformers config, a pipeline's component
+        configurations: from the tiny builder, a path's or hub id's config files), for `mmrl plan`."""
         raise UserError(f"{cls.__name__} gives no model configuration without loading its weights")
 
     @classmethod
@@ -119,16 +117,16 @@ class Policy(ABC):
         before anything loads."""
         return []
 
-    # whether the engine may build this adapter from the recipe in another process to generate: a rollout
-    # worker (`rollout.mode` one_step_off / async) or a rollout server (`policy.rollout_engine: hf_server`, `vllm_server`)
+    # whether the engine may build this adapter in another process to generate (a rollout worker or server)
     runs_in_rollout_worker: bool = False
     # whether one backward may leave some trained parameters without a gradient (a model routing each input to one of its parts)
     partial_backward: bool = False
+    # why `optim.lora` may not wrap this adapter's whole model (None: it may), refused before anything loads
+    engine_lora_refused: str | None = None
 
     @classmethod
     def rollout_worker_problem(cls, policy: dict) -> str | None:
-        """What in the recipe's policy section keeps this adapter's rollouts out of a rollout worker or
-        an asynchronous rollout server (None: nothing); asked only of adapters that run there."""
+        """What in the policy section keeps the rollouts out of a rollout worker or server (None: nothing)."""
         return None
 
     @classmethod
@@ -136,6 +134,16 @@ class Policy(ABC):
         """What in `cfg` (this adapter's `Config`) does not fit `algorithm.group_size`, known without
         a model (e.g. a tree of rollouts whose leaves are the group); checked with `config_problems`."""
         return []
+
+    def parameter_groups(self, model: nn.Module, lr: float) -> list[dict[str, Any]] | None:
+        """`model`'s optimizer groups ``{"params", "lr"}`` for parts trained at their own rates (`lr`: optim.lr;
+        the schedule scales each alike); None (default): every trained parameter at `lr`."""
+        return None
+
+    def unit_clip(self, batch: Rollout, units: slice, eps: tuple[float, float]) -> tuple[Tensor, Tensor] | None:
+        """(eps_low, eps_high) [B, u] of each unit for units clipped at their own ranges (a composite's
+        parts), `eps` the recipe's; None (default): every unit at `eps`."""
+        return None
 
     @property
     def max_units(self) -> int | None:
@@ -232,11 +240,9 @@ class Policy(ABC):
 
     def step_rewards(self, batch: Rollout, score: Callable[[list[int], list[Any]], dict[str, Tensor]]
                      ) -> dict[str, Tensor] | None:
-        """Per-unit rewards {name: [N, U]} for step-level credit assignment (e.g. TP-GRPO, which
-        scores intermediate states), or None: one reward per rollout. `score(rows, completions)`
-        scores extra completions, completion j standing for row rows[j] (its prompt and data
-        columns), with every recipe reward: {name: [len(rows)]}. Called in training only; the
-        `[N, U]` result replaces the rollout rewards in the advantages (`algorithm.estimator: step`)."""
+        """Per-unit rewards {name: [N, U]} (step-level credit, e.g. TP-GRPO's intermediate states), or None.
+        `score(rows, completions)` scores extra completions, completion j standing for row rows[j], with
+        every reward: {name: [len(rows)]}. In training only; the result replaces the rollout rewards."""
         return None
 
     def unit_rewards(self, batch: Rollout, rewards: dict[str, Tensor]) -> dict[str, Tensor] | None:
@@ -257,11 +263,9 @@ class Policy(ABC):
         return {}
 
     def pass_view(self, batch: Rollout, pass_index: int) -> Rollout | None:
-        """The batch as update pass `pass_index` (0 .. mu-1) scores it, for adapters whose
-        log-probs are Monte Carlo estimates redrawn each pass (a masked diffusion LM draws a fresh
-        mask per pass, d1); None (the default) when every pass scores the batch alike. The engine
-        then computes the old (and reference) log-probs of each pass from its own view, before
-        the first update, so every pass's ratio is taken under one draw."""
+        """The batch as update pass `pass_index` (0 .. mu-1) scores it, for log-probs that are Monte Carlo
+        estimates redrawn each pass (a masked diffusion LM's fresh masks, d1), or None (every pass alike);
+        each pass's old and reference log-probs are then taken from its view before the first update."""
         return None
 
     def unit_slices(self, batch: Rollout) -> list[slice]:

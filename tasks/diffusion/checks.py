@@ -68,6 +68,10 @@ def check_settings(cfg: DiffusionConfig) -> None:
         raise ValueError(f"policy.kl_form={cfg.kl_form!r} is not one of {KL_FORMS}")
     if cfg.kl_form == "flow_grpo":
         flow_grpo_kl_factor(cfg.sampler, 1.0, 0.5)  # raises for a sampler Flow-GRPO has no KL for
+    if cfg.kl_form == "velocity_mse" and (cfg.sampler in EPS_SAMPLERS or cfg.classifier_free_guidance):
+        raise ValueError(f"policy.kl_form=velocity_mse is UniGRPO's regulariser of a flow model's unguided velocity: "
+                         f"policy.sampler={cfg.sampler!r} and policy.classifier_free_guidance="
+                         f"{str(cfg.classifier_free_guidance).lower()} (it needs a flow sampler and false)")
     if cfg.cps_logprob not in LOGPROB_FORMS:
         raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is not one of {sorted(LOGPROB_FORMS)}")
     if cfg.cps_logprob != "gaussian" and cfg.sampler != "cps":

@@ -113,10 +113,12 @@ class DiffusionConfig:
     tp_balanced_bonus: bool = field(default=False, metadata={"help": (
         "TP-GRPO's use_balanced_bonus (on in the authors' published run): keep equally many turning points "
         "of rising and falling rows in the batch, those with the largest |R_W - R_0|")})
-    kl_form: Literal["exact", "flow_grpo"] = field(default="exact", metadata={"help": (
+    kl_form: Literal["exact", "flow_grpo", "velocity_mse"] = field(default="exact", metadata={"help": (
         "closed-form KL (algorithm.kl_estimator: closed_form): 'exact' = KL of the two step Gaussians, "
         "||mu - mu_ref||^2 / (2 std^2); 'flow_grpo' = Flow-GRPO's train_sd3.py, divided by 2 sigma_t^2 where "
-        "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps")})
+        "sigma_t is the step std without sqrt(|dt|) for flow_sde (= |dt| x exact) and the step std for cps; "
+        "'velocity_mse' = UniGRPO's regulariser in its place, mean_d (v_theta - v_ref)^2 of the two velocity "
+        "predictions (flow samplers, classifier_free_guidance false)")})
     cps_logprob: Literal["gaussian", "authors"] = field(default="gaussian", metadata={"help": (
         "sampler cps: 'gaussian' = the true log-density; 'authors' = Flow-GRPO's CPS code, "
         "-mean((x - mu)^2) without constants or 1/(2 std^2), so the ratio is true_ratio^(2 std^2) "

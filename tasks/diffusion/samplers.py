@@ -87,7 +87,7 @@ def cps_authors_logprob(sample: Tensor, mean: Tensor, std: float) -> Tensor:
 
 
 LOGPROB_FORMS = {"gaussian": gaussian_logprob, "authors": cps_authors_logprob}
-KL_FORMS = ("exact", "flow_grpo")
+KL_FORMS = ("exact", "flow_grpo", "velocity_mse")
 
 
 def flow_grpo_kl_factor(sampler: str, s: float, s_next: float) -> float:
@@ -101,6 +101,13 @@ def flow_grpo_kl_factor(sampler: str, s: float, s_next: float) -> float:
         return 1.0
     raise ValueError(f"policy.kl_form=flow_grpo is Flow-GRPO's KL for the samplers flow_sde and cps, "
                      f"not {sampler!r}; use policy.kl_form=exact")
+
+
+def velocity_mse(velocity: Tensor, ref_velocity: Tensor) -> Tensor:
+    """UniGRPO's regulariser in place of the step KL: mean_d (v_theta - v_ref)^2 [B], fp32, the mean over
+    every dimension but the first of the squared difference of the two velocity predictions (UniRL's BAGEL
+    UniGRPO: ((v_theta - v_ref) ** 2).mean() per step, one sample per micro-batch)."""
+    return (velocity.float() - ref_velocity.float()).pow(2).flatten(1).mean(1)
 
 
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: float) -> Tensor:

@@ -1,7 +1,7 @@
 """The denoising-step units under grad (`policy.units: steps`): for each trained step of a batch of
 rollouts, the step's mean under a model (the denoiser's prediction through the sampler), its
 log-prob in the configured form (`policy.cps_logprob`), its constant entropy, the closed-form KL
-to the reference (`policy.kl_form`) and FlowDPPO's divergence from the old means, each forwarded
+to the reference (`policy.kl_form`; or UniGRPO's velocity MSE in its place) and FlowDPPO's divergence from the old means, each forwarded
 on the rows that train the step only (`unit_rows.py`). `StepUnits` computes them into a
 `StepTerms` record, in step order; the adapter's `logprobs*` methods are views of it.
 """
@@ -18,7 +18,7 @@ from mmrl.core.rollout import Rollout
 
 from .config import DiffusionConfig
 from .family import Family
-from .samplers import LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl
+from .samplers import LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor, gaussian_mean_kl, velocity_mse
 from .unit_rows import Reference, on_rows, rows_conditioning, unit_rows, untrained
 
 
@@ -55,14 +55,23 @@ class StepUnits:
     def means(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor,
               device: torch.device) -> tuple[Tensor, float]:
         """(mean of step k under `model` [r, ...], the step's std) for rows `rows` of a batch of rollouts."""
+        return self.step(batch, k, rows, *self.prediction(model, batch, k, rows, device))
+
+    def prediction(self, model: nn.Module, batch: Rollout, k: int, rows: Tensor,
+                   device: torch.device) -> tuple[Tensor, Tensor]:
+        """(latents before step k [r, ...], `model`'s prediction there [r, ...]: a flow model's velocity)."""
         ex, cfg = batch.extras, self.cfg
         x = ex["latents"][rows, k].to(device)
-        levels = ex["levels"][0].tolist()
         cond = rows_conditioning(batch, rows, device)
-        pred = self.family.predict(model, x, ex["timesteps"][0, k], cond, cfg.guidance_scale, cfg.classifier_free_guidance)
+        return x, self.family.predict(model, x, ex["timesteps"][0, k], cond, cfg.guidance_scale,
+                                      cfg.classifier_free_guidance)
+
+    def step(self, batch: Rollout, k: int, rows: Tensor, x: Tensor, pred: Tensor) -> tuple[Tensor, float]:
+        """(the sampler's mean of step k [r, ...] from `x` and the prediction `pred`, the step's std)."""
+        levels = batch.extras["levels"][0].tolist()
         # rows that took the ODE at step k are never trained there: their SDE mean is masked out
-        strength = cfg.noise_level if bool(ex["stochastic"][rows, k].any()) else 0.0
-        return SAMPLERS.get(cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
+        strength = self.cfg.noise_level if bool(batch.extras["stochastic"][rows, k].any()) else 0.0
+        return SAMPLERS.get(self.cfg.sampler)(x.float(), pred.float(), levels[k], levels[k + 1], strength)
 
     def logprob(self, sample: Tensor, mean: Tensor, std: float) -> Tensor:
         """The step's log-prob in the configured form (`policy.cps_logprob`)."""
@@ -86,7 +95,8 @@ class StepUnits:
             if not len(rows):
                 self._add_untrained(terms, batch, device, keep_means, reference is not None, old_means is not None)
                 continue
-            mean, std = self.means(model, batch, k, rows, device)
+            x, pred = self.prediction(model, batch, k, rows, device)
+            mean, std = self.step(batch, k, rows, x, pred)
             if std > 0:
                 logp = self.logprob(batch.extras["latents"][rows, k + 1].to(mean.device), mean, std)
             else:  # an ODE step is never a trained unit: a constant 0 that keeps the graph
@@ -98,8 +108,12 @@ class StepUnits:
                 terms.means.append(on_rows(mean.detach(), rows, n))
             if reference is not None:
                 with torch.no_grad(), reference() as ref:
-                    ref_mean, _ = self.means(ref, batch, k, rows, device)
-                kl = self.kl(mean, ref_mean, std, batch, k) if std > 0 else logp * 0.0
+                    ref_pred = self.prediction(ref, batch, k, rows, device)[1]
+                if self.cfg.kl_form == "velocity_mse":  # UniGRPO: the velocities' MSE in place of the KL
+                    kl = velocity_mse(pred, ref_pred) if std > 0 else logp * 0.0
+                else:
+                    ref_mean = self.step(batch, k, rows, x, ref_pred)[0]
+                    kl = self.kl(mean, ref_mean, std, batch, k) if std > 0 else logp * 0.0
                 terms.kls.append(on_rows(kl, rows, n))
             if old_means is not None:  # FlowDPPO's divergence: the exact KL whatever policy.kl_form says
                 old = old_means[rows, j].to(mean.device)

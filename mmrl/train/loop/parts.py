@@ -116,7 +116,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         reference = strategy.frozen(copy.deepcopy(policy.model).eval().requires_grad_(False))
     strategy.shard(policy.model)
     policy.model.train()
-    optimizer = _optimizer(policy.model, cfg)
+    optimizer = _optimizer(policy, cfg)
     from transformers import get_scheduler
     scheduler = get_scheduler(cfg.optim.schedule, optimizer, num_warmup_steps=cfg.optim.warmup_steps,
                               num_training_steps=max(cfg.max_steps, 1))
@@ -164,20 +164,28 @@ def build_teachers(plan: StagePlan, strategy: Strategy, served: dict[str, Served
     return Teachers(modules, cfg.algorithm.distill.teacher_column)
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+def _optimizer(policy: Policy, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the policy's parameter groups (`Policy.parameter_groups`; by default one group of every
+    trained parameter at `optim.lr`); each group keeps its rate relative to `optim.lr` as `lr_scale`."""
+    groups = policy.parameter_groups(policy.model, cfg.optim.lr)
+    if groups is None:
+        groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
+    groups = [{**g, "lr_scale": g["lr"] / cfg.optim.lr if cfg.optim.lr else 1.0} for g in groups if g["params"]]
+    params = [p for g in groups for p in g["params"]]
     # the fused kernel (CPU and CUDA) is several times faster than the per-tensor loop
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                              betas=tuple(cfg.optim.betas), fused=fused or None)
 
 
 def set_base_lr(optimizer: torch.optim.Optimizer, scheduler, lr: float) -> None:
-    """A new base learning rate (a stage's, or a resume's); the schedule's factor at this step carries on."""
-    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
-        group["lr"] = group["lr"] * lr / base if base else lr
-        group["initial_lr"] = lr
-    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+    """A new base learning rate (a stage's, or a resume's), each parameter group at its own `lr_scale` of
+    it (`Policy.parameter_groups`); the schedule's factor at this step carries on."""
+    bases = [lr * group.get("lr_scale", 1.0) for group in optimizer.param_groups]
+    for group, old, new in zip(optimizer.param_groups, scheduler.base_lrs, bases):
+        group["lr"] = group["lr"] * new / old if old else new
+        group["initial_lr"] = new
+    scheduler.base_lrs = bases
 
 
 def take_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler, cfg: TrainConfig) -> None:
@@ -185,5 +193,6 @@ def take_optimizer_settings(optimizer: torch.optim.Optimizer, scheduler, cfg: Tr
     with resume_changes=allow)."""
     for group in optimizer.param_groups:
         group["weight_decay"], group["betas"] = cfg.optim.weight_decay, tuple(cfg.optim.betas)
-    if any(base != cfg.optim.lr for base in scheduler.base_lrs):
+    bases = [cfg.optim.lr * group.get("lr_scale", 1.0) for group in optimizer.param_groups]
+    if any(base != want for base, want in zip(scheduler.base_lrs, bases)):
         set_base_lr(optimizer, scheduler, cfg.optim.lr)

@@ -118,6 +118,10 @@ class PolicyUpdate(KeptLogprobs):
         sampled = self.policy.unit_weights(mb, units)  # the units this pass trains, with their weights
         if sampled is not None:
             mask, is_weight = mask * (sampled.to(device) > 0), sampled.to(device)
+        if self.objective.uses_ratio and (own := self.policy.unit_clip(mb, units, (algo.eps_low, algo.eps_high))):
+            own_clip = {"clip_range": tuple(e.to(device) for e in own)}
+        else:
+            own_clip = {}
         if mb.rollout_logp is not None:
             rollout_logp = mb.rollout_logp[:, units].to(device)
             if algo.rollout_correction != "none":
@@ -130,7 +134,7 @@ class PolicyUpdate(KeptLogprobs):
             logp, old, (adv[:, units] if adv.dim() == 2 else adv).to(device), mask,
             batch.weights[idx][:, units].to(device), algo, segments=segs,
             ref_logp=ref_logp[idx][:, units].to(device) if ref_logp is not None else None,
-            entropy=entropy, kl=kl, **({"is_weight": is_weight} if is_weight is not None else {}),
+            entropy=entropy, kl=kl, **own_clip, **({"is_weight": is_weight} if is_weight is not None else {}),
             **({"step_scales": [s.to(device) for s in self.policy.step_scales(mb, units)]}
                if algo.ratio_norm != "none" else {}),
             **({"divergence": divergence} if divergence is not None else {}),

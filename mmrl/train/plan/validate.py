@@ -67,6 +67,8 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
     check = getattr(adapter, "config_problems", None)  # an adapter's own checks that need no model
     if check is not None:
         problems += check(policy_cfg)
+    if cfg.optim.lora.r > 0 and adapter.engine_lora_refused:
+        problems.append(f"optim.lora.r={cfg.optim.lora.r}: task {cfg.task} {adapter.engine_lora_refused}")
     group_check = getattr(adapter, "group_size_problems", None)
     if group_check is not None:
         problems += group_check(policy_cfg, cfg.algorithm.group_size)
