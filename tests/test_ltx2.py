@@ -131,3 +131,26 @@ def test_fps_sets_the_sound_length():
     policy = make(False, fps=12)
     assert len(policy.rollout([PROMPT], 1, seeds=[1]).completions[0]["array"]) > len(ode_sample(make(False))[1]["array"])
     assert math.isclose(policy.family.frame_rate, 12.0)
+
+
+def test_rewards_score_the_sound_the_picture_and_both():
+    """`loudness` (an audio reward) reads the sound track, `temporal_consistency` (a video reward) the
+    frames, as they score the parts alone; `av_sync` reads both; the reward kinds are checked."""
+    from mmrl.core.scoring import REWARD_OUTPUTS, get_reward
+    from mmrl.rewards.av_sync import av_sync
+    from mmrl.rewards.video_temporal import temporal_consistency
+    from digit_reward import loudness
+    policy = make(False)
+    rollout = policy.rollout([PROMPT], 2, seeds=[3])
+    both = rollout.completions
+    sound = [{"array": c["array"], "sampling_rate": c["sampling_rate"]} for c in both]
+    assert loudness([PROMPT] * 2, both) == loudness([PROMPT] * 2, sound)
+    frames = [c["frames"] for c in both]
+    assert temporal_consistency([PROMPT] * 2, both, embedding="pixels") == \
+        temporal_consistency([PROMPT] * 2, frames, embedding="pixels")
+    scores = av_sync([PROMPT] * 2, both, fps=rollout.columns["fps"])
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    kind = type(policy).output_kind(policy.cfg)
+    assert kind == "audio_video" and get_reward("av_sync") is av_sync
+    assert all(kind in REWARD_OUTPUTS[name] for name in ("av_sync", "clap", "clip", "colour_shape"))
+    assert "image" not in REWARD_OUTPUTS["av_sync"]
