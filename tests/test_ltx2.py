@@ -134,17 +134,20 @@ def test_fps_sets_the_sound_length():
 
 
 def test_rewards_score_the_sound_the_picture_and_both():
-    """`loudness` (an audio reward) reads the sound track, `temporal_consistency` (a video reward) the
-    frames, as they score the parts alone; `av_sync` reads both; the reward kinds are checked."""
+    """`clap` (an audio reward, a tiny random CLAP) reads the sound track, `temporal_consistency` (a video
+    reward) the frames, as they score the parts alone; `av_sync` reads both; the reward kinds are checked."""
+    from tiny_audio_judges import tiny_clap
     from mmrl.core.scoring import REWARD_OUTPUTS, get_reward
+    from mmrl.rewards.audio_models import register_audio_model
     from mmrl.rewards.av_sync import av_sync
+    from mmrl.rewards.clap import clap
     from mmrl.rewards.video_temporal import temporal_consistency
-    from digit_reward import loudness
+    register_audio_model("clap", "tiny-clap", *tiny_clap())
     policy = make(False)
     rollout = policy.rollout([PROMPT], 2, seeds=[3])
     both = rollout.completions
     sound = [{"array": c["array"], "sampling_rate": c["sampling_rate"]} for c in both]
-    assert loudness([PROMPT] * 2, both) == loudness([PROMPT] * 2, sound)
+    assert clap([PROMPT] * 2, both, model="tiny-clap") == clap([PROMPT] * 2, sound, model="tiny-clap")
     frames = [c["frames"] for c in both]
     assert temporal_consistency([PROMPT] * 2, both, embedding="pixels") == \
         temporal_consistency([PROMPT] * 2, frames, embedding="pixels")
