@@ -2,8 +2,9 @@
 ODE path equals the stock call (video and audio latents, frames and waveform, with and without
 CFG), the sampler's log-probs equal the training forward's and a step's log-density covers the
 video and the audio latents both, the training methods take on-policy steps, a trained LoRA loads
-in the stock pipeline (`load_lora_weights`) and draws what the policy drew, and the recipe trains
-two steps."""
+in the stock pipeline (`load_lora_weights`) and draws what the policy drew, the recipe trains two
+steps, the rewards read the sound, the picture or both; image to video (`LTX2ImageToVideoPipeline`)
+equals its stock call and its log-probs the training forward's."""
 
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
@@ -157,3 +159,35 @@ def test_rewards_score_the_sound_the_picture_and_both():
     assert kind == "audio_video" and get_reward("av_sync") is av_sync
     assert all(kind in REWARD_OUTPUTS[name] for name in ("av_sync", "clap", "clip", "colour_shape"))
     assert "image" not in REWARD_OUTPUTS["av_sync"]
+
+
+IMAGE_ROW = {"prompt": PROMPT, "image": Image.new("RGB", (40, 24), (200, 30, 30))}
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_image_to_video_at_zero_noise_is_the_stock_call(guided):
+    """LTX2ImageToVideoPipeline: the image's latent frame first and clean, the other frames and the sound
+    denoised; the stock call's latents (its first frame the image's), frames and waveform."""
+    policy = make(guided, model="tiny:ltx2-i2v", image_column="image", noise_level=0.0)
+    rollout = policy.rollout([IMAGE_ROW], 1, seeds=[SEED])
+    pipe, scale = policy.pipe, SCALE if guided else 1.0
+    args = dict(image=IMAGE_ROW["image"], prompt=[PROMPT], height=SIZE, width=SIZE, num_frames=FRAMES, frame_rate=24.0,
+                num_inference_steps=STEPS, guidance_scale=scale, audio_guidance_scale=scale, stg_scale=0.0,
+                audio_stg_scale=0.0, modality_scale=1.0, audio_modality_scale=1.0, guidance_rescale=0.0,
+                audio_guidance_rescale=0.0)
+    stock = packed(pipe, pipe(**args, generator=torch.Generator().manual_seed(SEED), output_type="latent"))
+    first = rollout.extras["pos/first"][0].flatten()  # the image's latent frame, outside the unit
+    ours = torch.cat([first, rollout.extras["latents"][0, -1]])
+    assert torch.allclose(ours, stock, atol=1e-5), (ours - stock).abs().max()
+    out = pipe(**args, generator=torch.Generator().manual_seed(SEED), output_type="np")
+    frames = np.stack([np.asarray(f) for f in rollout.completions[0]["frames"]]) / 255.0
+    assert np.abs(frames - out.frames[0]).max() <= 0.5 / 255 + 1e-6
+    assert np.abs(rollout.completions[0]["array"] - out.audio[0].float().mean(0).numpy()).max() < 1e-5
+
+
+def test_image_to_video_logprobs_are_the_training_forwards():
+    policy = make(True, model="tiny:ltx2-i2v", image_column="image")
+    batch = policy.rollout([IMAGE_ROW, {**IMAGE_ROW, "prompt": "rain"}], 2, seeds=[5, 6])
+    new, _ = policy.logprobs(policy.model, batch)
+    mask = batch.unit_mask.bool()
+    assert mask.any() and torch.allclose(new[mask], batch.rollout_logp[mask], atol=1e-5)

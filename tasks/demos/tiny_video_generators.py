@@ -1,6 +1,6 @@
 """Tiny random video pipelines of 2026's generators, assembled in memory from configs (tests, CPU
 recipes; no download): Wan 2.2 A14B's text-to-video pipeline with its two experts, HunyuanVideo 1.5's
-text-to-video pipeline, LTX-2's text to video with sound."""
+text-to-video pipeline, LTX-2's text (and image) to video with sound."""
 
 from __future__ import annotations
 
@@ -103,3 +103,10 @@ def tiny_ltx2(seed: int = 0, layers: int = 1):
         return LTX2Pipeline(transformer=transformer, vae=vae, audio_vae=audio_vae, vocoder=vocoder,
                             scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=text_encoder,
                             tokenizer=processor.tokenizer, connectors=connectors)
+
+
+@TINY_MODELS.register("ltx2-i2v")
+def tiny_ltx2_i2v(seed: int = 0, layers: int = 1):
+    """An LTX2ImageToVideoPipeline of tiny:ltx2's components (image to video with sound)."""
+    from diffusers import LTX2ImageToVideoPipeline
+    return LTX2ImageToVideoPipeline(**tiny_ltx2(seed, layers).components)

@@ -1,7 +1,7 @@
 """Diffusion and flow-matching text-to-image policies (SD3, FLUX.1, SD 1.5, Qwen-Image, Z-Image, FLUX.2 [klein]),
 instruction-based image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext: `editing.py`) and video policies
 (Wan 2.1 / 2.2 text- and image-to-video, Wan 2.2 A14B's two experts, HunyuanVideo, HunyuanVideo 1.5), video with its sound
-(LTX-2: `ltx2.py`) and sound (Stable Audio 3:
+(LTX-2, from text or an image: `ltx2.py`) and sound (Stable Audio 3:
 `stable_audio3.py`): the `diffusion` adapter (`policy.py`) and
 the parts it is built of. What differs between pipelines is a `Family` (`family.py`); the
 families are `families.py` (images) and `video_families.py` (videos), and a new family is one

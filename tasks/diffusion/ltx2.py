@@ -1,4 +1,5 @@
-"""The LTX-2 family (`LTX2Pipeline`, text to video with its sound): one DiT denoises the video
+"""The LTX-2 families: `LTX2Pipeline` (text to video with its sound) and `LTX2ImageToVideoPipeline`
+(the same from an image, its class's docstring). One DiT denoises the video
 latents and the audio latents together (each stream attends to the other), over a Gemma 3 text
 model's stacked hidden states passed through the pipeline's text connectors (one embedding for the
 video stream, one for the audio stream, and their mask).
@@ -38,6 +39,7 @@ class LTX2(VideoFamily):
     fps = 24  # the stock call's frame_rate
     max_sequence_length = 1024  # the stock call's prompt length (Gemma, left-padded)
     frame_rate = 24.0  # this run's frames per second (`check_settings`: policy.fps or `fps`)
+    fixed_frames = 0  # leading latent frames that condition and are not denoised (image to video: 1)
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
@@ -68,9 +70,9 @@ class LTX2(VideoFamily):
         return self.pipe.audio_vae.config.mel_bins // self.pipe.audio_vae_mel_compression_ratio
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(packed video latents [B, S_v, C_v], packed audio latents [B, L, C_a M]) of flat latents [B, D]."""
+        """(packed video latents of the unit [B, S_v, C_v], packed audio latents [B, L, C_a M]) of flat latents [B, D]."""
         frames, height, width = self._video_grid()
-        tokens = frames * height * width
+        tokens = (frames - self.fixed_frames) * height * width
         video_dim = tokens * self.pipe.transformer.config.in_channels
         return (x[:, :video_dim].reshape(len(x), tokens, -1),
                 x[:, video_dim:].reshape(len(x), self._audio_frames(), -1))
@@ -82,6 +84,7 @@ class LTX2(VideoFamily):
                             generator=generator)
         pipe = self.pipe
         packed = pipe._pack_latents(video, pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size)
+        packed = packed[:, self.fixed_frames * h * w:]  # a conditioning frame's noise is drawn, then replaced
         return torch.cat([packed.flatten(1), pipe._pack_audio_latents(audio).flatten(1)], dim=1)
 
     def levels(self, num_steps, latent_shape):
@@ -114,13 +117,23 @@ class LTX2(VideoFamily):
         def run(h, c):
             video, audio = self._split(h)
             timestep = t.expand(len(h)).to(h.device)
+            video, video_timestep = self._video_input(video, timestep, pos)
             v, a = model(hidden_states=video.to(self.dtype), audio_hidden_states=audio.to(self.dtype),
-                         encoder_hidden_states=c["video"], audio_encoder_hidden_states=c["audio"], timestep=timestep,
-                         sigma=timestep, encoder_attention_mask=c["mask"], audio_encoder_attention_mask=c["mask"],
+                         encoder_hidden_states=c["video"], audio_encoder_hidden_states=c["audio"],
+                         timestep=video_timestep, audio_timestep=timestep, sigma=timestep,
+                         encoder_attention_mask=c["mask"], audio_encoder_attention_mask=c["mask"],
                          num_frames=frames, height=height, width=width, fps=self.frame_rate,
                          audio_num_frames=self._audio_frames(), use_cross_timestep=True, return_dict=False)
+            v = v[:, self.fixed_frames * height * width:]  # the velocity of the unit's tokens
             return torch.cat([v.float().flatten(1), a.float().flatten(1)], dim=1)
-        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
+        text = ("video", "audio", "mask")  # what the CFG passes differ by (an image condition is read from `pos`)
+        return self._guided(run, x, {k: pos[k] for k in text}, {k: neg[k] for k in text} if guided else None,
+                            guidance_scale)
+
+    def _video_input(self, video: Tensor, timestep: Tensor, cond: dict) -> tuple[Tensor, Tensor]:
+        """(the model's video tokens [B, S, C_v], their timesteps [B] or [B, S]) of the unit's tokens
+        (image to video: after the conditioning frame's, at timestep 0)."""
+        return video, timestep
 
     # ----- decoding
     def _video(self, latents: Tensor) -> Tensor:
@@ -141,12 +154,57 @@ class LTX2(VideoFamily):
         mel = audio_vae.decode(audio.to(audio_vae.dtype), return_dict=False)[0]
         return pipe.vocoder(mel)
 
+    def _whole_video(self, video: Tensor, cond: dict) -> Tensor:
+        """The whole video's packed latents of the unit's [B, S_v, C_v] (image to video: after the image's)."""
+        return video
+
     @property
     def sampling_rate(self) -> int:
         return int(self.pipe.vocoder.config.output_sampling_rate)
 
     def decode(self, latents, height, width):
+        return self.decode_conditioned(latents, {}, height, width)
+
+    def decode_conditioned(self, latents, cond, height, width):
         video, audio = self._split(latents)
-        frames = self._frames(self._video(video))
+        frames = self._frames(self._video(self._whole_video(video, cond)))
         return [{"frames": f, "array": w.float().mean(0).detach().cpu().numpy(), "sampling_rate": self.sampling_rate}
                 for f, w in zip(frames, self.waveforms(audio))]
+
+
+@FAMILIES.register("ltx2_i2v")
+class LTX2ImageToVideo(LTX2):
+    """LTX-2 image to video with its sound (`LTX2ImageToVideoPipeline`): the prompt's image
+    (`policy.image_column`; re-compressed as the stock call does, H.264 at the CRF of the text
+    encoder's generation, then resized) is the first latent frame, clean. Its tokens are not in the
+    action unit: the model reads them at timestep 0 beside the denoised ones (per-token timesteps, as
+    the stock call), the steps move only the other frames and the sound, and decoding puts them back
+    first. Needs the transformer's temporal patch of 1 (LTX-2's)."""
+
+    pipeline = "LTX2ImageToVideoPipeline"
+    conditioning_image = True
+    fixed_frames = 1
+
+    def image_condition(self, images):
+        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+        from PIL import Image
+        pipe, (height, width) = self.pipe, self.size
+        vae, crf = pipe.vae, resolve_default_image_crf(pipe.text_encoder)
+        first = []
+        for image in images:
+            if crf != 0:
+                image = Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
+            pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, vae.dtype)
+            z = vae.encode(pixels.unsqueeze(2)).latent_dist.mode().float()  # [1, C_v, 1, h, w]
+            z = pipe._normalize_latents(z, vae.latents_mean, vae.latents_std)
+            first.append(pipe._pack_latents(z, pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size))
+        return {"pos/first": torch.cat(first)}  # [B, h w, C_v]: kept once, read by both CFG passes
+
+    def _video_input(self, video, timestep, cond):
+        first = cond["first"].to(video.device, video.dtype)
+        first = first.repeat(len(video) // len(first), 1, 1)  # [uncond, cond] rows: the rows twice
+        clean = torch.cat([torch.ones(first.shape[:2]), torch.zeros(video.shape[:2])], dim=1).to(video.device)
+        return torch.cat([first, video], dim=1), timestep[:, None] * (1 - clean)
+
+    def _whole_video(self, video, cond):
+        return torch.cat([cond["pos/first"].to(video.device, video.dtype), video], dim=1)
