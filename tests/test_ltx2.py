@@ -122,11 +122,12 @@ def test_trained_lora_loads_in_the_stock_pipeline(tmp_path):
 
 
 def test_recipe_trains_two_steps_with_clap(tmp_path):
-    """t2av_ltx2.yaml as shipped, a tiny random CLAP registered as its judge of the sound track."""
+    """t2av_ltx2.yaml and i2av_ltx2.yaml as shipped, a tiny random CLAP registered as their judge of the sound."""
     from tiny_audio_judges import tiny_clap
     from mmrl.rewards.audio_models import register_audio_model
     register_audio_model("clap", "tiny-clap", *tiny_clap())
     shipped_recipe_trains_two_steps("t2av_ltx2", tmp_path, overrides=["rewards.clap.args.model=tiny-clap"])
+    shipped_recipe_trains_two_steps("i2av_ltx2", tmp_path / "i2av", overrides=["rewards.clap.args.model=tiny-clap"])
 
 
 def test_fps_sets_the_sound_length():
