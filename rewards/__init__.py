@@ -8,6 +8,7 @@ from mmrl.core.scoring import REWARDS, get_reward, register_reward
 
 from . import (  # noqa: F401  (registration)
     accuracy,
+    av_sync,  # noqa: F401,E402  (registration)
     clap,  # noqa: F401,E402  (registration)
     clip,  # noqa: F401,E402  (registration)
     colour_shape,  # noqa: F401,E402  (registration)

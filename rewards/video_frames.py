@@ -2,8 +2,10 @@
 
 A video completion is its frames: a tensor [T, C, H, W] (float in [0, 1], or uint8 in 0..255;
 C = 3, or 1 for grey) or a list of PIL images. An image completion (one PIL image) is a video of
-one frame. Beside the completion a reward may read the columns ``fps`` (frames per second of
-each row's video) and, for image-to-video, ``image`` (the conditioning image).
+one frame. A video with its sound is {"frames": the frames, "array": float32 [S] samples,
+"sampling_rate": their rate}: the video rewards read its frames, the audio rewards its sound.
+Beside the completion a reward may read the columns ``fps`` (frames per second of each row's video)
+and, for image-to-video, ``image`` (the conditioning image).
 
 `per_frame` turns a reward of images into one of images and videos: with ``frames`` (which
 frames are scored: ``all``, ``first``, ``middle``, ``last`` or ``every_K``, every K-th frame from
@@ -31,8 +33,14 @@ Frames = Literal["all", "first", "middle", "last", "every_K"]  # every_K: every 
 FRAME_CHOICES = "all, first, middle, last or every_K (K >= 1)"
 
 
+def video_part(completion: Any) -> Any:
+    """The frames of a completion: those of a video with its sound, else the completion itself."""
+    return completion["frames"] if isinstance(completion, dict) and "frames" in completion else completion
+
+
 def is_video(completion: Any) -> bool:
-    """A [T, C, H, W] tensor or array, or a list / tuple of frames."""
+    """A [T, C, H, W] tensor or array, or a list / tuple of frames (or a video with its sound)."""
+    completion = video_part(completion)
     if isinstance(completion, (Tensor, np.ndarray)):
         return completion.ndim == 4
     return isinstance(completion, (list, tuple))
@@ -40,6 +48,7 @@ def is_video(completion: Any) -> bool:
 
 def frame_tensor(video: Any) -> Tensor:
     """The video as float32 [T, C, H, W] in [0, 1] (a single PIL image is one frame)."""
+    video = video_part(video)
     if isinstance(video, (list, tuple)):
         return torch.stack([frame_tensor(frame)[0] for frame in video])
     if isinstance(video, (Tensor, np.ndarray)):
@@ -54,6 +63,7 @@ def frame_tensor(video: Any) -> Tensor:
 def pil_frames(video: Any) -> list:
     """The video's frames as 8-bit RGB PIL images."""
     from PIL import Image
+    video = video_part(video)
     if isinstance(video, (list, tuple)):
         return [frame if isinstance(frame, Image.Image) else pil_frames(frame)[0] for frame in video]
     if not isinstance(video, (Tensor, np.ndarray)):

@@ -85,9 +85,9 @@ FLOW_METHODS = {
 }
 
 
-def shipped_recipe_trains_two_steps(name: str, tmp_path, on_policy: bool = True) -> None:
-    """The shipped recipe `name` on its tiny model, two steps of one prompt group of 2 at 4 denoising
-    steps: finite losses and (`on_policy`) the first pass's ratio exactly 1."""
+def shipped_recipe_trains_two_steps(name: str, tmp_path, on_policy: bool = True, overrides: tuple = ()) -> None:
+    """The shipped recipe `name` (with `overrides`) on its tiny model, two steps of one prompt group of 2
+    at 4 denoising steps: finite losses and (`on_policy`) the first pass's ratio exactly 1."""
     import math
 
     from mmrl.config.parse import load_recipe
@@ -95,7 +95,7 @@ def shipped_recipe_trains_two_steps(name: str, tmp_path, on_policy: bool = True)
     from mmrl.train.loop.trainer import Trainer
     trainer = Trainer(load_recipe(RECIPES.get(name), [
         f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=1", "max_steps=2",
-        "policy.num_steps=4", "logging.progress=false", "logging.report_to=[none]"]))
+        "policy.num_steps=4", "logging.progress=false", "logging.report_to=[none]", *overrides]))
     for _ in range(2):
         metrics = trainer.train_step()
         assert math.isfinite(metrics["loss"]) and (not on_policy or metrics["ratio_max_dev"] == 0.0)

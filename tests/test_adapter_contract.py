@@ -280,3 +280,17 @@ class TestStableAudio3(TestDiffusion):
                                                  "eval_num_steps": 3, "noise_level": 0.7},
               "data": {"name": "words_to_say", "args": {"n_train": 8, "n_eval": 2}},
               "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}
+
+
+class TestLTX2(TestDiffusion):
+    """Video with its sound: LTX-2's latents are the video's and the audio's in one action unit; a
+    completion is {"frames", "array", "sampling_rate"}."""
+    recipe = {**TestDiffusion.recipe, "policy": {"model": "tiny:ltx2", "height": 32, "width": 32, "num_frames": 5,
+                                                 "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7},
+              "data": {"name": "words_to_say", "args": {"n_train": 8, "n_eval": 2}},
+              "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}
+
+
+class TestLTX2ImageToVideo(TestDiffusion):
+    """LTX-2 image to video with sound: each row's image is the clean first latent frame, outside the unit."""
+    recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:ltx2-i2v", "image_column": "image", **VIDEO}}

@@ -127,3 +127,39 @@ def test_no_samples_when_off(tmp_path):
     log_eval_samples(tracker, 1, SAMPLES, prompts=0)
     tracker.close()
     assert not events(tmp_path).Tags()["tensors"]
+
+
+SOUNDING = [{"row": {"prompt": "a drum"}, "greedy": {"frames": video([(255, 0, 0), (0, 255, 0)]),
+                                                     "array": np.linspace(-0.25, 0.25, 400), "sampling_rate": 400},
+             "greedy_reward": 0.5, "greedy_columns": {"fps": [2.0]}, "completions": [], "rewards": [], "columns": {}}]
+
+
+def test_a_video_with_its_sound_reaches_tensorboard_as_a_gif_and_a_sibling_sound(tmp_path):
+    m = medium(SOUNDING[0]["greedy"], {"fps": 2.0})
+    assert m.kind == "audio_video" and m.data.shape == (2, 8, 12, 3) and m.rate == 2.0
+    assert m.sound.shape == (400,) and m.sound_rate == 400
+    tracker = Tracker(tmp_path, ["tensorboard"], plot_every=0)
+    log_eval_samples(tracker, 5, SOUNDING, prompts=1)
+    tracker.close()
+    acc = events(tmp_path)
+    gif = Image.open(io.BytesIO(acc.Images("samples/0/greedy")[-1].encoded_image_string))
+    assert gif.n_frames == 2 and gif.info["duration"] == 500
+    sound = acc.Audio("samples/0/greedy/sound")[-1]
+    assert sound.sample_rate == 400 and sound.length_frames == 400
+    assert "| greedy | 0.5 | (audio_video) |" in text_of(acc, "samples/0/text_summary")
+
+
+def test_wandb_gets_the_sound_of_a_video_in_its_own_column(tmp_path, monkeypatch):
+    logged = []
+    table_of = types.SimpleNamespace  # columns and rows, as the stand-in's Table keeps them
+    run = types.SimpleNamespace(log=lambda data, step: logged.append(data), finish=lambda: None)
+    stand_in = types.SimpleNamespace(
+        init=lambda **kw: run, Image=lambda a: ("Image", a.shape), Video=lambda a, fps, format: ("Video", a.shape, fps),
+        Audio=lambda a, sample_rate: ("Audio", len(a), sample_rate),
+        Table=lambda columns: table_of(columns=columns, rows=[], add_data=lambda *r: logged.append(r)))
+    monkeypatch.setitem(sys.modules, "wandb", stand_in)
+    tracker = Tracker(tmp_path, ["wandb"], plot_every=0)
+    log_eval_samples(tracker, 3, SOUNDING, prompts=1)
+    row, data = logged
+    assert data["samples"].columns == ["step", "prompt", "sample", "reward", "completion", "sound"]
+    assert row == (3, "a drum", "greedy", 0.5, ("Video", (2, 3, 8, 12), 2), ("Audio", 400, 400))

@@ -129,9 +129,9 @@ def test_the_declared_choices_are_the_ones_the_reward_refuses_when_called(reward
 # ----- the kind of completion a reward scores --------------------------------------------------------
 def test_a_reward_of_other_completions_than_the_task_draws_is_refused(tmp_path, no_model):
     text = refused(tiny(tmp_path, "rewards.temporal_consistency.weight=1", "rewards.motion.weight=1"))
-    assert ("rewards.temporal_consistency: reward 'temporal_consistency' scores video completions, and "
-            "task=causal_lm makes text ones with this policy section; rewards that score text: accuracy, ") in text
-    assert "rewards.motion: reward 'motion' scores video completions" in text
+    assert ("rewards.temporal_consistency: reward 'temporal_consistency' scores video or audio_video completions, "
+            "and task=causal_lm makes text ones with this policy section; rewards that score text: accuracy, ") in text
+    assert "rewards.motion: reward 'motion' scores video or audio_video completions" in text
     assert "digit_share" not in text  # a user's reward that declares nothing is not checked
     text = refused(recipe("t2i_flowgrpo", tmp_path, "rewards.accuracy.weight=1"))
     assert ("rewards.accuracy: reward 'accuracy' scores text or episode completions, and task=diffusion makes "
@@ -148,6 +148,10 @@ def test_an_image_reward_scores_videos_and_a_users_declaration_is_checked(tmp_pa
     assert "rewards.my_sharpness: reward 'my_sharpness' scores image completions, and task=causal_lm makes text" in text
     from mmrl.train.plan.validate import validate
     validate(recipe("t2v_wan", tmp_path, "rewards.clip.weight=1"))  # frame by frame
+    # a video with its sound: video, audio and audio-visual rewards; a silent video has no sound to sync
+    validate(recipe("t2av_ltx2", tmp_path, "rewards.clip.weight=1", "rewards.temporal_consistency.weight=1"))
+    assert ("rewards.av_sync: reward 'av_sync' scores audio_video completions, and task=diffusion makes video ones"
+            in refused(recipe("t2v_wan", tmp_path, "rewards.av_sync.weight=1")))
 
 
 # ----- columns the rewards and the adapter need, against the data ------------------------------------

@@ -22,9 +22,11 @@ class DiffusionConfig:
     # model, tiny_args, dtype, device: as CausalLMConfig's, but for a diffusers pipeline (no tokenizer)
     model: str = field(default="", metadata={"help": (
         "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
-        "tiny:pixel-flow-unet / tiny:pixel-flow-video / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video / tiny:stable-audio-3 (tiny random "
+        "tiny:pixel-flow-unet / tiny:pixel-flow-video / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video / tiny:stable-audio-3 / "
+        "tiny:ltx2 / tiny:ltx2-i2v (tiny random "
         "pipelines; pixel-flow draws pixels directly, an MMDiT or a UNet, pixel-flow-video a clip's frames stacked "
-        "on a UNet's channels; pixel-flow-video, wan and hunyuan-video are video pipelines, stable-audio-3 a sound one).")})
+        "on a UNet's channels; pixel-flow-video, wan and hunyuan-video are video pipelines, stable-audio-3 a sound one, ltx2 (text) and ltx2-i2v "
+        "(image) video with its sound).")})
     tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
     dtype: str = field(default="float32", metadata={"help": (
@@ -40,12 +42,13 @@ class DiffusionConfig:
     fps: int | None = field(default=None, metadata={"help": (
         "Frames per second of the generated videos, handed to video rewards as the `fps` column (motion per "
         "second, VideoAlign's frame sampling); null: the family's (Wan 16, HunyuanVideo 15, as diffusers' "
-        "examples export them). Image families ignore it.")})
+        "examples export them; LTX-2 24, where it also sets the sound's length, num_frames / fps seconds, and the "
+        "positions the model reads). Image families ignore it.")})
     duration: float | None = field(default=None, metadata={"help": (
         "Sound families (Stable Audio 3): the seconds each completion lasts, the pipeline's duration "
         "conditioning; null: the pipeline's own (10 s). Image and video families refuse it.")})
     image_column: str | None = field(default=None, metadata={"help": (
-        "Image-to-video (Wan I2V) and image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext): the column holding "
+        "Image-to-video (Wan I2V, LTX-2 I2V) and image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext): the column holding "
         "each prompt's conditioning (source) image (a path or a PIL image); required by those pipelines, unused "
         "by the others.")})
     source_area: int | None = field(default=None, metadata={"help": (

@@ -165,12 +165,19 @@ class Family:
         ab = self.pipe.scheduler.alphas_cumprod.to(device)[t].view(shape)
         return ab.sqrt() * x0 + (1 - ab).sqrt() * eps, t, eps
 
-    def decode_in_batches(self, latents: Tensor, cfg: Any) -> list:
-        """The completions of latents [N, ...], `policy.decode_batch` at a time, at the configured size."""
+    def decode_in_batches(self, latents: Tensor, cfg: Any, cond: Cond | None = None) -> list:
+        """The completions of latents [N, ...] with their rows' conditioning `cond` ([N, ...] per key),
+        `policy.decode_batch` at a time, at the configured size."""
         out = []
         for i in range(0, len(latents), cfg.decode_batch):
-            out += self.decode(latents[i:i + cfg.decode_batch].to(self.dtype), cfg.height, cfg.width)
+            rows = {k: v[i:i + cfg.decode_batch] for k, v in (cond or {}).items()}
+            out += self.decode_conditioned(latents[i:i + cfg.decode_batch].to(self.dtype), rows, cfg.height, cfg.width)
         return out
+
+    def decode_conditioned(self, latents: Tensor, cond: Cond, height: int, width: int) -> list:
+        """`decode` of latents [B, ...] with their rows' conditioning [B, ...] per key, which a family whose
+        completion holds part of its conditioning reads (LTX-2 image to video: the image's latent frame)."""
+        return self.decode(latents, height, width)
 
     def image_latents(self, pixels: Tensor) -> Tensor:
         """Latents [B, ...] of images [B, 3, H, W] in [-1, 1] (the VAE's mean, scaled)."""

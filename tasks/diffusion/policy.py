@@ -185,7 +185,7 @@ class DiffusionPolicy(Policy):
         x = initial_noise(self.family, cfg, seeds, group_size, own_noise=forward).to(self.device)
         plan = self.sde.plan(seeds, group_size, greedy, self.training_step, tuple(x.shape))
         path = self.sde.denoise(self.model, x, cond, plan, self.device)
-        images = self.family.decode_in_batches(path.x, cfg)
+        images = self.family.decode_in_batches(path.x, cfg, cond)
         if forward:
             units = self.forward_units.unit_mask(plan.row_seeds, len(plan.timesteps))
             extras = self.forward_units.extras(path.x, plan.levels, plan.timesteps, cond, plan.row_seeds)

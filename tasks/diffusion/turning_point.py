@@ -126,13 +126,14 @@ class TurningPoints:
                              "(policy.schedule.kind: window or sliding_window)")
         a, b, n = trained[0], trained[-1] + 1, len(batch)
         stochastic = batch.extras["stochastic"][0].tolist()
+        cond = {key: v for key, v in batch.extras.items() if key.startswith(("pos/", "neg/"))}  # to decode with
         states, passes = [], 0
         for k in range(a, b + 1):
             if not any(stochastic[k:]):  # the rest is the ODE: the completion is the final image
                 states.append(list(batch.completions))
                 continue
             passes += batch.num_units - k
-            states.append(self.family.decode_in_batches(self.complete(model, batch, k, device), self.cfg))
+            states.append(self.family.decode_in_batches(self.complete(model, batch, k, device), self.cfg, cond))
         calls = passes * (2 if self.cfg.classifier_free_guidance else 1)
         if calls > self.cfg.tp_max_extra_passes:
             raise ValueError(f"policy.tp_max_extra_passes={self.cfg.tp_max_extra_passes}: TP-GRPO needs {calls} "

@@ -22,8 +22,12 @@ class VideoFamily(Family):
     output = "video"
     fps = 16  # frames per second the family's videos are exported at (diffusers' examples)
 
+    def _temporal_factor(self) -> int:
+        """How many frames the VAE compresses into one latent frame."""
+        return self.pipe.vae_scale_factor_temporal
+
     def check_settings(self, cfg):
-        factor = self.pipe.vae_scale_factor_temporal
+        factor = self._temporal_factor()
         if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
             raise ValueError(f"policy.num_frames={cfg.num_frames}: {type(self).__name__} needs {factor}k + 1 frames "
                              f"(its VAE compresses time {factor}x)")

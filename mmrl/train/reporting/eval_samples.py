@@ -1,13 +1,15 @@
 """Held-out samples where users look: at each evaluation the samples of the first
 `eval.log_samples` prompts, with their prompts and rewards, go to TensorBoard and W&B.
 
-Each completion becomes one `Medium` (text, image, video or audio), as the policy says
-(`Policy.sample_medium`; mmrl/core/media.py by default). TensorBoard gets
-``samples/<p>/<k>`` per medium (images; videos as animated GIFs in the images tab, encoded here,
-so no moviepy is needed; audio) and ``samples/<p>`` a text table of the prompt, each sample's
-reward and, for text, the sample. W&B gets one table ``samples`` per evaluation (step, prompt,
-sample index, reward, the sample as text or ``wandb.Image`` / ``wandb.Video`` /
-``wandb.Audio``).
+Each completion becomes one `Medium` (text, image, video, audio, or a video with its sound
+track), as the policy says (`Policy.sample_medium`; mmrl/core/media.py by default). TensorBoard
+gets ``samples/<p>/<k>`` per medium (images; videos as animated GIFs in the images tab, encoded
+here, so no moviepy is needed; audio), a video's sound track under the sibling tag
+``samples/<p>/<k>/sound``, and ``samples/<p>`` a text table of the prompt, each sample's reward
+and, for text, the sample. W&B gets one table ``samples`` per evaluation (step, prompt, sample
+index, reward, the sample as text or ``wandb.Image`` / ``wandb.Video`` / ``wandb.Audio``, and
+where a sample has a sound track a ``sound`` column of ``wandb.Audio``: ``wandb.Video`` takes
+sound only from an encoded file, which would need an encoder installed).
 """
 
 from __future__ import annotations
@@ -75,11 +77,14 @@ def write_tensorboard(writer, step: int, logged: Sequence[LoggedSample]) -> None
                                            "|---|---|---|"]).append(f"| {s.name} | {_fmt(s.reward)} | {text} |")
         if s.medium.kind == "image":
             writer.add_image(tag, s.medium.data, step, dataformats="HWC")
-        elif s.medium.kind == "video":
+        elif s.medium.kind in ("video", "audio_video"):
             t, h, w, c = s.medium.data.shape
             image = Summary.Image(height=h, width=w, colorspace=c, encoded_image_string=gif_bytes(s.medium.data,
                                                                                                   s.medium.rate))
             writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+            if s.medium.sound is not None:
+                writer.add_audio(f"{tag}/sound", np.clip(s.medium.sound, -1, 1)[None], step,
+                                 sample_rate=int(s.medium.sound_rate))
         elif s.medium.kind == "audio":
             writer.add_audio(tag, np.clip(s.medium.data, -1, 1)[None], step, sample_rate=int(s.medium.rate))
     for p, lines in tables.items():
@@ -88,16 +93,21 @@ def write_tensorboard(writer, step: int, logged: Sequence[LoggedSample]) -> None
 
 def wandb_table(wandb, step: int, logged: Sequence[LoggedSample]):
     """A ``wandb.Table`` of the samples (module docstring)."""
-    table = wandb.Table(columns=["step", "prompt", "sample", "reward", "completion"])
+    sound = any(s.medium.sound is not None for s in logged)
+    table = wandb.Table(columns=["step", "prompt", "sample", "reward", "completion"] + (["sound"] if sound else []))
     for s in logged:
-        table.add_data(step, s.prompt, s.name, s.reward, _wandb_value(wandb, s.medium))
+        cells = [_wandb_value(wandb, s.medium)]
+        if sound:
+            m = s.medium
+            cells.append(None if m.sound is None else wandb.Audio(m.sound, sample_rate=int(m.sound_rate)))
+        table.add_data(step, s.prompt, s.name, s.reward, *cells)
     return table
 
 
 def _wandb_value(wandb, m: Medium):
     if m.kind == "image":
         return wandb.Image(m.data)
-    if m.kind == "video":  # wandb.Video takes [T, C, H, W]
+    if m.kind in ("video", "audio_video"):  # wandb.Video takes [T, C, H, W]
         return wandb.Video(m.data.transpose(0, 3, 1, 2), fps=int(round(m.rate)), format="gif")
     if m.kind == "audio":
         return wandb.Audio(m.data, sample_rate=int(m.rate))
