@@ -136,7 +136,7 @@ def test_the_kv_cache_is_the_one_generate_keeps(tmp_path):
     out = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     cache = out.past_key_values
     measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    assert measured == formula.rollout_bytes(4)["KV cache"] * (6 + 16 - 1) // (6 + 16)
+    assert measured == formula.rollout_bytes(4, 2)["KV cache"] * (6 + 16 - 1) // (6 + 16)
 
 
 def test_checkpointing_keeps_less(tmp_path):

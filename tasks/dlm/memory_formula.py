@@ -18,9 +18,10 @@ over views of the canvas with tokens masked (`estimators.py`). From the transfor
   (its MLP's gate, up and product, [rows, canvas, intermediate] each, beside four [rows, canvas,
   hidden] buffers: the residual stream, the norm's output, the attention's output and its
   projection; the attention's scores are never materialised (PyTorch's SDPA); twice the rows with
-  `cfg_scale`) with its logits, or the step's logits of the block's positions with the sampler's
-  work on them, `SAMPLER_BYTES` per logit (fp32 logits, float64 Gumbel noise, softmax and log-softmax
-  for the confidence and the recorded log-probs; read off the allocation probe, docs/benchmarks.md).
+  `cfg_scale`), or, where larger, the sampler's work on the step's fp32 logits of the block's
+  positions, one group at a time (generation.py): `SAMPLER_BYTES` per logit of the group (float64
+  Gumbel noise, softmax and log-softmax for the confidence and the recorded log-probs; read off the
+  allocation probe, docs/benchmarks.md); the logits of every row beside either.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .estimators import LOGP_ESTIMATORS, EstimatorArgs, EstimatorInputs
 from .generation import transfer_counts
 
 SOFTMAX_BLOCK_ROWS = 1024  # rows of the logits path's fp32 block (selective_log_softmax's default chunk)
-SAMPLER_BYTES = 36  # bytes per logit of a decoding step's logits and its sampler's work (the probe's)
+SAMPLER_BYTES = 32  # bytes per logit of one group's float64 sampler work at a decoding step (the probe's)
 
 
 class MaskedDLMMemory(DecoderMemory):
@@ -75,14 +76,14 @@ class MaskedDLMMemory(DecoderMemory):
                 "logits (one row, one view)": self.completion * self.vocab * self.bytes,
                 "fp32 block": block * self.vocab * 4, "softmax pieces": 2 * self.piece_rows(block) * self.vocab * 4}
 
-    def rollout_bytes(self, rows: int) -> dict[str, int]:
+    def rollout_bytes(self, rows: int, group_size: int) -> dict[str, int]:
         forward_rows = 2 * rows if self.guided else rows
-        forward = forward_rows * (self.length * (3 * self.intermediate + 4 * self.hidden) + self.block * self.vocab)
-        forward *= self.bytes
-        sampler = SAMPLER_BYTES * rows * self.block * self.vocab
+        forward = forward_rows * self.length * (3 * self.intermediate + 4 * self.hidden) * self.bytes
+        logits = rows * self.block * self.vocab * 4
+        sampler = SAMPLER_BYTES * min(group_size, rows) * self.block * self.vocab
         if forward > sampler:
-            return {"decoding step: forward": forward}
-        return {"decoding step: logits, sampler": sampler}
+            return {"decoding step: forward": forward, "decoding step: logits": logits}
+        return {"decoding step: logits": logits, "decoding step: one group's sampler": sampler}
 
 
 def views_per_pass(cfg: Any, prompt_length: int) -> int:

@@ -101,7 +101,7 @@ class DecoderMemory(MemoryModel):
         """Rows of one piece of the softmax's element-wise work over a block of `rows` rows."""
         return min(rows, max(1, SUB_BLOCK_ELEMENTS // self.vocab))
 
-    def rollout_bytes(self, rows: int) -> dict[str, int]:
+    def rollout_bytes(self, rows: int, group_size: int) -> dict[str, int]:
         cache = self.layers * 2 * self.kv_width * self.length * rows * self.bytes
         return {"KV cache": cache, "sampler": SAMPLER_BUFFERS * rows * self.vocab * 4}
 
