@@ -9,7 +9,8 @@ On the tiny bidirectional model (`tiny:dlm-char`, larger than the tests') and a 
   two alternate, repetition by repetition, so machine load hits both alike; the ratio is reported,
   for the character vocabulary (100 tokens) and for the same model with its embeddings resized to
   `--large-vocab` tokens (LLaDA has 126k), where the per-step logits work d1 does on the whole
-  canvas starts to count;
+  canvas starts to count; and the peak memory one generation call allocates, each side's
+  (scripts/memory_probe.py; mmrl's float64 sampler work is one group's at a time);
 * per estimator (`diffu_grpo`, `coupled`, `elbo` with K points, `spg`, `espo`, `tracerl`,
   `agrpo`): model forward passes per `logprobs` call (`logprob_bounds` for spg), and the time of
   that call's forward + backward per completion token, also as a ratio to `diffu_grpo` measured
@@ -37,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_report import emit  # noqa: E402
+from memory_probe import peak_bytes  # noqa: E402
 import mmrl.tasks  # noqa: E402,F401  (the tiny models)
 from mmrl.tasks.dlm.block_diffusion_sampler import sample_block_diffusion  # noqa: E402
 from mmrl.tasks.dlm.config import DLMConfig  # noqa: E402
@@ -243,6 +245,9 @@ def main() -> None:
         ratios = [d / m for m, d in zip(times["mmrl"], times["d1"])]
         out["speedup_vs_d1"] = statistics.median(ratios)
         out["speedup_vs_d1_range"] = [min(ratios), max(ratios)]
+        for name, fn in (("mmrl", ours), ("d1", d1)):
+            out[name]["peak_mib"] = round(peak_bytes(fn) / 2 ** 20, 1)
+        out["peak_memory_d1_over_mmrl"] = out["d1"]["peak_mib"] / out["mmrl"]["peak_mib"]
         return out
 
     gen = {"vocab_100": race()}

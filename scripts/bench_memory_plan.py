@@ -3,10 +3,13 @@ from the configuration alone) beside the probe's measure (scripts/memory_probe.p
 max_memory_allocated, or the CPU profiler's allocation events) of the same recipe run for real in a
 fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (`--layers`, random weights,
 fp32; the second step holds AdamW's state; `--checkpointing`: with activation checkpointing), 2 prompts x `--group` completions of exactly N tokens,
-one micro-batch. Prints JSON: per size the planned and measured MiB and their ratio.
+one micro-batch; `--task dlm`: the masked diffusion LM (tiny:dlm-char, one block of N tokens decoded
+in 2 steps, `--estimator`'s views). Prints JSON: per size the planned and measured MiB and their
+ratio, for the whole peak and for the update passes alone (the training state under them).
 
     python scripts/bench_memory_plan.py --vocab 151936 --sizes 64x128,512x128,64x512,512x512 \\
         --json bench_memory_plan.json
+    python scripts/bench_memory_plan.py --task dlm --estimator elbo --vocab 151936 --sizes 64x128
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     here = tempfile.mkdtemp(prefix="mmrl-plan-")
     with open(os.path.join(here, "prompts.jsonl"), "w") as f:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
-    return {"task": "causal_lm",
-            "policy": {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens,
-                       "gradient_checkpointing": args.checkpointing,
-                       "tiny_args": {"hidden": hidden, "layers": args.layers, "heads": 4, "vocab": args.vocab,
-                                     "max_positions": 8 + tokens}},
+    shape = {"hidden": hidden, "layers": args.layers, "heads": 4, "vocab": args.vocab or None, "max_positions": 16 + tokens}
+    if args.task == "dlm":
+        policy = {"model": "tiny:dlm-char", "gen_length": tokens, "block_length": tokens, "steps": 2,
+                  "estimator": args.estimator, "logprobs_from": args.logprobs_from}
+    else:
+        policy = {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens}
+    return {"task": args.task,
+            "policy": {**policy, "gradient_checkpointing": args.checkpointing, "tiny_args": shape},
             "data": {"path": os.path.join(here, "prompts.jsonl")}, "rewards": {"plan_length": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
             "optim": {"lr": 1e-5, "prompts_per_step": len(PROMPTS), "micro_batch_size": len(PROMPTS) * args.group},
@@ -42,8 +48,9 @@ def recipe(hidden: int, tokens: int, args) -> dict:
             "max_steps": 2, "save_every": 0}
 
 
-def measured(hidden: int, tokens: int, args) -> int:
-    """The probe's peak bytes over building the trainer and two steps, in this process."""
+def measured(hidden: int, tokens: int, args) -> tuple[int, int]:
+    """The probe's peak bytes over building the trainer and two steps, in this process, and over
+    their update passes."""
     import torch
     from memory_probe import MemoryProbe
     from mmrl.config.parse import parse_config
@@ -52,10 +59,11 @@ def measured(hidden: int, tokens: int, args) -> int:
     probe = MemoryProbe()
     probe.start()
     trainer = Trainer(parse_config(recipe(hidden, tokens, args)))
+    probe.phase(trainer.updater, "accumulate_gradients", "update")
     trainer.train_step()
     trainer.train_step()
     probe.stop()
-    return probe.peak
+    return probe.peak, probe.phases["update"]["peak"]
 
 
 def planned(hidden: int, tokens: int, args) -> dict:
@@ -66,7 +74,10 @@ def planned(hidden: int, tokens: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=int, default=151936, help="the output layer's tokens")
+    parser.add_argument("--task", choices=("causal_lm", "dlm"), default="causal_lm", help="the adapter")
+    parser.add_argument("--estimator", default="diffu_grpo", help="--task dlm: the log-prob estimator")
+    parser.add_argument("--logprobs-from", default="logits", help="--task dlm: logits or hidden_states")
+    parser.add_argument("--vocab", type=int, default=151936, help="the output layer's tokens (0: the characters')")
     parser.add_argument("--sizes", default="64x128,512x128", help="HIDDENxTOKENS,... (completion tokens)")
     parser.add_argument("--group", type=int, default=2, help="completions per prompt (2 prompts)")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers")
@@ -76,20 +87,28 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         hidden, tokens = map(int, args.worker.split("x"))
-        print(json.dumps({"peak": measured(hidden, tokens, args)}))
+        peak, update = measured(hidden, tokens, args)
+        print(json.dumps({"peak": peak, "update": update}))
         return
-    report = {"vocab": args.vocab, "rows": len(PROMPTS) * args.group, "layers": args.layers,
+    report = {"task": args.task, "vocab": args.vocab, "rows": len(PROMPTS) * args.group, "layers": args.layers,
               "checkpointing": args.checkpointing, "sizes": {}}
+    if args.task == "dlm":
+        report.update(estimator=args.estimator, logprobs_from=args.logprobs_from)
     for size in args.sizes.split(","):
         hidden, tokens = map(int, size.split("x"))
-        options = ["--vocab", str(args.vocab), "--group", str(args.group), "--layers", str(args.layers)]
+        options = ["--vocab", str(args.vocab), "--group", str(args.group), "--layers", str(args.layers),
+                   "--task", args.task, "--estimator", args.estimator, "--logprobs-from", args.logprobs_from]
         run = subprocess.run([sys.executable, __file__, "--worker", size, *options,
                               *(["--checkpointing"] if args.checkpointing else [])],
                              capture_output=True, text=True, check=True)
-        peak = json.loads(run.stdout.strip().splitlines()[-1])["peak"]
+        probed = json.loads(run.stdout.strip().splitlines()[-1])
         plan = planned(hidden, tokens, args)
-        report["sizes"][size] = {"planned_mib": round(plan["peak"] / MIB, 1), "measured_mib": round(peak / MIB, 1),
-                                 "ratio": round(plan["peak"] / peak, 4),
+        update = sum(plan["state"].values()) + sum(plan["update"].values())
+        report["sizes"][size] = {"planned_mib": round(plan["peak"] / MIB, 1), "measured_mib": round(probed["peak"] / MIB, 1),
+                                 "ratio": round(plan["peak"] / probed["peak"], 4),
+                                 "update_planned_mib": round(update / MIB, 1),
+                                 "update_measured_mib": round(probed["update"] / MIB, 1),
+                                 "update_ratio": round(update / probed["update"], 4),
                                  "update_mib": {k: round(v / MIB, 1) for k, v in plan["update"].items()}}
         print(json.dumps({size: report["sizes"][size]}), file=sys.stderr)
     print(json.dumps(report, indent=1))

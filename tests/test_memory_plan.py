@@ -136,7 +136,7 @@ def test_the_kv_cache_is_the_one_generate_keeps(tmp_path):
     out = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, return_dict_in_generate=True)
     cache = out.past_key_values
     measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    assert measured == formula.rollout_bytes(4)["KV cache"] * (6 + 16 - 1) // (6 + 16)
+    assert measured == formula.rollout_bytes(4, 2)["KV cache"] * (6 + 16 - 1) // (6 + 16)
 
 
 def test_checkpointing_keeps_less(tmp_path):
@@ -155,7 +155,7 @@ def test_the_largest_group_size_fits_and_one_more_does_not(tmp_path):
     assert "largest group size" in plan_table(plan)
 
 
-@pytest.mark.parametrize("recipe,adapter", [("zoom_demo", "VLMPolicy"), ("dlm_demo", "DLMPolicy"),
+@pytest.mark.parametrize("recipe,adapter", [("zoom_demo", "VLMPolicy"), ("dlm_diffusion_gemma", "DLMPolicy"),
                                             ("t2i_demo", "DiffusionPolicy")])
 def test_a_family_without_a_formula_is_named(recipe, adapter, capsys):
     assert main(["plan", recipe, "--prompt-tokens", "16"]) != 0
@@ -190,3 +190,68 @@ def test_a_configuration_file_alone_is_planned(tmp_path):
 def test_a_model_that_cannot_be_read_is_one_line(capsys):
     assert main(["plan", "text_demo", "policy.model=/nonexistent/model", "--prompt-tokens", "4"]) != 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def dlm_step_recipe(tmp_path, hidden, vocab, tokens, estimator, **policy):
+    """`step_recipe` for the masked diffusion LM (tiny:dlm-char): one block of `tokens` decoded in 2 steps."""
+    recipe = step_recipe(tmp_path, hidden=hidden, vocab=vocab, tokens=tokens)
+    recipe["task"] = "dlm"
+    recipe["policy"] = {"model": "tiny:dlm-char", "gen_length": tokens, "block_length": tokens, "steps": 2,
+                        "estimator": estimator, "tiny_args": {"hidden": hidden, "layers": 2, "heads": 4, "vocab": vocab,
+                                                              "max_positions": 16 + tokens}, **policy}
+    return recipe
+
+
+def probed_dlm_step(recipe, probe_class) -> tuple[int, int]:
+    """(the probe's peak over building the trainer and two steps, the peak of their updates)."""
+    from mmrl.train.loop.trainer import Trainer
+    torch.manual_seed(0)
+    probe = probe_class()
+    probe.start()
+    try:
+        trainer = Trainer(parse_config(recipe))
+        probe.phase(trainer.updater, "accumulate_gradients", "update")
+        trainer.train_step()
+        trainer.train_step()
+    finally:
+        probe.stop()
+    return probe.peak, probe.phases["update"]["peak"]
+
+
+@pytest.mark.parametrize("estimator,logprobs_from", [("elbo", "logits"), ("diffu_grpo", "hidden_states")])
+def test_the_masked_dlm_plan_predicts_the_probed_step(tmp_path, probe, estimator, logprobs_from):
+    """A masked diffusion LM's step (hidden 64, a 32,000-token output layer, 4 completions of 32
+    tokens): the whole peak (a decoding step's sampler) and, apart, the update's (the views' graphs
+    and the head's backward, the training state of the second step under it) within 15% of the probe."""
+    recipe = dlm_step_recipe(tmp_path, 64, 32000, 32, estimator, logprobs_from=logprobs_from)
+    plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))
+    peak, update = probed_dlm_step(recipe, probe)
+    assert plan.peak == pytest.approx(peak, rel=0.15)
+    assert sum(plan.state.values()) + sum(plan.update.values()) == pytest.approx(update, rel=0.15)
+
+
+@pytest.mark.slow  # ~2 min under the profiler on the loaded 2-core machine
+def test_the_masked_dlm_plan_where_the_activations_are_the_peak(tmp_path, probe):
+    """Hidden 512, the character vocabulary, 512 completion tokens: the views' activations are the
+    step's peak; within 15%."""
+    recipe = dlm_step_recipe(tmp_path, 512, None, 512, "diffu_grpo")
+    plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))
+    peak, _ = probed_dlm_step(recipe, probe)
+    assert max(plan.update.values()) == plan.update["activations"]
+    assert plan.peak == pytest.approx(peak, rel=0.15)
+
+
+@pytest.mark.parametrize("estimator,settings", [("diffu_grpo", {}), ("elbo", {"elbo_points": 3}),
+                                                 ("tracerl", {"steps": 4}), ("espo", {})])
+def test_the_views_are_those_the_estimator_runs_on_a_rollout(tmp_path, estimator, settings):
+    """The plan's views per pass (a synthetic full-length row on the recipe's schedule) against the
+    views the policy's estimator draws on real rollouts of the tiny model (its recorded steps)."""
+    from mmrl.tasks.dlm.memory_formula import views_per_pass
+    cfg = parse_config(dlm_step_recipe(tmp_path, 64, None, 16, estimator, **settings))
+    adapter = ADAPTERS.get("dlm")
+    policy_cfg = from_dict(adapter.Config, cfg.policy, "policy")
+    policy = adapter(policy_cfg)
+    batch = policy.rollout(PROMPTS, 2, [1, 2])
+    batch.unit_mask[:] = 1  # every column a unit, as the plan's full-length row
+    views = policy.estimate(policy.estimator_inputs(batch))
+    assert views_per_pass(policy_cfg, len(PROMPTS[0])) == len(views)

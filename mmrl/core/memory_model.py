@@ -40,5 +40,6 @@ class MemoryModel(ABC):
         return {}
 
     @abstractmethod
-    def rollout_bytes(self, rows: int) -> dict[str, int]:
-        """Bytes by component of one generation call of `rows` rollouts (its cache, its sampler)."""
+    def rollout_bytes(self, rows: int, group_size: int) -> dict[str, int]:
+        """Bytes by component of one generation call of `rows` rollouts, groups of `group_size` (its
+        cache, its sampler)."""

@@ -98,11 +98,14 @@ def qwen2_chat_char(hidden: int = 128, layers: int = 2, heads: int = 4, seed: in
 
 
 @TINY_MODELS.register("dlm-char")
-def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token (the dlm demo's policy)."""
-    tokenizer = char_tokenizer()
+def dlm_char(hidden: int = 64, layers: int = 2, heads: int = 4, seed: int = 0, max_positions: int = 512,
+             vocab: int | None = None):
+    """A bidirectional Qwen2 over the character tokenizer plus a `<mask>` token (the dlm demo's policy),
+    with room for `max_positions` tokens; `vocab`: an output layer of that many tokens and the mask
+    (the tokenizer padded with fillers, `char_tokenizer`)."""
+    tokenizer = char_tokenizer(vocab)
     tokenizer.add_special_tokens({"mask_token": "<mask>"})
-    return make_bidirectional(tiny_qwen2(tokenizer, hidden, layers, heads, seed)), tokenizer
+    return make_bidirectional(tiny_qwen2(tokenizer, hidden, layers, heads, seed, max_positions)), tokenizer
 
 
 def chat_template(image: str = "", video: str = "", audio: str = "", turn: tuple[str, str] = ("<|im_start|>", "<|im_end|>"),

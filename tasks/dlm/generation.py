@@ -154,16 +154,18 @@ class DecodeTrace:
     step: Tensor     # [B, W] long: that step's index, counted over the whole completion (block after block)
     entropy: Tensor  # [B, W] fp32: the entropy of softmax(z / T) at that step (0: greedy)
 
-    def record(self, commit: Tensor, span: slice, logits: Tensor, tokens: Tensor, temperature: float, step: int,
-               greedy: bool) -> None:
-        """Note the tokens a step commits ([B, block] bool) in the completion's columns `span`."""
-        self.step[:, span] = torch.where(commit, step, self.step[:, span])
+    def record(self, commit: Tensor, rows: slice, span: slice, logits: Tensor, tokens: Tensor, temperature: float,
+               step: int, greedy: bool) -> None:
+        """Note the tokens a step commits ([b, block] bool) in the rows `rows` and the completion's
+        columns `span`."""
+        self.step[rows, span] = torch.where(commit, step, self.step[rows, span])
         if greedy:
             return
         drawn = torch.log_softmax(logits.double() / temperature, dim=-1)
-        self.logp[:, span] = torch.where(commit, drawn.gather(-1, tokens[..., None]).squeeze(-1), self.logp[:, span])
+        logp = drawn.gather(-1, tokens[..., None]).squeeze(-1)
+        self.logp[rows, span] = torch.where(commit, logp, self.logp[rows, span])
         entropy = -(drawn.exp() * drawn).sum(-1)
-        self.entropy[:, span] = torch.where(commit, entropy, self.entropy[:, span])
+        self.entropy[rows, span] = torch.where(commit, entropy, self.entropy[rows, span])
 
 
 @torch.no_grad()
@@ -196,22 +198,54 @@ def block_decode(logits_fn: LogitsFn, prompt_ids: Tensor, prompt_mask: Tensor, c
         counts = transfer_counts(cfg.block_length, cfg.steps // num_blocks, cfg.schedule)
         for s, k in enumerate(counts):
             logits = _guided_logits(logits_fn, x, attention, positions, prompt_tokens, cfg.cfg_scale, mask_id)
-            uniforms = _group_uniforms(generators, group_size, logits.shape, device) if not greedy else None
-            x0 = gumbel_argmax(logits, cfg.temperature, uniforms)
-            confidence = _confidence(cfg, logits, x0, positions, generators, group_size, (s, len(counts)), eos_id)
-            block = x[:, start:stop]
-            still = block == mask_id
-            confidence = confidence.masked_fill(~still, float("-inf"))
-            chosen = confidence.topk(k, dim=-1).indices
-            commit = torch.zeros_like(still).scatter_(1, chosen, True) & still
-            x[:, start:stop] = torch.where(commit, x0, block)
-            if traced:
-                trace.record(commit, slice(start - plen, stop - plen), logits, x0, cfg.temperature, step, greedy)
+            for rows_of, drawing in _group_slices(rows, group_size, generators):  # the sampler's work, group by group
+                group = StepGroup(rows_of, drawing, (s, len(counts)), k)
+                commit, x0 = _commit(cfg, logits[rows_of], x, (start, stop), positions, group, mask_id, eos_id, greedy)
+                if traced:
+                    trace.record(commit, rows_of, slice(start - plen, stop - plen), logits[rows_of], x0,
+                                 cfg.temperature, step, greedy)
             step += 1
     if not traced:
         return x[:, plen:]
     trace.ids, trace.logp, trace.entropy = x[:, plen:], trace.logp.float(), trace.entropy.float()
     return trace
+
+
+@dataclass
+class StepGroup:
+    """One group's rows at a decoding step: the sampler's work is done a group at a time, so its
+    float64 buffers are one group's [group_size, block, V], not the call's."""
+
+    rows: slice                                # the group's rows of the canvas
+    generators: list[torch.Generator] | None   # the group's generator (None: greedy without seeds)
+    step: tuple[int, int]                      # (the step in its block, the block's steps)
+    commits: int                               # tokens each row commits at this step
+
+
+def _group_slices(rows: int, group_size: int, generators: list[torch.Generator] | None,
+                  ) -> list[tuple[slice, list[torch.Generator] | None]]:
+    """Each group's rows and generator (all rows at once where they are not in groups of `group_size`)."""
+    if rows % group_size:
+        return [(slice(0, rows), generators)]
+    return [(slice(r, r + group_size), None if generators is None else generators[i:i + 1])
+            for i, r in enumerate(range(0, rows, group_size))]
+
+
+def _commit(cfg: DecodeConfig, logits: Tensor, x: Tensor, block_span: tuple[int, int], positions: Tensor,
+            group: StepGroup, mask_id: int, eos_id: int | None, greedy: bool) -> tuple[Tensor, Tensor]:
+    """Draw one group's predictions x0 [b, block] from its `logits` [b, block, V], commit the
+    `group.commits` most confident still-masked ones into the canvas `x` (in place); (commit mask, x0)."""
+    per = logits.shape[0] // (len(group.generators) if group.generators else 1)  # rows per generator
+    uniforms = None if greedy else _group_uniforms(group.generators, per, logits.shape, x.device)
+    x0 = gumbel_argmax(logits, cfg.temperature, uniforms)
+    confidence = _confidence(cfg, logits, x0, positions, group.generators, per, group.step, eos_id)
+    start, stop = block_span
+    block = x[group.rows, start:stop]
+    still = block == mask_id
+    chosen = confidence.masked_fill(~still, float("-inf")).topk(group.commits, dim=-1).indices
+    commit = torch.zeros_like(still).scatter_(1, chosen, True) & still
+    x[group.rows, start:stop] = torch.where(commit, x0, block)
+    return commit, x0
 
 
 def _confidence(cfg: DecodeConfig, logits: Tensor, x0: Tensor, positions: Tensor,

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.chat_prompts import chat_template_check, prompt_text, tokenize_prompts
@@ -36,6 +37,7 @@ from .config import AUTO_CLASSES, DLMConfig, config_problems
 from .diffusion_gemma import MASK_SEED_SALT, DiffusionGemmaPolicy
 from .estimators import LOGP_ESTIMATORS
 from .generation import DecodeConfig, block_decode
+from .memory_formula import MaskedDLMMemory, masked_dlm_memory
 from .outputs import TextRollouts
 from .scoring import MaskedScoring
 
@@ -113,6 +115,13 @@ class DLMPolicy(TextRollouts, MaskedScoring):
         self._accepts = {name for name in ("attention_mask", "position_ids", "logits_to_keep", "use_cache")
                          if name in accepted}
         self.sft_generator = torch.Generator().manual_seed(cfg.sft_seed)
+
+    @classmethod
+    def memory_model(cls, cfg: DLMConfig, prompt_length: int) -> MaskedDLMMemory:
+        if cfg.family != "masked":
+            raise UserError(f"mmrl plan: the adapter {cls.__name__} has no memory formula yet for policy.family="
+                            f"{cfg.family!r} (block diffusion with its cache); its memory is not planned")
+        return masked_dlm_memory(cfg, prompt_length)
 
     @classmethod
     def prompt_check(cls, cfg: DLMConfig):

@@ -39,26 +39,29 @@ SAMPLER_BUFFERS = 6  # [rows, vocabulary] fp32 buffers of a decoding step's logi
 
 
 class DecoderMemory(MemoryModel):
-    """A causal LM's memory: `module` the weightless build, `cfg` the adapter's policy config."""
+    """A causal LM's memory: `module` the weightless build; `completion` tokens after a prompt of
+    `prompt_length`; the log-prob settings `chunk_tokens` (policy.logprob_chunk_tokens), `chunk_rows`
+    (the plain path's fp32 block, policy.logprob_chunk_rows) and `check` (policy.logprob_check)."""
 
     family = "decoder-only transformer"
 
-    def __init__(self, module: nn.Module, cfg: Any, prompt_length: int):
-        super().__init__(module, cfg.gradient_checkpointing)
+    def __init__(self, module: nn.Module, checkpointing: bool, prompt_length: int, completion: int,
+                 chunk_tokens: int, chunk_rows: int, check: bool):
+        super().__init__(module, checkpointing)
         config = module.config
-        self.hidden = config.hidden_size
-        self.layers = config.num_hidden_layers
-        self.vocab = config.vocab_size
-        self.intermediate = config.intermediate_size
-        head_dim = getattr(config, "head_dim", None) or self.hidden // config.num_attention_heads
-        self.query_width = config.num_attention_heads * head_dim
-        self.kv_width = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.kv_width *= head_dim
-        self.completion = cfg.max_new_tokens
-        self.length = prompt_length + cfg.max_new_tokens  # tokens per rollout: prompt and completion
-        self.chunk_tokens = cfg.logprob_chunk_tokens
-        self.chunk_rows = cfg.logprob_chunk_rows
-        self.check = cfg.logprob_check
+        self.hidden = config_field(config, "hidden_size")
+        self.layers = config_field(config, "num_hidden_layers")
+        self.vocab = config_field(config, "vocab_size")
+        self.intermediate = config_field(config, "intermediate_size")
+        heads = config_field(config, "num_attention_heads")
+        head_dim = getattr(config, "head_dim", None) or self.hidden // heads
+        self.query_width = heads * head_dim
+        self.kv_width = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+        self.completion = completion
+        self.length = prompt_length + completion  # tokens per rollout: prompt and completion
+        self.chunk_tokens = chunk_tokens
+        self.chunk_rows = chunk_rows
+        self.check = check
         self.bytes = next(module.parameters()).element_size()
         self.tied = module.get_output_embeddings().weight is module.get_input_embeddings().weight
 
@@ -98,7 +101,7 @@ class DecoderMemory(MemoryModel):
         """Rows of one piece of the softmax's element-wise work over a block of `rows` rows."""
         return min(rows, max(1, SUB_BLOCK_ELEMENTS // self.vocab))
 
-    def rollout_bytes(self, rows: int) -> dict[str, int]:
+    def rollout_bytes(self, rows: int, group_size: int) -> dict[str, int]:
         cache = self.layers * 2 * self.kv_width * self.length * rows * self.bytes
         return {"KV cache": cache, "sampler": SAMPLER_BUFFERS * rows * self.vocab * 4}
 
@@ -118,4 +121,15 @@ def decoder_memory(cfg: Any, prompt_length: int) -> DecoderMemory:
         else:
             module = pretrained(AutoModelForCausalLM, cfg.model, dtype=DTYPES[cfg.dtype],
                                 trust_remote_code=cfg.trust_remote_code)
-    return DecoderMemory(module, cfg, prompt_length)
+    return DecoderMemory(module, cfg.gradient_checkpointing, prompt_length, cfg.max_new_tokens, cfg.logprob_chunk_tokens,
+                         cfg.logprob_chunk_rows, cfg.logprob_check)
+
+
+def config_field(config: Any, name: str) -> int:
+    """`config.name`, or a one-line refusal naming the field (a configuration of other names, e.g.
+    remote code's own, has no formula)."""
+    value = getattr(config, name, None)
+    if not isinstance(value, int):
+        raise UserError(f"mmrl plan: the model's configuration ({type(config).__name__}) has no {name}; the "
+                        "transformer formula reads transformers' standard fields, so this model is not planned")
+    return value
