@@ -36,7 +36,8 @@ from mmrl.registry import ADAPTERS, BENCHMARKS, DATASETS, import_user_module, lo
 from mmrl.serving.remote_reward import sends_own_requests
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
 from mmrl.train.plan.learning_rates import check_learning_rates
-from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
+from mmrl.train.plan.method_checks import (check_algorithm, check_distribution_matching, check_dppo, check_ratio_norm,
+                                          check_unit_terms)
 from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
 from mmrl.train.plan.reward_checks import check_rewards
@@ -78,6 +79,8 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
     if cfg.algorithm.distill.active:
         check_distill(cfg, adapter, policy_cfg, problems)
+    if cfg.algorithm.distribution_matching.on:
+        check_distribution_matching(cfg, adapter.score_problem(policy_cfg), problems)
     return adapter.output_kind(policy_cfg)
 
 
