@@ -18,7 +18,7 @@ DM = "algorithm.distribution_matching"
 
 
 def dmd_trainer(tmp_path, *extra):
-    return Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.on=true", *extra]))
+    return Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true", *extra]))
 
 
 def student_grads(t, batch, rows):
@@ -94,7 +94,7 @@ def test_dmd2_trains_two_steps_and_the_fake_score_survives_a_checkpoint(tmp_path
     assert any(not torch.equal(fake_before[n], fake[n]) for n in fake)
     t.save_checkpoint()
     t.release_output_dir()
-    resumed = Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.on=true", "max_steps=2",
+    resumed = Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true", "max_steps=2",
                                                   f"{DM}.fake_updates_per_step=2", f"{DM}.fake_lr=1e-3", "resume=true"]))
     assert resumed.step == 2
     pair = resumed.updater.scores
@@ -122,4 +122,23 @@ def test_dmdr_keeps_the_reward_advantage_and_dmd2_drops_it(tmp_path):
 ])
 def test_recipe_errors_name_the_field(tmp_path, recipe, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        Trainer(parse_config(recipe, tiny_overrides(tmp_path) + [f"{DM}.on=true", *extra]))
+        Trainer(parse_config(recipe, tiny_overrides(tmp_path) + [f"{DM}.enabled=true", *extra]))
+
+
+@pytest.mark.parametrize("with_reward", ["false", "true"])
+def test_the_t2i_dmd2_recipe_trains_two_steps_after_a_warm_start(tmp_path, with_reward):
+    """The shipped recipe on the tiny pixel UNet (a 3-step warm start here): the scores start from the warm-started
+    student, the fake score moves, the student trains; with_reward=true is DMDR."""
+    from mmrl.config.parse import load_recipe
+    from mmrl.registry import RECIPES
+    t = Trainer(load_recipe(RECIPES.get("t2i_dmd2"), [
+        f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=1", "max_steps=2",
+        "warm_start.steps=3", "logging.progress=false", "logging.report_to=[none]", f"{DM}.fake_updates_per_step=2",
+        f"{DM}.with_reward={with_reward}"]))
+    t.warm_start()
+    pair = t.updater.scores
+    assert all(torch.equal(p, q) for p, q in zip(pair.real.parameters(), t.unwrapped.parameters()))
+    for _ in range(2):
+        metrics = t.train_step()
+        assert metrics["dmd_loss"] > 0 and metrics["ratio_max_dev"] == 0.0
+    assert any(not torch.equal(p, q) for p, q in zip(pair.fake.parameters(), pair.real.parameters()))

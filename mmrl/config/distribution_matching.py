@@ -13,7 +13,7 @@ class DistributionMatchingConfig:
     """A frozen real score and a fake score trained on the student's samples, whose difference at the
     re-noised samples is the student's gradient (mmrl/core/distribution_matching.py)."""
 
-    on: bool = field(default=False, metadata={"help": (
+    enabled: bool = field(default=False, metadata={"help": (
         "Train the student by distribution matching (DMD2): a frozen real score (`real`) and a fake score (a "
         "trainable copy of the real one, trained on the student's own samples) judge each trained step's clean "
         "prediction, re-noised; their difference is the gradient of the student's DMD loss.")})

@@ -159,12 +159,12 @@ def dmd_term(x: TermInputs, weight: float) -> tuple[Optional[Tensor], dict[str, 
     if weight == 0.0:
         return None, {}
     if x.dmd is None:
-        raise ValueError("algorithm.distribution_matching.on=true needs the units' DMD losses")
+        raise ValueError("algorithm.distribution_matching.enabled=true needs the units' DMD losses")
     return weight * x.dmd.float(), {"dmd": float((x.dmd.detach() * x.mask).sum())}
 
 
 REGULARISERS.register("distribution_matching")(Regulariser(
-    lambda cfg: cfg.distribution_matching.weight if cfg.distribution_matching.on else 0.0, dmd_term,
+    lambda cfg: cfg.distribution_matching.weight if cfg.distribution_matching.enabled else 0.0, dmd_term,
     {"dmd": ("dmd_loss", True)}, all_rows=True))
 
 

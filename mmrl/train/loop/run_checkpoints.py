@@ -22,7 +22,10 @@ class RunCheckpoints:
 
     def reference_from_policy(self) -> None:
         """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
-        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
+        warm-started model rather than the one loaded before it); checkpoints keep it from then on. So do
+        distribution matching's real and fake scores when they are the student's copies."""
+        if self.updater.scores is not None:
+            self.updater.scores.start_from(self.unwrapped)
         if self.reference is None:
             return
         mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())

@@ -42,6 +42,20 @@ class ScorePair:
                                            weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.draws = 0  # the random draws taken so far (noise levels and noise), each from its own seed
 
+    def start_from(self, student: nn.Module) -> None:
+        """After a warm start: the real and the fake score become copies of the student's weights now, when
+        the real score is the student's own copy (`real` empty); the fake's optimizer starts afresh."""
+        if self.cfg.algorithm.distribution_matching.real:
+            return
+        weights = student.state_dict()
+        if weights.keys() != self.real.state_dict().keys():
+            raise UserError(f"{FIELD}.real is empty (a copy of the student) and the student's weights after the warm "
+                            "start are not the real score's (optim.lora?); name the real score's model in "
+                            f"{FIELD}.real")
+        for model in (self.real, self.fake):
+            model.load_state_dict(weights)
+        self.optimizer.state.clear()
+
     def generator(self) -> torch.Generator:
         """A generator for the next draw, from (run seed, draw, process): the same on a resumed run."""
         self.draws += 1
@@ -92,7 +106,7 @@ class ScorePair:
 
     def load(self, path: Path) -> None:
         if not (path / FAKE_FILE).is_file():
-            raise UserError(f"checkpoint {path} holds no fake score ({FAKE_FILE}) and this run trains one ({FIELD}.on); "
+            raise UserError(f"checkpoint {path} holds no fake score ({FAKE_FILE}) and this run trains one ({FIELD}.enabled); "
                             "resume with the settings it was saved with")
         load_model(self.fake, str(path / FAKE_FILE))
         state = torch.load(path / FAKE_OPTIMIZER_FILE, weights_only=True)
@@ -116,8 +130,8 @@ def real_score(cfg: TrainConfig, policy: Policy) -> nn.Module:
 
 def build_scores(cfg: TrainConfig, policy: Policy, processes: int, process: int) -> ScorePair | None:
     """The run's score pair when the recipe turns distribution matching on (one process only), else None."""
-    if not cfg.algorithm.distribution_matching.on:
+    if not cfg.algorithm.distribution_matching.enabled:
         return None
     if processes > 1:
-        raise UserError(f"{FIELD}.on=true trains its fake score in one process; this run has {processes}")
+        raise UserError(f"{FIELD}.enabled=true trains its fake score in one process; this run has {processes}")
     return ScorePair(cfg, policy, real_score(cfg, policy), process)

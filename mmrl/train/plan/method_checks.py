@@ -99,7 +99,7 @@ def check_unit_terms(cfg: TrainConfig, given: str, problems: list[str]) -> None:
 def check_distribution_matching(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
     """DMD2 / DMDR: an adapter with score hooks, the clip objective (its loss takes the units' DMD
     losses beside the surrogate), one process, settings in range."""
-    dm, name = cfg.algorithm.distribution_matching, "algorithm.distribution_matching.on=true"
+    dm, name = cfg.algorithm.distribution_matching, "algorithm.distribution_matching.enabled=true"
     if adapter_problem:
         problems.append(f"{name}: {adapter_problem}")
     if cfg.algorithm.objective != "clip":

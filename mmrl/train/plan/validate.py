@@ -79,7 +79,7 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
     if cfg.algorithm.distill.active:
         check_distill(cfg, adapter, policy_cfg, problems)
-    if cfg.algorithm.distribution_matching.on:
+    if cfg.algorithm.distribution_matching.enabled:
         check_distribution_matching(cfg, adapter.score_problem(policy_cfg), problems)
     return adapter.output_kind(policy_cfg)
 
