@@ -142,3 +142,10 @@ def test_the_t2i_dmd2_recipe_trains_two_steps_after_a_warm_start(tmp_path, with_
         metrics = t.train_step()
         assert metrics["dmd_loss"] > 0 and metrics["ratio_max_dev"] == 0.0
     assert any(not torch.equal(p, q) for p, q in zip(pair.fake.parameters(), pair.real.parameters()))
+
+
+def test_several_processes_are_refused_with_the_recipe(tmp_path):
+    from mmrl.train.plan.validate import validate
+    cfg = parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true"])
+    with pytest.raises(ConfigError, match=f"{DM}.enabled=true trains its fake score in one process; this run has 2"):
+        validate(cfg, num_processes=2)

@@ -112,7 +112,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         policy.model.to(strategy.acc.device)
     strategy.place(policy.model)
     policy.use_parallel(strategy.view())
-    scores = build_scores(cfg, policy, strategy.acc.num_processes, strategy.acc.process_index)  # before LoRA
+    scores = build_scores(cfg, policy, strategy.acc.process_index)  # before LoRA
     policy.model = with_lora(policy.model, cfg.optim.lora)  # as the rollout worker wraps its copy
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:

@@ -154,6 +154,9 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
         problems.append(f"policy.vllm.tensor_parallel_size={tensor_parallel} with {num_processes} processes: each "
                         "process drives a vLLM engine of its own on its own prompts, so an engine cannot span "
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
+    if cfg.algorithm.distribution_matching.enabled and num_processes > 1:
+        problems.append(f"algorithm.distribution_matching.enabled=true trains its fake score in one process; this "
+                        f"run has {num_processes}")
 
 
 def _check_placement(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:
