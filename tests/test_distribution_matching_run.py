@@ -149,3 +149,37 @@ def test_several_processes_are_refused_with_the_recipe(tmp_path):
     cfg = parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true"])
     with pytest.raises(ConfigError, match=f"{DM}.enabled=true trains its fake score in one process; this run has 2"):
         validate(cfg, num_processes=2)
+
+
+@pytest.mark.parametrize("model, guided", [("tiny:wan-t2v", True), ("tiny:hunyuan-video", False)])
+def test_the_score_hooks_of_video_families(model, guided):
+    """On video latents [N, C, F, H, W]: each trained step's clean prediction x - s v(x) by the family's own
+    predict, a score model's clean prediction at a re-noised sample (with and without guidance), and zero DMD
+    gradient for a fake score equal to the real one."""
+    from mmrl.core.distribution_matching import dmd_gradient
+    from mmrl.tasks.diffusion.config import DiffusionConfig
+    from mmrl.tasks.diffusion.policy import DiffusionPolicy
+    policy = DiffusionPolicy(DiffusionConfig(model=model, height=32, width=32, num_frames=5, num_steps=3,
+                                             eval_num_steps=3, sampler="flow_sde", noise_level=0.7,
+                                             classifier_free_guidance=guided))
+    r = policy.rollout([{"prompt": "red circle"}], 2, seeds=[3])
+    with torch.no_grad():
+        clean = policy.clean_predictions(policy.model, r, slice(0, 1))
+        rows = r.unit_mask[:, 0].nonzero().flatten()
+        x = r.extras["latents"][rows, 0]
+        cond = {k: v[rows] for k, v in r.extras.items() if k.startswith(("pos/", "neg/"))}
+        v = policy.family.predict(policy.model, x, r.extras["timesteps"][0, 0], cond, policy.cfg.guidance_scale, guided)
+        assert clean.shape[2:] == r.extras["latents"].shape[2:] and clean.dim() == 6
+        assert torch.allclose(clean[rows, 0], x - float(r.extras["levels"][0, 0]) * v.float(), atol=1e-5)
+        samples = policy.generated_samples(r)
+        levels, noise = torch.tensor([0.3, 0.8]), torch.randn(samples.shape, generator=torch.Generator().manual_seed(0))
+        for with_guidance in (True, False):
+            x0, loss = policy.denoised(policy.model, r, samples, levels, noise, with_guidance)
+            assert x0.shape == samples.shape and loss.shape == (2,) and torch.isfinite(loss).all()
+        real, _ = policy.denoised(policy.model, r, samples, levels, noise, False)
+        assert dmd_gradient(samples, real, x0).abs().max() == 0
+        s = levels.view(-1, 1, 1, 1, 1)
+        noisy = (1 - s) * samples + s * noise
+        c = {k: val for k, val in r.extras.items() if k.startswith(("pos/", "neg/"))}  # each row at its own level
+        v = policy.family.predict(policy.model, noisy, levels * 1000, c, 1.0, False).float()
+        assert torch.allclose(x0, noisy - s * v, atol=1e-5)
