@@ -181,5 +181,5 @@ def test_the_score_hooks_of_video_families(model, guided):
         s = levels.view(-1, 1, 1, 1, 1)
         noisy = (1 - s) * samples + s * noise
         c = {k: val for k, val in r.extras.items() if k.startswith(("pos/", "neg/"))}  # each row at its own level
-        v = policy.family.predict(policy.model, noisy, levels * 1000, c, 1.0, False).float()
+        v = policy.family.predict(policy.model, noisy, levels * 1000, c, policy.cfg.guidance_scale, False).float()
         assert torch.allclose(x0, noisy - s * v, atol=1e-5)
