@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mmrl.config.distill import DistillConfig
+from mmrl.config.distribution_matching import DistributionMatchingConfig
 
 
 @dataclass
@@ -150,3 +151,6 @@ class AlgorithmConfig:
     distill: DistillConfig = field(default_factory=DistillConfig, metadata={"help": (
         "On-policy distillation: a frozen teacher scores the student's rollouts and its per-unit divergence "
         "is subtracted from the advantage (docs/methods.md, 'On-policy distillation').")})
+    distribution_matching: DistributionMatchingConfig = field(default_factory=DistributionMatchingConfig, metadata={
+        "help": ("Distribution matching for few-step students: DMD2 alone, or DMDR beside the reward objective "
+                 "(docs/methods.md, 'Distribution matching').")})

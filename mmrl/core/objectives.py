@@ -106,7 +106,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
                 kl: Tensor | None = None, is_weight: Tensor | None = None,
                 step_scales: tuple[Tensor, Tensor] | None = None, divergence: Tensor | None = None,
-                distill: Tensor | None = None, clip_range: tuple[Tensor, Tensor] | None = None) -> LossTerms:
+                distill: Tensor | None = None, dmd: Tensor | None = None,
+                clip_range: tuple[Tensor, Tensor] | None = None) -> LossTerms:
     """Clipped surrogate for a micro-batch: all tensors [B, u] except `advantages` ([B] or [B, u]).
 
     `weights` come from an AGGREGATIONS entry applied to the whole batch; `segments` are the
@@ -118,7 +119,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     each unit's log-ratio and its clipped surrogate (GRPO-Guard: the step's std and 1 / |dt|).
     `divergence` [B, u], under `algorithm.trust_region: dppo`, is each unit's KL between the old and
     the current policy (`dppo_held`; None: the policy is the old one, divergence 0). `distill` [B, u],
-    under `algorithm.distill.form: loss`, is each unit's divergence from the teacher, under grad.
+    under `algorithm.distill.form: loss`, is each unit's divergence from the teacher, under grad; `dmd`
+    [B, u], under `algorithm.distribution_matching`, each unit's DMD loss, under grad.
     `clip_range` (eps_low, eps_high) [B, u], when given, is each unit's own clip range
     (`Policy.unit_clip`), in place of `cfg.eps_low` / `cfg.eps_high`.
     """
@@ -149,7 +151,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     if is_weight is not None:
         per_unit = per_unit * is_weight
     per_unit, sums = add_regularisers(per_unit, TermInputs(logp, old_logp, adv, mask, cfg, ref_logp, entropy, kl,
-                                                           distill))
+                                                           distill, dmd))
     loss = (per_unit * weights * mask).sum()
     units = float(mask.sum())
     is_clipped = (limited & (mask > 0)).float().sum()

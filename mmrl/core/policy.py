@@ -18,11 +18,12 @@ from mmrl.core.media import Medium, medium
 from mmrl.core.memory_model import MemoryModel
 from mmrl.core.parallel import ParallelView
 from mmrl.core.rollout import Rollout
+from mmrl.core.score_hooks import ScoreHooks
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 
-class Policy(ABC):
+class Policy(ScoreHooks, ABC):
     """A task adapter. Subclasses set `Config` (a dataclass typed from the recipe's `policy:`
     section) and `model` (the module the optimizer trains), and implement `rollout` and
     `logprobs`. The engine applies LoRA, keeps the reference, and does everything else."""
@@ -269,8 +270,7 @@ class Policy(ABC):
         return None
 
     def unit_slices(self, batch: Rollout) -> list[slice]:
-        """How the units of a micro-batch are split for backprop (one pass by default;
-        a diffusion adapter returns one slice per denoising step)."""
+        """How a micro-batch's units are split for backprop (one pass; a diffusion adapter: one per step)."""
         return [slice(None)]
 
     def concat(self, parts: Sequence[Rollout]) -> Rollout:

@@ -53,6 +53,7 @@ class TermInputs:
     entropy: Tensor | None = None
     kl: Tensor | None = None
     distill: Tensor | None = None  # each unit's divergence from the distillation teacher, under grad
+    dmd: Tensor | None = None  # each unit's DMD loss (distribution matching), under grad
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,20 @@ def distill_term(x: TermInputs, weight: float) -> tuple[Optional[Tensor], dict[s
 REGULARISERS.register("distill")(Regulariser(
     lambda cfg: cfg.distill.weight if cfg.distill.active and cfg.distill.form == "loss" else 0.0, distill_term,
     {"distill": ("distill_loss_divergence", True)}, all_rows=True))
+
+
+def dmd_term(x: TermInputs, weight: float) -> tuple[Optional[Tensor], dict[str, float]]:
+    """weight l_u, the unit's DMD loss (`algorithm.distribution_matching`; its gradient is DMD2's)."""
+    if weight == 0.0:
+        return None, {}
+    if x.dmd is None:
+        raise ValueError("algorithm.distribution_matching.enabled=true needs the units' DMD losses")
+    return weight * x.dmd.float(), {"dmd": float((x.dmd.detach() * x.mask).sum())}
+
+
+REGULARISERS.register("distribution_matching")(Regulariser(
+    lambda cfg: cfg.distribution_matching.weight if cfg.distribution_matching.enabled else 0.0, dmd_term,
+    {"dmd": ("dmd_loss", True)}, all_rows=True))
 
 
 def active_regularisers(cfg: AlgorithmConfig) -> list[Regulariser]:

@@ -25,6 +25,7 @@ from mmrl.registry import ADAPTERS
 from mmrl.serving.teacher_client import ServedTeacher
 from mmrl.train.loop.benchmark_pass import PeriodicBench
 from mmrl.train.loop.collect import StageInputs
+from mmrl.train.loop.score_pair import ScorePair, build_scores
 from mmrl.train.loop.teachers import Teachers
 from mmrl.train.placement.reward_binding import bound_rewards
 from mmrl.train.plan.stages import Stage, StagePlan
@@ -96,6 +97,7 @@ class Parts:
     scheduler: Any                 # transformers' LR scheduler over `optimizer`
     reference: nn.Module | None    # a frozen copy for the KL, None without one (or with LoRA: adapter off)
     teachers: Teachers | None = None  # the frozen distillation teachers (algorithm.distill), or None
+    scores: ScorePair | None = None  # distribution matching's real and fake scores, or None
 
 
 def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
@@ -110,6 +112,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         policy.model.to(strategy.acc.device)
     strategy.place(policy.model)
     policy.use_parallel(strategy.view())
+    scores = build_scores(cfg, policy, strategy.acc.process_index)  # before LoRA
     policy.model = with_lora(policy.model, cfg.optim.lora)  # as the rollout worker wraps its copy
     reference = None
     if any(regulariser_needs(s.config.algorithm, "reference") for s in plan.stages) and cfg.optim.lora.r == 0:
@@ -124,7 +127,7 @@ def build_parts(stage: Stage, plan: StagePlan, strategy: Strategy) -> Parts:
         strategy.allow_partial_backward()
     model, optimizer = strategy.prepare(policy.model, optimizer)
     strategy.acc.register_for_checkpointing(scheduler)
-    return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy, served))
+    return Parts(policy, model, optimizer, scheduler, reference, build_teachers(plan, strategy, served), scores)
 
 
 def distill_config(plan: StagePlan) -> TrainConfig | None:

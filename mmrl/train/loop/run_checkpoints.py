@@ -22,7 +22,10 @@ class RunCheckpoints:
 
     def reference_from_policy(self) -> None:
         """The KL's reference becomes a copy of the policy's weights now (after a warm start, the
-        warm-started model rather than the one loaded before it); checkpoints keep it from then on."""
+        warm-started model rather than the one loaded before it); checkpoints keep it from then on. So do
+        distribution matching's real and fake scores when they are the student's copies."""
+        if self.updater.scores is not None:
+            self.updater.scores.start_from(self.unwrapped)
         if self.reference is None:
             return
         mine, theirs = dict(self.reference.named_parameters()), dict(self.unwrapped.named_parameters())
@@ -61,6 +64,8 @@ class RunCheckpoints:
             if acc.is_main_process and self.reference is not None and self.cfg.warm_start.steps > 0:
                 # the reference is the warm start's, which the run's model source does not rebuild
                 save_model(self.reference, str(tmp / REFERENCE_FILE))  # (tied weights stored once)
+            if acc.is_main_process and self.updater.scores is not None:
+                self.updater.scores.save(tmp)
             if acc.is_main_process:
                 position = self._data_position() if data_position is None else data_position
                 state = {"step": self.step, **position, "bad_steps": self.bad_steps}
@@ -92,6 +97,8 @@ class RunCheckpoints:
                 raise UserError(f"checkpoint {path} holds a KL reference ({REFERENCE_FILE}, a warm start's) and this "
                                 "run has none (algorithm.beta); resume with the settings it was saved with")
             load_model(self.reference, str(path / REFERENCE_FILE))
+        if self.updater.scores is not None:
+            self.updater.scores.load(path)
         state = ckpt.read_trainer_state(path)
         self.step = int(state["step"])
         self._enter_stage(self.plan.stage_at(self.step))  # the checkpoint's data and settings

@@ -107,7 +107,7 @@ class Trainer(RunCheckpoints):
         self.clock = StepClock(torch.cuda.synchronize if acc.device.type == "cuda" else None)
         self.collector = RolloutCollector(self.strategy, self.policy, self.model, self.clock)
         self.updater = PolicyUpdate(self.cfg, self.strategy, self.policy, self.model, self.optimizer, self.scheduler,
-                                    self.reference, OBJECTIVES.get(self.cfg.algorithm.objective), self.clock, parts.teachers)
+                                    self.reference, OBJECTIVES.get(self.cfg.algorithm.objective), self.clock, parts.teachers, parts.scores)
         self.step = 0
         self.bad_steps = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
         self.last_eval: tuple[int, float] | None = None  # (step, eval reward_mean) of the latest eval

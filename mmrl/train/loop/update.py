@@ -23,6 +23,7 @@ from mmrl.distributed.strategy import Strategy
 from mmrl.errors import UserError
 from mmrl.train.loop.kept_logprobs import KeptLogprobs
 from mmrl.train.loop.records import MicroBatchCounts, StepBatch
+from mmrl.train.loop.score_pair import ScorePair
 from mmrl.train.loop.step_clock import StepClock
 from mmrl.train.loop.teachers import Teachers
 
@@ -35,10 +36,11 @@ class PolicyUpdate(KeptLogprobs):
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, policy: Policy, model: nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler, reference: nn.Module | None, objective, clock: StepClock,
-                 teachers: Teachers | None = None):
+                 teachers: Teachers | None = None, scores: ScorePair | None = None):
         self.cfg, self.strategy, self.policy, self.model = cfg, strategy, policy, model
         self.optimizer, self.scheduler, self.reference, self.objective = optimizer, scheduler, reference, objective
         self.teachers = teachers  # the frozen distillation teachers (algorithm.distill), None without any
+        self.scores = scores  # distribution matching's real and fake scores, None without it
         self.clock = clock  # the phases of the step's update: forward, backward, optimizer
         self.nonfinite_term: str | None = None  # of the latest step: "loss", "gradient norm" or None
 
@@ -139,7 +141,8 @@ class PolicyUpdate(KeptLogprobs):
                if algo.ratio_norm != "none" else {}),
             **({"divergence": divergence} if divergence is not None else {}),
             **({"distill": self.teacher_divergence_under_grad(mb, units)} if algo.distill.active
-               and algo.distill.form == "loss" else {}))
+               and algo.distill.form == "loss" else {}),
+            **({"dmd": self.scores.unit_losses(self.model, mb, units)} if self.scores is not None else {}))
 
     def teacher_divergence_under_grad(self, mb: Rollout, units: slice) -> Tensor:
         """Each unit's divergence [b, u] from its row's teacher, differentiated through the student
@@ -222,6 +225,8 @@ class PolicyUpdate(KeptLogprobs):
         chunks = self.micro_batches(batch)
         if self.cfg.algorithm.distill.active and self.cfg.algorithm.distill.form == "advantage":
             batch = self.distilled(batch, chunks)
+        if self.scores is not None:  # the fake score's updates first: it follows the samples of this step's student
+            batch = self.scores.prepared(batch, chunks)
         views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
         passes = [batch if view is None else replace(batch, rollout=view) for view in views]
         old_logp, ref_logp, old_means = self._old_and_reference(batch, chunks, passes,

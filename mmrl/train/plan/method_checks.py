@@ -1,6 +1,6 @@
 """The method's settings checked together (`algorithm:` with what the adapter's units give): the
 estimator and objective names, the objective's unit terms, GRPO-Guard's ratio normalisation,
-FlowDPPO's trust region, the median estimator's odd groups."""
+FlowDPPO's trust region, the median estimator's odd groups, distribution matching's needs."""
 
 from __future__ import annotations
 
@@ -94,3 +94,15 @@ def check_unit_terms(cfg: TrainConfig, given: str, problems: list[str]) -> None:
         if getattr(algo, name):
             problems.append(f"algorithm.{name}={getattr(algo, name)}: objective {algo.objective!r} has no "
                             "log-probs to regularise; set it to 0")
+
+
+def check_distribution_matching(cfg: TrainConfig, adapter_problem: str | None, problems: list[str]) -> None:
+    """DMD2 / DMDR: an adapter with score hooks, the clip objective (its loss takes the units' DMD
+    losses beside the surrogate), one process, settings in range."""
+    dm, name = cfg.algorithm.distribution_matching, "algorithm.distribution_matching.enabled=true"
+    if adapter_problem:
+        problems.append(f"{name}: {adapter_problem}")
+    if cfg.algorithm.objective != "clip":
+        problems.append(f"{name} adds the DMD loss to the clip objective's units; algorithm.objective="
+                        f"{cfg.algorithm.objective!r} takes none")
+    problems += dm.problems()

@@ -36,7 +36,8 @@ from mmrl.registry import ADAPTERS, BENCHMARKS, DATASETS, import_user_module, lo
 from mmrl.serving.remote_reward import sends_own_requests
 from mmrl.train.placement.rollout_modes import rollout_mode_problems
 from mmrl.train.plan.learning_rates import check_learning_rates
-from mmrl.train.plan.method_checks import check_algorithm, check_dppo, check_ratio_norm, check_unit_terms
+from mmrl.train.plan.method_checks import (check_algorithm, check_distribution_matching, check_dppo, check_ratio_norm,
+                                          check_unit_terms)
 from mmrl.train.plan.range_checks import check_ranges
 from mmrl.train.plan.registry_names import check_name, unknown_name
 from mmrl.train.plan.reward_checks import check_rewards
@@ -80,6 +81,8 @@ def _check_policy(cfg: TrainConfig, problems: list[str]) -> str | None:
         check_dppo(cfg, adapter.divergence_problem(policy_cfg), problems)
     if cfg.algorithm.distill.active:
         check_distill(cfg, adapter, policy_cfg, problems)
+    if cfg.algorithm.distribution_matching.enabled:
+        check_distribution_matching(cfg, adapter.score_problem(policy_cfg), problems)
     return adapter.output_kind(policy_cfg)
 
 
@@ -153,6 +156,9 @@ def _check_distributed(cfg: TrainConfig, problems: list[str], num_processes: int
         problems.append(f"policy.vllm.tensor_parallel_size={tensor_parallel} with {num_processes} processes: each "
                         "process drives a vLLM engine of its own on its own prompts, so an engine cannot span "
                         "processes; use tensor_parallel_size 1 under a multi-process launch")
+    if cfg.algorithm.distribution_matching.enabled and num_processes > 1:
+        problems.append(f"algorithm.distribution_matching.enabled=true trains its fake score in one process; this "
+                        f"run has {num_processes}")
 
 
 def _check_placement(cfg: TrainConfig, problems: list[str], num_processes: int) -> None:

@@ -1,0 +1,55 @@
+"""The recipe's ``algorithm.distribution_matching:`` section: DMD2's distribution matching for a
+few-step student, alone or as the regulariser of the reward objective (DMDR) (docs/methods.md,
+'Distribution matching')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DistributionMatchingConfig:
+    """A frozen real score and a fake score trained on the student's samples, whose difference at the
+    re-noised samples is the student's gradient (mmrl/core/distribution_matching.py)."""
+
+    enabled: bool = field(default=False, metadata={"help": (
+        "Train the student by distribution matching (DMD2): a frozen real score (`real`) and a fake score (a "
+        "trainable copy of the real one, trained on the student's own samples) judge each trained step's clean "
+        "prediction, re-noised; their difference is the gradient of the student's DMD loss.")})
+    real: dict[str, Any] = field(default_factory=dict, metadata={"help": (
+        "The real score (the teacher), built through the same adapter: these keys replace the policy section's "
+        "(e.g. {model: path/to/teacher}); empty: a frozen copy of the student as it starts (DMD2's setting, the "
+        "student initialised from its teacher).")})
+    weight: float = field(default=1.0, metadata={"stage": True, "help": (
+        "The weight of each trained unit's DMD loss, added to the unit's loss beside the surrogate (DMDR's "
+        "regulariser weight when with_reward is true).")})
+    with_reward: bool = field(default=False, metadata={"help": (
+        "Keep the group-relative reward advantage beside the DMD loss (DMDR: the reward objective regularised "
+        "by DMD); false: the DMD loss alone trains the student (DMD2), the rewards scored and logged only.")})
+    fake_lr: float = field(default=1e-4, metadata={"help": (
+        "The fake score's learning rate (AdamW, with optim's betas and weight decay): its own optimizer, "
+        "checkpointed with the run.")})
+    fake_updates_per_step: int = field(default=1, metadata={"help": (
+        "Fake-score optimizer steps per student step, each on the step's student samples with fresh noise "
+        "(DMD2's two-timescale rule: the authors' dfake_gen_update_ratio, 5 for SDXL, 10 for ImageNet).")})
+    min_level: float = field(default=0.02, metadata={"help": (
+        "The lowest noise level (flow sigma in [0, 1]) at which a student sample is re-noised for the DMD "
+        "gradient (DMD2's min_step_percent).")})
+    max_level: float = field(default=0.98, metadata={"help": (
+        "The highest noise level at which a student sample is re-noised (DMD2's max_step_percent).")})
+    real_guidance: bool = field(default=True, metadata={"help": (
+        "The real score predicts with the policy's classifier-free guidance (policy.guidance_scale, as the "
+        "rollouts; DMD2's real_guidance_scale); false: unguided. The fake score is always unguided, as DMD2's.")})
+
+    def problems(self) -> list[str]:
+        """What is wrong with the settings, each naming its field."""
+        where = "algorithm.distribution_matching"
+        out = []
+        if not 0.0 <= self.min_level < self.max_level <= 1.0:
+            out.append(f"{where}.min_level={self.min_level}, max_level={self.max_level}: need 0 <= min < max <= 1")
+        if self.fake_updates_per_step < 0:
+            out.append(f"{where}.fake_updates_per_step={self.fake_updates_per_step} must be >= 0")
+        if self.fake_lr <= 0:
+            out.append(f"{where}.fake_lr={self.fake_lr} must be > 0")
+        return out

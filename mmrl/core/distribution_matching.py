@@ -1,0 +1,39 @@
+"""Distribution matching distillation's signal (docs/methods.md, 'Distribution matching'): DMD2's
+gradient on a few-step student's clean samples, from a frozen real score (the teacher) and a fake
+score trained on the student's own samples, and the loss that carries it into the student.
+
+For a student sample x [B, ...] re-noised at a level t, each score model's clean prediction
+x0_real, x0_fake [B, ...] gives (Yin et al. 2024, DMD2, in the authors' code's form)
+    p_real = x - x0_real,  p_fake = x - x0_fake
+    g      = (p_real - p_fake) / mean_d |p_real|      (per row; nan_to_num, as the authors')
+    loss   = 0.5 mean_d (x - sg(x - g))^2              d loss / d x = g / D
+so a step of gradient descent on the loss moves x along -g, towards the real distribution. A fake
+score equal to the real one gives g = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def dmd_gradient(sample: Tensor, real_clean: Tensor, fake_clean: Tensor) -> Tensor:
+    """DMD2's normalised gradient g [B, ...] (fp32, no grad) at the student's samples `sample` from the
+    real and the fake score's clean predictions of their re-noised versions (module docstring)."""
+    x = sample.detach().float()
+    p_real, p_fake = x - real_clean.detach().float(), x - fake_clean.detach().float()
+    scale = p_real.abs().flatten(1).mean(1).view(-1, *([1] * (x.dim() - 1)))
+    return torch.nan_to_num((p_real - p_fake) / scale)
+
+
+def dmd_loss(sample: Tensor, gradient: Tensor) -> Tensor:
+    """0.5 mean_d (x - sg(x - g))^2 per row [B] (fp32): its gradient in x is g / D, D the sample's
+    size (DMD2's `loss_dm`, per row: the authors' batch mean is the mean of these)."""
+    x = sample.float()
+    return 0.5 * (x - (x - gradient.float()).detach()).pow(2).flatten(1).mean(1)
+
+
+def noise_levels(n: int, low: float, high: float, generator: torch.Generator) -> Tensor:
+    """n levels [n] (fp32) drawn uniformly in [low, high]: where the student's samples are re-noised
+    (DMD2's timesteps between min_step_percent and max_step_percent of the schedule)."""
+    return low + (high - low) * torch.rand(n, generator=generator)
