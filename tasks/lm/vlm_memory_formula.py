@@ -15,8 +15,9 @@ configuration and its processor's (no weights):
   norms' inputs and outputs, the rotated queries and keys, the attention's output and projection
   input, the MLP's (Qwen2-VL: fc1, QuickGELU's input, sigmoid and product: 3 x MLP; Qwen2.5-VL: the
   gated MLP's gate, up, activation and product: 4 x MLP); and the merger's `MERGER_WIDTHS` x hidden
-  (its norm, GELU's input and output). With activation checkpointing: each layer's input and one
-  layer recomputed;
+  (its norm, GELU's input and output). With activation checkpointing: each layer's input, the
+  pixel values and the merger's (read off the same way); the layer the backward recomputes runs
+  after the decoder's backward has freed the decoder's activations, so it is not at the peak;
 - beside the update, the processor's pixel values the rollouts hold (counted once per row: an upper
   bound, a group's rows share their prompt's image).
 """
@@ -72,11 +73,9 @@ class VisionLanguageMemory(DecoderMemory):
 
     def vision_bytes(self, rows: int, checkpointing: bool) -> int:
         """The vision tower's activations for `rows` rows' images."""
-        layer = self.vision_layer_elements()
-        kept = self.vision_hidden if checkpointing else layer
-        recomputed = layer if checkpointing else 0
+        kept = self.vision_hidden if checkpointing else self.vision_layer_elements()
         outside = self.patch_width + EMBEDDING_EXTRA + self.merger * self.vision_hidden
-        return rows * self.patches * (self.vision_layers * kept + recomputed + outside) * self.bytes
+        return rows * self.patches * (self.vision_layers * kept + outside) * self.bytes
 
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         return super().activation_bytes(rows, checkpointing) + self.vision_bytes(rows, checkpointing)
