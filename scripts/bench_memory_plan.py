@@ -4,12 +4,15 @@ max_memory_allocated, or the CPU profiler's allocation events) of the same recip
 fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (`--layers`, random weights,
 fp32; the second step holds AdamW's state; `--checkpointing`: with activation checkpointing), 2 prompts x `--group` completions of exactly N tokens,
 one micro-batch; `--task dlm`: the masked diffusion LM (tiny:dlm-char, one block of N tokens decoded
-in 2 steps, `--estimator`'s views). Prints JSON: per size the planned and measured MiB and their
+in 2 steps, `--estimator`'s views); `--task vlm`: the tiny Qwen2.5-VL (`--vlm-model`, a vision tower of
+`--vision-hidden`, one `--image-side` square image per prompt, the processor's bound; the
+character vocabulary). Prints JSON: per size the planned and measured MiB and their
 ratio, for the whole peak and for the update passes alone (the training state under them).
 
     python scripts/bench_memory_plan.py --vocab 151936 --sizes 64x128,512x128,64x512,512x512 \\
         --json bench_memory_plan.json
     python scripts/bench_memory_plan.py --task dlm --estimator elbo --vocab 151936 --sizes 64x128
+    python scripts/bench_memory_plan.py --task vlm --vocab 32000 --image-side 224 --sizes 64x32
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import tempfile
 
 PROMPTS = ["01+20=", "11+21="]  # 6 tokens each of the character tokenizer
+VLM_PROMPT_TOKENS = 27  # a prompt's chat text (Qwen-VL template) without its image's tokens
 MIB = 2 ** 20
 
 
@@ -30,18 +34,28 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     from mmrl.core.scoring import REWARDS, register_reward
     if "plan_length" not in REWARDS:
         register_reward("plan_length")(lambda completions, **kw: [float(len(c)) for c in completions])
+    if "plan_characters" not in REWARDS:  # distinct rewards within a group: no row is skipped by the update
+        register_reward("plan_characters")(lambda completions, **kw: [float(sum(map(ord, c)) % 101) for c in completions])
     here = tempfile.mkdtemp(prefix="mmrl-plan-")
+    image = os.path.join(here, "image.png")
     with open(os.path.join(here, "prompts.jsonl"), "w") as f:
-        f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
+        f.writelines(json.dumps({"prompt": p, "image": image}) + "\n" for p in PROMPTS)
     shape = {"hidden": hidden, "layers": args.layers, "heads": 4, "vocab": args.vocab or None, "max_positions": 16 + tokens}
-    if args.task == "dlm":
+    if args.task == "vlm":
+        from PIL import Image
+        Image.new("RGB", (args.image_side, args.image_side), (90, 30, 200)).save(image)
+        shape = {"hidden": hidden, "layers": args.layers, "heads": 4, "vision_hidden": args.vision_hidden,
+                 "max_pixels": args.image_side ** 2}  # the character vocabulary
+        policy = {"model": args.vlm_model, "max_new_tokens": tokens, "min_new_tokens": tokens, "prefix_sharing": "off"}
+    elif args.task == "dlm":
         policy = {"model": "tiny:dlm-char", "gen_length": tokens, "block_length": tokens, "steps": 2,
                   "estimator": args.estimator, "logprobs_from": args.logprobs_from}
     else:
         policy = {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens}
     return {"task": args.task,
             "policy": {**policy, "gradient_checkpointing": args.checkpointing, "tiny_args": shape},
-            "data": {"path": os.path.join(here, "prompts.jsonl")}, "rewards": {"plan_length": {"weight": 1.0}},
+            "data": {"path": os.path.join(here, "prompts.jsonl")},
+            "rewards": {"plan_characters" if args.task == "vlm" else "plan_length": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
             "optim": {"lr": 1e-5, "prompts_per_step": len(PROMPTS), "micro_batch_size": len(PROMPTS) * args.group},
             "logging": {"report_to": ["none"], "progress": False}, "output_dir": os.path.join(here, "out"),
@@ -69,12 +83,16 @@ def measured(hidden: int, tokens: int, args) -> tuple[int, int]:
 def planned(hidden: int, tokens: int, args) -> dict:
     from mmrl.config.parse import parse_config
     from mmrl.experiments.memory_plan import plan_memory
-    return plan_memory(parse_config(recipe(hidden, tokens, args)), 1, prompt_length=len(PROMPTS[0])).as_dict()
+    prompt = VLM_PROMPT_TOKENS if args.task == "vlm" else len(PROMPTS[0])
+    return plan_memory(parse_config(recipe(hidden, tokens, args)), 1, prompt_length=prompt).as_dict()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("causal_lm", "dlm"), default="causal_lm", help="the adapter")
+    parser.add_argument("--task", choices=("causal_lm", "dlm", "vlm"), default="causal_lm", help="the adapter")
+    parser.add_argument("--vlm-model", default="tiny:qwen2.5-vl-char", help="--task vlm: the tiny model")
+    parser.add_argument("--vision-hidden", type=int, default=32, help="--task vlm: the vision tower's width")
+    parser.add_argument("--image-side", type=int, default=112, help="--task vlm: the square image's side (pixels)")
     parser.add_argument("--estimator", default="diffu_grpo", help="--task dlm: the log-prob estimator")
     parser.add_argument("--logprobs-from", default="logits", help="--task dlm: logits or hidden_states")
     parser.add_argument("--vocab", type=int, default=151936, help="the output layer's tokens (0: the characters')")
@@ -94,10 +112,14 @@ def main() -> None:
               "checkpointing": args.checkpointing, "sizes": {}}
     if args.task == "dlm":
         report.update(estimator=args.estimator, logprobs_from=args.logprobs_from)
+    if args.task == "vlm":
+        report.update(model=args.vlm_model, vision_hidden=args.vision_hidden, image_side=args.image_side)
     for size in args.sizes.split(","):
         hidden, tokens = map(int, size.split("x"))
         options = ["--vocab", str(args.vocab), "--group", str(args.group), "--layers", str(args.layers),
-                   "--task", args.task, "--estimator", args.estimator, "--logprobs-from", args.logprobs_from]
+                   "--task", args.task, "--estimator", args.estimator, "--logprobs-from", args.logprobs_from,
+                   "--vlm-model", args.vlm_model, "--vision-hidden", str(args.vision_hidden),
+                   "--image-side", str(args.image_side)]
         run = subprocess.run([sys.executable, __file__, "--worker", size, *options,
                               *(["--checkpointing"] if args.checkpointing else [])],
                              capture_output=True, text=True, check=True)

@@ -155,7 +155,7 @@ def test_the_largest_group_size_fits_and_one_more_does_not(tmp_path):
     assert "largest group size" in plan_table(plan)
 
 
-@pytest.mark.parametrize("recipe,adapter", [("zoom_demo", "VLMPolicy"), ("dlm_diffusion_gemma", "DLMPolicy"),
+@pytest.mark.parametrize("recipe,adapter", [("asr", "AudioLMPolicy"), ("dlm_diffusion_gemma", "DLMPolicy"),
                                             ("t2i_demo", "DiffusionPolicy")])
 def test_a_family_without_a_formula_is_named(recipe, adapter, capsys):
     assert main(["plan", recipe, "--prompt-tokens", "16"]) != 0
@@ -255,3 +255,58 @@ def test_the_views_are_those_the_estimator_runs_on_a_rollout(tmp_path, estimator
     batch.unit_mask[:] = 1  # every column a unit, as the plan's full-length row
     views = policy.estimate(policy.estimator_inputs(batch))
     assert views_per_pass(policy_cfg, len(PROMPTS[0])) == len(views)
+
+
+def vlm_recipe(model, side, vision_hidden, hidden, tokens, checkpointing=False):
+    """bench_memory_plan's step for the vlm adapter: 2 prompts x 2 completions of `tokens` tokens, one
+    `side` x `side` image per prompt (the processor's bound), its chat text 27 tokens."""
+    import argparse
+
+    from bench_memory_plan import VLM_PROMPT_TOKENS, recipe
+    args = argparse.Namespace(task="vlm", vlm_model=model, vision_hidden=vision_hidden, image_side=side, layers=2,
+                              vocab=0, group=2, checkpointing=checkpointing, estimator="diffu_grpo", logprobs_from="logits")
+    return recipe(hidden, tokens, args), VLM_PROMPT_TOKENS
+
+
+def test_the_image_tokens_are_the_processors(tmp_path, probe):
+    """The formula's image tokens and patches at the processor's bound against what the processor
+    makes of a square image of that size (its pixel values, its image pads)."""
+    from PIL import Image
+
+    from mmrl.tasks.model_loading import load_tiny
+    recipe, prompt = vlm_recipe("tiny:qwen2.5-vl-char", 224, 32, 64, 8)
+    cfg = parse_config(recipe)
+    adapter = ADAPTERS.get("vlm")
+    formula = adapter.memory_model(from_dict(adapter.Config, cfg.policy, "policy"), prompt)
+    _, processor = load_tiny("tiny:qwen2.5-vl-char", {"max_pixels": 224 * 224}, "float32")
+    enc = processor(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[Image.new("RGB", (224, 224))],
+                    return_tensors="pt")
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert formula.image_tokens == int((enc["input_ids"] == pad).sum()) == 64
+    assert (formula.patches, formula.patch_width) == tuple(enc["pixel_values"].shape)
+
+
+def test_the_vlm_plan_predicts_the_probed_step(tmp_path, probe):
+    """The tiny Qwen2.5-VL (hidden 64, a vision tower of width 64), 224 x 224 images (256 patches),
+    4 completions of 32 tokens: the plan's peak within 15% of the probe's."""
+    recipe, prompt = vlm_recipe("tiny:qwen2.5-vl-char", 224, 64, 64, 32)
+    plan = plan_memory(parse_config(recipe), 1, prompt_length=prompt)
+    assert plan.peak == pytest.approx(measured_peak(recipe, probe), rel=0.15)
+
+
+@pytest.mark.slow  # 6-7 s each under the profiler here (2026-11-29), up to ~15 s on the loaded machine
+@pytest.mark.parametrize("model,checkpointing", [("tiny:qwen2-vl-char", False), ("tiny:qwen2.5-vl-char", True)])
+def test_the_vlm_plan_at_a_size_it_was_not_fitted_on(tmp_path, probe, model, checkpointing):
+    """448 x 448 images (1,024 patches), a vision tower of width 128, hidden 256, 128 completion
+    tokens, with and without activation checkpointing: within 15%."""
+    recipe, prompt = vlm_recipe(model, 448, 128, 256, 128, checkpointing)
+    plan = plan_memory(parse_config(recipe), 1, prompt_length=prompt)
+    assert plan.peak == pytest.approx(measured_peak(recipe, probe), rel=0.15)
+
+
+@pytest.mark.parametrize("setting,named", [("policy.model=tiny:qwen3-vl-char", "qwen3_vl_vision"),
+                                           ("policy.episode.tools=[zoom]", "policy.episode.tools")])
+def test_what_the_vlm_formula_does_not_model_is_named(setting, named, capsys):
+    assert main(["plan", "latex_demo", setting, "--prompt-tokens", "16"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err

@@ -48,7 +48,7 @@ class DecoderMemory(MemoryModel):
     def __init__(self, module: nn.Module, checkpointing: bool, prompt_length: int, completion: int,
                  chunk_tokens: int, chunk_rows: int, check: bool):
         super().__init__(module, checkpointing)
-        config = module.config
+        config = module.config.get_text_config()  # a multimodal model's decoder
         self.hidden = config_field(config, "hidden_size")
         self.layers = config_field(config, "num_hidden_layers")
         self.vocab = config_field(config, "vocab_size")
@@ -109,12 +109,7 @@ class DecoderMemory(MemoryModel):
 def decoder_memory(cfg: Any, prompt_length: int) -> DecoderMemory:
     """The formula over the weightless build of `cfg`'s model (a tiny one, or the configuration of a
     local path or hub id, its config.json alone); settings it does not model are refused by name."""
-    if cfg.logprobs_from != "hidden_states":
-        raise UserError(f"mmrl plan: policy.logprobs_from={cfg.logprobs_from!r} is not planned (the whole logits "
-                        "of a pass are not modelled); plan with logprobs_from=hidden_states")
-    if cfg.rollout_engine != "hf" or cfg.episode.tools:
-        what = f"rollout_engine={cfg.rollout_engine!r}" if cfg.rollout_engine != "hf" else "episode.tools"
-        raise UserError(f"mmrl plan: policy.{what} is not planned (only the model's own generate is modelled)")
+    planned_settings(cfg)
     with weightless():
         if cfg.model.startswith("tiny:"):
             module = load_tiny(cfg.model, cfg.tiny_args, cfg.dtype)[0]
@@ -123,6 +118,16 @@ def decoder_memory(cfg: Any, prompt_length: int) -> DecoderMemory:
                                 trust_remote_code=cfg.trust_remote_code)
     return DecoderMemory(module, cfg.gradient_checkpointing, prompt_length, cfg.max_new_tokens, cfg.logprob_chunk_tokens,
                          cfg.logprob_chunk_rows, cfg.logprob_check)
+
+
+def planned_settings(cfg: Any) -> None:
+    """Refuse, in one line naming the setting, what the decoder's formula does not model."""
+    if cfg.logprobs_from != "hidden_states":
+        raise UserError(f"mmrl plan: policy.logprobs_from={cfg.logprobs_from!r} is not planned (the whole logits "
+                        "of a pass are not modelled); plan with logprobs_from=hidden_states")
+    if cfg.rollout_engine != "hf" or cfg.episode.tools:
+        what = f"rollout_engine={cfg.rollout_engine!r}" if cfg.rollout_engine != "hf" else "episode.tools"
+        raise UserError(f"mmrl plan: policy.{what} is not planned (only the model's own generate is modelled)")
 
 
 def config_field(config: Any, name: str) -> int:

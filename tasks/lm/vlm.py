@@ -31,6 +31,7 @@ from ..model_loading import DTYPES, pretrained
 from .causal_lm import CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
 from .qwen_vl_positions import use_released_positions
+from .vlm_memory_formula import VisionLanguageMemory, vision_language_memory
 from .video_clips import Clip, check_video, is_single_video, load_video, shuffled_order
 
 SHUFFLE_SALT = 0x5B0F
@@ -154,6 +155,12 @@ class VLMPolicy(MultimodalPolicy):
         if cfg.shuffled_rollouts < 0:
             raise ValueError(f"policy.shuffled_rollouts={cfg.shuffled_rollouts} must be >= 0")
         super().__init__(cfg)
+
+    @classmethod
+    def memory_model(cls, cfg: VLMConfig, prompt_length: int) -> VisionLanguageMemory:
+        """Qwen2-VL and Qwen2.5-VL (tasks/lm/vlm_memory_formula.py): one image per prompt at the
+        processor's pixel bound; other vision towers are refused by name."""
+        return vision_language_memory(cfg, prompt_length)
 
     @classmethod
     def media_columns(cls, cfg: VLMConfig) -> dict[str, Any]:
