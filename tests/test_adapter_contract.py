@@ -280,6 +280,24 @@ class TestThinkerWithSD3(TestThinkerWithPixelFlow):
                                "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
 
 
+class TestThinkerWithJanus(TestThinkerWithPixelFlow):
+    """T2I-R1's shape: the thinker's text, then Janus's image tokens drawn from it."""
+    recipe = {**composite_recipe({"model": "tiny:janus", "guidance_scale": 3.0}), "reward_modules": [],
+              "policy": {**composite_recipe({})["policy"], "generator_task": "janus",
+                         "generator": {"model": "tiny:janus", "guidance_scale": 3.0}}}
+
+    def reload_model(self, model, path):
+        from transformers import AutoModelForCausalLM, JanusForConditionalGeneration
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": JanusForConditionalGeneration.from_pretrained(path / "generator")}).eval()
+
+    def assert_same_draw(self, alone, in_batch):
+        assert alone.columns["thought"] == in_batch.columns["thought"]
+        assert torch.equal(alone.extras["generator/image_tokens"], in_batch.extras["generator/image_tokens"])
+
+
 def test_every_registered_adapter_runs_the_contract():
     covered = {cls.recipe["task"] for cls in AdapterContract.__subclasses__()}
     missing = set(ADAPTERS.names()) - covered

@@ -94,6 +94,7 @@ class JanusPolicy(Policy):
     def output_kind(cls, cfg: JanusConfig) -> str:
         return "image"
 
+    @property
     def max_units(self) -> int:
         return self.num_tokens
 
