@@ -145,3 +145,25 @@ def test_shipped_recipe_trains_two_steps(tmp_path):
     for _ in range(2):
         metrics = trainer.train_step()
         assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
+
+
+@pytest.mark.slow  # 24 s on the loaded 2-core machine (2026-11-29): two launches of two steps
+def test_one_and_two_processes_give_the_same_weights(tmp_path):
+    """1 process and 2 (gloo on CPU, the default data-parallel strategy): the same rewards, loss and
+    weights after two steps with a KL to the frozen reference (the image tokens' embeddings and the
+    generation head run inside the wrapped forward, so data parallelism reduces their gradients),
+    with the harness and tolerances of tests/test_sharding.py."""
+    from test_sharding import assert_same, exported, launch, write
+    recipe = write(tmp_path, {
+        "task": "janus", "policy": {"model": "tiny:janus", "guidance_scale": 3.0}, "seed": 0, "max_steps": 2,
+        "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
+        "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
+        "algorithm": {"group_size": 3, "beta": 0.04},
+        "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
+        "logging": {"report_to": ["none"], "progress": False}})
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two")
+    assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
+    weights = exported(tmp_path / "one", 2)
+    assert any("generation_embeddings" in k for k in weights)
+    assert_same(one, two, weights, exported(tmp_path / "two", 2))

@@ -25,15 +25,20 @@ from transformers import DynamicCache
 
 @dataclass
 class ImageTokenModel:
-    """The parts of an autoregressive image generator the sampler calls.
-    decoder(inputs_embeds, attention_mask, position_ids, cache) -> last hidden states [B, S, H];
-    text_embeddings(ids) -> [B, S, H]; image_embeddings(image tokens) -> [B, S, H];
-    head(hidden [B, S, H]) -> image-token scores [B, S, V]."""
+    """The parts of an autoregressive image generator the sampler and the training pass call.
+    The rollout (no grad, with a KV cache): decoder(inputs_embeds, attention_mask, position_ids,
+    cache) -> last hidden states [B, S, H]; text_embeddings(ids) and image_embeddings(image tokens)
+    -> [B, S, H]; head(hidden) -> image-token scores [B, ..., V].
+    The training pass, in one call of the (wrapped) model, so that every trained parameter is used
+    inside its forward: scores(ids, attention_mask, position_ids, keep) -> the scores [B, keep, V]
+    of the last `keep` positions, where `ids` hold image tokens as `image_offset` + token."""
 
     decoder: Callable[..., Tensor]
     text_embeddings: Callable[[Tensor], Tensor]
     image_embeddings: Callable[[Tensor], Tensor]
     head: Callable[[Tensor], Tensor]
+    scores: Callable[[Tensor, Tensor, Tensor, int], Tensor]
+    image_offset: int
 
 
 def unconditional_ids(ids: Tensor, kept_ids: Sequence[int], pad_id: int) -> Tensor:
@@ -94,13 +99,12 @@ def image_token_logprobs(parts: ImageTokenModel, ids: Tensor, mask: Tensor, unco
     """fp32 log-probs [B, u] (and entropies) of image tokens [B, T] in `units`, in one forward over
     the prompt and the tokens before the last scored one (the training pass; under grad)."""
     start, stop, _ = units.indices(tokens.shape[1])
-    width = ids.shape[1]
-    fed = torch.cat([tokens[:, :stop - 1]] * 2)  # [2B, stop-1]: the tokens each scored one follows
-    embeds = torch.cat([parts.text_embeddings(torch.cat([ids, uncond])), parts.image_embeddings(fed)], 1)
+    fed = torch.cat([tokens[:, :stop - 1]] * 2) + parts.image_offset  # [2B, stop-1]: what each scored token follows
+    seq = torch.cat([torch.cat([ids, uncond]), fed], 1)
     mask2 = torch.cat([mask, mask])
     mask2 = torch.cat([mask2, mask2.new_ones(len(mask2), fed.shape[1])], 1)
-    hidden = parts.decoder(embeds, mask2, positions(mask2), None)[:, width - 1 + start:width - 1 + stop]
-    logp_all = (guided_logits(parts.head(hidden), guidance_scale) / temperature).log_softmax(-1)
+    scores = parts.scores(seq, mask2, positions(mask2), stop)[:, start:]  # positions L-1+start .. L-2+stop
+    logp_all = (guided_logits(scores, guidance_scale) / temperature).log_softmax(-1)
     logp = logp_all.gather(-1, tokens[:, start:stop, None])[..., 0]
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return logp, entropy

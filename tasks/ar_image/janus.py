@@ -61,6 +61,9 @@ class JanusPolicy(Policy):
     prompt ids [N, L], their mask and unconditional ids [N, L], and the image tokens [N, T]."""
 
     Config = JanusConfig
+    # the image-understanding encoder takes no part in drawing: frozen in a full fine-tune, but LoRA on
+    # all linear layers gives it adapters that get no gradient
+    partial_backward = True
 
     def __init__(self, cfg: JanusConfig):
         self.cfg = cfg
@@ -72,7 +75,9 @@ class JanusPolicy(Policy):
         pad_on_the_left(self.tokenizer)
         if cfg.device:
             self.model.to(cfg.device)
-        self.model.model.vqmodel.requires_grad_(False)  # the image tokenizer is frozen, as Janus trains it
+        inner = self.model.model
+        for unused in (inner.vqmodel, inner.vision_model, inner.aligner):  # the VQ model, as Janus trains it;
+            unused.requires_grad_(False)  # the understanding encoder, which drawing does not use
         gen = self.model.generation_config
         self.boi_id = gen.generation_kwargs["boi_token_id"]
         self.kept_ids = [i for i in (gen.bos_token_id, self.boi_id) if i is not None]
@@ -98,21 +103,24 @@ class JanusPolicy(Policy):
     def max_units(self) -> int:
         return self.num_tokens
 
-    def parts(self, model: nn.Module, cached: bool) -> ImageTokenModel:
-        """The sampler's view of `model` (the training-wrapped module or another copy)."""
+    def parts(self, model: nn.Module) -> ImageTokenModel:
+        """The sampler's and the training pass's view of `model` (the training-wrapped module or another copy)."""
         wrapped = inner_model(model)
         janus = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else wrapped
+        offset = janus.get_input_embeddings().num_embeddings
 
         def decoder(embeds: Tensor, mask: Tensor, pos: Tensor, cache: Any) -> Tensor:
-            if cached:  # the rollout: the decoder alone, with its KV cache
-                return janus.model.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=pos,
-                                                  cache=cache, use_cache=True).last_hidden_state
-            with hidden_states_out(janus):  # training: through the wrappers (LoRA, data parallelism)
-                return model(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, use_cache=False).logits
+            return janus.model.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=pos,
+                                              cache=cache, use_cache=True).last_hidden_state
+
+        def scores(ids: Tensor, mask: Tensor, pos: Tensor, keep: int) -> Tensor:
+            with image_tokens_in(janus, offset):  # through the wrappers (LoRA, data parallelism)
+                return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                             logits_to_keep=keep).logits
 
         return ImageTokenModel(decoder=decoder, text_embeddings=janus.get_input_embeddings(),
                                image_embeddings=janus.prepare_embeddings_for_image_generation,
-                               head=janus.model.generation_head)
+                               head=janus.model.generation_head, scores=scores, image_offset=offset)
 
     def encode(self, prompts: Sequence[Any]) -> tuple[Tensor, Tensor]:
         """Left-padded prompt ids and mask [P, L]: the template, then the begin-of-image token."""
@@ -127,7 +135,7 @@ class JanusPolicy(Policy):
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.model.eval()
         with torch.no_grad():
-            tokens, logp = sample_image_tokens(self.parts(self.model, cached=True), ids, mask, uncond, self.num_tokens,
+            tokens, logp = sample_image_tokens(self.parts(self.model), ids, mask, uncond, self.num_tokens,
                                                self.cfg.guidance_scale, self.cfg.temperature, generators,
                                                group_size, greedy)
             images = decoded_pixels(self.janus.decode_image_tokens(tokens))
@@ -148,14 +156,25 @@ class JanusPolicy(Policy):
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         device = next(model.parameters()).device
         x = {k: batch.extras[k].to(device) for k in ("prompt_ids", "prompt_mask", "uncond_ids", "image_tokens")}
-        return image_token_logprobs(self.parts(model, cached=False), x["prompt_ids"], x["prompt_mask"],
+        return image_token_logprobs(self.parts(model), x["prompt_ids"], x["prompt_mask"],
                                     x["uncond_ids"], x["image_tokens"], units, self.cfg.guidance_scale,
                                     self.cfg.temperature, with_entropy)
 
 
 @contextmanager
-def hidden_states_out(janus: JanusForConditionalGeneration) -> Iterator[None]:
-    """Janus's text head passing its input while the block runs: the forward's `logits` are the
-    decoder's final hidden states, which the generation head then scores."""
-    with forward_replaced(janus.lm_head, lambda hidden: hidden):
+def image_tokens_in(janus: JanusForConditionalGeneration, offset: int) -> Iterator[None]:
+    """While the block runs, Janus's forward reads image tokens and scores them: its input embedding
+    takes ids from `offset` on as image tokens (`offset` + token, embedded by the generation
+    embeddings and aligner), and its text head is the generation head."""
+    embedding = janus.get_input_embeddings()
+    own = type(embedding).forward
+
+    def embed(ids: Tensor) -> Tensor:
+        image = ids >= offset
+        text = own(embedding, ids.clamp(max=offset - 1))
+        drawn = janus.prepare_embeddings_for_image_generation(ids[image] - offset)
+        return text.masked_scatter(image[..., None], drawn.to(text.dtype))
+
+    # the head given through a function: a module set as `forward` would become a child module instead
+    with forward_replaced(embedding, embed), forward_replaced(janus.lm_head, lambda hidden: janus.model.generation_head(hidden)):
         yield
