@@ -139,6 +139,19 @@ def test_bad_settings_are_refused_before_loading(tmp_path):
                              [f"output_dir={tmp_path / 'run'}", *COMMON]))
 
 
+
+def test_message_list_prompts_are_refused_by_row_before_loading(tmp_path, no_weights):
+    import json
+
+    from mmrl.data import DataError
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "a red disc"}) + "\n" + json.dumps(
+        {"prompt": [{"role": "system", "content": "draw"}, {"role": "user", "content": "a red disc"}]}) + "\n")
+    with pytest.raises(DataError, match=r"column 'prompt': a list prompt: task janus takes text prompts.*row 1"):
+        Trainer(parse_config({"task": "janus", "policy": {"model": "tiny:janus"},
+                              "data": {"path": str(rows)}, "rewards": {"colour_shape": {"weight": 1.0}}},
+                             [f"output_dir={tmp_path / 'run'}", *COMMON]))
+
 def test_shipped_recipe_trains_two_steps(tmp_path):
     trainer = Trainer(load_recipe(RECIPES.get("t2i_janus"), [
         f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=1", "max_steps=2", *COMMON]))

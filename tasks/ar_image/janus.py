@@ -19,6 +19,7 @@ from transformers import JanusForConditionalGeneration
 
 from mmrl.core.rollout import Rollout
 from mmrl.core.policy import Policy
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.output_head import forward_replaced, inner_model
@@ -64,6 +65,7 @@ class JanusPolicy(Policy):
     # the image-understanding encoder takes no part in drawing: frozen in a full fine-tune, but LoRA on
     # all linear layers gives it adapters that get no gradient
     partial_backward = True
+    runs_in_rollout_worker = True  # its rollouts need the model alone
 
     def __init__(self, cfg: JanusConfig):
         self.cfg = cfg
@@ -79,7 +81,10 @@ class JanusPolicy(Policy):
         for unused in (inner.vqmodel, inner.vision_model, inner.aligner):  # the VQ model, as Janus trains it;
             unused.requires_grad_(False)  # the understanding encoder, which drawing does not use
         gen = self.model.generation_config
-        self.boi_id = gen.generation_kwargs["boi_token_id"]
+        self.boi_id = (gen.generation_kwargs or {}).get("boi_token_id", getattr(self.tokenizer, "boi_token_id", None))
+        if self.boi_id is None:
+            raise UserError(f"policy.model={cfg.model}: no begin-of-image token (generation_config.generation_kwargs"
+                            ".boi_token_id, or the tokenizer's boi_token); is it a Janus checkpoint?")
         self.kept_ids = [i for i in (gen.bos_token_id, self.boi_id) if i is not None]
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else self.tokenizer.pad_token_id
         self.num_tokens = self.model.config.vision_config.num_image_tokens
@@ -94,6 +99,14 @@ class JanusPolicy(Policy):
         if "{prompt}" not in cfg.prompt_template:
             problems.append(f"policy.prompt_template={cfg.prompt_template!r}: must contain {{prompt}}")
         return problems
+
+    @classmethod
+    def prompt_check(cls, cfg: JanusConfig):
+        """A prompt is text: it goes through `policy.prompt_template`, not a chat template."""
+        def check(prompt: Any) -> str | None:
+            return None if isinstance(prompt, str) else (
+                f"a {type(prompt).__name__} prompt: task janus takes text prompts, written into policy.prompt_template")
+        return check
 
     @classmethod
     def output_kind(cls, cfg: JanusConfig) -> str:
