@@ -100,10 +100,13 @@ def test_greedy_draws_are_the_stock_generate():
 
 
 def test_sampled_draws_depend_on_the_group_seed_alone():
+    """A group's tokens come from its own seed; a rollout leaves the model in the mode it found it in."""
     pol = policy()
+    pol.model.train()
     both = pol.rollout(PROMPTS, 2, seeds=[5, 6]).extras["image_tokens"]
     alone = pol.rollout(PROMPTS[1:], 2, seeds=[6]).extras["image_tokens"]
     assert torch.equal(both[2:], alone) and not torch.equal(both[:2], both[2:])
+    assert pol.model.training
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft 0.21

@@ -146,12 +146,14 @@ class JanusPolicy(Policy):
         ids, mask = (t.repeat_interleave(group_size, 0).to(self.device) for t in self.encode(prompts))
         uncond = unconditional_ids(ids, self.kept_ids, self.pad_id)
         generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
             tokens, logp = sample_image_tokens(self.parts(self.model), ids, mask, uncond, self.num_tokens,
                                                self.cfg.guidance_scale, self.cfg.temperature, generators,
                                                group_size, greedy)
             images = decoded_pixels(self.janus.decode_image_tokens(tokens))
+        self.model.train(was_training)
         n = len(ids)
         return Rollout(group_id=torch.arange(len(prompts)).repeat_interleave(group_size),
                        prompts=[self.prompt_of(p) for p in prompts for _ in range(group_size)], completions=images,
