@@ -1,4 +1,5 @@
-"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`, `speech`; `composite`, a policy made of two of them), their recipes, the
+"""Task adapters (one package per model family: `lm`, `diffusion`, `dlm`, `speech`, `ar_image`; `composite`, a policy made of two of them),
+their recipes, the
 built-in benchmarks (`bench`), and the demos (`demos`: everything only the embedded demos and the tests use).
 
 Importing this package registers every adapter and recipe, and through `demos` every tiny model,
@@ -11,6 +12,7 @@ from pathlib import Path
 from mmrl.registry import RECIPES
 
 from . import (  # noqa: F401  (registration)
+    ar_image,
     composite,
     demos,  # noqa: F401  (registration; builds on the adapters above)
     diffusion,

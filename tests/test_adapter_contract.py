@@ -57,6 +57,19 @@ class TestDiffusion(AdapterContract):
 
 
 
+class TestJanus(AdapterContract):
+    """Janus-Pro's text-to-image: units are image tokens drawn under classifier-free guidance."""
+    recipe = {"task": "janus", "policy": {"model": "tiny:janus", "guidance_scale": 3.0},
+              "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
+              "rewards": {"mean_red": {"weight": 1.0}},
+              "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
+              "algorithm": {"group_size": 3}, "optim": {"lr": 1e-3, "prompts_per_step": 2}}
+
+    def assert_same_draw(self, alone, in_batch):
+        # the same tokens; their images decoded in another batch agree to float rounding
+        assert torch.equal(alone.extras["image_tokens"], in_batch.extras["image_tokens"])
+
+
 class TestCSM(AdapterContract):
     recipe = {"task": "csm", "policy": {"model": "tiny:csm-char", "max_new_frames": 4, "top_k": 0},
               "data": {"name": "arithmetic", "args": {"n_train": 16, "n_eval": 4, "digits": 1}},
@@ -265,6 +278,24 @@ class TestThinkerWithSD3(TestThinkerWithPixelFlow):
         from mmrl.tasks.composite.model import CompositeModel
         return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
                                "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
+
+
+class TestThinkerWithJanus(TestThinkerWithPixelFlow):
+    """T2I-R1's shape: the thinker's text, then Janus's image tokens drawn from it."""
+    recipe = {**composite_recipe({"model": "tiny:janus", "guidance_scale": 3.0}), "reward_modules": [],
+              "policy": {**composite_recipe({})["policy"], "generator_task": "janus",
+                         "generator": {"model": "tiny:janus", "guidance_scale": 3.0}}}
+
+    def reload_model(self, model, path):
+        from transformers import AutoModelForCausalLM, JanusForConditionalGeneration
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": JanusForConditionalGeneration.from_pretrained(path / "generator")}).eval()
+
+    def assert_same_draw(self, alone, in_batch):
+        assert alone.columns["thought"] == in_batch.columns["thought"]
+        assert torch.equal(alone.extras["generator/image_tokens"], in_batch.extras["generator/image_tokens"])
 
 
 def test_every_registered_adapter_runs_the_contract():
