@@ -16,15 +16,13 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
-from mmrl.config.parse import ConfigError, from_dict
-from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.distribution_matching import dmd_gradient, dmd_loss, noise_levels
 from mmrl.core.policy import Policy, build_policy
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 from mmrl.errors import UserError
-from mmrl.registry import ADAPTERS
+from mmrl.train.plan.teacher import policy_with_keys
 
 FAKE_FILE, FAKE_OPTIMIZER_FILE = "fake_score.safetensors", "fake_score_optimizer.pt"
 FIELD = "algorithm.distribution_matching"
@@ -120,11 +118,7 @@ def real_score(cfg: TrainConfig, policy: Policy) -> nn.Module:
     keys = cfg.algorithm.distribution_matching.real
     if not keys:
         return copy.deepcopy(policy.model)
-    adapter = ADAPTERS.get(cfg.task)
-    unknown = sorted(set(keys) - set(adapter.Config.__dataclass_fields__))
-    if unknown:
-        raise ConfigError(f"{FIELD}.real.{unknown[0]}: not a key of the {cfg.task!r} adapter's policy section")
-    teacher = build_policy(cfg, from_dict(adapter.Config, {**adapter_policy(cfg.policy), **keys}, f"{FIELD}.real"))
+    teacher = build_policy(cfg, policy_with_keys(cfg, keys, f"{FIELD}.real"))
     return teacher.model.to(next(policy.model.parameters()).device)
 
 

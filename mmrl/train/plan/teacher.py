@@ -20,11 +20,14 @@ SERVED_KEY = "url"  # a teacher {url: ...} is served by `mmrl serve-teacher` (se
 
 
 def teacher_policy_config(cfg: TrainConfig, name: str = "teacher") -> Any:
-    """The policy section of teacher `name` typed by the student's adapter: the recipe's ``policy:`` with
-    the teacher's keys replacing its own (a `ConfigError` naming the teacher's key)."""
+    """The policy section of teacher `name` typed by the student's adapter (`policy_with_keys`)."""
+    return policy_with_keys(cfg, cfg.algorithm.distill.named_teachers[name], teacher_field(cfg.algorithm.distill, name))
+
+
+def policy_with_keys(cfg: TrainConfig, keys: dict[str, Any], where: str) -> Any:
+    """The recipe's ``policy:`` with `keys` replacing its own, typed by the student's adapter: a frozen
+    model of the student's family (a teacher, a real score); a `ConfigError` names `where`'s unknown key."""
     adapter = ADAPTERS.get(cfg.task)
-    keys = cfg.algorithm.distill.named_teachers[name]
-    where = teacher_field(cfg.algorithm.distill, name)
     unknown = sorted(set(keys) - {f for f in adapter.Config.__dataclass_fields__})
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: not a key of the {cfg.task!r} adapter's policy section")
