@@ -140,8 +140,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
         limited = held  # logged as clip_frac
     else:
         low, high = clip_range if clip_range is not None else (cfg.eps_low, cfg.eps_high)
-        clipped = -adv * (torch.clamp(ratio, 1.0 - low, 1.0 + high) if clip_range is None
-                          else torch.minimum(torch.maximum(ratio, 1.0 - low), 1.0 + high))
+        clipped = -adv * torch.clamp(ratio, 1.0 - low, 1.0 + high)  # bounds: numbers, or [B, u] per unit
         per_unit = torch.maximum(unclipped, clipped)
         limited = clipped > unclipped
     if cfg.dual_clip is not None:  # c > 1, checked with the recipe (mmrl/train/plan/validate.py)
