@@ -44,7 +44,7 @@ Registered estimators (`policy.estimator`): the three below, SPG's and ESPO's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -112,6 +112,13 @@ class EstimatorInputs:
     def units(self) -> Tensor:
         """[B, C] bool: the row's unit columns."""
         return torch.arange(self.width)[None, :] < self.lengths[:, None]
+
+
+def estimator_args(cfg: Any) -> EstimatorArgs:
+    """The estimators' settings of a `DLMConfig` (its `policy.<name>` fields)."""
+    return EstimatorArgs(cfg.p_mask, cfg.elbo_points, cfg.coupled_full_view, cfg.spg_views, cfg.espo_samples,
+                         cfg.trace_shrink, cfg.agrpo_samples, cfg.agrpo_step_sampling, cfg.block_length,
+                         cfg.temperature)
 
 
 LOGP_ESTIMATORS: Registry[Callable[[EstimatorInputs], list[View]]] = Registry("masked diffusion LM log-prob estimator")

@@ -36,7 +36,7 @@ from mmrl.errors import UserError
 
 from ..lm.memory_formula import DecoderMemory
 from ..model_loading import DTYPES, load_tiny, pretrained, weightless
-from .estimators import LOGP_ESTIMATORS, EstimatorArgs, EstimatorInputs
+from .estimators import LOGP_ESTIMATORS, EstimatorInputs, estimator_args
 from .generation import transfer_counts
 
 SOFTMAX_BLOCK_ROWS = 1024  # rows of the logits path's fp32 block (selective_log_softmax's default chunk)
@@ -93,9 +93,7 @@ def views_per_pass(cfg: Any, prompt_length: int) -> int:
     order = [step for b in range(blocks)
              for s, count in enumerate(transfer_counts(cfg.block_length, cfg.steps // blocks, cfg.schedule))
              for step in [b * (cfg.steps // blocks) + s] * count]
-    args = EstimatorArgs(cfg.p_mask, cfg.elbo_points, cfg.coupled_full_view, cfg.spg_views, cfg.espo_samples,
-                         cfg.trace_shrink, cfg.agrpo_samples, cfg.agrpo_step_sampling, cfg.block_length,
-                         cfg.temperature)
+    args = estimator_args(cfg)
     inputs = EstimatorInputs([torch.Generator().manual_seed(0)], torch.ones(1, max(prompt_length, 1), dtype=torch.long),
                              cfg.gen_length, torch.tensor([cfg.gen_length]), args, torch.tensor([order]),
                              torch.ones(1, cfg.gen_length))

@@ -25,7 +25,7 @@ from ..lm.output_head import OutputHead
 from ..lm.rollout_batches import full_width, used_width
 from ..lm.token_logprobs import selective_log_softmax
 from .bound_estimators import sandwich_bounds
-from .estimators import EstimatorArgs, EstimatorInputs, View, view_seed
+from .estimators import EstimatorInputs, View, estimator_args, view_seed
 from .trajectory_estimators import agrpo_unit_weights
 
 logger = logging.getLogger(__name__)
@@ -64,9 +64,7 @@ class MaskedScoring(Policy):
         the update pass), its units and the rollout's decoding record."""
         ex, cfg = batch.extras, self.cfg
         generators = [torch.Generator().manual_seed(view_seed(int(s), int(ex["mask_pass"]))) for s in ex["mask_seed"]]
-        args = EstimatorArgs(cfg.p_mask, cfg.elbo_points, cfg.coupled_full_view, cfg.spg_views, cfg.espo_samples,
-                             cfg.trace_shrink, cfg.agrpo_samples, cfg.agrpo_step_sampling, cfg.block_length,
-                             cfg.temperature)
+        args = estimator_args(cfg)
         return EstimatorInputs(generators, ex["prompt_mask"], ex["completion_ids"].shape[1],
                                batch.unit_mask.sum(1).long(), args, ex.get("completion_step"),
                                ex.get("completion_entropy"))
