@@ -155,17 +155,14 @@ def test_one_and_two_processes_give_the_same_weights(tmp_path):
     """1 process and 2 (gloo on CPU, the default data-parallel strategy): the same rewards, loss and
     weights of both parts after two steps with a KL to the frozen reference, with the harness and
     tolerances of tests/test_sharding.py."""
-    from test_sharding import assert_same, exported, launch, write
+    from test_sharding import one_and_two_processes, write
     recipe = write(tmp_path, {**composite_recipe(PIXEL_FLOW), **COMMON, "max_steps": 2,
                               "algorithm": {"group_size": 3, "beta": 0.04},
                               "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
                               "logging": {"report_to": ["none"], "progress": False}})
-    one = launch(recipe, tmp_path / "one", processes=1)
-    two = launch(recipe, tmp_path / "two")
+    one, weights = one_and_two_processes(recipe, tmp_path, 2)
     assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
-    weights = exported(tmp_path / "one", 2)
     assert any(k.startswith("thinker/") for k in weights) and any(k.startswith("generator/") for k in weights)
-    assert_same(one, two, weights, exported(tmp_path / "two", 2))
 
 
 def test_each_unit_clipped_at_its_own_range_is_the_hand_computation():

@@ -169,7 +169,7 @@ def test_one_and_two_processes_give_the_same_weights(tmp_path):
     weights after two steps with a KL to the frozen reference (the image tokens' embeddings and the
     generation head run inside the wrapped forward, so data parallelism reduces their gradients),
     with the harness and tolerances of tests/test_sharding.py."""
-    from test_sharding import assert_same, exported, launch, write
+    from test_sharding import one_and_two_processes, write
     recipe = write(tmp_path, {
         "task": "janus", "policy": {"model": "tiny:janus", "guidance_scale": 3.0}, "seed": 0, "max_steps": 2,
         "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
@@ -177,9 +177,6 @@ def test_one_and_two_processes_give_the_same_weights(tmp_path):
         "algorithm": {"group_size": 3, "beta": 0.04},
         "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
         "logging": {"report_to": ["none"], "progress": False}})
-    one = launch(recipe, tmp_path / "one", processes=1)
-    two = launch(recipe, tmp_path / "two")
+    one, weights = one_and_two_processes(recipe, tmp_path, 2)
     assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
-    weights = exported(tmp_path / "one", 2)
     assert any("generation_embeddings" in k for k in weights)
-    assert_same(one, two, weights, exported(tmp_path / "two", 2))

@@ -64,6 +64,16 @@ def assert_same(one: list[dict], two: list[dict], w1: dict, w2: dict) -> None:
         assert torch.allclose(w1[name].float(), w2[name].float(), atol=TOL), name
 
 
+def one_and_two_processes(recipe: Path, tmp_path: Path, step: int) -> tuple[list[dict], dict]:
+    """`recipe` on 1 process and on 2 (the default data-parallel strategy): the same metrics and the same
+    weights at `step` (`assert_same`); (the one-process run's metrics, its weights at `step`)."""
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two")
+    weights = exported(tmp_path / "one", step)
+    assert_same(one, two, weights, exported(tmp_path / "two", step))
+    return one, weights
+
+
 def write(tmp_path: Path, cfg: dict) -> Path:
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cfg))
