@@ -115,7 +115,4 @@ def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
     if cfg.units == "forward_process" and family.kind != "flow":
         raise ValueError(f"policy.units=forward_process re-noises samples on the flow-matching forward process; "
                          f"a {name} model predicts eps (use a flow model)")
-    if cfg.classifier_free_guidance and not family.uses_classifier_free_guidance:
-        raise ValueError(f"policy.classifier_free_guidance=true: {name} takes guidance as an "
-                         "embedding; set policy.classifier_free_guidance=false")
     return family

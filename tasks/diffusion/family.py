@@ -47,10 +47,10 @@ class Family:
 
     pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
-    uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
     guidance_embedding_with_cfg = False  # CFG beside a guidance embedding (`policy.embedded_guidance_scale`)
+    embedded_scale: float | None = None  # that embedding's value under CFG (`check_settings` keeps it)
     output = "image"  # what a completion is (`Policy.output_kind`): an image, a video's frames, or audio (a waveform)
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
@@ -113,6 +113,7 @@ class Family:
         """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
         if problem := image_column_problem(type(self), cfg) or embedded_guidance_problem(type(self), cfg):
             raise ValueError(problem)
+        self.embedded_scale = cfg.embedded_guidance_scale
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
 
@@ -226,7 +227,7 @@ def embedded_guidance_problem(family: type[Family], cfg: Any) -> str | None:
     if family.guidance_embedding_with_cfg and cfg.classifier_free_guidance and cfg.embedded_guidance_scale is None:
         return (f"policy.embedded_guidance_scale is not set: {family.__name__} with policy.classifier_free_guidance="
                 "true (true CFG at policy.guidance_scale) also takes its guidance embedding's value (the stock "
-                "call's guidance_scale, 6.0 by default)")
+                "call's guidance_scale)")
     return None
 
 

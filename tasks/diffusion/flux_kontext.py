@@ -1,11 +1,11 @@
 """The FLUX.1 Kontext family (`FluxKontextPipeline`): instruction-based image editing on FLUX.1's
-transformer, VAE and text encoders (`families.py`: packing, shift, the guidance embedding; no CFG).
+transformer, VAE and text encoders (`families.py`: packing, shift, the guidance embedding, true CFG).
 Each prompt row's source image (`editing.py`) is resized as the stock pipeline does by default
 (`_auto_resize`: the Kontext resolution of the nearest aspect ratio, about 1024 x 1024) or, with
 `policy.source_area`, to that many pixels at its own aspect ratio (the stock pipeline's sizing of
 its output to `max_area`; the stock call reproduces it with `_auto_resize=False` and the source
 given at that size). Its VAE latents, packed into tokens whose position ids carry 1 in their first
-axis (the noisy latents' carry 0), follow the noisy latents' tokens at every step."""
+axis (the noisy latents' carry 0), follow the noisy latents' tokens at every step, in both forwards of true CFG (the stock call's)."""
 
 from __future__ import annotations
 

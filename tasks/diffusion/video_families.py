@@ -172,11 +172,6 @@ class HunyuanVideo(VideoFamily):
     guidance_embedding_with_cfg = True
     max_sequence_length = 256
     fps = 15
-    embedded_scale: float | None = None  # the embedding's value under true CFG (`check_settings` keeps it)
-
-    def check_settings(self, cfg):
-        super().check_settings(cfg)
-        self.embedded_scale = cfg.embedded_guidance_scale
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
