@@ -73,6 +73,10 @@ class DiffusionConfig:
         "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5, ...). Guidance-distilled "
         "models (FLUX.1, FLUX.1 Kontext, HunyuanVideo) take policy.guidance_scale as an embedding when false; "
         "true gives them the stock call's true CFG (policy.embedded_guidance_scale).")})
+    guidance_scale_2: float | None = field(default=None, metadata={"help": (
+        "A two-expert model's CFG scale below the experts' boundary timestep (Wan 2.2 A14B's low-noise "
+        "expert, transformer_2; the stock call's guidance_scale_2: Wan 2.2 T2V-A14B publishes 3.0 low beside 4.0 "
+        "high); null: policy.guidance_scale for both, as the stock call's default.")})
     embedded_guidance_scale: float | None = field(default=None, metadata={"help": (
         "A guidance-embedding model under true CFG (FLUX.1, FLUX.1 Kontext, HunyuanVideo with "
         "policy.classifier_free_guidance=true: two "
