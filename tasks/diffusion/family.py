@@ -49,6 +49,7 @@ class Family:
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    most_conditioning_images: int | None = 1  # images a row's `policy.image_column` may list (None: any number)
     guidance_embedding_with_cfg = False  # CFG beside a guidance embedding (`policy.embedded_guidance_scale`)
     embedded_scale: float | None = None  # that embedding's value under CFG (`check_settings` keeps it)
     low_noise_scale: float | None = None  # a second expert's CFG scale (`policy.guidance_scale_2`; `check_settings`)

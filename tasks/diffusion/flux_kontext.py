@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .editing import SourceImage, source_grid
+from .editing import SourceImage, source_grids
 from .families import Flux
 from .family import FAMILIES
 
@@ -36,11 +36,11 @@ class FluxKontext(SourceImage, Flux):
         for image in images:
             height, width = self.source_size(image)
             pixels = pipe.image_processor.preprocess(pipe.image_processor.resize(image, height, width), height, width)
-            rows.append(self.source_tokens(pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), None)))
+            rows.append(self.source_tokens([pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), None)]))
         return self.joined(rows)
 
     def _image_tokens(self, x, pos):
         hidden, ids = super()._image_tokens(x, pos)
-        source_ids = self.pipe._prepare_latent_image_ids(1, *source_grid(pos), x.device, self.dtype)
+        source_ids = self.pipe._prepare_latent_image_ids(1, *source_grids(pos)[0], x.device, self.dtype)
         source_ids[..., 0] = 1
         return torch.cat([hidden, pos["source"].to(hidden.dtype)], dim=1), torch.cat([ids, source_ids])
