@@ -36,7 +36,7 @@ class MemoryPlan:
     family: str
     parameters: int                  # the model's, whole
     trainable: int                   # those taking gradients (LoRA: the adapters')
-    rows: dict[str, int]             # rollouts per generation call ("rollout"), per update pass ("update"), per group
+    rows: dict[str, int]             # rollouts per generation call ("rollout"), per update pass ("update"), per group; the step's prompts ("prompts")
     state: dict[str, int]            # weights, reference weights, gradients, optimizer state
     update: dict[str, int]           # at the peak of one micro-batch's forward and backward
     first_step: dict[str, int]       # a pass the first step adds to its first micro-batch (a check)
@@ -77,13 +77,14 @@ def _rows(cfg: TrainConfig, processes: int, group_size: int, micro_batch: int) -
     groups = cfg.optim.prompts_per_step // processes
     per_call = cfg.scoring.groups_per_call or groups
     return {"rollout": group_size * min(per_call, groups), "update": min(micro_batch, groups * group_size),
-            "group": group_size}
+            "group": group_size, "prompts": groups}
 
 
 def _passes(cfg: TrainConfig, model: MemoryModel, rows: dict[str, int]) -> dict[str, dict[str, int]]:
     """Each pass's bytes by component: the update, the first step's extra pass, the rollout."""
-    return {"update": model.update_bytes(rows["update"], trains_head=not cfg.optim.lora.r),
-            "first step": model.first_step_bytes(rows["update"]), "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
+    return {"update": model.update_bytes(rows["update"], rows["prompts"], trains_head=not cfg.optim.lora.r),
+            "first step": model.first_step_bytes(rows["update"], rows["prompts"]),
+            "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
 
 
 def _peak(state: dict[str, int], passes: dict[str, dict[str, int]]) -> int:
