@@ -3,7 +3,8 @@ training step, by component, computed from the model's configuration alone (its 
 no weights are read), and the largest group size and micro-batch that fit a device's memory.
 
 Analytic, not traced: the training state is the weightless build's parameter count in its dtype
-(LoRA: the adapters alone take gradients and AdamW state), each part divided as the strategy divides
+(LoRA: the adapters alone take gradients and AdamW state; else the parameters the adapter trains,
+those of parts it freezes marked `requires_grad=False` in the build), each part divided as the strategy divides
 it (`mmrl.distributed.state_shares`); the passes' memory is the adapter's formula
 (`Policy.memory_model`, mmrl/core/memory_model.py). The step's peak is the training state plus the
 largest of a generation call's memory, a micro-batch's forward and backward, and the pass the
@@ -64,8 +65,9 @@ def _state(cfg: TrainConfig, model: MemoryModel, processes: int) -> tuple[dict[s
         trainable = sum(p.numel() for p in adapters)
         trained_bytes = trainable * adapters[0].element_size()
         weights += trained_bytes
-    else:
-        trainable, trained_bytes = whole, weights
+    else:  # the parameters the adapter trains (a frozen part, marked by the adapter's formula, takes no state)
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        trained_bytes = trainable * weight_bytes
     reference = weights if regulariser_needs(cfg.algorithm, "reference") and not cfg.optim.lora.r else 0
     state = {"weights": int(weights * shares.weights), "reference weights": int(reference * shares.weights),
              "gradients": int(trained_bytes * shares.gradients),
