@@ -122,7 +122,7 @@ def test_the_audio_plan_predicts_the_probed_step(scripts):
     assert plan.peak == pytest.approx(measured_peak(recipe), rel=0.15)
 
 
-@pytest.mark.slow  # ~40 s each under the profiler on the loaded 2-core machine (2026-11-30)
+@pytest.mark.slow  # 6-8 s each under the profiler here (2026-11-30), more on the loaded machine
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_audio_plan_where_the_encoder_is_the_peak(scripts, checkpointing):
     """A 10-second window (500 positions) through an encoder of width 128, hidden 256, 128 completion

@@ -84,7 +84,7 @@ def test_the_janus_plan_predicts_the_probed_step(scripts):
     assert plan.peak == pytest.approx(measured_peak(recipe), rel=0.15)
 
 
-@pytest.mark.slow  # ~30 s each under the profiler on the loaded 2-core machine (2026-11-30)
+@pytest.mark.slow  # 12-15 s each under the profiler on the loaded 2-core machine (2026-11-30)
 @pytest.mark.parametrize("hidden,codebook,patches,group", [(64, 16384, 16, 2), (128, 8192, 12, 4)])
 def test_the_janus_plan_at_other_sizes(scripts, hidden, codebook, patches, group):
     """256 image tokens, and a wider decoder with 4 images per prompt: within 15%."""
