@@ -9,8 +9,9 @@ in 2 steps, `--estimator`'s views); `--task vlm`: the tiny Qwen2.5-VL (`--vlm-mo
 character vocabulary); `--task audio_lm`: the tiny Qwen2-Audio (a 1-layer encoder of `--audio-hidden`
 over a `--window`-second window, one `--clip-seconds` tone per prompt; the character vocabulary);
 `--task janus`: the tiny Janus (a VQ codebook of `--vocab` image tokens, `--patches` squared image
-tokens per image, classifier-free guidance; N is ignored: the image's tokens are the completion).
-Prints JSON: per size the planned and measured MiB and their
+tokens per image, classifier-free guidance; N is ignored: the image's tokens are the completion);
+`--task composite`: the tiny Qwen2 thinking N tokens (the character vocabulary, so its text is
+N characters), then that tiny Janus drawing from its text (both trained). Prints JSON: per size the planned and measured MiB and their
 ratio, for the whole peak and for the update passes alone (the training state under them).
 
     python scripts/bench_memory_plan.py --vocab 151936 --sizes 64x128,512x128,64x512,512x512 \\
@@ -19,6 +20,7 @@ ratio, for the whole peak and for the update passes alone (the training state un
     python scripts/bench_memory_plan.py --task vlm --vocab 32000 --image-side 224 --sizes 64x32
     python scripts/bench_memory_plan.py --task audio_lm --window 2 --clip-seconds 1.9 --sizes 64x32
     python scripts/bench_memory_plan.py --task janus --vocab 16384 --patches 16 --sizes 64x0
+    python scripts/bench_memory_plan.py --task composite --vocab 16384 --patches 8 --sizes 64x32
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ VLM_PROMPT_TOKENS = 27  # a prompt's chat text (Qwen-VL template) without its im
 AUDIO_PROMPT_TOKENS = 28  # a prompt's chat text (Qwen2-Audio template) without its clip's tokens
 JANUS_PROMPT_TOKENS = 7  # a prompt and the begin-of-image token
 # each task's reward: one that differs within a group where completions are not all of one length
-REWARD_OF = {"causal_lm": "plan_length", "dlm": "plan_length", "janus": "plan_brightness"}
+REWARD_OF = {"causal_lm": "plan_length", "dlm": "plan_length", "janus": "plan_brightness", "composite": "plan_brightness"}
 MIB = 2 ** 20
 
 
@@ -74,6 +76,12 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     elif args.task == "janus":
         shape = {"hidden": hidden, "layers": args.layers, "heads": 4, "codebook": args.vocab, "patches": args.patches}
         policy = {"model": "tiny:janus", "guidance_scale": 5.0}
+    elif args.task == "composite":
+        thinker = {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens,
+                   "tiny_args": {**shape, "vocab": None}}  # characters: its text is a character per token
+        generator = {"model": "tiny:janus", "guidance_scale": 5.0, "tiny_args": {
+            "hidden": hidden, "layers": args.layers, "heads": 4, "codebook": args.vocab, "patches": args.patches}}
+        policy, shape = {"thinker": thinker, "generator_task": "janus", "generator": generator}, None
     elif args.task == "dlm":
         policy = {"model": "tiny:dlm-char", "gen_length": tokens, "block_length": tokens, "steps": 2,
                   "estimator": args.estimator, "logprobs_from": args.logprobs_from}
@@ -81,7 +89,7 @@ def recipe(hidden: int, tokens: int, args) -> dict:
         policy = {"model": "tiny:qwen2-char", "max_new_tokens": tokens, "min_new_tokens": tokens}
     if args.checkpointing:
         policy["gradient_checkpointing"] = True
-    return {"task": args.task, "policy": {**policy, "tiny_args": shape},
+    return {"task": args.task, "policy": {**policy, **({"tiny_args": shape} if shape else {})},
             "data": {"path": os.path.join(here, "prompts.jsonl")},
             "rewards": {REWARD_OF.get(args.task, "plan_characters"): {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
@@ -118,7 +126,7 @@ def planned(hidden: int, tokens: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("causal_lm", "dlm", "vlm", "audio_lm", "janus"), default="causal_lm", help="the adapter")
+    parser.add_argument("--task", choices=("causal_lm", "dlm", "vlm", "audio_lm", "janus", "composite"), default="causal_lm", help="the adapter")
     parser.add_argument("--vlm-model", default="tiny:qwen2.5-vl-char", help="--task vlm: the tiny model")
     parser.add_argument("--vision-hidden", type=int, default=32, help="--task vlm: the vision tower's width")
     parser.add_argument("--image-side", type=int, default=112, help="--task vlm: the square image's side (pixels)")

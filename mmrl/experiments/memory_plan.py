@@ -58,16 +58,16 @@ def _state(cfg: TrainConfig, model: MemoryModel, processes: int) -> tuple[dict[s
     shares = state_shares(cfg.distributed, processes)
     params = list(model.module.parameters())
     whole = sum(p.numel() for p in params)
-    weight_bytes = 4 if shares.fp32_master else params[0].element_size()
-    weights = whole * weight_bytes
+    size = (lambda p: 4) if shares.fp32_master else (lambda p: p.element_size())  # noqa: E731
+    weights = sum(p.numel() * size(p) for p in params)  # parts of a model may differ (a composite's)
     if cfg.optim.lora.r:
         adapters = [p for p in with_lora(model.module, cfg.optim.lora).parameters() if p.requires_grad]
         trainable = sum(p.numel() for p in adapters)
         trained_bytes = trainable * adapters[0].element_size()
         weights += trained_bytes
     else:  # the parameters the adapter trains (a frozen part, marked by the adapter's formula, takes no state)
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        trained_bytes = trainable * weight_bytes
+        trained = [p for p in params if p.requires_grad]
+        trainable, trained_bytes = sum(p.numel() for p in trained), sum(p.numel() * size(p) for p in trained)
     reference = weights if regulariser_needs(cfg.algorithm, "reference") and not cfg.optim.lora.r else 0
     state = {"weights": int(weights * shares.weights), "reference weights": int(reference * shares.weights),
              "gradients": int(trained_bytes * shares.gradients),
