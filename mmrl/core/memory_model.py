@@ -28,15 +28,17 @@ class MemoryModel(ABC):
         without activation checkpointing), in bytes."""
 
     @abstractmethod
-    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
+    def update_bytes(self, rows: int, prompts: int, trains_head: bool) -> dict[str, int]:
         """Bytes by component (name -> bytes) at the peak of one training forward and backward of
         `rows` rollouts, beyond the training state (the activations with the recipe's checkpointing
-        among them where the peak holds them; `trains_head`: the output layer takes a gradient)."""
+        among them where the peak holds them; `prompts`: the step's prompts on this process, whose
+        inputs the step's batch holds beside the pass, a group's rows sharing their prompt's;
+        `trains_head`: the output layer takes a gradient)."""
 
-    def first_step_bytes(self, rows: int) -> dict[str, int]:
+    def first_step_bytes(self, rows: int, prompts: int) -> dict[str, int]:
         """Bytes by component of a pass the first training step of a run (or of a resumed run) adds
-        to one micro-batch of `rows` rollouts, beyond the training state: a check of the fused path
-        against a plainer one, say. None here."""
+        to one micro-batch of `rows` rollouts (`prompts` as `update_bytes` takes it), beyond the
+        training state: a check of the fused path against a plainer one, say. None here."""
         return {}
 
     @abstractmethod

@@ -3,7 +3,8 @@ training step, by component, computed from the model's configuration alone (its 
 no weights are read), and the largest group size and micro-batch that fit a device's memory.
 
 Analytic, not traced: the training state is the weightless build's parameter count in its dtype
-(LoRA: the adapters alone take gradients and AdamW state), each part divided as the strategy divides
+(LoRA: the adapters alone take gradients and AdamW state; else the parameters the adapter trains,
+those of parts it freezes marked `requires_grad=False` in the build), each part divided as the strategy divides
 it (`mmrl.distributed.state_shares`); the passes' memory is the adapter's formula
 (`Policy.memory_model`, mmrl/core/memory_model.py). The step's peak is the training state plus the
 largest of a generation call's memory, a micro-batch's forward and backward, and the pass the
@@ -36,7 +37,7 @@ class MemoryPlan:
     family: str
     parameters: int                  # the model's, whole
     trainable: int                   # those taking gradients (LoRA: the adapters')
-    rows: dict[str, int]             # rollouts per generation call ("rollout"), per update pass ("update"), per group
+    rows: dict[str, int]             # rollouts per generation call ("rollout"), per update pass ("update"), per group; the step's prompts ("prompts")
     state: dict[str, int]            # weights, reference weights, gradients, optimizer state
     update: dict[str, int]           # at the peak of one micro-batch's forward and backward
     first_step: dict[str, int]       # a pass the first step adds to its first micro-batch (a check)
@@ -57,15 +58,16 @@ def _state(cfg: TrainConfig, model: MemoryModel, processes: int) -> tuple[dict[s
     shares = state_shares(cfg.distributed, processes)
     params = list(model.module.parameters())
     whole = sum(p.numel() for p in params)
-    weight_bytes = 4 if shares.fp32_master else params[0].element_size()
-    weights = whole * weight_bytes
+    size = (lambda p: 4) if shares.fp32_master else (lambda p: p.element_size())  # noqa: E731
+    weights = sum(p.numel() * size(p) for p in params)  # parts of a model may differ (a composite's)
     if cfg.optim.lora.r:
         adapters = [p for p in with_lora(model.module, cfg.optim.lora).parameters() if p.requires_grad]
         trainable = sum(p.numel() for p in adapters)
         trained_bytes = trainable * adapters[0].element_size()
         weights += trained_bytes
-    else:
-        trainable, trained_bytes = whole, weights
+    else:  # the parameters the adapter trains (a frozen part, marked by the adapter's formula, takes no state)
+        trained = [p for p in params if p.requires_grad]
+        trainable, trained_bytes = sum(p.numel() for p in trained), sum(p.numel() * size(p) for p in trained)
     reference = weights if regulariser_needs(cfg.algorithm, "reference") and not cfg.optim.lora.r else 0
     state = {"weights": int(weights * shares.weights), "reference weights": int(reference * shares.weights),
              "gradients": int(trained_bytes * shares.gradients),
@@ -77,13 +79,14 @@ def _rows(cfg: TrainConfig, processes: int, group_size: int, micro_batch: int) -
     groups = cfg.optim.prompts_per_step // processes
     per_call = cfg.scoring.groups_per_call or groups
     return {"rollout": group_size * min(per_call, groups), "update": min(micro_batch, groups * group_size),
-            "group": group_size}
+            "group": group_size, "prompts": groups}
 
 
 def _passes(cfg: TrainConfig, model: MemoryModel, rows: dict[str, int]) -> dict[str, dict[str, int]]:
     """Each pass's bytes by component: the update, the first step's extra pass, the rollout."""
-    return {"update": model.update_bytes(rows["update"], trains_head=not cfg.optim.lora.r),
-            "first step": model.first_step_bytes(rows["update"]), "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
+    return {"update": model.update_bytes(rows["update"], rows["prompts"], trains_head=not cfg.optim.lora.r),
+            "first step": model.first_step_bytes(rows["update"], rows["prompts"]),
+            "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
 
 
 def _peak(state: dict[str, int], passes: dict[str, dict[str, int]]) -> int:

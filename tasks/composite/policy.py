@@ -35,6 +35,7 @@ from mmrl.registry import ADAPTERS
 
 from .checks import composite_problems
 from .config import PARTS, CompositeConfig
+from .memory_formula import CompositeMemory, composite_memory
 from .model import CompositeModel, PartCall, composite_of
 from .units import PartColumns, join_parts, part_rollout
 
@@ -71,6 +72,11 @@ class CompositePolicy(Policy):
     @classmethod
     def config_problems(cls, cfg: CompositeConfig) -> list[str]:
         return composite_problems(cfg)
+
+    @classmethod
+    def memory_model(cls, cfg: CompositeConfig, prompt_length: int) -> CompositeMemory:
+        """tasks/composite/memory_formula.py: the parts' own formulas, one part's pass at a time."""
+        return composite_memory(cfg, prompt_length)
 
     @classmethod
     def _part_class(cls, cfg: CompositeConfig, name: str) -> tuple[type[Policy], Any]:
