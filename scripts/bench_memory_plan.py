@@ -4,7 +4,10 @@ max_memory_allocated, or the CPU profiler's allocation events) of the same recip
 fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (`--layers`, random weights,
 fp32; the second step holds AdamW's state; `--checkpointing`: with activation checkpointing), 2 prompts x `--group` completions of exactly N tokens,
 one micro-batch; `--task dlm`: the masked diffusion LM (tiny:dlm-char, one block of N tokens decoded
-in 2 steps, `--estimator`'s views); `--task vlm`: the tiny Qwen2.5-VL (`--vlm-model`, a vision tower of
+in 2 steps, `--estimator`'s views); `--task diffusion`: a tiny diffusion pipeline (`--pipeline`; a size
+is SIDExLAYERS: the image's side in pixels and the denoiser's layers, or for the UNet its
+channels' width; 4 denoising steps, classifier-free guidance where the family takes it);
+`--task vlm`: the tiny Qwen2.5-VL (`--vlm-model`, a vision tower of
 `--vision-hidden`, one `--image-side` square image per prompt, the processor's bound; the
 character vocabulary). Prints JSON: per size the planned and measured MiB and their
 ratio, for the whole peak and for the update passes alone (the training state under them).
@@ -13,6 +16,7 @@ ratio, for the whole peak and for the update passes alone (the training state un
         --json bench_memory_plan.json
     python scripts/bench_memory_plan.py --task dlm --estimator elbo --vocab 151936 --sizes 64x128
     python scripts/bench_memory_plan.py --task vlm --vocab 32000 --image-side 224 --sizes 64x32
+    python scripts/bench_memory_plan.py --task diffusion --pipeline sd3 --sizes 64x2,128x2
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import tempfile
 PROMPTS = ["01+20=", "11+21="]  # 6 tokens each of the character tokenizer
 VLM_PROMPT_TOKENS = 27  # a prompt's chat text (Qwen-VL template) without its image's tokens
 MIB = 2 ** 20
+STATES = "rollouts' states (fp32 latents)"  # the diffusion plan's host memory from the rollout on
 
 
 def recipe(hidden: int, tokens: int, args) -> dict:
@@ -34,6 +39,8 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     from mmrl.core.scoring import REWARDS, register_reward
     if "plan_length" not in REWARDS:
         register_reward("plan_length")(lambda completions, **kw: [float(len(c)) for c in completions])
+    if "plan_pixels" not in REWARDS:  # distinct rewards of images within a group
+        register_reward("plan_pixels")(lambda completions, **kw: [float(sum(c.getpixel((0, 0)))) for c in completions])
     if "plan_characters" not in REWARDS:  # distinct rewards within a group: no row is skipped by the update
         register_reward("plan_characters")(lambda completions, **kw: [float(sum(map(ord, c)) % 101) for c in completions])
     here = tempfile.mkdtemp(prefix="mmrl-plan-")
@@ -41,6 +48,8 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     with open(os.path.join(here, "prompts.jsonl"), "w") as f:
         f.writelines(json.dumps({"prompt": p, "image": image}) + "\n" for p in PROMPTS)
     shape = {"hidden": hidden, "layers": args.layers, "heads": 4, "vocab": args.vocab or None, "max_positions": 16 + tokens}
+    if args.task == "diffusion":
+        return diffusion_recipe(hidden, tokens, args, here)
     if args.task == "vlm":
         from PIL import Image
         Image.new("RGB", (args.image_side, args.image_side), (90, 30, 200)).save(image)
@@ -56,6 +65,27 @@ def recipe(hidden: int, tokens: int, args) -> dict:
             "policy": {**policy, "gradient_checkpointing": args.checkpointing, "tiny_args": shape},
             "data": {"path": os.path.join(here, "prompts.jsonl")},
             "rewards": {"plan_characters" if args.task == "vlm" else "plan_length": {"weight": 1.0}},
+            "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
+            "optim": {"lr": 1e-5, "prompts_per_step": len(PROMPTS), "micro_batch_size": len(PROMPTS) * args.group},
+            "logging": {"report_to": ["none"], "progress": False}, "output_dir": os.path.join(here, "out"),
+            "max_steps": 2, "save_every": 0}
+
+
+# the tiny pipelines' builder arguments for a SIDExLAYERS size, and whether the family guides by CFG
+PIPELINES = {"pixel-flow": (lambda side, layers: {"size": side, "layers": layers, "patch": 2}, True),
+             "pixel-flow-unet": (lambda side, width: {"size": side, "channels": [width, 2 * width]}, True),
+             "sd3": (lambda side, layers: {"layers": layers}, True),
+             "flux": (lambda side, layers: {"layers": layers}, False)}
+
+
+def diffusion_recipe(side: int, layers: int, args, here: str) -> dict:
+    tiny_args, guided = PIPELINES[args.pipeline]
+    with open(os.path.join(here, "prompts.jsonl"), "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
+    policy = {"model": f"tiny:{args.pipeline}", "tiny_args": tiny_args(side, layers), "height": side, "width": side,
+              "num_steps": 4, "classifier_free_guidance": guided, "gradient_checkpointing": args.checkpointing}
+    return {"task": "diffusion", "policy": policy, "data": {"path": os.path.join(here, "prompts.jsonl")},
+            "rewards": {"plan_pixels": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},
             "optim": {"lr": 1e-5, "prompts_per_step": len(PROMPTS), "micro_batch_size": len(PROMPTS) * args.group},
             "logging": {"report_to": ["none"], "progress": False}, "output_dir": os.path.join(here, "out"),
@@ -89,10 +119,11 @@ def planned(hidden: int, tokens: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("causal_lm", "dlm", "vlm"), default="causal_lm", help="the adapter")
+    parser.add_argument("--task", choices=("causal_lm", "dlm", "vlm", "diffusion"), default="causal_lm", help="the adapter")
     parser.add_argument("--vlm-model", default="tiny:qwen2.5-vl-char", help="--task vlm: the tiny model")
     parser.add_argument("--vision-hidden", type=int, default=32, help="--task vlm: the vision tower's width")
     parser.add_argument("--image-side", type=int, default=112, help="--task vlm: the square image's side (pixels)")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="sd3", help="--task diffusion: the tiny pipeline")
     parser.add_argument("--estimator", default="diffu_grpo", help="--task dlm: the log-prob estimator")
     parser.add_argument("--logprobs-from", default="logits", help="--task dlm: logits or hidden_states")
     parser.add_argument("--vocab", type=int, default=151936, help="the output layer's tokens (0: the characters')")
@@ -112,6 +143,8 @@ def main() -> None:
               "checkpointing": args.checkpointing, "sizes": {}}
     if args.task == "dlm":
         report.update(estimator=args.estimator, logprobs_from=args.logprobs_from)
+    if args.task == "diffusion":
+        report.update(pipeline=args.pipeline)
     if args.task == "vlm":
         report.update(model=args.vlm_model, vision_hidden=args.vision_hidden, image_side=args.image_side)
     for size in args.sizes.split(","):
@@ -119,13 +152,17 @@ def main() -> None:
         options = ["--vocab", str(args.vocab), "--group", str(args.group), "--layers", str(args.layers),
                    "--task", args.task, "--estimator", args.estimator, "--logprobs-from", args.logprobs_from,
                    "--vlm-model", args.vlm_model, "--vision-hidden", str(args.vision_hidden),
-                   "--image-side", str(args.image_side)]
+                   "--image-side", str(args.image_side), "--pipeline", args.pipeline]
         run = subprocess.run([sys.executable, __file__, "--worker", size, *options,
                               *(["--checkpointing"] if args.checkpointing else [])],
                              capture_output=True, text=True, check=True)
         probed = json.loads(run.stdout.strip().splitlines()[-1])
         plan = planned(hidden, tokens, args)
-        update = sum(plan["state"].values()) + sum(plan["update"].values())
+        update = sum(plan["state"].values()) + sum(plan["host"].values()) + sum(plan["update"].values())
+        if plan["host"]:  # on a CPU the rollouts' host memory is the probe's too: all of it at the update, the
+            # states (stored as the loop runs) at the rollout's end, where the conditioning is the same tensors
+            rollout = sum(plan["state"].values()) + sum(plan["rollout"].values()) + plan["host"][STATES]
+            plan["peak"] = max(update, rollout)
         report["sizes"][size] = {"planned_mib": round(plan["peak"] / MIB, 1), "measured_mib": round(probed["peak"] / MIB, 1),
                                  "ratio": round(plan["peak"] / probed["peak"], 4),
                                  "update_planned_mib": round(update / MIB, 1),
