@@ -5,8 +5,8 @@ fresh process: the trainer built, then two GRPO steps of the tiny Qwen2 (`--laye
 fp32; the second step holds AdamW's state; `--checkpointing`: with activation checkpointing), 2 prompts x `--group` completions of exactly N tokens,
 one micro-batch; `--task dlm`: the masked diffusion LM (tiny:dlm-char, one block of N tokens decoded
 in 2 steps, `--estimator`'s views); `--task diffusion`: a tiny diffusion pipeline (`--pipeline`; a size
-is SIDExLAYERS: the image's side in pixels and the denoiser's layers, or for the UNet its
-channels' width; 4 denoising steps, classifier-free guidance where the family takes it);
+is SIDExN: the image's side in pixels and N the denoiser's layers, or for the UNet its channels'
+width, or for a video (wan-t2v) its frames; 4 denoising steps, classifier-free guidance where the family takes it);
 `--task vlm`: the tiny Qwen2.5-VL (`--vlm-model`, a vision tower of
 `--vision-hidden`, one `--image-side` square image per prompt, the processor's bound; the
 character vocabulary). Prints JSON: per size the planned and measured MiB and their
@@ -39,8 +39,9 @@ def recipe(hidden: int, tokens: int, args) -> dict:
     from mmrl.core.scoring import REWARDS, register_reward
     if "plan_length" not in REWARDS:
         register_reward("plan_length")(lambda completions, **kw: [float(len(c)) for c in completions])
-    if "plan_pixels" not in REWARDS:  # distinct rewards of images within a group
-        register_reward("plan_pixels")(lambda completions, **kw: [float(sum(c.getpixel((0, 0)))) for c in completions])
+    if "plan_pixels" not in REWARDS:  # distinct rewards of images (a video: its first frame) within a group
+        register_reward("plan_pixels")(lambda completions, **kw: [
+            float(sum((c[0] if isinstance(c, list) else c).getpixel((0, 0)))) for c in completions])
     if "plan_characters" not in REWARDS:  # distinct rewards within a group: no row is skipped by the update
         register_reward("plan_characters")(lambda completions, **kw: [float(sum(map(ord, c)) % 101) for c in completions])
     here = tempfile.mkdtemp(prefix="mmrl-plan-")
@@ -71,19 +72,22 @@ def recipe(hidden: int, tokens: int, args) -> dict:
             "max_steps": 2, "save_every": 0}
 
 
-# the tiny pipelines' builder arguments for a SIDExLAYERS size, and whether the family guides by CFG
-PIPELINES = {"pixel-flow": (lambda side, layers: {"size": side, "layers": layers, "patch": 2}, True),
-             "pixel-flow-unet": (lambda side, width: {"size": side, "channels": [width, 2 * width]}, True),
-             "sd3": (lambda side, layers: {"layers": layers}, True),
-             "flux": (lambda side, layers: {"layers": layers}, False)}
+# the tiny pipelines' builder arguments for a SIDExN size, whether the family guides by CFG, and
+# whether N is the video's frames (else the denoiser's layers or width)
+PIPELINES = {"pixel-flow": (lambda side, layers: {"size": side, "layers": layers, "patch": 2}, True, False),
+             "pixel-flow-unet": (lambda side, width: {"size": side, "channels": [width, 2 * width]}, True, False),
+             "sd3": (lambda side, layers: {"layers": layers}, True, False),
+             "flux": (lambda side, layers: {"layers": layers}, False, False),
+             "wan-t2v": (lambda side, frames: {}, True, True)}
 
 
 def diffusion_recipe(side: int, layers: int, args, here: str) -> dict:
-    tiny_args, guided = PIPELINES[args.pipeline]
+    tiny_args, guided, video = PIPELINES[args.pipeline]
     with open(os.path.join(here, "prompts.jsonl"), "w") as f:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     policy = {"model": f"tiny:{args.pipeline}", "tiny_args": tiny_args(side, layers), "height": side, "width": side,
-              "num_steps": 4, "classifier_free_guidance": guided, "gradient_checkpointing": args.checkpointing}
+              "num_steps": 4, "classifier_free_guidance": guided, "gradient_checkpointing": args.checkpointing,
+              "num_frames": layers if video else 1}
     return {"task": "diffusion", "policy": policy, "data": {"path": os.path.join(here, "prompts.jsonl")},
             "rewards": {"plan_pixels": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},

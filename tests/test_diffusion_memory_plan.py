@@ -120,17 +120,18 @@ def test_an_unchecked_family_is_named(capsys):
     assert len(err.splitlines()) == 1 and "WanImageToVideo" in err and "no memory formula" in err
 
 
-def step_recipe(tmp_path, pipeline: str, side: int, guided: bool, **tiny_args) -> dict:
-    """Two GRPO steps of a tiny pipeline: 2 prompts x 2 images of `side` pixels, 4 denoising
-    steps, one micro-batch, AdamW, beta 0 (scripts/bench_memory_plan.py's recipe)."""
+def step_recipe(tmp_path, pipeline: str, side: int, guided: bool, frames: int = 1, **tiny_args) -> dict:
+    """Two GRPO steps of a tiny pipeline: 2 prompts x 2 images (videos of `frames`) of `side`
+    pixels, 4 denoising steps, one micro-batch, AdamW, beta 0 (scripts/bench_memory_plan.py's recipe)."""
     from mmrl.core.scoring import REWARDS, register_reward
     if "plan_pixels" not in REWARDS:
-        register_reward("plan_pixels")(lambda completions, **kw: [float(sum(c.getpixel((0, 0)))) for c in completions])
+        register_reward("plan_pixels")(lambda completions, **kw: [
+            float(sum((c[0] if isinstance(c, list) else c).getpixel((0, 0)))) for c in completions])
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return {"task": "diffusion",
             "policy": {"model": f"tiny:{pipeline}", "tiny_args": tiny_args, "height": side, "width": side,
-                       "num_steps": 4, "classifier_free_guidance": guided},
+                       "num_steps": 4, "classifier_free_guidance": guided, "num_frames": frames},
             "data": {"path": str(data)}, "rewards": {"plan_pixels": {"weight": 1.0}},
             "algorithm": {"group_size": 2, "estimator": "grpo", "beta": 0.0},
             "optim": {"lr": 1e-5, "prompts_per_step": 2, "micro_batch_size": 4},
@@ -160,11 +161,11 @@ def cpu_peak(plan) -> int:
                state + sum(plan.rollout.values()) + plan.host["rollouts' states (fp32 latents)"])
 
 
-@pytest.mark.slow  # 10-20 s each under the profiler on the loaded 2-core machine (2026-11-30)
-@pytest.mark.parametrize("pipeline,side,guided,tiny_args", [
-    ("sd3", 64, True, {}), ("flux", 64, False, {}), ("pixel-flow", 32, True, {"size": 32}),
-    ("pixel-flow-unet", 32, True, {"size": 32})])
-def test_the_diffusion_plan_predicts_the_probed_step(tmp_path, probe, pipeline, side, guided, tiny_args):
-    recipe = step_recipe(tmp_path, pipeline, side, guided, **tiny_args)
+@pytest.mark.slow  # 10-40 s each under the profiler on the loaded 2-core machine (2026-11-30)
+@pytest.mark.parametrize("pipeline,side,guided,frames,tiny_args", [
+    ("sd3", 64, True, 1, {}), ("flux", 64, False, 1, {}), ("pixel-flow", 32, True, 1, {"size": 32}),
+    ("pixel-flow-unet", 32, True, 1, {"size": 32}), ("wan-t2v", 32, True, 5, {})])
+def test_the_diffusion_plan_predicts_the_probed_step(tmp_path, probe, pipeline, side, guided, frames, tiny_args):
+    recipe = step_recipe(tmp_path, pipeline, side, guided, frames, **tiny_args)
     plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))
     assert cpu_peak(plan) == pytest.approx(probed_step(recipe, probe[0]), rel=0.15)

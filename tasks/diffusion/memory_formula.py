@@ -33,12 +33,12 @@ from mmrl.errors import UserError
 from ..model_loading import DTYPES, TINY_MODELS
 from .checks import size_problems
 from .family import Family, family_of
-from .meta_trace import traced_peak
+from .meta_trace import LiveBytes, traced_peak
 from .pipeline_configs import loaded_configs
 from .samplers import LOGPROB_FORMS, SAMPLERS
 
 # the families whose traced passes were checked against the allocation probe (docs/benchmarks.md)
-CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux")
+CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan")
 STATES = "rollouts' states (fp32 latents)"  # host memory, from the denoising loop on
 
 
@@ -91,7 +91,7 @@ class DiffusionMemory(MemoryModel):
         return traced_peak(lambda: self._train(x, step, cond, name == "train checkpointed"), self.module)
 
     def _encode(self, rows: int) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), LiveBytes():  # its values read as 1 (meta_trace.py), traced or not
             return self.fam.encode([self.prompt] * rows, self.guided)
 
     def _inputs(self, rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -120,7 +120,7 @@ class DiffusionMemory(MemoryModel):
         vae = getattr(self.pipe, "vae", None)
         if vae is None:
             return
-        x, _ = self._inputs(min(rows, self.cfg.decode_batch))
+        x, _ = self._inputs(rows)
         with torch.no_grad():
             self.fam.decode(x, self.cfg.height, self.cfg.width)
 
@@ -137,7 +137,7 @@ class DiffusionMemory(MemoryModel):
 
     def rollout_bytes(self, rows: int, group_size: int) -> dict[str, int]:
         passes = {"text encoders": self._at("encode", rows), "denoiser call": self._at("sample", rows),
-                  "VAE decode": self._at("decode", rows)}
+                  "VAE decode": self._at("decode", min(rows, self.cfg.decode_batch))}
         largest = max(passes, key=passes.get)
         return {"conditioning": self._at("conditioning", rows), f"largest pass: {largest}": passes[largest]}
 

@@ -10,6 +10,9 @@ the graph holds stays counted until the graph frees it. Parameters and buffers, 
 trace, are not counted (the plan counts the weights apart); parameters' gradients are dropped as
 they are accumulated (the plan counts the gradients apart), so only their transient is seen.
 
+A value read off a meta tensor (`.item()`, `bool()`: a text encoder asking whether its padding
+mask is all ones, say) reads as 1 (True): the trace takes the branch of unpadded rows.
+
 On meta tensors PyTorch's scaled-dot-product attention would take its math path (the scores
 materialised); the trace runs the fused kernel instead (`fused_attention`, in PyTorch's place while the trace runs: its backward and a
 checkpoint's recomputation run on autograd's thread), as the run on a CPU or
@@ -37,6 +40,8 @@ class LiveBytes(TorchDispatchMode):
         self._holders: dict[int, int] = {}  # storage -> live tensors viewing it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:  # a value read off a meta tensor: 1 (module docstring)
+            return True if args[0].dtype == torch.bool else 1
         out = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
