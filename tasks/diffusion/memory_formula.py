@@ -143,13 +143,18 @@ class DiffusionMemory(MemoryModel):
 
 
 class _Postprocessing:
-    """The image (video) processor of a weightless pipeline: decoded pixels to nothing (the run's
-    conversion to PIL images happens on the host)."""
+    """The image (video) processor of a weightless pipeline: the tensor work of diffusers'
+    `postprocess` (pixels from [-1, 1] to [0, 1], one image or video at a time), not the conversion
+    to PIL images (host memory the allocator does not hand out)."""
 
-    def postprocess(self, *args, **kwargs) -> list:
+    def postprocess(self, image: torch.Tensor, *args, **kwargs) -> list:
+        (image * 0.5 + 0.5).clamp(0, 1)
         return []
 
-    postprocess_video = postprocess
+    def postprocess_video(self, video: torch.Tensor, *args, **kwargs) -> list:
+        for i in range(len(video)):
+            self.postprocess(video[i].permute(1, 0, 2, 3))
+        return []
 
 
 def weightless_pipeline(cfg: Any) -> Any:
