@@ -84,7 +84,7 @@ class DiffusionMemory(MemoryModel):
         if name == "decode":
             return traced_peak(lambda: self._decode(rows))
         x, cond = self._inputs(rows)
-        step = torch.tensor(500.0, device="meta")
+        step = torch.tensor(500.0, device="meta")  # a model timestep: its value changes no shape
         if name == "sample":
             with torch.no_grad():
                 return traced_peak(lambda: self._predict(x, step, cond))
@@ -112,8 +112,9 @@ class DiffusionMemory(MemoryModel):
         switch()
         x, sample, cond = x.clone(), x.clone(), {k: v.clone() for k, v in cond.items()}
         levels = self.fam.levels(self.cfg.num_steps, tuple(x.shape))[0]
+        strength = self.cfg.noise_level or 1.0  # a stochastic step's work (a zero strength trains no step)
         mean, std = SAMPLERS.get(self.cfg.sampler)(x.float(), self._predict(x, step, cond).float(), levels[0], levels[1],
-                                                   self.cfg.noise_level or 1.0)
+                                                   strength)
         LOGPROB_FORMS[self.cfg.cps_logprob](sample, mean, std).sum().backward()
 
     def _decode(self, rows: int) -> None:
