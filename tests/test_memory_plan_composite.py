@@ -70,7 +70,7 @@ def test_a_frozen_part_and_a_parts_lora_train_what_the_policy_trains(scripts):
         assert plan.parameters == sum(p.numel() for p in policy.model.parameters())
 
 
-def test_a_part_without_a_formula_is_named(capsys):
+def test_a_part_not_checked_inside_a_composite_is_named(capsys):
     assert main(["plan", "think_draw", "--prompt-tokens", "16"]) != 0
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "DiffusionPolicy" in err and "no memory formula" in err
+    assert len(err.splitlines()) == 1 and "generator of task diffusion has no memory formula checked" in err

@@ -22,6 +22,17 @@ class MemoryModel(ABC):
         self.module = module  # the weightless build: meta parameters, the real build's shapes and dtypes
         self.checkpointing = checkpointing  # the recipe trains with activation (gradient) checkpointing
 
+    def frozen_bytes(self) -> dict[str, int]:
+        """Bytes by component of the frozen modules the run holds beside `module` (the trained one):
+        a pipeline's encoders and decoder, say, kept whole by every process. None here."""
+        return {}
+
+    def host_bytes(self, rows: int, micro_batch: int) -> dict[str, int]:
+        """Bytes by component a step's `rows` rollouts keep in host (CPU) memory from their rollout
+        to the update, not on the device (a diffusion trajectory's states, say), with the copy the
+        update selects of a micro-batch's `micro_batch` rows. None here."""
+        return {}
+
     @abstractmethod
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         """The activations one training forward of `rows` rollouts keeps for its backward (with or

@@ -22,10 +22,15 @@ from typing import Any
 from mmrl.config.parse import from_dict
 from mmrl.core.lora import with_lora
 from mmrl.core.memory_model import MemoryModel
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from .config import PARTS, CompositeConfig
 from .model import CompositeModel
+
+
+# the part tasks whose formulas were checked inside a composite against the probe (benchmarks.md)
+CHECKED_PARTS = {"thinker": ("causal_lm",), "generator": ("janus",)}
 
 
 def largest(passes: list[dict[str, int]]) -> dict[str, int]:
@@ -71,14 +76,18 @@ def generator_prompt_length(cfg: CompositeConfig, thinker: Any, prompt_length: i
 
 
 def composite_memory(cfg: CompositeConfig, prompt_length: int) -> CompositeMemory:
-    """Each part's formula from its own adapter (one without a formula is refused by its adapter,
-    by name), the frozen part frozen and each part's LoRA applied as the policy applies them."""
+    """Each part's formula from its own adapter (a part task not checked inside a composite is
+    refused by name), the frozen part frozen and each part's LoRA applied as the policy applies them."""
     settings = {name: from_dict(ADAPTERS.get(cfg.part_task(name)).Config, cfg.part_settings(name), f"policy.{name}")
                 for name in PARTS}
     lengths = {"thinker": prompt_length,
                "generator": generator_prompt_length(cfg, settings["thinker"], prompt_length)}
     parts = {}
     for name in PARTS:
+        if cfg.part_task(name) not in CHECKED_PARTS[name]:
+            raise UserError(f"mmrl plan: a composite's {name} of task {cfg.part_task(name)} has no memory formula "
+                            f"checked inside a composite (checked: {', '.join(CHECKED_PARTS[name])}); its memory "
+                            "is not planned")
         part = ADAPTERS.get(cfg.part_task(name)).memory_model(settings[name], lengths[name])
         if cfg.freeze == name:
             part.module.requires_grad_(False)

@@ -49,6 +49,7 @@ from .family import Family
 from .forward_process import ForwardProcessUnits
 from .grpo_guard import batch_scales, scales_problem
 from .loading import load_pipeline
+from .memory_formula import DiffusionMemory, diffusion_memory
 from .media_columns import (column_checks, completion_column_names, completion_columns, completion_kind,
                             conditioning_columns, prompt_conditioning)
 from .noise import initial_noise
@@ -122,6 +123,11 @@ class DiffusionPolicy(Policy):
     @classmethod
     def output_kind(cls, cfg: DiffusionConfig) -> str:
         return completion_kind(cfg)
+
+    @classmethod
+    def memory_model(cls, cfg: DiffusionConfig, prompt_length: int) -> DiffusionMemory:
+        """The passes traced on the weightless pipeline (`memory_formula.py`); unchecked families refused."""
+        return diffusion_memory(cfg, prompt_length)
 
     @classmethod
     def rollout_columns(cls, cfg: DiffusionConfig) -> tuple[str, ...]:
