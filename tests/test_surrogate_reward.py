@@ -16,6 +16,7 @@ from mmrl.core.surrogate_reward import (
     guidance_direction,
     revised_target_loss,
     runaway_stop,
+    surrogate_coefficients,
     student_reward_loss,
     surrogate_loss,
     trust_region_stop,
@@ -58,7 +59,9 @@ def test_the_trust_region_stops_rows_that_moved_past_it_in_their_advantage_direc
     kept = trust_region_stop(e, slow, a, 0.01)
     kept.sum().backward()
     assert e.grad.tolist() == [0.0, 1.0, 0.0, 1.0]
-    assert trust_region_stop(e, slow, a, 0.0) is e
+    e.grad = None
+    trust_region_stop(e, slow, a, 0.0).sum().backward()
+    assert e.grad.tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_the_runaway_stop_detaches_rows_far_past_the_reference_in_their_direction():
@@ -102,13 +105,13 @@ def test_the_revised_target_loss_gradient_by_hand():
     x = torch.randn(3, 2, 4, requires_grad=True)
     c, r = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     scale = (x.detach() - r).abs().flatten(1).mean(1).view(3, 1, 1)
-    loss = revised_target_loss(x, c, r)
+    loss = revised_target_loss(x, c, r).mean()
     want = (0.5 * c.pow(2)).flatten(1).mean(1) / scale.flatten()
-    assert abs(float(loss) - float(want.mean())) < 1e-6
+    assert torch.allclose(revised_target_loss(x, c, r), want, atol=1e-6)
     loss.backward()
     assert torch.allclose(x.grad, -c / (8 * scale * 3), atol=1e-6)
     x.grad = None
-    revised_target_loss(x, c, r, huber_c=0.03).backward()
+    revised_target_loss(x, c, r, huber_c=0.03).mean().backward()
     assert torch.allclose(x.grad, -c / torch.sqrt(c.pow(2) + 0.03 ** 2) / (8 * scale * 3), atol=1e-6)
 
 
@@ -116,10 +119,10 @@ def test_a_surrogate_equal_to_the_reference_gives_the_student_no_reward_signal()
     torch.manual_seed(2)
     x = torch.randn(4, 3, 5, requires_grad=True)
     x0_ref = torch.randn(4, 3, 5)
-    student_reward_loss(x, x0_ref.clone(), x0_ref, None, 0.3).backward()
+    student_reward_loss(x, x0_ref.clone(), x0_ref, None, 0.3).sum().backward()
     assert x.grad.abs().max() == 0
     x0_sur = x0_ref + 0.1 * torch.randn(4, 3, 5)
-    student_reward_loss(x, x0_sur, x0_ref, None, 0.3).backward()
+    student_reward_loss(x, x0_sur, x0_ref, None, 0.3).sum().backward()
     assert x.grad.abs().max() > 0
 
 
@@ -132,8 +135,31 @@ def test_the_student_reward_mixes_guidance_and_surrogate_convexly():
     assert guidance_direction(ref, cond, 1.0, 3.5) is None and guidance_direction(ref, cond, 4.5, 0.0) is None
     got = student_reward_loss(x, sur, ref, g, 0.3)
     want = 0.3 * revised_target_loss(x, g, ref) + 0.7 * revised_target_loss(x, sur - ref, sur)
-    assert abs(float(got) - float(want)) < 1e-6
+    assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_the_boundary_weight_ramps_with_the_boundary():
     assert [boundary_weight(k, 4) for k in (1, 2, 3, 4)] == [0.5, 0.75, 1.0, 1.25]
+
+
+def test_the_coefficients_give_the_surrogate_loss_gradient_in_any_split_of_the_batch():
+    """mean_i (c_i e_i + rb (e_i - e_ref_i)^2) over micro-batches, c from errors without grad, has the
+    gradient of surrogate_loss on the whole batch, with both stops active on some rows."""
+    torch.manual_seed(4)
+    v = torch.randn(8, 6, requires_grad=True)
+    target, v_ref = torch.randn(8, 6), torch.randn(8, 6)
+    v_slow = v.detach() + 0.05 * torch.randn(8, 6)
+    a = torch.randn(8).clamp(-5, 5)
+    group = torch.arange(2).repeat_interleave(4)
+    settings = dict(SETTINGS, threshold=0.5, clip=0.01)
+    e_ref, e_slow = denoising_errors(target, v_ref), denoising_errors(target, v_slow)
+    surrogate_loss(denoising_errors(target, v), e_ref, e_slow, a, group, 4, settings).backward()
+    whole = v.grad.clone()
+    v.grad = None
+    with torch.no_grad():
+        c = surrogate_coefficients(denoising_errors(target, v), e_ref, e_slow, a, group, 4, settings)
+    assert (c == 0).any() and (c != 0).any()
+    for rows in (slice(0, 3), slice(3, 8)):
+        e = denoising_errors(target[rows], v[rows])
+        ((c[rows] * e + settings["reference_beta"] * (e - e_ref[rows]).pow(2)).sum() / 8).backward()
+    assert torch.allclose(v.grad, whole, atol=1e-7)

@@ -63,28 +63,52 @@ def group_preference_loss(errors: Tensor, reference_errors: Tensor, advantages: 
     return (weights * advantages.float() * errors.float()).mean()
 
 
-def trust_region_stop(errors: Tensor, slow_errors: Tensor, advantages: Tensor, clip: float) -> Tensor:
-    """`errors` [B] detached on the rows that moved past the trust region since the slow copy:
-    ratio = exp(e_slow - e) above 1 + clip for A > 0, below 1 - clip for A <= 0; clip 0: no stop."""
+def past_trust_region(errors: Tensor, slow_errors: Tensor, advantages: Tensor, clip: float) -> Tensor:
+    """Rows [B] (bool) that moved past the trust region since the slow copy: ratio = exp(e_slow - e)
+    above 1 + clip for A > 0, below 1 - clip for A <= 0; none when clip is 0."""
     if clip == 0.0:
-        return errors
+        return torch.zeros(errors.shape, dtype=torch.bool, device=errors.device)
     ratio = torch.exp(slow_errors.detach().float() - errors.detach().float())
-    past = torch.where(advantages > 0, ratio > 1.0 + clip, ratio < 1.0 - clip)
-    return torch.where(past, errors.detach(), errors)
+    return torch.where(advantages > 0, ratio > 1.0 + clip, ratio < 1.0 - clip)
+
+
+def runaway(errors: Tensor, reference_errors: Tensor, advantages: Tensor, threshold: float) -> Tensor:
+    """Rows [B] (bool) already moved in their advantage's direction (lower error for A > 0, higher for
+    A <= 0) by more than `threshold` in (e - e_ref)^2."""
+    e, ref = errors.detach().float(), reference_errors.float()
+    moved = torch.where(advantages > 0, e < ref, e > ref)
+    return moved & ((e - ref).pow(2) > threshold)
+
+
+def trust_region_stop(errors: Tensor, slow_errors: Tensor, advantages: Tensor, clip: float) -> Tensor:
+    """`errors` [B] detached on the rows past the trust region (`past_trust_region`)."""
+    return torch.where(past_trust_region(errors, slow_errors, advantages, clip), errors.detach(), errors)
 
 
 def runaway_stop(errors: Tensor, reference_errors: Tensor, advantages: Tensor, threshold: float) -> Tensor:
-    """`errors` [B] detached on the rows already moved in their advantage's direction (lower error
-    for A > 0, higher for A <= 0) by more than `threshold` in (e - e_ref)^2."""
-    moved = torch.where(advantages > 0, errors < reference_errors, errors > reference_errors)
-    far = (errors.detach().float() - reference_errors.float()).pow(2) > threshold
-    return torch.where(moved & far, errors.detach(), errors)
+    """`errors` [B] detached on the runaway rows (`runaway`)."""
+    return torch.where(runaway(errors, reference_errors, advantages, threshold), errors.detach(), errors)
 
 
 def boundary_weight(boundary: int, steps: int) -> float:
     """The weight of trajectory boundary `boundary` (1..K, K = `steps`, K the final sample): (k + 1) / K,
     the later boundaries, nearer the scored sample, weighing more (the authors' trainer's ramp)."""
     return (boundary + 1) / steps
+
+
+def surrogate_coefficients(errors: Tensor, reference_errors: Tensor, slow_errors: Tensor | None,
+                           advantages: Tensor, group_index: Tensor, group_size: int,
+                           settings: dict[str, float]) -> Tensor:
+    """The detached coefficient c_i = sigmoid(l_g(i)) A_i [B] of each row's error in the preference
+    term, 0 on the stopped rows, so that `surrogate_loss` = mean_i (c_i e_i + reference_beta
+    (e_i - e_ref_i)^2) in its gradient: from errors taken without grad, the loss of any
+    micro-batch of rows is then exact however the batch is split."""
+    stopped = runaway(errors, reference_errors, advantages, settings["threshold"])
+    if slow_errors is not None:
+        stopped = stopped | past_trust_region(errors, slow_errors, advantages, settings["clip"])
+    weights = torch.sigmoid(group_logits(errors, reference_errors, advantages, group_index, group_size,
+                                         settings["beta"]))
+    return torch.where(stopped, torch.zeros_like(weights), weights * advantages.float())
 
 
 def surrogate_loss(errors: Tensor, reference_errors: Tensor, slow_errors: Tensor | None, advantages: Tensor,
@@ -103,16 +127,16 @@ def surrogate_loss(errors: Tensor, reference_errors: Tensor, slow_errors: Tensor
 
 def revised_target_loss(clean: Tensor, correction: Tensor, normaliser_reference: Tensor,
                         huber_c: float | None = None) -> Tensor:
-    """The student's clean prediction `clean` [B, ...] regressed towards sg(clean + correction)
-    (scalar, fp32): the batch mean of mean_d 0.5 (x - target)^2 (or the pseudo-Huber
-    sqrt(delta^2 + c^2) - c with `huber_c`) over max(mean_d |sg(x) - r|, 1e-6), r the
+    """The student's clean prediction `clean` [B, ...] regressed towards sg(clean + correction), per
+    row [B] (fp32; the authors' loss is their batch mean): mean_d 0.5 (x - target)^2 (or the
+    pseudo-Huber sqrt(delta^2 + c^2) - c with `huber_c`) over max(mean_d |sg(x) - r|, 1e-6), r the
     `normaliser_reference` [B, ...]. Its gradient in x moves x along `correction`."""
     x = clean.float()
     target = (x.detach() + correction.detach().float()).detach()
     delta = x - target
     residual = 0.5 * delta.pow(2) if huber_c is None else torch.sqrt(delta.pow(2) + huber_c ** 2) - huber_c
     scale = _rows((x.detach() - normaliser_reference.detach().float()).abs()).clamp_min(_EPS)
-    return (_rows(residual) / scale).mean()
+    return _rows(residual) / scale
 
 
 def guidance_direction(guided_clean: Tensor, conditional_clean: Tensor, guidance_scale: float,
@@ -126,7 +150,7 @@ def guidance_direction(guided_clean: Tensor, conditional_clean: Tensor, guidance
 
 def student_reward_loss(clean: Tensor, surrogate_clean: Tensor, reference_clean: Tensor,
                         guidance: Tensor | None, tdm_weight: float, huber_c: float | None = None) -> Tensor:
-    """The student's two reward terms at one boundary (scalar, fp32), beside its distribution-matching
+    """The student's two reward terms at one boundary, per row [B] (fp32), beside its distribution-matching
     term: tdm_weight revised(x, guidance, x0_ref) + (1 - tdm_weight) revised(x, x0_sur - x0_ref, x0_sur)
     (module docstring, part 2); `guidance` None drops the first."""
     surrogate = revised_target_loss(clean, surrogate_clean.float() - reference_clean.float(), surrogate_clean,
