@@ -106,7 +106,7 @@ def test_dmdr_keeps_the_reward_advantage_and_dmd2_drops_it(tmp_path):
     for with_reward in (True, False):
         t = dmd_trainer(tmp_path / str(with_reward), f"{DM}.with_reward={str(with_reward).lower()}")
         batch = t.prepare_batch(1)
-        prepared = t.updater.scores.prepared(batch, t.updater.micro_batches(batch))
+        prepared = t.updater.scores.prepared(batch, t.updater.micro_batches(batch), t.model)
         assert batch.advantages.abs().max() > 0
         if with_reward:
             assert torch.equal(prepared.advantages, batch.advantages)

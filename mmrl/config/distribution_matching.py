@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmrl.config.surrogate_reward import SurrogateRewardConfig
+
 
 @dataclass
 class DistributionMatchingConfig:
@@ -41,6 +43,8 @@ class DistributionMatchingConfig:
     real_guidance: bool = field(default=True, metadata={"help": (
         "The real score predicts with the policy's classifier-free guidance (policy.guidance_scale, as the "
         "rollouts; DMD2's real_guidance_scale); false: unguided. The fake score is always unguided, as DMD2's.")})
+    surrogate_reward: SurrogateRewardConfig = field(default_factory=SurrogateRewardConfig, metadata={"help": (
+        "TDM-R1's learned surrogate reward for the student, beside the DMD loss (docs/methods.md, 'TDM-R1').")})
 
     def problems(self) -> list[str]:
         """What is wrong with the settings, each naming its field."""
@@ -52,4 +56,9 @@ class DistributionMatchingConfig:
             out.append(f"{where}.fake_updates_per_step={self.fake_updates_per_step} must be >= 0")
         if self.fake_lr <= 0:
             out.append(f"{where}.fake_lr={self.fake_lr} must be > 0")
+        if self.surrogate_reward.enabled:
+            out += self.surrogate_reward.problems()
+            if self.with_reward:
+                out.append(f"{where}.surrogate_reward.enabled=true: the reward reaches the student through the "
+                           f"surrogate (TDM-R1); set {where}.with_reward=false")
         return out

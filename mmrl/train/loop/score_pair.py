@@ -1,7 +1,9 @@
 """Distribution matching's two score models (`algorithm.distribution_matching`, DMD2 / DMDR): the
 frozen real score (the teacher) and the fake score, a trainable copy of it with its own AdamW,
 trained on the student's samples `fake_updates_per_step` times per student step (DMD2's two
-timescales), checkpointed with the run (`fake_score.safetensors`, `fake_score_optimizer.pt`). Each
+timescales), checkpointed with the run (`fake_score.safetensors`, `fake_score_optimizer.pt`); with
+`surrogate_reward` (TDM-R1) the pair also holds the surrogate reward model (surrogate_score.py),
+trained after the fake score, whose reward terms join each unit's DMD loss. Each
 trained unit's DMD loss is computed here from the student's clean predictions under grad and the two
 scores' predictions at the re-noised predictions (mmrl/core/distribution_matching.py); everything is
 asked through the policy's score hooks (mmrl/core/score_hooks.py), so no family is named."""
@@ -22,6 +24,7 @@ from mmrl.core.policy import Policy, build_policy
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
 from mmrl.errors import UserError
+from mmrl.train.loop.surrogate_score import SurrogateScore
 from mmrl.train.plan.teacher import policy_with_keys
 
 FAKE_FILE, FAKE_OPTIMIZER_FILE = "fake_score.safetensors", "fake_score_optimizer.pt"
@@ -39,6 +42,7 @@ class ScorePair:
         self.optimizer = torch.optim.AdamW(self.fake.parameters(), lr=cfg.algorithm.distribution_matching.fake_lr,
                                            weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.draws = 0  # the random draws taken so far (noise levels and noise), each from its own seed
+        self.surrogate = SurrogateScore(cfg, policy, self.real) if cfg.algorithm.distribution_matching.surrogate_reward.enabled else None
 
     def start_from(self, student: nn.Module) -> None:
         """After a warm start: the real and the fake score become copies of the student's weights now, when
@@ -53,6 +57,8 @@ class ScorePair:
         for model in (self.real, self.fake):
             model.load_state_dict(weights)
         self.optimizer.state.clear()
+        if self.surrogate is not None:
+            self.surrogate.start_from(weights)
 
     def generator(self) -> torch.Generator:
         """A generator for the next draw, from (run seed, draw, process): the same on a resumed run."""
@@ -61,7 +67,8 @@ class ScorePair:
 
     def unit_losses(self, model: nn.Module, mb: Rollout, units: slice) -> Tensor:
         """Each unit's DMD loss [b, u] under grad: the student's clean prediction re-noised at a level in
-        [min_level, max_level], judged by the real (guided as configured) and the fake score."""
+        [min_level, max_level], judged by the real (guided as configured) and the fake score; with the
+        surrogate reward, plus the student's reward terms at the same re-noised prediction."""
         dm = self.cfg.algorithm.distribution_matching
         clean = self.policy.clean_predictions(model, mb, units)
         losses = []
@@ -72,7 +79,10 @@ class ScorePair:
             with torch.no_grad():
                 real, _ = self.policy.denoised(self.real, mb, x.detach(), levels, noise, dm.real_guidance)
                 fake, _ = self.policy.denoised(self.fake, mb, x.detach(), levels, noise, False)
-            losses.append(dmd_loss(x, dmd_gradient(x, real, fake)))
+            loss = dmd_loss(x, dmd_gradient(x, real, fake))
+            if self.surrogate is not None:
+                loss = loss + self.surrogate.reward_losses(mb, x, levels, noise, real, dm.real_guidance)
+            losses.append(loss)
         return torch.stack(losses, 1)
 
     def train_fake(self, rollout: Rollout, chunks: list[Tensor]) -> dict[str, float]:
@@ -91,9 +101,12 @@ class ScorePair:
             self.optimizer.step()
         return {"dmd_fake_loss": total / max(dm.fake_updates_per_step, 1)}
 
-    def prepared(self, batch, chunks: list[Tensor]):
-        """The step's batch after the fake score's updates, its advantages zeroed without the reward (DMD2)."""
+    def prepared(self, batch, chunks: list[Tensor], student: nn.Module):
+        """The step's batch after the fake score's updates (and the surrogate's, from the step's advantages,
+        with `student`'s clean predictions), its advantages zeroed without the reward (DMD2)."""
         batch.metrics.update(self.train_fake(batch.rollout, chunks))
+        if self.surrogate is not None:
+            batch.metrics.update(self.surrogate.train(batch.rollout, chunks, batch.advantages, student, self.generator))
         if self.cfg.algorithm.distribution_matching.with_reward:
             return batch
         return replace(batch, advantages=torch.zeros_like(batch.advantages))
@@ -101,6 +114,8 @@ class ScorePair:
     def save(self, path: Path) -> None:
         save_model(self.fake, str(path / FAKE_FILE))
         torch.save({"optimizer": self.optimizer.state_dict(), "draws": self.draws}, path / FAKE_OPTIMIZER_FILE)
+        if self.surrogate is not None:
+            self.surrogate.save(path)
 
     def load(self, path: Path) -> None:
         if not (path / FAKE_FILE).is_file():
@@ -110,6 +125,8 @@ class ScorePair:
         state = torch.load(path / FAKE_OPTIMIZER_FILE, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.draws = int(state["draws"])
+        if self.surrogate is not None:
+            self.surrogate.load(path)
 
 
 def real_score(cfg: TrainConfig, policy: Policy) -> nn.Module:

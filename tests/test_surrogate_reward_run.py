@@ -1,0 +1,115 @@
+"""TDM-R1's surrogate reward in the loop (`algorithm.distribution_matching.surrogate_reward`) on the tiny
+SD3: a surrogate equal to the real score (and a fake equal to it) gives the student no signal; the
+surrogate's gradient in one step against the whole-batch loss written from the family's own denoising
+errors (mmrl/core/surrogate_reward.py's `surrogate_loss`, split over two micro-batches in the run);
+two steps train the surrogate, its slow copy follows, and both survive a checkpoint; recipe errors
+name the field; the shipped recipe trains two steps."""
+
+import copy
+
+import pytest
+import torch
+from helpers import TINY_IMAGE_RECIPE as IMAGE_RECIPE
+from helpers import tiny_overrides
+
+from mmrl.config.parse import ConfigError, parse_config
+from mmrl.core.distribution_matching import noise_levels
+from mmrl.core.surrogate_reward import boundary_weight, surrogate_loss
+from mmrl.train.loop.trainer import Trainer
+
+DM = "algorithm.distribution_matching"
+SR = f"{DM}.surrogate_reward"
+
+
+def tdm_trainer(tmp_path, *extra):
+    return Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true", f"{SR}.enabled=true",
+                                               *extra]))
+
+
+def test_a_surrogate_equal_to_the_real_score_gives_the_student_no_signal(tmp_path):
+    t = tdm_trainer(tmp_path, f"{DM}.fake_updates_per_step=0", f"{DM}.real_guidance=false")
+    batch = t.prepare_batch(1)
+    mb = batch.rollout
+    t.model.zero_grad(set_to_none=True)
+    losses = t.updater.scores.unit_losses(t.model, mb, slice(None))
+    (losses * mb.unit_mask).sum().backward()
+    grads = [p.grad for p in t.unwrapped.parameters() if p.grad is not None]
+    assert mb.unit_mask.sum() > 0 and losses.abs().max() == 0 and all(g.abs().max() == 0 for g in grads)
+    with torch.no_grad():  # a surrogate that differs gives a signal
+        for p in t.updater.scores.surrogate.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert t.updater.scores.unit_losses(t.model, mb, slice(None)).abs().max() > 0
+
+
+def test_the_surrogate_gradient_against_the_whole_batch_loss(tmp_path):
+    """The run's streamed loss (coefficients from errors without grad, two micro-batches) against
+    sum_k w_k surrogate_loss_k / K on the whole batch, the errors the family's own flow-matching losses at
+    the same draws; a surrogate and a slow copy moved off the real score so that both stops and the group
+    weights take part."""
+    t = tdm_trainer(tmp_path, f"{DM}.fake_updates_per_step=0", f"{SR}.threshold=1e-4", f"{SR}.clip=0.01")
+    batch = t.prepare_batch(1)
+    sur, r = t.updater.scores.surrogate, batch.rollout
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p, q in zip(sur.model.parameters(), sur.slow.parameters()):
+            p.add_(0.02 * torch.randn_like(p))
+            q.add_(0.02 * torch.randn_like(q))
+    start = copy.deepcopy(sur.model)
+    slow = copy.deepcopy(sur.slow)
+    n = len(r)
+    sur.train(r, [torch.arange(n // 2), torch.arange(n // 2, n)], batch.advantages, t.model,
+              lambda: torch.Generator().manual_seed(11))
+    got = {name: p.grad.clone() for name, p in sur.model.named_parameters() if p.grad is not None}
+    policy, dm, s = t.policy, t.cfg.algorithm.distribution_matching, sur.settings
+    settings = {"beta": s.beta, "reference_beta": s.reference_beta, "threshold": s.threshold, "clip": s.clip}
+    _, group = torch.unique(r.group_id, return_inverse=True)
+    units = r.unit_mask.shape[1]
+    with torch.no_grad():
+        clean = policy.clean_predictions(t.model, r, slice(0, units)).float()
+    total, active = 0.0, [k for k in range(units) if r.unit_mask[:, k].any()]
+    assert r.unit_mask[:, active].all() and len(active) > 1
+    for k in active:
+        gen = torch.Generator().manual_seed(11)
+        levels = noise_levels(n, dm.min_level, dm.max_level, gen)
+        noise = torch.randn(clean[:, k].shape, generator=gen)
+        e = policy.denoised(start, r, clean[:, k], levels, noise, False)[1]
+        with torch.no_grad():
+            e_ref, e_slow = (policy.denoised(m, r, clean[:, k], levels, noise, False)[1] for m in (sur.real, slow))
+        adv = batch.advantages.float().clamp(-5, 5)
+        total = total + boundary_weight(k + 1, units) * surrogate_loss(e, e_ref, e_slow, adv, group,
+                                                                       t.cfg.algorithm.group_size, settings) / len(active)
+    total.backward()
+    want = {name: p.grad for name, p in start.named_parameters() if p.grad is not None}
+    assert set(want) == set(got) and any(g.abs().max() > 0 for g in want.values())
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-7, rtol=1e-4), name
+
+
+def test_tdm_r1_trains_two_steps_and_the_surrogate_survives_a_checkpoint(tmp_path):
+    extra = [f"{DM}.fake_updates_per_step=1", f"{SR}.lr=1e-3", "max_steps=2"]
+    t = tdm_trainer(tmp_path, *extra)
+    sur = t.updater.scores.surrogate
+    before = [p.detach().clone() for p in sur.model.parameters()]
+    for _ in range(2):
+        metrics = t.train_step()
+        assert metrics["surrogate_loss"] != 0 and metrics["dmd_loss"] > 0
+    t.step = 2
+    assert sur.updates == 2 and any(not torch.equal(a, p) for a, p in zip(before, sur.model.parameters()))
+    assert any(not torch.equal(a, p) for a, p in zip(before, sur.slow.parameters()))
+    t.save_checkpoint()
+    t.release_output_dir()
+    resumed = tdm_trainer(tmp_path, *extra, "resume=true").updater.scores.surrogate
+    assert resumed.updates == 2 and len(resumed.optimizer.state) > 0
+    assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(), sur.model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(resumed.slow.parameters(), sur.slow.parameters()))
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([f"{DM}.with_reward=true"], f"{SR}.enabled=true: the reward reaches the student through the surrogate"),
+    ([f"{SR}.tdm_weight=1.0"], f"{SR}.tdm_weight=1.0 must lie in (0, 1)"),
+    ([f"{SR}.slow_decay_min=0.5", f"{SR}.slow_decay_max=0.1"], f"{SR}.slow_decay_min=0.5"),
+])
+def test_recipe_errors_name_the_field(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Trainer(parse_config(IMAGE_RECIPE, tiny_overrides(tmp_path) + [f"{DM}.enabled=true", f"{SR}.enabled=true",
+                                                                        *extra]))
