@@ -113,3 +113,22 @@ def test_recipe_errors_name_the_field(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Trainer(parse_config(IMAGE_RECIPE, tiny_overrides(tmp_path) + [f"{DM}.enabled=true", f"{SR}.enabled=true",
                                                                         *extra]))
+
+
+def test_the_t2i_tdm_r1_recipe_trains_two_steps_after_a_warm_start(tmp_path):
+    """The shipped recipe on the tiny pixel UNet (a 3-step warm start here): the surrogate starts as the
+    warm-started real score, then it, its slow copy and the student move."""
+    from mmrl.config.parse import load_recipe
+    from mmrl.registry import RECIPES
+    t = Trainer(load_recipe(RECIPES.get("t2i_tdm_r1"), [
+        f"output_dir={tmp_path}", "algorithm.group_size=2", "optim.prompts_per_step=1", "max_steps=2",
+        "warm_start.steps=3", "logging.progress=false", "logging.report_to=[none]", f"{DM}.fake_updates_per_step=1"]))
+    t.warm_start()
+    pair = t.updater.scores
+    assert all(torch.equal(p, q) for p, q in zip(pair.surrogate.model.parameters(), t.unwrapped.parameters()))
+    student = [p.detach().clone() for p in t.unwrapped.parameters()]
+    for _ in range(2):
+        metrics = t.train_step()
+        assert metrics["dmd_loss"] > 0 and metrics["surrogate_loss"] != 0
+    assert any(not torch.equal(p, q) for p, q in zip(pair.surrogate.model.parameters(), pair.real.parameters()))
+    assert any(not torch.equal(p, q) for p, q in zip(t.unwrapped.parameters(), student))
