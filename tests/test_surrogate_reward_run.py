@@ -132,3 +132,30 @@ def test_the_t2i_tdm_r1_recipe_trains_two_steps_after_a_warm_start(tmp_path):
         assert metrics["dmd_loss"] > 0 and metrics["surrogate_loss"] != 0
     assert any(not torch.equal(p, q) for p, q in zip(pair.surrogate.model.parameters(), pair.real.parameters()))
     assert any(not torch.equal(p, q) for p, q in zip(t.unwrapped.parameters(), student))
+
+
+def test_a_video_family_with_guidance_trains_a_step_and_the_guidance_reward_joins(tmp_path):
+    """Tiny Wan (video latents [N, C, F, H, W]) with classifier-free guidance: the student's loss takes the
+    guidance reward s_r / (s - 1) (x0_guided - x0_cond) beside the surrogate's (dropped with s_r = 0), and a
+    step trains the surrogate."""
+    from pathlib import Path
+    video = dict(IMAGE_RECIPE, rewards={"mean_red_video": {"weight": 1.0}},
+                 reward_modules=[str(Path(__file__).parent / "video_reward.py")])
+    t = Trainer(parse_config(video, [f"output_dir={tmp_path}", f"{DM}.enabled=true", f"{SR}.enabled=true",
+                                     "policy.model=tiny:wan-t2v", "policy.num_frames=5", "policy.height=16",
+                                     "policy.width=16", "policy.classifier_free_guidance=true",
+                                     "policy.guidance_scale=4.5", f"{DM}.fake_updates_per_step=0"]))
+    assert t.policy.guidance_scale() == 4.5
+    batch = t.prepare_batch(1)
+    pair = t.updater.scores
+    draws = pair.draws
+    with_guidance = pair.unit_losses(t.model, batch.rollout, slice(None))
+    pair.surrogate.settings.guidance_reward_scale, pair.draws = 0.0, draws  # the same draws again
+    without = pair.unit_losses(t.model, batch.rollout, slice(None))
+    trained = batch.rollout.unit_mask > 0
+    # the surrogate equals the real score (no surrogate reward); the difference is the guidance reward, > 0
+    assert (with_guidance - without)[trained].min() > 0
+    before = [p.detach().clone() for p in pair.surrogate.model.parameters()]
+    metrics = t.train_step()
+    assert metrics["surrogate_loss"] != 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, pair.surrogate.model.parameters()))
