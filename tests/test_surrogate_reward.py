@@ -44,10 +44,11 @@ def test_the_group_preference_loss_and_its_gradient_by_hand():
     l0 = (1.0 * beta * (0.5 - 0.6) + -1.0 * beta * (0.8 - 0.7)) / 2
     l1 = (2.0 * beta * (0.3 - 0.4) + -0.5 * beta * (0.9 - 0.4)) / 2
     w = [_sigmoid(l0), _sigmoid(l0), _sigmoid(l1), _sigmoid(l1)]
+    e_values = e.detach().tolist()
     assert torch.allclose(group_logits(e, e_ref, a, group, 2, beta), torch.tensor([l0, l0, l1, l1]))
-    want = sum(w[i] * float(a[i]) * float(e.detach()[i]) for i in range(4)) / 4
+    want = sum(w[i] * float(a[i]) * e_values[i] for i in range(4)) / 4
     loss = group_preference_loss(e, e_ref, a, group, 2, beta)
-    assert abs(float(loss) - want) < 1e-6
+    assert abs(loss.item() - want) < 1e-6
     loss.backward()
     assert torch.allclose(e.grad, torch.tensor([w[i] * float(a[i]) / 4 for i in range(4)]), atol=1e-7)
 
