@@ -19,7 +19,7 @@ from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
-from mmrl.core.distribution_matching import dmd_gradient, dmd_loss, noise_levels
+from mmrl.core.distribution_matching import beta_levels, beta_schedule, dmd_gradient, dmd_loss, noise_levels
 from mmrl.core.policy import Policy, build_policy
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
@@ -42,6 +42,7 @@ class ScorePair:
         self.optimizer = torch.optim.AdamW(self.fake.parameters(), lr=cfg.algorithm.distribution_matching.fake_lr,
                                            weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.draws = 0  # the random draws taken so far (noise levels and noise), each from its own seed
+        self.steps = 0  # the student steps taken so far (DMDR's dynamic renoise schedule)
         self.surrogate = SurrogateScore(cfg, policy, self.real) if cfg.algorithm.distribution_matching.surrogate_reward.enabled else None
 
     def start_from(self, student: nn.Module) -> None:
@@ -65,6 +66,13 @@ class ScorePair:
         self.draws += 1
         return torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.draws, self.process, 0xD3D))
 
+    def levels(self, n: int, low: float, high: float, gen: torch.Generator) -> Tensor:
+        """n re-noising levels [n] in [low, high]: uniform, or DMDR's dynamic Beta at this student step."""
+        dm = self.cfg.algorithm.distribution_matching
+        if dm.level_sampling == "uniform":
+            return noise_levels(n, low, high, gen)
+        return beta_levels(n, low, high, beta_schedule(dm.level_alpha, dm.level_beta, self.steps, dm.level_decay_steps), gen)
+
     def unit_losses(self, model: nn.Module, mb: Rollout, units: slice) -> Tensor:
         """Each unit's DMD loss [b, u] under grad: the student's clean prediction re-noised at a level in
         [min_level, max_level], judged by the real (guided as configured) and the fake score; with the
@@ -74,7 +82,7 @@ class ScorePair:
         losses = []
         for j in range(clean.shape[1]):
             x, gen = clean[:, j], self.generator()
-            levels = noise_levels(len(x), dm.min_level, dm.max_level, gen)
+            levels = self.levels(len(x), dm.min_level, dm.max_level, gen)
             noise = torch.randn(x.shape, generator=gen)
             with torch.no_grad():
                 real, _ = self.policy.denoised(self.real, mb, x.detach(), levels, noise, dm.real_guidance)
@@ -94,7 +102,7 @@ class ScorePair:
             for rows in (c for c in chunks if len(c)):
                 mb, gen = rollout.select(rows), self.generator()
                 samples = self.policy.generated_samples(mb).detach()
-                levels, noise = torch.rand(len(mb), generator=gen), torch.randn(samples.shape, generator=gen)
+                levels, noise = self.levels(len(mb), 0.0, 1.0, gen), torch.randn(samples.shape, generator=gen)
                 _, loss = self.policy.denoised(self.fake, mb, samples, levels, noise, False)
                 (loss.sum() / n).backward()
                 total += float(loss.detach().sum()) / n
@@ -107,13 +115,15 @@ class ScorePair:
         batch.metrics.update(self.train_fake(batch.rollout, chunks))
         if self.surrogate is not None:
             batch.metrics.update(self.surrogate.train(batch.rollout, chunks, batch.advantages, student, self.generator))
+        self.steps += 1
         if self.cfg.algorithm.distribution_matching.with_reward:
             return batch
         return replace(batch, advantages=torch.zeros_like(batch.advantages))
 
     def save(self, path: Path) -> None:
         save_model(self.fake, str(path / FAKE_FILE))
-        torch.save({"optimizer": self.optimizer.state_dict(), "draws": self.draws}, path / FAKE_OPTIMIZER_FILE)
+        torch.save({"optimizer": self.optimizer.state_dict(), "draws": self.draws, "steps": self.steps},
+                   path / FAKE_OPTIMIZER_FILE)
         if self.surrogate is not None:
             self.surrogate.save(path)
 
@@ -124,7 +134,7 @@ class ScorePair:
         load_model(self.fake, str(path / FAKE_FILE))
         state = torch.load(path / FAKE_OPTIMIZER_FILE, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.draws = int(state["draws"])
+        self.draws, self.steps = int(state["draws"]), int(state.get("steps", 0))
         if self.surrogate is not None:
             self.surrogate.load(path)
 
