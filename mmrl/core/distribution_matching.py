@@ -8,7 +8,8 @@ x0_real, x0_fake [B, ...] gives (Yin et al. 2024, DMD2, in the authors' code's f
     g      = (p_real - p_fake) / mean_d |p_real|      (per row; nan_to_num, as the authors')
     loss   = 0.5 mean_d (x - sg(x - g))^2              d loss / d x = g / D
 so a step of gradient descent on the loss moves x along -g, towards the real distribution. A fake
-score equal to the real one gives g = 0.
+score equal to the real one gives g = 0. The levels t are uniform (DMD2) or drawn from DMDR's
+cosine-decayed Beta (its dynamic renoise sampling, `beta_schedule`, `beta_levels`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ frozen real score (the teacher) and the fake score, a trainable copy of it with 
 trained on the student's samples `fake_updates_per_step` times per student step (DMD2's two
 timescales), checkpointed with the run (`fake_score.safetensors`, `fake_score_optimizer.pt`); with
 `surrogate_reward` (TDM-R1) the pair also holds the surrogate reward model (surrogate_score.py),
-trained after the fake score, whose reward terms join each unit's DMD loss. Each
+trained after the fake score, whose reward terms join each unit's DMD loss; the re-noising levels are
+uniform or DMDR's dynamic Beta at the pair's count of student steps. Each
 trained unit's DMD loss is computed here from the student's clean predictions under grad and the two
 scores' predictions at the re-noised predictions (mmrl/core/distribution_matching.py); everything is
 asked through the policy's score hooks (mmrl/core/score_hooks.py), so no family is named."""

@@ -88,8 +88,9 @@ class SurrogateScore:
             for rows in chunks:
                 _, e = self.policy.denoised(self.model, rollout.select(rows), clean[rows, k], levels[rows],
                                             noise[rows], False)
-                e, keep = e.float().cpu(), trained[rows].float()
-                loss = scale * (keep * (c[rows] * e + s.reference_beta * (e - e_ref[rows]).pow(2))).sum()
+                e = e.float()
+                keep, coef, ref = (v[rows].float().to(e.device) for v in (trained, c, e_ref))
+                loss = scale * (keep * (coef * e + s.reference_beta * (e - ref).pow(2))).sum()
                 loss.backward()
                 total += float(loss.detach())
         self.optimizer.step()
