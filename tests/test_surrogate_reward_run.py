@@ -159,3 +159,18 @@ def test_a_video_family_with_guidance_trains_a_step_and_the_guidance_reward_join
     metrics = t.train_step()
     assert metrics["surrogate_loss"] != 0
     assert any(not torch.equal(a, p) for a, p in zip(before, pair.surrogate.model.parameters()))
+
+
+def test_the_slow_copy_follows_with_the_decay_of_the_surrogates_earlier_steps(tmp_path):
+    """slow <- d slow + (1 - d) surrogate, d = min(0.3, 0.001 + 0.001 n) after n earlier steps (Flow-Factory's
+    update_variant_snapshot with TDM-R1's decay)."""
+    sur = tdm_trainer(tmp_path).updater.scores.surrogate
+    for n, d in ((5, 0.006), (400, 0.3)):
+        sur.updates = n
+        with torch.no_grad():
+            for p in sur.model.parameters():
+                p.add_(torch.randn_like(p))
+        slow, live = ([p.detach().clone() for p in m.parameters()] for m in (sur.slow, sur.model))
+        sur.follow_slow_copy()
+        for a, b, got in zip(slow, live, sur.slow.parameters()):
+            assert torch.allclose(got, d * a + (1 - d) * b, atol=1e-6)

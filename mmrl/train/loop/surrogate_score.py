@@ -65,7 +65,8 @@ class SurrogateScore:
         """One optimizer step of the surrogate on this step's rollouts, then the slow copy follows:
         at each trained unit k the loss w_k mean_i (c_i e_i + reference_beta (e_i - e_ref_i)^2) over the
         rows that train it (c from errors without grad, `surrogate_coefficients`), averaged over the
-        units some row trains (w_k's K: all the units); `advantages` [N] or [N, U] the step's group-relative advantages. The mean loss."""
+        units some row trains (w_k's K: all the units); `advantages` [N] or [N, U] the step's
+        group-relative advantages. The mean loss."""
         s, dm = self.settings, self.cfg.algorithm.distribution_matching
         chunks = [c for c in chunks if len(c)]
         clean, units = self._student_clean(student, rollout, chunks), rollout.unit_mask.shape[1]
@@ -94,12 +95,13 @@ class SurrogateScore:
                 loss.backward()
                 total += float(loss.detach())
         self.optimizer.step()
+        self.follow_slow_copy()
         self.updates += 1
-        self._follow()
         return {"surrogate_loss": total}
 
-    def _follow(self) -> None:
-        """slow = d slow + (1 - d) surrogate, d = min(slow_decay_max, slow_decay_min + 0.001 updates)."""
+    def follow_slow_copy(self) -> None:
+        """slow = d slow + (1 - d) surrogate, d = min(slow_decay_max, slow_decay_min + 0.001 updates), updates
+        the surrogate's steps before this one (the authors' trainer's step at its first update is 0)."""
         s = self.settings
         d = min(s.slow_decay_max, s.slow_decay_min + 0.001 * self.updates)
         with torch.no_grad():
