@@ -287,6 +287,9 @@ class DiffusionPolicy(Policy):
                  guided: bool) -> tuple[Tensor, Tensor]:
         return self.scores.denoised(model, batch, clean, levels, noise, guided, self.device)
 
+    def guidance_scale(self) -> float:
+        return self.cfg.guidance_scale if self.cfg.classifier_free_guidance else 1.0
+
     # ----- warm start and checkpoints ---------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
         """The denoising loss on the rows' target images or clips (`warm_start.py`)."""
