@@ -54,7 +54,7 @@ from .media_columns import (column_checks, completion_column_names, completion_c
                             conditioning_columns, prompt_conditioning)
 from .noise import initial_noise
 from .saving import save_denoiser
-from .score_units import ScoreUnits
+from .score_units import DiffusionScoreHooks, ScoreUnits
 from .sde_rollout import SDERollout
 from .step_units import StepTerms, StepUnits
 from .turning_point import TurningPoints
@@ -63,7 +63,7 @@ from .warm_start import denoising_loss
 
 
 @ADAPTERS.register("diffusion")
-class DiffusionPolicy(Policy):
+class DiffusionPolicy(DiffusionScoreHooks, Policy):
     """The pipeline's denoiser as a policy (module docstring). Its parts, each built on the family
     and the settings: `sde` (the denoising loop), `steps` (the step units under grad),
     `forward_units` (DiffusionNFT's units), `turning_points` (TP-GRPO's step rewards)."""
@@ -271,24 +271,6 @@ class DiffusionPolicy(Policy):
         terms = self._step_terms(model, batch, units, reference, old_means)
         return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
                 terms.stacked(terms.divergences))
-
-    # ----- distribution matching's score terms (`score_units.py`) --------------------------------------
-    @classmethod
-    def score_problem(cls, cfg: DiffusionConfig) -> str | None:
-        return None if cfg.units == "steps" else f"policy.units={cfg.units!r} (distribution matching needs steps)"
-
-    def clean_predictions(self, model: nn.Module, batch: Rollout, units: slice) -> Tensor:
-        return self.scores.clean_predictions(model, batch, units, self.device, self.parallel.is_sharded(model))
-
-    def generated_samples(self, batch: Rollout) -> Tensor:
-        return self.scores.generated_samples(batch)
-
-    def denoised(self, model: nn.Module, batch: Rollout, clean: Tensor, levels: Tensor, noise: Tensor,
-                 guided: bool) -> tuple[Tensor, Tensor]:
-        return self.scores.denoised(model, batch, clean, levels, noise, guided, self.device)
-
-    def guidance_scale(self) -> float:
-        return self.cfg.guidance_scale if self.cfg.classifier_free_guidance else 1.0
 
     # ----- warm start and checkpoints ---------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
