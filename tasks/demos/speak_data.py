@@ -34,9 +34,9 @@ def tone_words_to_say(n_train: int = 256, n_eval: int = 64, min_words: int = 1, 
     def text() -> str:
         return " ".join(rng.choice(vocab) for _ in range(rng.randint(min_words, max_words)))
 
-    held_out: set[str] = set()
+    held_out: dict[str, None] = {}  # in the order drawn
     while len(held_out) < n_eval:
-        held_out.add(text())
+        held_out[text()] = None
     train = [t for t in (text() for _ in range(20 * n_train + 100)) if t not in held_out][:n_train]
 
     def row(words: str) -> dict:
@@ -44,7 +44,7 @@ def tone_words_to_say(n_train: int = 256, n_eval: int = 64, min_words: int = 1, 
         wave = codec.decode(codes[None]).audio_values.reshape(-1).numpy()
         return {"prompt": words, "reference": words, "speech": {"array": wave, "sampling_rate": RATE}}
 
-    return {"train": [row(t) for t in train], "eval": [row(t) for t in sorted(held_out)]}
+    return {"train": [row(t) for t in train], "eval": [row(t) for t in held_out]}
 
 
 def _wave_and_spectrogram(axes, completion: dict, title: str) -> None:
