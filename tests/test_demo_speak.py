@@ -50,6 +50,22 @@ def test_supervised_loss_is_transformers_training_loss():
     assert torch.allclose(loss, reference, atol=1e-5), (float(loss), float(reference))
 
 
+def test_supervised_loss_of_a_padded_batch_is_the_frame_weighted_mean_of_its_rows():
+    """Rows of different prompt and recording lengths, batched (prompts left-padded, frames right-padded):
+    the batch's loss is the mean over all their frames, so each row's weighs by its frame count."""
+    adapter = ADAPTERS.get("csm")
+    policy = adapter(adapter.Config(model="tiny:csm-tones", max_new_frames=8))
+    codec = policy.model.codec_model
+    rows = [{"prompt": text, "speech": {"array": codec.decode(word_codes(text, 2)[None]).audio_values[0, 0].numpy(),
+                                        "sampling_rate": 16000}} for text in ("seven", "one six zero")]
+    with torch.no_grad():
+        batch = policy.supervised_loss(policy.model, rows, "speech")
+        single = [policy.supervised_loss(policy.model, [r], "speech") for r in rows]
+    frames = [word_codes(r["prompt"]).shape[1] + 1 for r in rows]  # with the end frame
+    reference = sum(f * loss for f, loss in zip(frames, single)) / sum(frames)
+    assert torch.allclose(batch, reference, atol=1e-5), (float(batch), float(reference))
+
+
 def test_held_out_strings_are_never_trained_on():
     data = DATASETS.get("tone_words_to_say")(n_train=64, n_eval=16, seed=3)
     train, held_out = {r["prompt"] for r in data["train"]}, [r["prompt"] for r in data["eval"]]
@@ -61,7 +77,7 @@ def test_held_out_strings_are_never_trained_on():
         DATASETS.get("tone_words_to_say")(n_eval=300, max_words=2)
 
 
-@pytest.mark.slow  # ~70 s where the judges are not cached yet (each trains for ~30 s), ~5 s after
+@pytest.mark.slow  # 203 s on the loaded 2-core machine where the judges are not cached yet (each trains), ~5 s after
 def test_both_judges_hear_the_codecs_clean_recordings():
     from mmrl.tasks.demos.digit_judge import digit_judge
     rows = DATASETS.get("tone_words_to_say")(n_train=1, n_eval=64, seed=5)["eval"]
@@ -71,7 +87,7 @@ def test_both_judges_hear_the_codecs_clean_recordings():
         assert right >= 0.8, (seed, right)
 
 
-@pytest.mark.slow  # the demo: about 6 minutes on 2 idle cores (docs/benchmarks.md)
+@pytest.mark.slow  # the demo: 273 s on one thread of the loaded 2-core machine, judges cached (docs/benchmarks.md)
 def test_speak_demo_lowers_held_out_wer_by_four_standard_errors(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "mmrl", "demo", "speak", f"output_dir={tmp_path}",
