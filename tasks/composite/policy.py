@@ -38,6 +38,7 @@ from .config import PARTS, CompositeConfig
 from .memory_formula import CompositeMemory, composite_memory
 from .model import CompositeModel, PartCall, composite_of
 from .units import PartColumns, join_parts, part_rollout
+from .warm_start import composite_supervised_loss
 
 
 @ADAPTERS.register("composite")
@@ -260,6 +261,11 @@ class CompositePolicy(Policy):
             if own is not None and a < b:
                 low[:, a - start:b - start], high[:, a - start:b - start] = own
         return low, high
+
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """The warm start: each trained part's own loss, summed (`warm_start.py`)."""
+        return composite_supervised_loss(self.cfg, self.parts, model, rows, target_column,
+                                         {name: self.trained(name) for name in PARTS})
 
     # ----- what users see, and checkpoints ---------------------------------------------------------
     def sample_medium(self, completion: Any, columns: dict[str, Any]) -> Medium:

@@ -21,7 +21,7 @@ from . import speak_data
 from .digit_judge import heldout_intelligibility
 from .edit_pair_judge import edit_match
 from .shape_judge import shape_colour_match
-from .synthetic import colour_shapes, shape_edits, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones, zoom_patches
+from .synthetic import colour_shapes, shape_edits, shape_riddles, formulas, moving_dot, moving_shapes, shapes, spoken_words, tones, zoom_patches
 
 # demo name -> recipe name; the file sits at the plugin's root, where `mmrl --help` reads it
 # without importing the plugin (mmrl.registry.shipped_demos)
@@ -35,6 +35,7 @@ DEMO_FIGURES.register("latex")(formulas.draw_predictions)
 DEMO_FIGURES.register("t2i")(colour_shapes.draw_samples)
 DEMO_FIGURES.register("t2v")(moving_shapes.draw_samples)
 DEMO_FIGURES.register("edit")(shape_edits.draw_samples)
+DEMO_FIGURES.register("think-draw")(shape_riddles.draw_samples)
 DEMO_FIGURES.register("video")(moving_dot.draw_predictions)
 DEMO_FIGURES.register("audio")(tones.draw_predictions)
 DEMO_FIGURES.register("zoom")(zoom_patches.draw_episodes)
@@ -47,6 +48,7 @@ DEMO_EVALUATORS.register("latex")(tex_match())
 DEMO_EVALUATORS.register("asr")(exact_transcript())
 DEMO_EVALUATORS.register("grounding")(boxes_at_iou(0.5))
 DEMO_EVALUATORS.register("t2i")(shape_colour_match())
+DEMO_EVALUATORS.register("think-draw")(shape_colour_match())
 DEMO_EVALUATORS.register("t2v")(clip_match())
 DEMO_EVALUATORS.register("edit")(edit_match())
 # accuracy of the answer letter; the video's also on its frames shuffled (does the model read their order?)
