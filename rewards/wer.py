@@ -13,7 +13,7 @@ The error rates themselves (transcript normalisation, jiwer's alignments) are in
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -85,6 +85,13 @@ def cer_reward(prompts, completions, reference, lowercase: bool = True, strip_pu
 
 _ASR_MODELS: dict[tuple[str, str | None], tuple[Any, Any]] = {}  # (name, device) -> (processor, model)
 _REGISTERED: dict[str, tuple[Any, Any]] = {}
+_TRANSCRIBERS: dict[str, tuple[Callable[[list[np.ndarray]], list[str]], int]] = {}
+
+
+def register_transcriber(name: str, transcribe_fn: Callable[[list[np.ndarray]], list[str]], sampling_rate: int) -> None:
+    """Make an ASR model that is not a Whisper available as ``model=name``: `transcribe_fn` maps 1-D
+    float32 waveforms at `sampling_rate` to their transcripts (e.g. a demo's tiny judge, in process)."""
+    _TRANSCRIBERS[name] = (transcribe_fn, sampling_rate)
 
 
 def register_asr_model(name: str, processor: Any, model: Any) -> None:
@@ -160,7 +167,8 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
     Completions are waveforms: 1-D float numpy arrays or torch tensors (rate from
     `sampling_rate`) or ``{"array": ..., "sampling_rate": ...}``; they are resampled to the
     feature extractor's rate (16 kHz) when theirs differs. `model` is a hub id, a local
-    directory or a name given to `register_asr_model`; it is loaded once per (model, device).
+    directory, a name given to `register_asr_model`, or one given to `register_transcriber` (an ASR
+    model that is not a Whisper, which transcribes instead); it is loaded once per (model, device).
     Transcription is batched and greedy. None where the reference is None (those are not
     transcribed). `mode` as for `wer`.
     """
@@ -172,7 +180,11 @@ def asr_wer_reward(prompts, completions, reference, model: str = "openai/whisper
     waves = [_waveform(c, i, sampling_rate) for i, c in enumerate(completions)]
     todo = [i for i, ref in enumerate(reference) if ref is not None]
     hypotheses = [""] * len(completions)
-    if todo:
+    if todo and model in _TRANSCRIBERS:
+        transcribe_fn, target = _TRANSCRIBERS[model]
+        for i, text in zip(todo, transcribe_fn([resample(waves[i][0], waves[i][1], target) for i in todo])):
+            hypotheses[i] = text
+    elif todo:
         processor, asr = load_asr_model(model, device)
         target = processor.feature_extractor.sampling_rate
         batch = [resample(waves[i][0], waves[i][1], target) for i in todo]

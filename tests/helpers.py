@@ -44,6 +44,17 @@ def assert_grads_close(a, b):
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
 
 
+def flow_sde_step_logprob(x, after, v, s: float, s_next: float, noise_level: float):
+    """A Flow-GRPO SDE step's log-prob of each row by hand (s < 1): sigma = a sqrt(s / (1 - s)), the
+    mean x + (v + sigma^2 / (2 s) (x + (1 - s) v)) dt, std sigma sqrt(-dt), fp32, mean over dims."""
+    import math
+    dt = s_next - s
+    sigma = noise_level * math.sqrt(s / (1 - s))
+    mean = x + (v + sigma ** 2 / (2 * s) * (x + (1 - s) * v)) * dt
+    std = sigma * math.sqrt(-dt)
+    return (-(after - mean) ** 2 / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
+
+
 def on_policy_step_changes(trainer, rollout_atol=1e-4):
     """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1) and, with
     `rollout_atol`, that the sampler's log-probs agree with the training forward's within it (fp32),

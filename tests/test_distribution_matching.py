@@ -4,7 +4,9 @@ gradient in the sample g / D, the re-noising levels in their range."""
 
 import torch
 
-from mmrl.core.distribution_matching import dmd_gradient, dmd_loss, noise_levels
+import math
+
+from mmrl.core.distribution_matching import beta_levels, beta_schedule, dmd_gradient, dmd_loss, noise_levels
 
 
 def test_a_fake_score_equal_to_the_real_one_gives_zero_gradient():
@@ -45,3 +47,24 @@ def test_noise_levels_lie_in_their_range_and_follow_the_generator():
     a = noise_levels(1000, 0.02, 0.98, torch.Generator().manual_seed(3))
     assert 0.02 <= float(a.min()) and float(a.max()) <= 0.98 and abs(float(a.mean()) - 0.5) < 0.03
     assert torch.equal(a, noise_levels(1000, 0.02, 0.98, torch.Generator().manual_seed(3)))
+
+
+def test_dmdr_dynamic_beta_schedule_by_hand():
+    """a = 1 + (alpha - 1) c, b = 1 + (beta - 1) c, c = (1 + cos(pi min(step / T, 1))) / 2."""
+    assert beta_schedule(4.0, 1.5, 0, 1000) == (4.0, 1.5)
+    a, b = beta_schedule(4.0, 1.5, 250, 1000)
+    c = (1 + math.cos(math.pi / 4)) / 2
+    assert abs(a - (1 + 3 * c)) < 1e-12 and abs(b - (1 + 0.5 * c)) < 1e-12
+    assert beta_schedule(4.0, 1.5, 1000, 1000) == (1.0, 1.0) == beta_schedule(4.0, 1.5, 5000, 1000)
+    assert beta_schedule(4.0, 1.5, 5000, 0) == (4.0, 1.5)
+
+
+def test_beta_levels_are_torch_beta_draws_from_the_generators_seed_in_range():
+    gen = torch.Generator().manual_seed(7)
+    got = beta_levels(20000, 0.02, 0.98, (4.0, 1.5), gen)
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=torch.Generator().manual_seed(7)))
+    torch.manual_seed(seed)
+    want = 0.02 + 0.96 * torch.distributions.Beta(torch.tensor(4.0), torch.tensor(1.5)).sample((20000,))
+    assert torch.equal(got, want)
+    assert 0.02 <= float(got.min()) and float(got.max()) <= 0.98
+    assert abs(float((got.mean() - 0.02) / 0.96) - 4.0 / 5.5) < 0.01  # the Beta's mean a / (a + b)

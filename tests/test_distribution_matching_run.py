@@ -106,7 +106,7 @@ def test_dmdr_keeps_the_reward_advantage_and_dmd2_drops_it(tmp_path):
     for with_reward in (True, False):
         t = dmd_trainer(tmp_path / str(with_reward), f"{DM}.with_reward={str(with_reward).lower()}")
         batch = t.prepare_batch(1)
-        prepared = t.updater.scores.prepared(batch, t.updater.micro_batches(batch))
+        prepared = t.updater.scores.prepared(batch, t.updater.micro_batches(batch), t.model)
         assert batch.advantages.abs().max() > 0
         if with_reward:
             assert torch.equal(prepared.advantages, batch.advantages)
@@ -114,10 +114,31 @@ def test_dmdr_keeps_the_reward_advantage_and_dmd2_drops_it(tmp_path):
             assert prepared.advantages.abs().max() == 0
 
 
+def test_dmdr_dynamic_renoise_levels_follow_the_schedule_and_its_step_survives_a_checkpoint(tmp_path):
+    """level_sampling: beta draws the DMD levels from Beta(a, b) at the pair's student step (DMDR's dynamic
+    renoise sampling), the step count is saved with the fake score."""
+    from mmrl.core.distribution_matching import beta_levels, beta_schedule
+    extra = [f"{DM}.level_sampling=beta", f"{DM}.level_decay_steps=4", f"{DM}.fake_updates_per_step=1", "max_steps=1"]
+    t = dmd_trainer(tmp_path, *extra)
+    t.train_step()
+    pair = t.updater.scores
+    assert pair.steps == 1
+    draws = pair.draws
+    got = pair.levels(64, 0.02, 0.98, pair.generator())
+    gen = torch.Generator().manual_seed(derive_seed(t.cfg.seed, draws + 1, 0, 0xD3D))
+    assert torch.equal(got, beta_levels(64, 0.02, 0.98, beta_schedule(4.0, 1.5, 1, 4), gen))
+    t.step = 1
+    t.save_checkpoint()
+    t.release_output_dir()
+    resumed = Trainer(parse_config(IMAGE_RECIPE, [f"output_dir={tmp_path}", f"{DM}.enabled=true", *extra, "resume=true"]))
+    assert resumed.updater.scores.steps == 1
+
+
 @pytest.mark.parametrize("recipe, extra, message", [
     (TINY_RECIPE, [], "has no score model of its samples"),
     (IMAGE_RECIPE, ["algorithm.objective=wd1"], "algorithm.objective='wd1' takes none"),
     (IMAGE_RECIPE, [f"{DM}.min_level=0.9", f"{DM}.max_level=0.5"], f"{DM}.min_level=0.9"),
+    (IMAGE_RECIPE, [f"{DM}.level_sampling=beta", f"{DM}.level_alpha=0"], f"{DM}.level_alpha=0"),
     (IMAGE_RECIPE, ["policy.units=forward_process", "algorithm.objective=nft"], "policy.units='forward_process'"),
 ])
 def test_recipe_errors_name_the_field(tmp_path, recipe, extra, message):

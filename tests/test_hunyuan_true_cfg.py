@@ -4,11 +4,10 @@ negative prompt, both with the guidance embedding at `policy.embedded_guidance_s
 log-prob equals one computed by hand from two transformer calls and the Flow-GRPO SDE step, a
 training step is on-policy, and a missing embedding value is refused before the model loads."""
 
-import math
 
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import flow_sde_step_logprob, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from test_video_diffusion import WAN_RECIPE
@@ -65,11 +64,7 @@ def hand_logprob(pipe, batch, k):
     with torch.no_grad():
         cond, uncond = forward(batch.prompts), forward([""] * n)
     v = uncond + TRUE_CFG * (cond - uncond)
-    dt = s_next - s
-    sigma = NOISE * math.sqrt(s / (1 - s))
-    mean = x + (v + sigma ** 2 / (2 * s) * (x + (1 - s) * v)) * dt
-    std = sigma * math.sqrt(-dt)
-    return (-(after - mean) ** 2 / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
+    return flow_sde_step_logprob(x, after, v, s, s_next, NOISE)
 
 
 def test_a_guided_steps_log_prob_is_the_hand_computed_one(policy):

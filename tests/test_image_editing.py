@@ -89,7 +89,7 @@ def policy_sample(policy, image):
 def test_zero_noise_reproduces_the_stock_pipeline(name, guided):
     call, takes_cfg = FAMILIES[name]
     if guided and not takes_cfg:
-        pytest.skip("guidance-distilled: no CFG")
+        pytest.skip("guidance-distilled: its true CFG in test_flux_true_cfg.py")
     policy, image = make(name, guided), source()
     ours, drawn = policy_sample(policy, image)
     stock = call(policy.pipe, image, guided)

@@ -231,3 +231,21 @@ def test_wer_modes_against_hand_reference():
 def test_wer_bad_mode_is_named():
     with pytest.raises(ValueError, match="mode='clipped'"):
         get_reward("wer")([None], ["a"], reference=["a"], mode="clipped")
+
+
+def test_asr_wer_through_a_registered_transcriber_resamples_to_its_rate():
+    """A transcriber that is not a Whisper (`register_transcriber`) gets the waveforms at its own rate,
+    and its transcripts are scored like Whisper's."""
+    from mmrl.rewards.wer import register_transcriber
+    heard = []
+
+    def transcribe(waves):
+        heard.extend(len(w) for w in waves)
+        return ["one two", "One, three!"]
+
+    register_transcriber("test-transcriber", transcribe, 8000)
+    clips = [{"array": np.zeros(16000, np.float32), "sampling_rate": 16000},
+             {"array": np.zeros(4000, np.float32), "sampling_rate": 8000}, np.zeros(10, np.float32)]
+    scores = W.asr_wer_reward(None, clips, ["one two", "one two", None], model="test-transcriber", sampling_rate=8000)
+    assert heard == [8000, 4000]  # resampled to 8 kHz; the row without a reference is not transcribed
+    assert scores == [1.0, 0.5, None]  # "one three" against "one two": one substitution in two words

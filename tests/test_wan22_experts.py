@@ -89,6 +89,38 @@ def test_a_steps_log_prob_is_the_training_forward_of_its_expert_alone(policy):
     policy.model.zero_grad()
 
 
+LOW_NOISE_SCALE = 2.0  # policy.guidance_scale_2: the low-noise expert's CFG scale
+
+
+def test_the_low_noise_experts_guidance_scale_is_the_stock_calls_guidance_scale_2():
+    policy = make(guidance_scale_2=LOW_NOISE_SCALE)
+    ours = ode_sample(policy)
+    stock = stock_call(policy.pipe, guidance_scale_2=LOW_NOISE_SCALE)
+    assert torch.allclose(ours, stock[0].float(), atol=1e-5), (ours - stock[0]).abs().max()
+    assert (stock_call(policy.pipe) - stock).abs().max() > 1e-3  # the second scale changes the video
+    policy.cfg.noise_level = 0.7
+    batch = policy.rollout([PROMPT, "blue square"], 2, seeds=[5, 6])
+    new, _ = policy.logprobs(policy.model, batch)
+    mask = batch.unit_mask.bool()
+    assert mask.any() and torch.allclose(new[mask], batch.rollout_logp[mask], atol=1e-5)
+    policy.family.low_noise_scale = None  # scored at one scale: the high-noise step alike, the low-noise one not
+    with torch.no_grad():
+        one_scale, _ = policy.logprobs(policy.model, batch, slice(0, 2))
+    assert [policy.model.expert_of(float(v)) for v in batch.extras["timesteps"][0, :2]] == list(EXPERTS)
+    assert torch.equal(one_scale[:, 0], new[:, 0].detach())
+    assert (one_scale[:, 1] - new[:, 1]).abs().max() > 2e-5  # 4.6e-5 on this tiny model
+
+
+def test_a_second_guidance_scale_is_refused_without_a_second_expert_or_cfg():
+    one_expert = DiffusionConfig(model="tiny:wan-t2v", height=SIZE, width=SIZE, num_frames=FRAMES,
+                                 guidance_scale_2=LOW_NOISE_SCALE)
+    assert any("policy.guidance_scale_2 is set: Wan has no low-noise expert" in p
+               for p in DiffusionPolicy.config_problems(one_expert))
+    assert not DiffusionPolicy.config_problems(DiffusionConfig(**{**vars(one_expert), "model": "tiny:wan22-a14b"}))
+    with pytest.raises(ValueError, match="policy.guidance_scale_2=2.0 is a CFG scale"):
+        make(guidance_scale_2=LOW_NOISE_SCALE, classifier_free_guidance=False)
+
+
 def recipe(tmp_path, *overrides):
     return parse_config(WAN_RECIPE, [f"output_dir={tmp_path}", "policy.model=tiny:wan22-a14b",
                                      f"policy.guidance_scale={SCALE}", *overrides])

@@ -5,7 +5,9 @@ few-step student, alone or as the regulariser of the reward objective (DMDR) (do
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from mmrl.config.surrogate_reward import SurrogateRewardConfig
 
 
 @dataclass
@@ -41,6 +43,21 @@ class DistributionMatchingConfig:
     real_guidance: bool = field(default=True, metadata={"help": (
         "The real score predicts with the policy's classifier-free guidance (policy.guidance_scale, as the "
         "rollouts; DMD2's real_guidance_scale); false: unguided. The fake score is always unguided, as DMD2's.")})
+    level_sampling: Literal["uniform", "beta"] = field(default="uniform", metadata={"help": (
+        "How the re-noising levels are drawn, for the DMD gradient (in [min_level, max_level]) and the fake "
+        "score's training (in [0, 1]): uniform (DMD2); beta: DMDR's dynamic renoise sampling, Beta(a, b) with "
+        "a = 1 + (level_alpha - 1) c, b = 1 + (level_beta - 1) c, c = (1 + cos(pi min(step / level_decay_steps, "
+        "1))) / 2, from Beta(level_alpha, level_beta) to uniform over the run's first level_decay_steps steps.")})
+    level_alpha: float = field(default=4.0, metadata={"help": (
+        "alpha of DMDR's dynamic Beta at the first step (level_sampling: beta; Flow-Factory's sample_continue "
+        "default 4).")})
+    level_beta: float = field(default=1.5, metadata={"help": (
+        "beta of DMDR's dynamic Beta at the first step (Flow-Factory's sample_continue default 1.5).")})
+    level_decay_steps: int = field(default=1000, metadata={"help": (
+        "Student steps over which DMDR's dynamic Beta decays to uniform (Flow-Factory's dynamic_step, 1000); "
+        "0 keeps Beta(level_alpha, level_beta).")})
+    surrogate_reward: SurrogateRewardConfig = field(default_factory=SurrogateRewardConfig, metadata={"help": (
+        "TDM-R1's learned surrogate reward for the student, beside the DMD loss (docs/methods.md, 'TDM-R1').")})
 
     def problems(self) -> list[str]:
         """What is wrong with the settings, each naming its field."""
@@ -52,4 +69,13 @@ class DistributionMatchingConfig:
             out.append(f"{where}.fake_updates_per_step={self.fake_updates_per_step} must be >= 0")
         if self.fake_lr <= 0:
             out.append(f"{where}.fake_lr={self.fake_lr} must be > 0")
+        if not (self.level_alpha > 0 and self.level_beta > 0):
+            out.append(f"{where}.level_alpha={self.level_alpha}, level_beta={self.level_beta}: both must be > 0")
+        if self.level_decay_steps < 0:
+            out.append(f"{where}.level_decay_steps={self.level_decay_steps} must be >= 0")
+        if self.surrogate_reward.enabled:
+            out += self.surrogate_reward.problems()
+            if self.with_reward:
+                out.append(f"{where}.surrogate_reward.enabled=true: the reward reaches the student through the "
+                           f"surrogate (TDM-R1); set {where}.with_reward=false")
         return out

@@ -8,10 +8,13 @@ x0_real, x0_fake [B, ...] gives (Yin et al. 2024, DMD2, in the authors' code's f
     g      = (p_real - p_fake) / mean_d |p_real|      (per row; nan_to_num, as the authors')
     loss   = 0.5 mean_d (x - sg(x - g))^2              d loss / d x = g / D
 so a step of gradient descent on the loss moves x along -g, towards the real distribution. A fake
-score equal to the real one gives g = 0.
+score equal to the real one gives g = 0. The levels t are uniform (DMD2) or drawn from DMDR's
+cosine-decayed Beta (its dynamic renoise sampling, `beta_schedule`, `beta_levels`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -37,3 +40,24 @@ def noise_levels(n: int, low: float, high: float, generator: torch.Generator) ->
     """n levels [n] (fp32) drawn uniformly in [low, high]: where the student's samples are re-noised
     (DMD2's timesteps between min_step_percent and max_step_percent of the schedule)."""
     return low + (high - low) * torch.rand(n, generator=generator)
+
+
+def beta_schedule(alpha: float, beta: float, step: int, decay_steps: int) -> tuple[float, float]:
+    """DMDR's dynamic renoise sampling: the Beta(a, b) the levels are drawn from at student step `step`,
+    a = 1 + (alpha - 1) c, b = 1 + (beta - 1) c, c = (1 + cos(pi min(step / decay_steps, 1))) / 2: from
+    Beta(alpha, beta) (high noise first with alpha > beta) to the uniform Beta(1, 1) after `decay_steps`
+    steps; `decay_steps` 0 keeps Beta(alpha, beta)."""
+    if decay_steps <= 0:
+        return alpha, beta
+    c = 0.5 * (1.0 + math.cos(min(step / decay_steps, 1.0) * math.pi))
+    return 1.0 + (alpha - 1.0) * c, 1.0 + (beta - 1.0) * c
+
+
+def beta_levels(n: int, low: float, high: float, shape: tuple[float, float], generator: torch.Generator) -> Tensor:
+    """n levels [n] (fp32) low + (high - low) t, t ~ Beta(shape) drawn from a seed that `generator` gives
+    (torch's Beta sampler takes no generator; under the same global seed these are its draws)."""
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        t = torch.distributions.Beta(torch.tensor(float(shape[0])), torch.tensor(float(shape[1]))).sample((n,))
+    return low + (high - low) * t.float()

@@ -22,21 +22,34 @@ class MemoryModel(ABC):
         self.module = module  # the weightless build: meta parameters, the real build's shapes and dtypes
         self.checkpointing = checkpointing  # the recipe trains with activation (gradient) checkpointing
 
+    def frozen_bytes(self) -> dict[str, int]:
+        """Bytes by component of the frozen modules the run holds beside `module` (the trained one):
+        a pipeline's encoders and decoder, say, kept whole by every process. None here."""
+        return {}
+
+    def host_bytes(self, rows: int, micro_batch: int) -> dict[str, int]:
+        """Bytes by component a step's `rows` rollouts keep in host (CPU) memory from their rollout
+        to the update, not on the device (a diffusion trajectory's states, say), with the copy the
+        update selects of a micro-batch's `micro_batch` rows. None here."""
+        return {}
+
     @abstractmethod
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         """The activations one training forward of `rows` rollouts keeps for its backward (with or
         without activation checkpointing), in bytes."""
 
     @abstractmethod
-    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
+    def update_bytes(self, rows: int, prompts: int, trains_head: bool) -> dict[str, int]:
         """Bytes by component (name -> bytes) at the peak of one training forward and backward of
         `rows` rollouts, beyond the training state (the activations with the recipe's checkpointing
-        among them where the peak holds them; `trains_head`: the output layer takes a gradient)."""
+        among them where the peak holds them; `prompts`: the step's prompts on this process, whose
+        inputs the step's batch holds beside the pass, a group's rows sharing their prompt's;
+        `trains_head`: the output layer takes a gradient)."""
 
-    def first_step_bytes(self, rows: int) -> dict[str, int]:
+    def first_step_bytes(self, rows: int, prompts: int) -> dict[str, int]:
         """Bytes by component of a pass the first training step of a run (or of a resumed run) adds
-        to one micro-batch of `rows` rollouts, beyond the training state: a check of the fused path
-        against a plainer one, say. None here."""
+        to one micro-batch of `rows` rollouts (`prompts` as `update_bytes` takes it), beyond the
+        training state: a check of the fused path against a plainer one, say. None here."""
         return {}
 
     @abstractmethod

@@ -37,3 +37,7 @@ class ScoreHooks:
         [B, ...], conditioned on `batch`'s rows: (its clean prediction [B, ...] fp32, its denoising
         training loss per row [B]); `guided`: with the policy's classifier-free guidance."""
         raise NotImplementedError(self.score_problem(getattr(self, "cfg", None)))
+
+    def guidance_scale(self) -> float:
+        """The classifier-free guidance scale `denoised` applies when `guided` (1.0: the policy has none)."""
+        return 1.0

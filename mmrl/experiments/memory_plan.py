@@ -3,7 +3,8 @@ training step, by component, computed from the model's configuration alone (its 
 no weights are read), and the largest group size and micro-batch that fit a device's memory.
 
 Analytic, not traced: the training state is the weightless build's parameter count in its dtype
-(LoRA: the adapters alone take gradients and AdamW state), each part divided as the strategy divides
+(LoRA: the adapters alone take gradients and AdamW state; else the parameters the adapter trains,
+those of parts it freezes marked `requires_grad=False` in the build), each part divided as the strategy divides
 it (`mmrl.distributed.state_shares`); the passes' memory is the adapter's formula
 (`Policy.memory_model`, mmrl/core/memory_model.py). The step's peak is the training state plus the
 largest of a generation call's memory, a micro-batch's forward and backward, and the pass the
@@ -12,7 +13,7 @@ first step adds to it (a check of the fused log-probs).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mmrl.config.parse import from_dict
@@ -36,14 +37,16 @@ class MemoryPlan:
     family: str
     parameters: int                  # the model's, whole
     trainable: int                   # those taking gradients (LoRA: the adapters')
-    rows: dict[str, int]             # rollouts per generation call ("rollout"), per update pass ("update"), per group
-    state: dict[str, int]            # weights, reference weights, gradients, optimizer state
+    # rollouts per generation call ("rollout"), per update pass ("update"), per group; the step's prompts and rows
+    rows: dict[str, int]
+    state: dict[str, int]            # weights, reference weights, gradients, optimizer state, frozen weights: ...
     update: dict[str, int]           # at the peak of one micro-batch's forward and backward
     first_step: dict[str, int]       # a pass the first step adds to its first micro-batch (a check)
     rollout: dict[str, int]          # one generation call's cache and sampler
     activations_other: int           # the activations with the other checkpointing setting (not in the peak)
     checkpointing: bool              # the recipe's setting, the one in the peak
     peak: int                        # state + the largest of update, first_step and rollout
+    host: dict[str, int] = field(default_factory=dict)  # what the step's rollouts keep in host memory (not in the peak)
     device_memory: int | None = None     # bytes, --gpu-memory
     largest_group_size: int | None = None   # that fits device_memory at the recipe's micro-batch (0: none)
     largest_micro_batch: int | None = None  # that fits at the recipe's group size, at most a process's rows (0: none)
@@ -57,19 +60,21 @@ def _state(cfg: TrainConfig, model: MemoryModel, processes: int) -> tuple[dict[s
     shares = state_shares(cfg.distributed, processes)
     params = list(model.module.parameters())
     whole = sum(p.numel() for p in params)
-    weight_bytes = 4 if shares.fp32_master else params[0].element_size()
-    weights = whole * weight_bytes
+    size = (lambda p: 4) if shares.fp32_master else (lambda p: p.element_size())  # noqa: E731
+    weights = sum(p.numel() * size(p) for p in params)  # parts of a model may differ (a composite's)
     if cfg.optim.lora.r:
         adapters = [p for p in with_lora(model.module, cfg.optim.lora).parameters() if p.requires_grad]
         trainable = sum(p.numel() for p in adapters)
         trained_bytes = trainable * adapters[0].element_size()
         weights += trained_bytes
-    else:
-        trainable, trained_bytes = whole, weights
+    else:  # the parameters the adapter trains (a frozen part, marked by the adapter's formula, takes no state)
+        trained = [p for p in params if p.requires_grad]
+        trainable, trained_bytes = sum(p.numel() for p in trained), sum(p.numel() * size(p) for p in trained)
     reference = weights if regulariser_needs(cfg.algorithm, "reference") and not cfg.optim.lora.r else 0
     state = {"weights": int(weights * shares.weights), "reference weights": int(reference * shares.weights),
              "gradients": int(trained_bytes * shares.gradients),
-             "optimizer state": int(2 * trained_bytes * shares.optimizer)}
+             "optimizer state": int(2 * trained_bytes * shares.optimizer),
+             **{f"frozen weights: {name}": size for name, size in model.frozen_bytes().items()}}
     return state, whole, trainable
 
 
@@ -77,13 +82,14 @@ def _rows(cfg: TrainConfig, processes: int, group_size: int, micro_batch: int) -
     groups = cfg.optim.prompts_per_step // processes
     per_call = cfg.scoring.groups_per_call or groups
     return {"rollout": group_size * min(per_call, groups), "update": min(micro_batch, groups * group_size),
-            "group": group_size}
+            "group": group_size, "prompts": groups, "step": groups * group_size}
 
 
 def _passes(cfg: TrainConfig, model: MemoryModel, rows: dict[str, int]) -> dict[str, dict[str, int]]:
     """Each pass's bytes by component: the update, the first step's extra pass, the rollout."""
-    return {"update": model.update_bytes(rows["update"], trains_head=not cfg.optim.lora.r),
-            "first step": model.first_step_bytes(rows["update"]), "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
+    return {"update": model.update_bytes(rows["update"], rows["prompts"], trains_head=not cfg.optim.lora.r),
+            "first step": model.first_step_bytes(rows["update"], rows["prompts"]),
+            "rollout": model.rollout_bytes(rows["rollout"], rows["group"])}
 
 
 def _peak(state: dict[str, int], passes: dict[str, dict[str, int]]) -> int:
@@ -116,7 +122,7 @@ def plan_memory(cfg: TrainConfig, processes: int, prompt_length: int, device_mem
     passes = _passes(cfg, model, rows)
     plan = MemoryPlan(model.family, whole, trainable, rows, state, passes["update"], passes["first step"],
                       passes["rollout"], model.activation_bytes(rows["update"], not model.checkpointing),
-                      model.checkpointing, _peak(state, passes))
+                      model.checkpointing, _peak(state, passes), model.host_bytes(rows["step"], rows["update"]))
     if device_memory is None:
         return plan
 
@@ -146,6 +152,8 @@ def plan_table(plan: MemoryPlan) -> str:
     for name, value in plan.rollout.items():
         row(f"rollout: {name}", value)
     row("peak (state + the largest pass)", plan.peak)
+    for name, value in plan.host.items():
+        row(f"host, not in the peak: {name}", value)
     if plan.device_memory is not None:
         lines += ["", f"in {plan.device_memory / 2 ** 30:g} GiB: largest group size {plan.largest_group_size} "
                       f"(at micro-batch {plan.rows['update']}), largest micro-batch {plan.largest_micro_batch} "

@@ -24,6 +24,7 @@ from mmrl.registry import ADAPTERS
 
 from ..lm.output_head import forward_replaced, inner_model
 from ..model_loading import DTYPES, load_tiny, load_tokenizer, pad_on_the_left, pretrained
+from .memory_formula import JanusMemory, frozen_parts, janus_memory
 from .guided_tokens import (
     ImageTokenModel,
     decoded_pixels,
@@ -77,9 +78,8 @@ class JanusPolicy(Policy):
         pad_on_the_left(self.tokenizer)
         if cfg.device:
             self.model.to(cfg.device)
-        inner = self.model.model
-        for unused in (inner.vqmodel, inner.vision_model, inner.aligner):  # the VQ model, as Janus trains it;
-            unused.requires_grad_(False)  # the understanding encoder, which drawing does not use
+        for unused in frozen_parts(self.model):  # the VQ model, as Janus trains it; the understanding encoder
+            unused.requires_grad_(False)
         gen = self.model.generation_config
         self.boi_id = (gen.generation_kwargs or {}).get("boi_token_id", getattr(self.tokenizer, "boi_token_id", None))
         if self.boi_id is None:
@@ -99,6 +99,12 @@ class JanusPolicy(Policy):
         if "{prompt}" not in cfg.prompt_template:
             problems.append(f"policy.prompt_template={cfg.prompt_template!r}: must contain {{prompt}}")
         return problems
+
+    @classmethod
+    def memory_model(cls, cfg: JanusConfig, prompt_length: int) -> JanusMemory:
+        """tasks/ar_image/memory_formula.py: the image's tokens under guidance (twice the rows), the
+        VQ decode of the rollouts' images; `prompt_length` counts the template and the begin-of-image token."""
+        return janus_memory(cfg, prompt_length)
 
     @classmethod
     def prompt_check(cls, cfg: JanusConfig):

@@ -38,6 +38,9 @@ class CompositeConfig:
     prompt_template: str = field(default="{thought}", metadata={"help": (
         "The generator's prompt made of the thinker's text: {thought} is the thinker's completion, {prompt} the "
         "row's prompt (e.g. '{prompt}. {thought}' keeps the request beside the rewrite).")})
+    thought_column: str = field(default="rewrite", metadata={"help": (
+        "The data column of the text the thinker learns to write in the supervised warm start (warm_start.steps > "
+        "0); the generator learns to draw warm_start.target_column from prompt_template of that text.")})
     thinker_lr: float | None = field(default=None, metadata={"help": (
         "The thinker's learning rate (null: optim.lr). The schedule scales it as it scales optim.lr, and a stage "
         "that changes optim.lr keeps its ratio to it.")})

@@ -35,8 +35,10 @@ from mmrl.registry import ADAPTERS
 
 from .checks import composite_problems
 from .config import PARTS, CompositeConfig
+from .memory_formula import CompositeMemory, composite_memory
 from .model import CompositeModel, PartCall, composite_of
 from .units import PartColumns, join_parts, part_rollout
+from .warm_start import composite_supervised_loss
 
 
 @ADAPTERS.register("composite")
@@ -71,6 +73,11 @@ class CompositePolicy(Policy):
     @classmethod
     def config_problems(cls, cfg: CompositeConfig) -> list[str]:
         return composite_problems(cfg)
+
+    @classmethod
+    def memory_model(cls, cfg: CompositeConfig, prompt_length: int) -> CompositeMemory:
+        """tasks/composite/memory_formula.py: the parts' own formulas, one part's pass at a time."""
+        return composite_memory(cfg, prompt_length)
 
     @classmethod
     def _part_class(cls, cfg: CompositeConfig, name: str) -> tuple[type[Policy], Any]:
@@ -254,6 +261,11 @@ class CompositePolicy(Policy):
             if own is not None and a < b:
                 low[:, a - start:b - start], high[:, a - start:b - start] = own
         return low, high
+
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """The warm start: each trained part's own loss, summed (`warm_start.py`)."""
+        return composite_supervised_loss(self.cfg, self.parts, model, rows, target_column,
+                                         {name: self.trained(name) for name in PARTS})
 
     # ----- what users see, and checkpoints ---------------------------------------------------------
     def sample_medium(self, completion: Any, columns: dict[str, Any]) -> Medium:

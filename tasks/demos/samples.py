@@ -2,7 +2,8 @@
 inspected and re-scored: every PIL image (an input image, a generated image) as a PNG, every
 mono audio clip ({"array", "sampling_rate"}) as a WAV file (32-bit float), every video clip
 ({"frames": [T, H, W, 3] uint8, "fps"}) as one PNG per frame, and ``samples.json`` with, per held-out prompt, its data
-columns, the sampled completions and the greedy one, their rewards and evaluator values, each
+columns, the sampled completions and the greedy one (with the greedy rollout's own columns: a composite's
+`thought`), their rewards and evaluator values, each
 medium replaced by its file names (a clip: {"frames": [PNG names], "fps"}; audio: {"wav": name,
 "sampling_rate"}). Other values that are not JSON are written as their type's name."""
 
@@ -62,5 +63,6 @@ def write_samples(samples: list[dict], folder: Path) -> None:
                         "completions": [keep(c, f"{i:03d}_sample{j}") for j, c in enumerate(sample["completions"])],
                         "rewards": sample["rewards"], "eval": sample["eval"],
                         "greedy": keep(sample["greedy"], f"{i:03d}_greedy"),
-                        "greedy_reward": sample["greedy_reward"], "greedy_eval": sample["greedy_eval"]})
+                        "greedy_reward": sample["greedy_reward"], "greedy_eval": sample["greedy_eval"],
+                        "greedy_columns": keep(sample.get("greedy_columns") or {}, f"{i:03d}_greedy")})
     (folder / "samples.json").write_text(json.dumps(records, indent=1))

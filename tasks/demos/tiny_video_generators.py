@@ -1,5 +1,5 @@
 """Tiny random video pipelines of 2026's generators, assembled in memory from configs (tests, CPU
-recipes; no download): Wan 2.2 A14B's text-to-video pipeline with its two experts, HunyuanVideo 1.5's
+recipes; no download): Wan 2.2 A14B's text- and image-to-video pipelines with their two experts, HunyuanVideo 1.5's
 text-to-video pipeline, LTX-2's text (and image) to video with sound."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .tiny_pipelines import _umt5, _wan_transformer, _wan_vae, pipeline_tokenize
 # Wan 2.2 T2V-A14B's switch: the high-noise expert denoises timesteps >= 0.875 * 1000 (its
 # model_index.json; the I2V-A14B checkpoint's is 0.9)
 WAN22_A14B_BOUNDARY = 0.875
+WAN22_I2V_A14B_BOUNDARY = 0.9
 
 
 @TINY_MODELS.register("wan22-a14b")
@@ -29,6 +30,20 @@ def tiny_wan22_a14b(seed: int = 0, layers: int = 1, boundary_ratio: float = WAN2
         return WanPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
                            transformer=_wan_transformer(4, layers), transformer_2=_wan_transformer(4, layers),
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), boundary_ratio=boundary_ratio)
+
+
+@TINY_MODELS.register("wan22-a14b-i2v")
+def tiny_wan22_a14b_i2v(seed: int = 0, layers: int = 1, boundary_ratio: float = WAN22_I2V_A14B_BOUNDARY):
+    """A WanImageToVideoPipeline as Wan 2.2 I2V-A14B is one: as tiny:wan22-a14b, but each expert reads
+    the noisy latents concatenated with the first-frame mask and the image's latents (4 + 4 + 4
+    channels), no CLIP image encoder (Wan 2.2 drops it), the switch at 0.9 * 1000."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = pipeline_tokenizer()
+        return WanImageToVideoPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
+                                       transformer=_wan_transformer(12, layers), transformer_2=_wan_transformer(12, layers),
+                                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), boundary_ratio=boundary_ratio)
 
 
 @TINY_MODELS.register("hunyuan-video-15")

@@ -35,6 +35,7 @@ def pipeline_problems(cfg: DiffusionConfig) -> list[str]:
     if family is None:
         return []
     problems = [image_column_problem(family, cfg), embedded_guidance_problem(family, cfg),
+                family.guidance_scale_2_problem(described.configs) if cfg.guidance_scale_2 is not None else None,
                 family.duration_problem(described.configs, cfg.duration) if cfg.duration is not None else None]
     return size_problems(described, cfg) + [p for p in problems if p]
 
@@ -72,6 +73,9 @@ def check_settings(cfg: DiffusionConfig) -> None:
         raise ValueError(f"policy.kl_form=velocity_mse is UniGRPO's regulariser of a flow model's unguided velocity: "
                          f"policy.sampler={cfg.sampler!r} and policy.classifier_free_guidance="
                          f"{str(cfg.classifier_free_guidance).lower()} (it needs a flow sampler and false)")
+    if cfg.guidance_scale_2 is not None and not cfg.classifier_free_guidance:
+        raise ValueError(f"policy.guidance_scale_2={cfg.guidance_scale_2} is a CFG scale (the low-noise expert's); "
+                         "policy.classifier_free_guidance is false")
     if cfg.cps_logprob not in LOGPROB_FORMS:
         raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is not one of {sorted(LOGPROB_FORMS)}")
     if cfg.cps_logprob != "gaussian" and cfg.sampler != "cps":
@@ -115,7 +119,4 @@ def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
     if cfg.units == "forward_process" and family.kind != "flow":
         raise ValueError(f"policy.units=forward_process re-noises samples on the flow-matching forward process; "
                          f"a {name} model predicts eps (use a flow model)")
-    if cfg.classifier_free_guidance and not family.uses_classifier_free_guidance:
-        raise ValueError(f"policy.classifier_free_guidance=true: {name} takes guidance as an "
-                         "embedding; set policy.classifier_free_guidance=false")
     return family

@@ -15,7 +15,8 @@ class DiffusionConfig:
     sampler: flow_sde | dance | cps | ode (flow models), ddim (SD 1.5); noise_level: its strength
     (a for flow_sde and cps, eta for dance and ddim). num_steps: training rollouts;
     eval_num_steps: greedy (ODE / deterministic DDIM) evaluation. classifier_free_guidance: on or off
-    in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale as an embedding.
+    in training rollouts and log-probs; guidance-distilled FLUX.1 / HunyuanVideo take guidance_scale as an
+    embedding without it, and with it the stock call's true CFG (embedded_guidance_scale).
     turning_points: TP-GRPO step rewards (`turning_point.py`) for the trained window, at most
     `tp_max_extra_passes` extra denoiser calls per rollout for the ODE completions."""
 
@@ -69,12 +70,19 @@ class DiffusionConfig:
     guidance_scale: float = field(default=4.5, metadata={"help": (
         "Classifier-free guidance scale (FLUX: the guidance embedding's value).")})
     classifier_free_guidance: bool = field(default=True, metadata={"help": (
-        "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5); FLUX takes guidance_scale "
-        "as an embedding instead.")})
+        "Use classifier-free guidance in training rollouts and log-probs (SD3, SD 1.5, ...). Guidance-distilled "
+        "models (FLUX.1, FLUX.1 Kontext, HunyuanVideo) take policy.guidance_scale as an embedding when false; "
+        "true gives them the stock call's true CFG (policy.embedded_guidance_scale).")})
+    guidance_scale_2: float | None = field(default=None, metadata={"help": (
+        "A two-expert model's CFG scale below the experts' boundary timestep (Wan 2.2 A14B's low-noise "
+        "expert, transformer_2; the stock call's guidance_scale_2: Wan 2.2 T2V-A14B publishes 3.0 low beside 4.0 "
+        "high); null: policy.guidance_scale for both, as the stock call's default.")})
     embedded_guidance_scale: float | None = field(default=None, metadata={"help": (
-        "A guidance-embedding model under true CFG (HunyuanVideo with policy.classifier_free_guidance=true: two "
+        "A guidance-embedding model under true CFG (FLUX.1, FLUX.1 Kontext, HunyuanVideo with "
+        "policy.classifier_free_guidance=true: two "
         "forwards, prompt and empty negative prompt, combined at policy.guidance_scale, the stock call's "
-        "true_cfg_scale): the embedding's value (the stock call's guidance_scale, 6.0 there by default). "
+        "true_cfg_scale): the embedding's value (the stock call's guidance_scale: 6.0 HunyuanVideo's default, 3.5 "
+        "FLUX.1's, 2.5 Kontext's). "
         "Required then; without CFG the embedding takes policy.guidance_scale.")})
     sampler: str = field(default="flow_sde", metadata={"help": (
         "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "

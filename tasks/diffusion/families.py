@@ -88,8 +88,14 @@ class SD3(Family):
 
 @FAMILIES.register("flux")
 class Flux(PackedFlowLatents, Family):
+    """Guidance-distilled: the guidance scale enters as an embedding, `policy.guidance_scale` without
+    CFG. With `policy.classifier_free_guidance` the stock call's true CFG (`true_cfg_scale` with a
+    negative prompt): two forwards, the prompt and an empty negative prompt, both with the embedding
+    at `policy.embedded_guidance_scale`, combined as u + g (c - u) at g = `policy.guidance_scale`."""
+
     pipeline = "FluxPipeline"
-    uses_classifier_free_guidance = False  # FLUX.1-dev is guidance-distilled: the scale enters as an embedding
+    batched_guidance = False  # the stock call's two forwards
+    guidance_embedding_with_cfg = True
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
@@ -97,11 +103,13 @@ class Flux(PackedFlowLatents, Family):
         return 2 * super().size_multiple(configs)
 
     def encode(self, prompts, guided):
-        if guided:
-            raise ValueError("FLUX takes the guidance scale as an embedding: set policy.classifier_free_guidance=false")
-        pe, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, device=self.device,
-                                                num_images_per_prompt=1)
-        return {"pos/embeds": pe, "pos/pooled": pooled}
+        out = {}
+        for side, texts in (("pos", prompts), ("neg", [""] * len(prompts) if guided else None)):
+            if texts is not None:
+                pe, pooled, _ = self.pipe.encode_prompt(prompt=texts, prompt_2=None, device=self.device,
+                                                        num_images_per_prompt=1)
+                out.update({f"{side}/embeds": pe, f"{side}/pooled": pooled})
+        return out
 
     def noise(self, generator, height, width):
         h, w = self._latent_hw(height, width)
@@ -110,15 +118,19 @@ class Flux(PackedFlowLatents, Family):
         return self.pipe._pack_latents(x, 1, c, h, w)
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
-        pos, _ = split_cond(cond)
+        pos, neg = split_cond(cond)
         n = x.shape[0]
-        hidden, img_ids = self._image_tokens(x, pos)
-        txt_ids = torch.zeros(pos["embeds"].shape[1], 3, device=x.device, dtype=self.dtype)
-        guidance = (torch.full((n,), guidance_scale, device=x.device, dtype=torch.float32)
+        hidden, img_ids = self._image_tokens(x, pos)  # both passes see the same image tokens (an edit's source too)
+        embedded = self.embedded_scale if guided else guidance_scale
+        guidance = (torch.full((n,), embedded, device=x.device, dtype=torch.float32)
                     if self.denoiser.config.guidance_embeds else None)
-        return model(hidden_states=hidden.to(self.dtype), timestep=(t.expand(n).to(x.device, self.dtype) / 1000),
-                     guidance=guidance, pooled_projections=pos["pooled"], encoder_hidden_states=pos["embeds"],
-                     txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0][:, :x.shape[1]]
+
+        def run(h, c):
+            txt_ids = torch.zeros(c["embeds"].shape[1], 3, device=x.device, dtype=self.dtype)
+            return model(hidden_states=h.to(self.dtype), timestep=(t.expand(n).to(x.device, self.dtype) / 1000),
+                         guidance=guidance, pooled_projections=c["pooled"], encoder_hidden_states=c["embeds"],
+                         txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0][:, :x.shape[1]]
+        return self._guided(run, hidden, pos, neg if guided else None, guidance_scale)
 
     def _image_tokens(self, x: torch.Tensor, pos: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """The transformer's image tokens [N, L, C] and their position ids [L, 3]: the noisy latents'

@@ -47,10 +47,12 @@ class Family:
 
     pipeline = ""  # the pipeline class (or a base class) of the pipelines this family serves
     kind = "flow"  # "flow": the model predicts v;  "eps": it predicts the noise
-    uses_classifier_free_guidance = True
     batched_guidance = True  # CFG as one call on [uncond, cond] (False: two calls, as the video pipelines)
     conditioning_image = False  # the prompt comes with an image (`image_condition`)
+    most_conditioning_images: int | None = 1  # images a row's `policy.image_column` may list (None: any number)
     guidance_embedding_with_cfg = False  # CFG beside a guidance embedding (`policy.embedded_guidance_scale`)
+    embedded_scale: float | None = None  # that embedding's value under CFG (`check_settings` keeps it)
+    low_noise_scale: float | None = None  # a second expert's CFG scale (`policy.guidance_scale_2`; `check_settings`)
     output = "image"  # what a completion is (`Policy.output_kind`): an image, a video's frames, or audio (a waveform)
     fps: int | None = None  # a video family's frames per second (its rows' `fps` column); None: images
 
@@ -113,8 +115,20 @@ class Family:
         """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
         if problem := image_column_problem(type(self), cfg) or embedded_guidance_problem(type(self), cfg):
             raise ValueError(problem)
+        self.embedded_scale = cfg.embedded_guidance_scale
+        components = {name: {} for name, module in self.pipe.components.items() if module is not None}
+        if cfg.guidance_scale_2 is not None and (problem := self.guidance_scale_2_problem(components)):
+            raise ValueError(problem)
+        self.low_noise_scale = cfg.guidance_scale_2
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
+
+    @classmethod
+    def guidance_scale_2_problem(cls, configs: Configs) -> str | None:
+        """Why `policy.guidance_scale_2` (a low-noise expert's CFG scale) does not fit the pipeline of
+        component `configs`; None where it does (a family of two experts says so)."""
+        return (f"policy.guidance_scale_2 is set: {cls.__name__} has no low-noise expert to guide with it (Wan 2.2 "
+                "A14B's transformer_2); use policy.guidance_scale")
 
     def set_flow_shift(self, shift: float) -> None:
         """Replace the scheduler by the same one with timestep shift `shift` (`policy.flow_shift`)."""
@@ -194,8 +208,9 @@ class Family:
     def device(self) -> torch.device:
         return next(self.denoiser.parameters()).device
 
-    def _guided(self, run, x: Tensor, cond_pos: dict, cond_neg: dict | None, guidance_scale: float) -> Tensor:
-        """CFG as the pipelines do it: one batched call on [uncond, cond], u + g (c - u)."""
+    def _guided(self, run, x: Tensor, cond_pos: dict, cond_neg: dict | None, guidance_scale: float | Tensor) -> Tensor:
+        """CFG as the pipelines do it: one batched call on [uncond, cond], u + g (c - u) (g a number, or
+        one per row shaped to broadcast)."""
         if cond_neg is None:
             return run(x, cond_pos)
         if not self.batched_guidance:
@@ -226,7 +241,7 @@ def embedded_guidance_problem(family: type[Family], cfg: Any) -> str | None:
     if family.guidance_embedding_with_cfg and cfg.classifier_free_guidance and cfg.embedded_guidance_scale is None:
         return (f"policy.embedded_guidance_scale is not set: {family.__name__} with policy.classifier_free_guidance="
                 "true (true CFG at policy.guidance_scale) also takes its guidance embedding's value (the stock "
-                "call's guidance_scale, 6.0 by default)")
+                "call's guidance_scale)")
     return None
 
 

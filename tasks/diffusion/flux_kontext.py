@@ -1,17 +1,17 @@
 """The FLUX.1 Kontext family (`FluxKontextPipeline`): instruction-based image editing on FLUX.1's
-transformer, VAE and text encoders (`families.py`: packing, shift, the guidance embedding; no CFG).
+transformer, VAE and text encoders (`families.py`: packing, shift, the guidance embedding, true CFG).
 Each prompt row's source image (`editing.py`) is resized as the stock pipeline does by default
 (`_auto_resize`: the Kontext resolution of the nearest aspect ratio, about 1024 x 1024) or, with
 `policy.source_area`, to that many pixels at its own aspect ratio (the stock pipeline's sizing of
 its output to `max_area`; the stock call reproduces it with `_auto_resize=False` and the source
 given at that size). Its VAE latents, packed into tokens whose position ids carry 1 in their first
-axis (the noisy latents' carry 0), follow the noisy latents' tokens at every step."""
+axis (the noisy latents' carry 0), follow the noisy latents' tokens at every step, in both forwards of true CFG (the stock call's)."""
 
 from __future__ import annotations
 
 import torch
 
-from .editing import SourceImage, source_grid
+from .editing import SourceImage, source_grids
 from .families import Flux
 from .family import FAMILIES
 
@@ -36,11 +36,11 @@ class FluxKontext(SourceImage, Flux):
         for image in images:
             height, width = self.source_size(image)
             pixels = pipe.image_processor.preprocess(pipe.image_processor.resize(image, height, width), height, width)
-            rows.append(self.source_tokens(pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), None)))
+            rows.append(self.source_tokens([pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), None)]))
         return self.joined(rows)
 
     def _image_tokens(self, x, pos):
         hidden, ids = super()._image_tokens(x, pos)
-        source_ids = self.pipe._prepare_latent_image_ids(1, *source_grid(pos), x.device, self.dtype)
+        source_ids = self.pipe._prepare_latent_image_ids(1, *source_grids(pos)[0], x.device, self.dtype)
         source_ids[..., 0] = 1
         return torch.cat([hidden, pos["source"].to(hidden.dtype)], dim=1), torch.cat([ids, source_ids])

@@ -47,19 +47,44 @@ def conditioning_columns(cfg: Any) -> dict[str, str]:
 
 def column_checks(cfg: Any) -> dict[str, Callable[[Any], None]]:
     """The columns holding media under settings `cfg` (a `DiffusionConfig`), each with its check
-    (`Policy.media_columns`): the conditioning image's, where `policy.image_column` names one."""
+    (`Policy.media_columns`): the conditioning image's, where `policy.image_column` names one (its
+    images, as many as the family takes where the pipeline is known before it loads)."""
+    from mmrl.data.rows import RowError
+
     from ..lm.vlm import check_image
-    return {cfg.image_column: check_image} if cfg.image_column else {}
+    if not cfg.image_column:
+        return {}
+    family = described_family(cfg)
+
+    def check(value: Any) -> None:
+        check_image(value)
+        if family is not None and (problem := images_problem(family, value)):
+            raise RowError(cfg.image_column, problem)
+    return {cfg.image_column: check}
 
 
-def condition_images(prompts: Sequence[Any], column: str) -> list:
-    """The conditioning image of each prompt row (`column`: a path or an image)."""
+def images_problem(family: type[Family], value: Any) -> str | None:
+    """Why a row's conditioning images `value` (one, or a list) are too many for `family`; None if not."""
+    count = len(value) if isinstance(value, (list, tuple)) else 1
+    most = family.most_conditioning_images
+    if count == 0 or (most is not None and count > most):
+        return (f"{count} images: {family.__name__} conditions each prompt on "
+                f"{'one image' if most == 1 else f'1 to {most} images' if most else 'one image or more'}")
+    return None
+
+
+def condition_images(family: Family, prompts: Sequence[Any], column: str) -> list:
+    """The conditioning image of each prompt row (`column`: a path or an image), or its list of
+    images where the row lists several (a family that reads several sources)."""
     from ..lm.vlm import load_image
     images = []
     for i, row in enumerate(prompts):
         if not isinstance(row, dict) or row.get(column) is None:
             raise ValueError(f"policy.image_column={column!r}: prompt row {i} has no image in that column")
-        images.append(load_image(row[column]))
+        if problem := images_problem(type(family), row[column]):
+            raise ValueError(f"policy.image_column={column!r}: prompt row {i}: {problem}")
+        value = row[column]
+        images.append([load_image(v) for v in value] if isinstance(value, (list, tuple)) else load_image(value))
     return images
 
 
@@ -67,7 +92,7 @@ def prompt_conditioning(family: Family, cfg: Any, prompts: Sequence[Any], texts:
                         group_size: int) -> Cond:
     """The family's conditioning of each prompt (its text, and its row's image where the family
     takes one), each repeated `group_size` times: [N, ...] per key."""
-    images = condition_images(prompts, cfg.image_column) if family.conditioning_image else None
+    images = condition_images(family, prompts, cfg.image_column) if family.conditioning_image else None
     cond = family.condition(texts, images, cfg.classifier_free_guidance)
     return {k: v.repeat_interleave(group_size, 0) for k, v in cond.items()}
 

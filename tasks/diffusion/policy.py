@@ -49,11 +49,12 @@ from .family import Family
 from .forward_process import ForwardProcessUnits
 from .grpo_guard import batch_scales, scales_problem
 from .loading import load_pipeline
+from .memory_formula import DiffusionMemory, diffusion_memory
 from .media_columns import (column_checks, completion_column_names, completion_columns, completion_kind,
                             conditioning_columns, prompt_conditioning)
 from .noise import initial_noise
 from .saving import save_denoiser
-from .score_units import ScoreUnits
+from .score_units import DiffusionScoreHooks, ScoreUnits
 from .sde_rollout import SDERollout
 from .step_units import StepTerms, StepUnits
 from .turning_point import TurningPoints
@@ -62,7 +63,7 @@ from .warm_start import denoising_loss
 
 
 @ADAPTERS.register("diffusion")
-class DiffusionPolicy(Policy):
+class DiffusionPolicy(DiffusionScoreHooks, Policy):
     """The pipeline's denoiser as a policy (module docstring). Its parts, each built on the family
     and the settings: `sde` (the denoising loop), `steps` (the step units under grad),
     `forward_units` (DiffusionNFT's units), `turning_points` (TP-GRPO's step rewards)."""
@@ -122,6 +123,11 @@ class DiffusionPolicy(Policy):
     @classmethod
     def output_kind(cls, cfg: DiffusionConfig) -> str:
         return completion_kind(cfg)
+
+    @classmethod
+    def memory_model(cls, cfg: DiffusionConfig, prompt_length: int) -> DiffusionMemory:
+        """The passes traced on the weightless pipeline (`memory_formula.py`); unchecked families refused."""
+        return diffusion_memory(cfg, prompt_length)
 
     @classmethod
     def rollout_columns(cls, cfg: DiffusionConfig) -> tuple[str, ...]:
@@ -265,21 +271,6 @@ class DiffusionPolicy(Policy):
         terms = self._step_terms(model, batch, units, reference, old_means)
         return (terms.logp(), terms.entropy() if with_entropy else None, terms.stacked(terms.kls),
                 terms.stacked(terms.divergences))
-
-    # ----- distribution matching's score terms (`score_units.py`) --------------------------------------
-    @classmethod
-    def score_problem(cls, cfg: DiffusionConfig) -> str | None:
-        return None if cfg.units == "steps" else f"policy.units={cfg.units!r} (distribution matching needs steps)"
-
-    def clean_predictions(self, model: nn.Module, batch: Rollout, units: slice) -> Tensor:
-        return self.scores.clean_predictions(model, batch, units, self.device, self.parallel.is_sharded(model))
-
-    def generated_samples(self, batch: Rollout) -> Tensor:
-        return self.scores.generated_samples(batch)
-
-    def denoised(self, model: nn.Module, batch: Rollout, clean: Tensor, levels: Tensor, noise: Tensor,
-                 guided: bool) -> tuple[Tensor, Tensor]:
-        return self.scores.denoised(model, batch, clean, levels, noise, guided, self.device)
 
     # ----- warm start and checkpoints ---------------------------------------------------------------
     def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:

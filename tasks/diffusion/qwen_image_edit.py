@@ -1,5 +1,5 @@
 """The Qwen-Image-Edit families (`QwenImageEditPipeline`, and `QwenImageEditPlusPipeline` with one
-source per row): instruction-based image editing on
+source or several per row): instruction-based image editing on
 Qwen-Image's transformer, VAE and text encoder (`qwen_image.py`: packing, shift, true CFG). Each
 prompt row's source image (`editing.py`) is resized to `source_area` pixels at its own aspect
 ratio (the pipeline's `calculate_dimensions`, 1024 x 1024 unless `policy.source_area` says) and
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .editing import SourceImage, source_grid
+from .editing import SourceImage, source_grids
 from .family import FAMILIES
 from .qwen_image import QwenImage
 
@@ -49,40 +49,44 @@ class QwenImageEdit(SourceImage, QwenImage):
         shown = self.pipe.image_processor.resize(image, height, width)
         return shown, self.pipe.image_processor.preprocess(shown, height, width).unsqueeze(2)
 
-    def _row_condition(self, prompt: str, image, guided: bool) -> dict[str, Tensor]:
-        """One row's conditioning: its text read with the source image, the source's tokens."""
+    def _row_condition(self, prompt: str, images, guided: bool) -> dict[str, Tensor]:
+        """One row's conditioning: its text read with its source images (one, or a list in order),
+        the sources' tokens."""
         pipe = self.pipe
-        shown, pixels = self._views(image)
+        shown, pixels = zip(*(self._views(image) for image in (images if isinstance(images, list) else [images])))
         out = {}
         for side, text in (("pos", prompt), ("neg", "" if guided else None)):
             if text is not None:
-                out[f"{side}/embeds"], out[f"{side}/mask"] = self._text([text], self._text_positions(shown),
-                                                                        image=[shown])
-        z = pipe._encode_vae_image(pixels.to(self.device, pipe.vae.dtype), generator=None)
-        return {**out, **self.source_tokens(z)}
+                out[f"{side}/embeds"], out[f"{side}/mask"] = self._text([text], self._text_positions(list(shown)),
+                                                                        image=list(shown))
+        latents = [pipe._encode_vae_image(p.to(self.device, pipe.vae.dtype), generator=None) for p in pixels]
+        return {**out, **self.source_tokens(latents)}
 
-    def _text_positions(self, shown) -> int:
+    def _text_positions(self, shown: list) -> int:
         """What a row's text conditioning is padded to: `text_length` positions for the instruction
-        and the template past its first 64 tokens, plus the source image's vision tokens as the
-        processor cuts them (about 1,340 for a 1024 x 1024 source), alike for every source of
-        one size, so that rows drawn apart join."""
+        and the template past its first 64 tokens, plus the source images' vision tokens as the
+        processor cuts them (about 1,340 for a 1024 x 1024 source), alike for every row of the
+        same sources' sizes, so that rows drawn apart join."""
         processor = self.pipe.processor.image_processor
-        grid = processor(images=[shown], return_tensors="pt")["image_grid_thw"]
-        return self.text_length + int(grid.prod()) // processor.merge_size ** 2
+        grid = processor(images=shown, return_tensors="pt")["image_grid_thw"]
+        return self.text_length + int(grid.prod(-1).sum()) // processor.merge_size ** 2
 
     def _image_tokens(self, x, pos):
         hidden, shapes = super()._image_tokens(x, pos)
-        return torch.cat([hidden, pos["source"].to(hidden.dtype)], dim=1), shapes + [(1, *source_grid(pos))]
+        sources = [(1, *grid) for grid in source_grids(pos)]
+        return torch.cat([hidden, pos["source"].to(hidden.dtype)], dim=1), shapes + sources
 
 
 @FAMILIES.register("qwen_image_edit_plus")
 class QwenImageEditPlus(QwenImageEdit):
-    """Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`, Qwen-Image-Edit-2509 / 2511), one source per
-    row: the text encoder reads the source at the pipeline's condition area (384 x 384, its
-    `CONDITION_IMAGE_SIZE`) after "Picture 1: ", the VAE encodes it at `source_area` (its
-    `VAE_IMAGE_SIZE`, 1024 x 1024, unless `policy.source_area` says)."""
+    """Qwen-Image-Edit-Plus (`QwenImageEditPlusPipeline`, Qwen-Image-Edit-2509 / 2511), one source or
+    a list per row (`policy.image_column`): the text encoder reads each source at the pipeline's
+    condition area (384 x 384, its `CONDITION_IMAGE_SIZE`) after "Picture k: ", the VAE encodes each
+    at `source_area` (its `VAE_IMAGE_SIZE`, 1024 x 1024, unless `policy.source_area` says), and the
+    sources' tokens follow the noisy latents' in the list's order, as the stock call's `image` list."""
 
     pipeline = "QwenImageEditPlusPipeline"
+    most_conditioning_images = None
 
     def source_size(self, image):
         from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus

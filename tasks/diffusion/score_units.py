@@ -4,7 +4,8 @@ denoising step from the rollout's own state, x0 = x_s - s v(x_s) (each step forw
 that train it, `unit_rows.py`), and a score model's clean prediction of a sample re-noised on the
 rectified-flow path, x_s = (1 - s) x + s eps, with its flow-matching loss mean_d (v - (eps - x))^2
 (the fake score's training loss, the warm start's `Family.noised` convention). Flow families only:
-an eps-predicting family is refused by name.
+an eps-predicting family is refused by name. `DiffusionScoreHooks` gives the diffusion policy these
+terms as the engine's score hooks.
 """
 
 from __future__ import annotations
@@ -69,3 +70,25 @@ class ScoreUnits:
         else:
             v = self.family.predict(model, x, t, cond, self.cfg.guidance_scale, False).float()
         return x - s.view(shape) * v, (v - (eps - x0)).pow(2).flatten(1).mean(1)
+
+
+class DiffusionScoreHooks:
+    """The diffusion policy's score hooks for distribution matching (`mmrl/core/score_hooks.py`), a
+    mixin before `Policy`: each runs its `ScoreUnits` (`self.scores`) on the policy's device."""
+
+    @classmethod
+    def score_problem(cls, cfg: DiffusionConfig) -> str | None:
+        return None if cfg.units == "steps" else f"policy.units={cfg.units!r} (distribution matching needs steps)"
+
+    def clean_predictions(self, model: nn.Module, batch: Rollout, units: slice) -> Tensor:
+        return self.scores.clean_predictions(model, batch, units, self.device, self.parallel.is_sharded(model))
+
+    def generated_samples(self, batch: Rollout) -> Tensor:
+        return self.scores.generated_samples(batch)
+
+    def denoised(self, model: nn.Module, batch: Rollout, clean: Tensor, levels: Tensor, noise: Tensor,
+                 guided: bool) -> tuple[Tensor, Tensor]:
+        return self.scores.denoised(model, batch, clean, levels, noise, guided, self.device)
+
+    def guidance_scale(self) -> float:
+        return self.cfg.guidance_scale if self.cfg.classifier_free_guidance else 1.0

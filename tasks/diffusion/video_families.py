@@ -92,6 +92,19 @@ class Wan(VideoFamily):
         with_euler_flow_scheduler(pipe)
         self._denoiser = wan_denoiser(pipe)
 
+    @classmethod
+    def guidance_scale_2_problem(cls, configs: Configs) -> str | None:
+        return None if "transformer_2" in configs else super().guidance_scale_2_problem(configs)
+
+    def _scale(self, x: Tensor, t: Tensor, guidance_scale: float) -> float | Tensor:
+        """The CFG scale of each row: `policy.guidance_scale`, and with two experts and
+        `policy.guidance_scale_2` that one below their boundary timestep (as the stock call switches)."""
+        if self.low_noise_scale is None or not isinstance(self._denoiser, TimestepExperts):
+            return guidance_scale
+        low = t.expand(x.shape[0]).to(x.device) < self._denoiser.boundary
+        scale = torch.where(low, self.low_noise_scale, guidance_scale).to(torch.float32)
+        return scale.view(-1, *[1] * (x.dim() - 1))
+
     @property
     def denoiser(self) -> nn.Module:
         return self._denoiser
@@ -113,7 +126,7 @@ class Wan(VideoFamily):
             # one timestep per video: Wan 2.2 TI2V-5B's text-to-video gives each token the same value
             return model(hidden_states=hidden.to(self.dtype), timestep=t.expand(h.shape[0]).to(h.device),
                          encoder_hidden_states=c["embeds"], return_dict=False, **extra)[0]
-        return self._guided(run, x, pos, neg if guided else None, guidance_scale)
+        return self._guided(run, x, pos, neg if guided else None, self._scale(x, t, guidance_scale))
 
     def decode(self, latents, height, width):
         vae = self.pipe.vae
@@ -172,11 +185,6 @@ class HunyuanVideo(VideoFamily):
     guidance_embedding_with_cfg = True
     max_sequence_length = 256
     fps = 15
-    embedded_scale: float | None = None  # the embedding's value under true CFG (`check_settings` keeps it)
-
-    def check_settings(self, cfg):
-        super().check_settings(cfg)
-        self.embedded_scale = cfg.embedded_guidance_scale
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:

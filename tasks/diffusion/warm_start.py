@@ -56,7 +56,7 @@ def denoising_loss(family: Family, cfg: DiffusionConfig, model: nn.Module, rows:
         x0 = family.image_latents(pixels.to(device))
         keep = torch.rand(len(rows)) >= cfg.cfg_dropout
         texts = [str(prompt_of(r)) if k else "" for r, k in zip(rows, keep.tolist())]
-        images = condition_images(rows, cfg.image_column) if family.conditioning_image else None
+        images = condition_images(family, rows, cfg.image_column) if family.conditioning_image else None
         cond = family.condition(texts, images, False)
     x, t, target = family.noised(x0, torch.randn_like(x0), device)
     pred = family.predict(model, x, t, cond, cfg.guidance_scale, False)

@@ -59,16 +59,16 @@ class MaskedDLMMemory(DecoderMemory):
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         return self.views * super().activation_bytes(rows, checkpointing)
 
-    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
+    def update_bytes(self, rows: int, prompts: int, trains_head: bool) -> dict[str, int]:
         if self.from_hidden:
-            return super().update_bytes(rows, trains_head)
+            return super().update_bytes(rows, prompts, trains_head)
         logits = rows * self.completion * self.vocab
         block = min(SOFTMAX_BLOCK_ROWS, rows * self.completion)
         return {"activations": self.activation_bytes(rows, self.checkpointing),
                 "logits (every view)": self.views * logits * self.bytes, "logits gradient": logits * self.bytes,
                 "fp32 block": block * self.vocab * 4, "softmax pieces": 2 * self.piece_rows(block) * self.vocab * 4}
 
-    def first_step_bytes(self, rows: int) -> dict[str, int]:
+    def first_step_bytes(self, rows: int, prompts: int) -> dict[str, int]:
         if not self.check:
             return {}
         block = min(SOFTMAX_BLOCK_ROWS, self.completion)

@@ -16,6 +16,7 @@ from mmrl.data import RowError
 from mmrl.registry import ADAPTERS
 
 from ..model_loading import DTYPES, pretrained
+from .audio_memory_formula import AudioLanguageMemory, audio_language_memory
 from .causal_lm import CausalLMConfig
 from .multimodal import MultimodalPolicy, column_values
 
@@ -80,6 +81,23 @@ def check_audio(value: Any) -> None:
             raise RowError(None, "audio file has no samples", name)
 
 
+def model_class(cfg: AudioLMConfig, config: Any) -> tuple[type, Any]:
+    """(the transformers model class, its configuration) of a checkpoint's configuration: the class
+    it names (`architectures[0]`) with its own configuration; of an Omni checkpoint (a config with a
+    `thinker_config`: Qwen2.5-Omni, Qwen3-Omni), the thinker alone, the part that reads the media and
+    writes text."""
+    import transformers
+    if getattr(config, "thinker_config", None) is not None:
+        config = config.thinker_config
+        architecture = type(config).__name__.removesuffix("Config") + "ForConditionalGeneration"
+    else:
+        architecture = (config.architectures or [None])[0]
+    if architecture is None or not hasattr(transformers, architecture):
+        raise ValueError(f"policy.model={cfg.model!r}: its config names no transformers model class "
+                         f"({architecture!r})")
+    return getattr(transformers, architecture), config
+
+
 @ADAPTERS.register("audio_lm")
 class AudioLMPolicy(MultimodalPolicy):
     Config = AudioLMConfig
@@ -88,27 +106,20 @@ class AudioLMPolicy(MultimodalPolicy):
     def media_columns(cls, cfg: AudioLMConfig) -> dict[str, Any]:
         return {cfg.audio_column: check_audio}
 
+    @classmethod
+    def memory_model(cls, cfg: AudioLMConfig, prompt_length: int) -> AudioLanguageMemory:
+        """Qwen2-Audio (tasks/lm/audio_memory_formula.py): one clip per prompt over the encoder's whole
+        window; other audio encoders are refused by name."""
+        return audio_language_memory(cfg, prompt_length, lambda config: model_class(cfg, config))
+
     def _load_pretrained(self, cfg: AudioLMConfig) -> None:
-        """The processor, and the model class its config names (`architectures[0]`); of an Omni
-        checkpoint (a config with a `thinker_config`: Qwen2.5-Omni, Qwen3-Omni), the thinker alone,
-        the part that reads the media and writes text."""
-        import transformers
+        """The processor, and the model `model_class` picks for the checkpoint's configuration."""
         from transformers import AutoConfig, AutoProcessor
         self.processor = AutoProcessor.from_pretrained(cfg.tokenizer or cfg.model,
                                                        trust_remote_code=cfg.trust_remote_code)
-        config = AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
-        kwargs = {}
-        if getattr(config, "thinker_config", None) is not None:
-            config = kwargs["config"] = config.thinker_config
-            architecture = type(config).__name__.removesuffix("Config") + "ForConditionalGeneration"
-        else:
-            architecture = (config.architectures or [None])[0]
-        if architecture is None or not hasattr(transformers, architecture):
-            raise ValueError(f"policy.model={cfg.model!r}: its config names no transformers model class "
-                             f"({architecture!r})")
-        self.model = pretrained(getattr(transformers, architecture), cfg.model, dtype=DTYPES[cfg.dtype],
-                                attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
-                                **kwargs)
+        build, config = model_class(cfg, AutoConfig.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code))
+        self.model = pretrained(build, cfg.model, config=config, dtype=DTYPES[cfg.dtype],
+                                attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
 
     def _media(self, row: Any) -> tuple[list[dict], dict[str, Any]]:
         rate = self.processor.feature_extractor.sampling_rate

@@ -76,7 +76,7 @@ class DecoderMemory(MemoryModel):
         final_norm = 2 * self.hidden * self.bytes
         return tokens * (self.layers * kept + recomputed + final_norm) + rows * self.length ** 2
 
-    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
+    def update_bytes(self, rows: int, prompts: int, trains_head: bool) -> dict[str, int]:
         chunk_rows = min(self.chunk_tokens, rows * self.completion)
         piece_rows = self.piece_rows(chunk_rows)
         gradient = self.vocab * self.hidden * self.bytes if trains_head else 0
@@ -89,7 +89,7 @@ class DecoderMemory(MemoryModel):
                 return embedding
         return head
 
-    def first_step_bytes(self, rows: int) -> dict[str, int]:
+    def first_step_bytes(self, rows: int, prompts: int) -> dict[str, int]:
         if not self.check:
             return {}
         block_rows = min(self.chunk_rows, self.completion)

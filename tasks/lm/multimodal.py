@@ -49,7 +49,8 @@ class MultimodalPolicy(CausalLMPolicy):
 
     @classmethod
     def memory_model(cls, cfg: CausalLMConfig, prompt_length: int):
-        """None yet: the media encoder's activations and the media tokens are not modelled."""
+        """Refused unless a subclass models its media encoder (the vlm's, the audio LM's): the causal
+        LM's formula it inherits would leave out the encoder's activations and the media tokens."""
         raise UserError(f"mmrl plan: the adapter {cls.__name__} (a decoder with a media encoder) has no memory "
                         "formula yet; its memory is not planned")
 

@@ -18,8 +18,8 @@ configuration and its processor's (no weights):
   (its norm, GELU's input and output). With activation checkpointing: each layer's input, the
   pixel values and the merger's (read off the same way); the layer the backward recomputes runs
   after the decoder's backward has freed the decoder's activations, so it is not at the peak;
-- beside the update, the processor's pixel values the rollouts hold (counted once per row: an upper
-  bound, a group's rows share their prompt's image).
+- beside the update, the processor's pixel values the step's rollouts hold: one image per prompt of
+  the step (a group's rows share their prompt's tensor).
 """
 
 from __future__ import annotations
@@ -80,17 +80,17 @@ class VisionLanguageMemory(DecoderMemory):
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
         return super().activation_bytes(rows, checkpointing) + self.vision_bytes(rows, checkpointing)
 
-    def update_bytes(self, rows: int, trains_head: bool) -> dict[str, int]:
-        return {**super().update_bytes(rows, trains_head), "rollouts' pixel values": self.pixel_bytes(rows)}
+    def update_bytes(self, rows: int, prompts: int, trains_head: bool) -> dict[str, int]:
+        return {**super().update_bytes(rows, prompts, trains_head), "rollouts' pixel values": self.pixel_bytes(prompts)}
 
-    def first_step_bytes(self, rows: int) -> dict[str, int]:
-        passes = super().first_step_bytes(rows)
-        return {**passes, "rollouts' pixel values": self.pixel_bytes(rows)} if passes else passes
+    def first_step_bytes(self, rows: int, prompts: int) -> dict[str, int]:
+        passes = super().first_step_bytes(rows, prompts)
+        return {**passes, "rollouts' pixel values": self.pixel_bytes(prompts)} if passes else passes
 
-    def pixel_bytes(self, rows: int) -> int:
-        """The processor's pixel values the step's rollouts hold beside a pass: one image per row at
-        most (a group's rows share their prompt's)."""
-        return rows * self.patches * self.patch_width * self.bytes
+    def pixel_bytes(self, prompts: int) -> int:
+        """The processor's pixel values the step's rollouts hold beside a pass: one image per prompt
+        (a group's rows share their prompt's tensor)."""
+        return prompts * self.patches * self.patch_width * self.bytes
 
 
 def vision_language_memory(cfg: Any, prompt_length: int) -> VisionLanguageMemory:

@@ -245,6 +245,25 @@ class CSMPolicy(Policy):
                                        self.cfg.top_k, self.allowed, with_entropy)
         return full_width(logp, entropy, batch.num_units, units)
 
+    def supervised_loss(self, model: nn.Module, rows: Sequence[dict], target_column: str) -> Tensor:
+        """Mean negative log-likelihood per frame of each row's target audio (`target_column`: a path or
+        {array, sampling_rate}) encoded by the model's codec, then the end frame (every codebook at
+        `codebook_eos_token_id`), given its prompt; the model's own distribution (temperature 1, no top-k)."""
+        core = csm_modules(model)
+        end = torch.full((self.num_codebooks, 1), core.config.codebook_eos_token_id, dtype=torch.long)
+        targets = [torch.cat([voice_codes(core, load_audio(r[target_column], self.sampling_rate)), end], 1)
+                   for r in rows]
+        width = max(t.shape[1] for t in targets)
+        codes = torch.zeros(len(rows), self.num_codebooks, width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width)
+        for i, t in enumerate(targets):
+            codes[i, :, :t.shape[1]], mask[i, :t.shape[1]] = t, 1.0
+        hidden = self._hidden_states(model, {**self._prompt_tensors(rows), "completion_codes": codes}, width)
+        logp, _ = frame_logprobs(core.lm_head, core.depth_decoder, hidden, codes.transpose(1, 2).to(self.device),
+                                 1.0, 0, self.allowed)
+        mask = mask.to(logp.device)
+        return -(logp * mask).sum() / mask.sum()
+
     def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
         model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(path)

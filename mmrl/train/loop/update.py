@@ -226,7 +226,7 @@ class PolicyUpdate(KeptLogprobs):
         if self.cfg.algorithm.distill.active and self.cfg.algorithm.distill.form == "advantage":
             batch = self.distilled(batch, chunks)
         if self.scores is not None:  # the fake score's updates first: it follows the samples of this step's student
-            batch = self.scores.prepared(batch, chunks)
+            batch = self.scores.prepared(batch, chunks, self.model)
         views = [self.policy.pass_view(batch.rollout, k) for k in range(algo.mu)]
         passes = [batch if view is None else replace(batch, rollout=view) for view in views]
         old_logp, ref_logp, old_means = self._old_and_reference(batch, chunks, passes,
