@@ -82,6 +82,7 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
         f"optim.prompts_per_step={args.prompts}", f"algorithm.group_size={args.group}",
         f"optim.micro_batch_size={args.prompts * args.group}", "logging.report_to=[none]", "logging.progress=false",
         f"policy.max_new_tokens={args.new_tokens}", f"policy.min_new_tokens={args.new_tokens}",
+        f"policy.tiny_args={{hidden: {args.hidden}, layers: {args.layers}, heads: 4, seed: 0}}",
         *extra])) for mode, extra in modes.items()}
     steps: dict[str, list[dict]] = {mode: [] for mode in modes}
     for k in range(args.warmup + args.steps):
@@ -93,9 +94,11 @@ def overlap_report(args, reward: str = "{bench_waiting_reward: {}}", modules: tu
                      for key in ("time_step_s", "time_generate_s", "time_reward_s")} for mode, runs in steps.items()}
     report["overlap_step_time_ratio"] = report["overlapped"]["time_step_s"] / report["serial"]["time_step_s"]
     report.update(overlap_bound(report["serial"], report["overlap_step_time_ratio"]))
+    # what splitting the draw into calls costs: the bound assumes none (a call's cost linear in its rows)
+    report["generation_split_cost"] = report["overlapped"]["time_generate_s"] / report["serial"]["time_generate_s"]
     report["setup"] = {k: getattr(args, k) for k in ("latency", "request_rows", "groups_per_call", "prompts", "group",
                                                      "steps", "warmup", "threads", "new_tokens")}
-    report["setup"]["model"] = "text_demo (tiny:qwen2-char, hidden 128, 2 layers)"
+    report["setup"]["model"] = f"text_demo (tiny:qwen2-char, hidden {args.hidden}, {args.layers} layers)"
     return report
 
 
@@ -130,7 +133,8 @@ def served_report(args) -> dict:
         served_rps = requests_per_second(url, args)
     in_process = overlap_report(args, f"{{slow_digit_share: {{args: {{{args_text}}}}}}}", (module,))
     return {"overlap_step_time_ratio": served["overlap_step_time_ratio"],
-            **{key: served[key] for key in ("overlap_bound", "phase_balance", "ratio_to_bound")}, "served": served,
+            **{key: served[key] for key in ("overlap_bound", "phase_balance", "ratio_to_bound", "generation_split_cost")},
+            "served": served,
             "in_process": in_process, "served_requests_per_s": served_rps,
             "in_process_requests_per_s": in_process_requests_per_second(args),
             "served_vs_in_process_step_time": served["overlapped"]["time_step_s"] / in_process["overlapped"]["time_step_s"],
@@ -182,6 +186,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24, help=(
         "--overlap: tokens of every completion (min = max new tokens; the text demo's 24 by default): "
         "the longer, the more generation there is to hide the reward's latency behind"))
+    parser.add_argument("--hidden", type=int, default=128, help=(
+        "--overlap: the tiny Qwen2's width (the text demo's 128): wider makes a generation call's cost "
+        "grow with its rows, as a large policy's does, instead of a fixed cost per decoding step"))
+    parser.add_argument("--layers", type=int, default=2, help="--overlap: the tiny Qwen2's layers (the text demo's 2)")
     args = parser.parse_args()
     if args.overlap or args.served:
         emit(served_report(args) if args.served else overlap_report(args), args.json)

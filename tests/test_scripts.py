@@ -237,10 +237,14 @@ def test_bench_dlm(tmp_path):
 
 def test_bench_rewards_overlap(tmp_path):
     report = bench("bench_rewards.py", tmp_path, "--overlap", "--latency", "0.01", "--prompts", "2", "--group", "2",
-                   "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1")
+                   "--groups-per-call", "1", "--request-rows", "2", "--steps", "1", "--warmup", "0", "--threads", "1",
+                   "--hidden", "32", "--layers", "1")
     assert_finite(report, "overlap_step_time_ratio", "serial.time_step_s", "overlapped.time_reward_s",
-                  "overlap_bound", "phase_balance", "ratio_to_bound")
+                  "overlap_bound", "phase_balance", "ratio_to_bound", "generation_split_cost")
     assert report["setup"]["groups_per_call"] == 1
+    assert report["setup"]["model"] == "text_demo (tiny:qwen2-char, hidden 32, 1 layers)"
+    assert report["generation_split_cost"] == pytest.approx(
+        report["overlapped"]["time_generate_s"] / report["serial"]["time_generate_s"])
     serial = report["serial"]
     hidden = min(serial["time_generate_s"], serial["time_reward_s"])
     assert report["overlap_bound"] == pytest.approx(1 - hidden / serial["time_step_s"])
