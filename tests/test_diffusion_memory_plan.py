@@ -18,6 +18,7 @@ from mmrl.config.recipes import resolve_recipe
 from mmrl.errors import UserError
 from mmrl.experiments.memory_plan import plan_memory, plan_table
 from mmrl.tasks.diffusion.meta_trace import traced_peak
+from test_memory_plan import measured_peak
 
 PROMPTS = ["01+20=", "11+21="]
 
@@ -139,20 +140,6 @@ def step_recipe(tmp_path, pipeline: str, side: int, guided: bool, frames: int = 
             "max_steps": 2, "save_every": 0}
 
 
-def probed_step(recipe: dict, probe_class) -> int:
-    from mmrl.train.loop.trainer import Trainer
-    torch.manual_seed(0)
-    probe = probe_class()
-    probe.start()
-    try:
-        trainer = Trainer(parse_config(recipe))
-        trainer.train_step()
-        trainer.train_step()
-    finally:
-        probe.stop()
-    return probe.peak
-
-
 def cpu_peak(plan) -> int:
     """The plan's peak on a CPU, where the rollouts' host memory is the probe's too: all of it beside
     the update, the states beside the rollout's end (scripts/bench_memory_plan.py)."""
@@ -165,7 +152,7 @@ def cpu_peak(plan) -> int:
 @pytest.mark.parametrize("pipeline,side,guided,frames,tiny_args", [
     ("sd3", 64, True, 1, {}), ("flux", 64, False, 1, {}), ("pixel-flow", 32, True, 1, {"size": 32}),
     ("pixel-flow-unet", 32, True, 1, {"size": 32}), ("wan-t2v", 32, True, 5, {})])
-def test_the_diffusion_plan_predicts_the_probed_step(tmp_path, probe, pipeline, side, guided, frames, tiny_args):
+def test_the_diffusion_plan_predicts_the_measured_peak(tmp_path, probe, pipeline, side, guided, frames, tiny_args):
     recipe = step_recipe(tmp_path, pipeline, side, guided, frames, **tiny_args)
     plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))
-    assert cpu_peak(plan) == pytest.approx(probed_step(recipe, probe[0]), rel=0.15)
+    assert cpu_peak(plan) == pytest.approx(measured_peak(recipe, probe[0]), rel=0.15)

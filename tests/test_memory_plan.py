@@ -48,9 +48,12 @@ def step_recipe(tmp_path, hidden, vocab, tokens, group=2, **policy):
             "max_steps": 2, "save_every": 0}
 
 
-def measured_peak(recipe, probe_class) -> int:
-    """The probe's peak over building the trainer and two steps (the second one holds AdamW's state)."""
+def measured_peak(recipe, probe_class=None) -> int:
+    """The probe's peak over building the trainer and two steps (the second one holds AdamW's state);
+    the probe class `probe_class`, else scripts/memory_probe.py's (the caller puts scripts/ on the path)."""
     from mmrl.train.loop.trainer import Trainer
+    if probe_class is None:
+        from memory_probe import MemoryProbe as probe_class
     torch.manual_seed(0)
     probe = probe_class()
     probe.start()

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from test_memory_plan import measured_peak
+
 from mmrl.cli.main import main
 from mmrl.config.parse import from_dict, parse_config
 from mmrl.experiments.memory_plan import plan_memory
@@ -95,23 +97,6 @@ def test_the_encoder_activations_are_the_saved_tensors(checkpointing):
                              logprob_chunk_rows=1, logprob_check=False)
     formula = AudioLanguageMemory(model, cfg, prompt_length=4)
     assert formula.encoder_bytes(2, checkpointing) == pytest.approx(measured, rel=0.005)
-
-
-def measured_peak(recipe) -> int:
-    """The probe's peak over building the trainer and two steps (the second holds AdamW's state)."""
-    from memory_probe import MemoryProbe
-
-    from mmrl.train.loop.trainer import Trainer
-    torch.manual_seed(0)
-    probe = MemoryProbe()
-    probe.start()
-    try:
-        trainer = Trainer(parse_config(recipe))
-        trainer.train_step()
-        trainer.train_step()
-    finally:
-        probe.stop()
-    return probe.peak
 
 
 def test_the_audio_plan_predicts_the_probed_step(scripts):

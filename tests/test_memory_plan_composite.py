@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 
 import pytest
-import torch
+
+from test_memory_plan import measured_peak
 
 from mmrl.cli.main import main
 from mmrl.config.parse import from_dict, parse_config
@@ -29,22 +30,6 @@ def composite_recipe(hidden, codebook, patches, tokens, group=2):
     args = argparse.Namespace(task="composite", vocab=codebook, patches=patches, layers=2, group=group,
                               checkpointing=False)
     return recipe(hidden, tokens, args), len(PROMPTS[0])
-
-
-def measured_peak(recipe) -> int:
-    from memory_probe import MemoryProbe
-
-    from mmrl.train.loop.trainer import Trainer
-    torch.manual_seed(0)
-    probe = MemoryProbe()
-    probe.start()
-    try:
-        trainer = Trainer(parse_config(recipe))
-        trainer.train_step()
-        trainer.train_step()
-    finally:
-        probe.stop()
-    return probe.peak
 
 
 @pytest.mark.slow  # 17-21 s under the profiler on the loaded 2-core machine (2026-11-30)

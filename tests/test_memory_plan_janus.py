@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_memory_plan import measured_peak
+
 from mmrl.config.parse import from_dict, parse_config
 from mmrl.experiments.memory_plan import plan_memory
 from mmrl.registry import ADAPTERS
@@ -58,22 +60,6 @@ def test_the_vq_decode_is_the_probes(scripts, patches, rows):
     with torch.no_grad():
         measured = peak_bytes(lambda: model.decode_image_tokens(tokens))
     assert planned == pytest.approx(measured, rel=0.05)
-
-
-def measured_peak(recipe) -> int:
-    from memory_probe import MemoryProbe
-
-    from mmrl.train.loop.trainer import Trainer
-    torch.manual_seed(0)
-    probe = MemoryProbe()
-    probe.start()
-    try:
-        trainer = Trainer(parse_config(recipe))
-        trainer.train_step()
-        trainer.train_step()
-    finally:
-        probe.stop()
-    return probe.peak
 
 
 def test_the_janus_plan_predicts_the_probed_step(scripts):
