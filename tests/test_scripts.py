@@ -179,6 +179,7 @@ def test_bench_diffusion(tmp_path):
     assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
 
 
+@pytest.mark.slow  # 9 s in the default run on the quiet 2-core machine (2026-11-30); the default run stays under 15 min
 def test_bench_diffusion_methods_counts_forwards(tmp_path):
     """Whole training steps of three methods; the denoiser forwards a step costs, counted by hooks,
     against the count their recipes imply: one rollout forward per denoising step (one generation
@@ -211,6 +212,7 @@ def test_bench_diffusion_methods_counts_forwards(tmp_path):
     assert methods["flowgrpo_fast"]["forwards"] < methods["flowgrpo"]["forwards"]
 
 
+@pytest.mark.slow  # 10 s in the default run on the quiet 2-core machine (2026-11-30); the default run stays under 15 min
 def test_bench_diffusion_wan_video_section(tmp_path):
     report = bench("bench_diffusion.py", tmp_path, "--family", "wan", "--layers", "1", "--steps", "2",
                    "--group-size", "2", "--prompts", "1", "--repeats", "1", "--trained-steps", "1,2")
@@ -220,6 +222,7 @@ def test_bench_diffusion_wan_video_section(tmp_path):
     assert [row["trained_steps"] for row in report["training_step"]] == [1, 2]
 
 
+@pytest.mark.slow  # 11 s in the default run on the quiet 2-core machine (2026-11-30); the default run stays under 15 min
 def test_bench_dlm(tmp_path):
     report = bench("bench_dlm.py", tmp_path, "--reps", "1", "--group", "2", "--gen-length", "8", "--block-length",
                    "4", "--steps", "4", "--large-vocab", "128", "--hidden", "32", "--layers", "1", "--threads", "1",
