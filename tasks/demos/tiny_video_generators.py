@@ -16,6 +16,18 @@ WAN22_A14B_BOUNDARY = 0.875
 WAN22_I2V_A14B_BOUNDARY = 0.9
 
 
+def _two_experts(pipeline_class: str, channels: int, seed: int, layers: int, boundary_ratio: float):
+    """A Wan pipeline of class `pipeline_class` (diffusers) with two experts of `channels` input channels."""
+    import diffusers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tok = pipeline_tokenizer()
+        return getattr(diffusers, pipeline_class)(
+            tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(), transformer=_wan_transformer(channels, layers),
+            transformer_2=_wan_transformer(channels, layers),
+            scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0), boundary_ratio=boundary_ratio)
+
+
 @TINY_MODELS.register("wan22-a14b")
 def tiny_wan22_a14b(seed: int = 0, layers: int = 1, boundary_ratio: float = WAN22_A14B_BOUNDARY):
     """A WanPipeline as Wan 2.2 T2V-A14B is one: a UMT5 encoder, two `layers`-layer Wan video
@@ -23,13 +35,7 @@ def tiny_wan22_a14b(seed: int = 0, layers: int = 1, boundary_ratio: float = WAN2
     `transformer_2`, the low-noise one) switched at `boundary_ratio` * 1000, the Wan VAE (4x time,
     4x space), the flow-matching Euler scheduler with Wan's shift 3 (3 steps: one high-noise step,
     two low-noise ones)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tok = pipeline_tokenizer()
-        return WanPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
-                           transformer=_wan_transformer(4, layers), transformer_2=_wan_transformer(4, layers),
-                           scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), boundary_ratio=boundary_ratio)
+    return _two_experts("WanPipeline", 4, seed, layers, boundary_ratio)
 
 
 @TINY_MODELS.register("wan22-a14b-i2v")
@@ -37,13 +43,7 @@ def tiny_wan22_a14b_i2v(seed: int = 0, layers: int = 1, boundary_ratio: float = 
     """A WanImageToVideoPipeline as Wan 2.2 I2V-A14B is one: as tiny:wan22-a14b, but each expert reads
     the noisy latents concatenated with the first-frame mask and the image's latents (4 + 4 + 4
     channels), no CLIP image encoder (Wan 2.2 drops it), the switch at 0.9 * 1000."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tok = pipeline_tokenizer()
-        return WanImageToVideoPipeline(tokenizer=tok, text_encoder=_umt5(tok), vae=_wan_vae(),
-                                       transformer=_wan_transformer(12, layers), transformer_2=_wan_transformer(12, layers),
-                                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), boundary_ratio=boundary_ratio)
+    return _two_experts("WanImageToVideoPipeline", 12, seed, layers, boundary_ratio)
 
 
 @TINY_MODELS.register("hunyuan-video-15")
