@@ -55,6 +55,16 @@ def flow_sde_step_logprob(x, after, v, s: float, s_next: float, noise_level: flo
     return (-(after - mean) ** 2 / (2 * std ** 2) - math.log(std) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
 
 
+def noiseless_latents(policy, row, seed: int):
+    """The final latents of a diffusion policy's rollout of `row` drawn at noise level 0 (the ODE path,
+    what the stock pipeline's call draws), the policy's noise level restored after."""
+    level, policy.cfg.noise_level = policy.cfg.noise_level, 0.0
+    try:
+        return policy.rollout([row], 1, seeds=[seed]).extras["latents"][0, -1]
+    finally:
+        policy.cfg.noise_level = level
+
+
 def on_policy_step_changes(trainer, rollout_atol=1e-4):
     """Run one `train_step`, assert its first update pass is exactly on-policy (ratio 1) and, with
     `rollout_atol`, that the sampler's log-probs agree with the training forward's within it (fp32),

@@ -6,6 +6,7 @@ a list is refused for a family that reads one source, before the model loads and
 
 import pytest
 import torch
+from helpers import noiseless_latents
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
 from test_image_editing import ATOL, INSTRUCTION, SCALE, SEED, SIZE, STEPS, make, source, tiny_source_area  # noqa: F401
@@ -25,11 +26,7 @@ def stock_call(pipe, images, guided):
 
 
 def noiseless(policy, images):
-    policy.cfg.noise_level = 0.0
-    try:
-        return policy.rollout([{"prompt": INSTRUCTION, "image": images}], 1, seeds=[SEED]).extras["latents"][0, -1]
-    finally:
-        policy.cfg.noise_level = 0.7
+    return noiseless_latents(policy, {"prompt": INSTRUCTION, "image": images}, SEED)
 
 
 @pytest.mark.parametrize("guided", [True, False])

@@ -6,7 +6,7 @@ expert loads into the stock pipeline and draws what the trained policy draws."""
 
 import pytest
 import torch
-from helpers import on_policy_step_changes
+from helpers import noiseless_latents, on_policy_step_changes
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.experts import TimestepExperts
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
@@ -36,11 +36,7 @@ def stock_call(pipe, **kw):
 
 
 def ode_sample(policy):
-    policy.cfg.noise_level = 0.0
-    try:
-        return policy.rollout([{"prompt": PROMPT, "image": IMAGE}], 1, seeds=[SEED]).extras["latents"][0, -1]
-    finally:
-        policy.cfg.noise_level = 0.7
+    return noiseless_latents(policy, {"prompt": PROMPT, "image": IMAGE}, SEED)
 
 
 @pytest.mark.parametrize("low_noise_scale", [None, LOW_NOISE_SCALE])
