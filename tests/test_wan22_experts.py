@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import FLOW_METHODS, on_policy_step_changes, shipped_recipe_trains_two_steps
+from helpers import FLOW_METHODS, noiseless_latents, on_policy_step_changes, shipped_recipe_trains_two_steps
 from mmrl.tasks.diffusion.config import DiffusionConfig
 from mmrl.tasks.diffusion.experts import TimestepExperts
 from mmrl.tasks.diffusion.policy import DiffusionPolicy
@@ -38,11 +38,6 @@ def stock_call(pipe, **kw):
                 **kw).frames
 
 
-def ode_sample(policy):
-    policy.cfg.noise_level = 0.0
-    return policy.rollout([PROMPT], 1, seeds=[SEED]).extras["latents"][0, -1]
-
-
 @pytest.fixture(scope="module")
 def policy():
     return make()
@@ -51,8 +46,7 @@ def policy():
 def test_zero_noise_reproduces_the_stock_pipeline_with_both_experts(policy):
     assert isinstance(policy.model, TimestepExperts) and policy.model.boundary == 875.0
     stock = stock_call(policy.pipe)
-    ours = ode_sample(policy)
-    policy.cfg.noise_level = 0.7
+    ours = noiseless_latents(policy, PROMPT, SEED)
     assert torch.allclose(ours, stock[0].float(), atol=1e-5), (ours - stock[0]).abs().max()
     # both experts drew it: the high-noise expert alone (no boundary) draws another video
     from diffusers import WanPipeline
@@ -94,11 +88,10 @@ LOW_NOISE_SCALE = 2.0  # policy.guidance_scale_2: the low-noise expert's CFG sca
 
 def test_the_low_noise_experts_guidance_scale_is_the_stock_calls_guidance_scale_2():
     policy = make(guidance_scale_2=LOW_NOISE_SCALE)
-    ours = ode_sample(policy)
+    ours = noiseless_latents(policy, PROMPT, SEED)
     stock = stock_call(policy.pipe, guidance_scale_2=LOW_NOISE_SCALE)
     assert torch.allclose(ours, stock[0].float(), atol=1e-5), (ours - stock[0]).abs().max()
     assert (stock_call(policy.pipe) - stock).abs().max() > 1e-3  # the second scale changes the video
-    policy.cfg.noise_level = 0.7
     batch = policy.rollout([PROMPT, "blue square"], 2, seeds=[5, 6])
     new, _ = policy.logprobs(policy.model, batch)
     mask = batch.unit_mask.bool()
@@ -161,7 +154,7 @@ def test_a_lora_per_expert_loads_into_the_stock_pipeline_and_merges_with_export(
     t = Trainer(recipe(tmp_path, "optim.lora.r=4", "optim.lr=0.05"))
     t.train()
     checkpoint = latest_checkpoint(tmp_path) / "model"
-    ours = ode_sample(t.policy)
+    ours = noiseless_latents(t.policy, PROMPT, SEED)
     pipe = tiny_wan22_a14b()  # the stock pipeline, as users build it
     base = stock_call(pipe)
     pipe.load_lora_weights(checkpoint, weight_name=expert_lora_file("transformer"))
@@ -181,7 +174,7 @@ def test_full_fine_tune_of_both_experts_is_a_stock_pipeline_directory(tmp_path):
     from diffusers import DiffusionPipeline, WanPipeline
     t = Trainer(recipe(tmp_path, "optim.lr=0.01"))
     t.train()
-    ours = ode_sample(t.policy)
+    ours = noiseless_latents(t.policy, PROMPT, SEED)
     pipe = DiffusionPipeline.from_pretrained(latest_checkpoint(tmp_path) / "model")
     assert isinstance(pipe, WanPipeline) and pipe.transformer_2 is not None
     assert changed_experts(pipe, tiny_wan22_a14b()) == set(EXPERTS)
