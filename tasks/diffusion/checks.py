@@ -32,8 +32,12 @@ def pipeline_problems(cfg: DiffusionConfig) -> list[str]:
     where the pipeline cannot be described before it loads."""
     described = described_pipeline(cfg)
     family = described.family if described is not None else None
-    if family is None:
-        return []
+    return [] if family is None else family_problems(family, described, cfg)
+
+
+def family_problems(family: type[Family], described: PipelineConfigs, cfg: DiffusionConfig) -> list[str]:
+    """What in the settings the pipeline `described` (read before loading, or loaded) of `family`
+    cannot take: its sizes, its conditioning image, its guidance, a sound's duration."""
     problems = [image_column_problem(family, cfg), embedded_guidance_problem(family, cfg),
                 family.guidance_scale_2_problem(described.configs) if cfg.guidance_scale_2 is not None else None,
                 family.duration_problem(described.configs, cfg.duration) if cfg.duration is not None else None]
@@ -100,7 +104,7 @@ def check_settings(cfg: DiffusionConfig) -> None:
 def fitted_family(cfg: DiffusionConfig, pipe: Any) -> Family:
     """The family of the loaded `pipe`, checked against the settings, with `policy.flow_shift` set."""
     family = family_of(pipe, (cfg.height, cfg.width), cfg.num_frames)
-    if problems := size_problems(loaded_configs(pipe), cfg):
+    if problems := family_problems(type(family), loaded_configs(pipe), cfg):
         raise ValueError(problems[0])
     family.check_settings(cfg)
     if cfg.flow_shift is not None:

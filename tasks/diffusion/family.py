@@ -112,13 +112,9 @@ class Family:
         return "ddim" if self.kind == "eps" else "ode"
 
     def check_settings(self, cfg: Any) -> None:
-        """Raise where the policy settings (a `DiffusionConfig`) do not fit this family."""
-        if problem := image_column_problem(type(self), cfg) or embedded_guidance_problem(type(self), cfg):
-            raise ValueError(problem)
+        """Take the policy settings (a `DiffusionConfig`) this family keeps; raise where they do not fit
+        its loaded modules (what its configs refuse, `checks.family_problems` refused before)."""
         self.embedded_scale = cfg.embedded_guidance_scale
-        components = {name: {} for name, module in self.pipe.components.items() if module is not None}
-        if cfg.guidance_scale_2 is not None and (problem := self.guidance_scale_2_problem(components)):
-            raise ValueError(problem)
         self.low_noise_scale = cfg.guidance_scale_2
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")

@@ -99,7 +99,7 @@ class Wan(VideoFamily):
     def _scale(self, x: Tensor, t: Tensor, guidance_scale: float) -> float | Tensor:
         """The CFG scale of each row: `policy.guidance_scale`, and with two experts and
         `policy.guidance_scale_2` that one below their boundary timestep (as the stock call switches;
-        `check_settings` refuses the setting without them)."""
+        `checks.family_problems` refuses the setting without them)."""
         if self.low_noise_scale is None:
             return guidance_scale
         low = t.expand(x.shape[0]).to(x.device) < self._denoiser.boundary
