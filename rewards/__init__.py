@@ -23,6 +23,7 @@ from . import (  # noqa: F401  (registration)
     latex_render,  # noqa: F401,E402  (registration)
     length,
     length_bonus,  # noqa: F401,E402  (registration)
+    mos,  # noqa: F401,E402  (registration)
     win_rate,  # noqa: F401,E402  (registration)
     t_grpo,  # noqa: F401,E402  (registration)
     videoalign,  # noqa: F401,E402  (registration)

@@ -8,8 +8,8 @@ can veto.
 The defaults are UniRL's recipe's: weights asr_wer 0.60 (intelligibility), speaker_similarity 0.15,
 a MOS predictor 0.15, tts_stability 0.10; gates tts_stability >= 1 and the MOS reward >= 0.30;
 speaker similarity below 0.40 halves the reward. The content component (asr_wer) must carry at least
-half the weight. mmrl ships no MOS predictor yet: `mos` names the registered reward that gives one
-(a mapped MOS in [0, 1], e.g. a served UTMOS), and without it its weight and gate are left out.
+half the weight. `mos` names the registered reward that gives a mapped MOS in [0, 1] (the `mos`
+reward: DNSMOS; or a served UTMOS), and without it its weight and gate are left out.
 A row where any component is None (no reference voice, no reference text) scores None, fail-closed
 as UniRL's, which refuses to train on a failed component. `components` passes each component its
 own arguments: {"asr_wer": {"model": "openai/whisper-large-v3"}}."""

@@ -4,7 +4,7 @@ speaker similarity (WavLM x-vector cosine) and CLAP (text-audio cosine)."""
 import numpy as np
 import pytest
 import torch
-from tiny_audio_judges import tiny_clap, tiny_speaker_encoder
+from tiny_audio_judges import tiny_clap, tiny_mos_model, tiny_speaker_encoder
 
 from mmrl.rewards import get_reward, register_reward
 from mmrl.rewards.audio_models import register_audio_model, resample
@@ -120,9 +120,10 @@ def test_tts_composite_weights_gates_and_penalises_as_unirl():
 
 
 @pytest.mark.slow  # about 30 s on 2 loaded cores: two reward servers start, each importing torch and transformers
-def test_speech_rewards_served_give_the_in_process_values():
-    """speaker_similarity and clap behind `mmrl serve-reward` (their tiny judges registered by a reward
-    module in the server): the clips and reference voices travel the wire as arrays."""
+def test_speech_rewards_served_give_the_in_process_values(tmp_path):
+    """speaker_similarity, clap and mos behind `mmrl serve-reward` (the tiny judges registered by a reward
+    module in the server; the tiny DNSMOS-shaped ONNX file by its path): the clips and reference voices
+    travel the wire as arrays."""
     from served import HERE, free_port, running, serve_command
 
     from mmrl.config.remote import ClientSettings
@@ -133,7 +134,8 @@ def test_speech_rewards_served_give_the_in_process_values():
     clips = [{"array": noise(0.5 + 0.25 * i, 16000, 20 + i), "sampling_rate": 16000} for i in range(3)]
     voices = [{"array": noise(0.6, 16000, 30 + i), "sampling_rate": 16000} for i in range(3)]
     for name, columns, args in (("speaker_similarity", {"speaker_audio": voices}, {"model": "tiny-speaker"}),
-                                ("clap", {"caption": ["a dog", "rain", "wind"]}, {"model": "tiny-clap"})):
+                                ("clap", {"caption": ["a dog", "rain", "wind"]}, {"model": "tiny-clap"}),
+                                ("mos", {}, {"model": tiny_mos_model(tmp_path / "tiny_dnsmos.onnx")})):
         port = free_port()
         with running(serve_command(name, port, "--reward-module", str(HERE / "speech_judges.py")), port) as (url, _):
             served = RemoteReward(name, get_reward(name), Transport([url], ClientSettings()), args)

@@ -48,3 +48,30 @@ def tiny_clap():
     extractor = ClapFeatureExtractor(feature_size=64, sampling_rate=48000, hop_length=960, max_length_s=1, fft_window_size=1024,
                                      truncation="rand_trunc", padding="repeatpad")
     return ClapProcessor(feature_extractor=extractor, tokenizer=tokenizer), model
+
+
+# The tiny DNSMOS stand-in: each window's (mean, mean square) through an affine map to 3 outputs
+TINY_MOS_WEIGHT = [[1.5, -0.5, 2.0], [8.0, 12.0, 6.0]]  # [features 2, outputs 3]
+TINY_MOS_BIAS = [3.0, 2.5, 2.8]
+
+
+def tiny_mos_model(path) -> str:
+    """Write an ONNX model shaped as DNSMOS P.835's (input `input_1` float [1, samples], output [1, 3])
+    that maps a window's mean and mean square by TINY_MOS_WEIGHT / TINY_MOS_BIAS; return its path."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    nodes = [helper.make_node("Mul", ["input_1", "input_1"], ["square"]),
+             helper.make_node("ReduceMean", ["input_1"], ["mean"], axes=[1], keepdims=1),
+             helper.make_node("ReduceMean", ["square"], ["power"], axes=[1], keepdims=1),
+             helper.make_node("Concat", ["mean", "power"], ["features"], axis=1),
+             helper.make_node("Gemm", ["features", "weight", "bias"], ["scores"])]
+    weights = [numpy_helper.from_array(np.asarray(TINY_MOS_WEIGHT, np.float32), "weight"),
+               numpy_helper.from_array(np.asarray(TINY_MOS_BIAS, np.float32), "bias")]
+    graph = helper.make_graph(nodes, "tiny_dnsmos", [helper.make_tensor_value_info("input_1", TensorProto.FLOAT, [1, None])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 3])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
