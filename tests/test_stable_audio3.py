@@ -177,3 +177,21 @@ def test_a_saved_pipelines_duration_range_is_read_before_it_loads(tmp_path):
     assert described.family is StableAudio3 and described.configs["duration_embedder"]["max_val"] == 10.0
     assert "between 0 and 10.0 seconds" in StableAudio3.duration_problem(described.configs, 11.0)
     assert StableAudio3.duration_problem(described.configs, 10.0) is None
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_the_distilled_checkpoints_ping_pong_sampler_is_cps_at_full_noise(guided):
+    """The stock call with `stochastic_sampling` (x0 = x - s v, then (1 - s') x0 + s' eps: the distilled
+    checkpoint's ping-pong sampler) draws what the policy draws with `sampler: cps, noise_level: 1`,
+    given the same initial latents and the row's step-noise generator (both draw one eps per step)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from mmrl.tasks.diffusion.noise import row_seeds
+    policy = make(guided, sampler="cps", noise_level=1.0)
+    latents = policy.rollout([PROMPT], 1, seeds=[SEED]).extras["latents"][0]
+    ping_pong = FlowMatchEulerDiscreteScheduler.from_config(policy.pipe.scheduler.config, stochastic_sampling=True)
+    pipe = type(policy.pipe)(**{**policy.pipe.components, "scheduler": ping_pong})
+    stock = pipe([PROMPT], duration=DURATION, num_inference_steps=STEPS, guidance_scale=SCALE if guided else 1.0,
+                 latents=latents[0][None], generator=torch.Generator().manual_seed(row_seeds([SEED], 1)[0]),
+                 output_type="latent").audios
+    assert torch.allclose(latents[-1], stock[0].float(), atol=1e-5), (latents[-1] - stock[0]).abs().max()
+    assert (latents[-1] - stock_call(policy.pipe, guided)[0]).abs().max() > 1e-2  # not the Euler (ODE) path

@@ -9,8 +9,8 @@ on [uncond, cond], u + g (c - u), the empty prompt as the negative (the distille
 its guidance in: `policy.classifier_free_guidance=false`). A completion is the decoded waveform,
 cut to the duration and clamped to [-1, 1] as the pipeline's, downmixed to mono (the channels'
 mean) for the rewards: {"array": float32 [S], "sampling_rate": the VAE's rate}. The stock
-pipeline's ping-pong sampler of the distilled checkpoint (`stochastic_sampling`) is not a step
-here: the samplers are the adapter's (its ODE path is the base checkpoint's Euler sampling)."""
+pipeline's ping-pong sampler of the distilled checkpoint (`stochastic_sampling`) is the adapter's
+`sampler: cps` at `noise_level: 1`; its ODE path is the base checkpoint's Euler sampling."""
 
 from __future__ import annotations
 
