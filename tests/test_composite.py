@@ -298,3 +298,21 @@ def test_rollouts_drawn_apart_join_as_one(tmp_path):
     assert torch.equal(mask, torch.cat([first.unit_mask, second.unit_mask]).bool())
     assert torch.allclose(together[mask], apart[mask], atol=1e-5)
     assert torch.equal(joined.rollout_logp, torch.cat([first.rollout_logp, second.rollout_logp]))
+
+
+@pytest.mark.slow  # two launches of two steps, as the data-parallel test above
+@pytest.mark.parametrize("strategy", ["fsdp"])
+def test_one_process_and_two_sharded_give_the_same_weights(tmp_path, strategy):
+    """The composite under a sharding strategy on 2 processes against 1 process: the same rewards,
+    loss and weights of both parts after two steps with a KL to the frozen reference."""
+    from test_sharding import assert_same, exported, launch, write
+    recipe = write(tmp_path, {**composite_recipe(PIXEL_FLOW), **COMMON, "max_steps": 2,
+                              "algorithm": {"group_size": 3, "beta": 0.04},
+                              "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
+                              "logging": {"report_to": ["none"], "progress": False}})
+    one = launch(recipe, tmp_path / "one", processes=1)
+    two = launch(recipe, tmp_path / "two", f"distributed.strategy={strategy}")
+    weights = exported(tmp_path / "one", 2)
+    assert_same(one, two, weights, exported(tmp_path / "two", 2))
+    assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)
+    assert any(k.startswith("thinker/") for k in weights) and any(k.startswith("generator/") for k in weights)

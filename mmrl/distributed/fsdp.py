@@ -88,6 +88,9 @@ class Sharding:
         for unit in reversed(units):  # nested units (an attention inside an encoder layer) before their parents
             fully_shard(unit, **options)
         fully_shard(model, **options)
+        # the root's state set up now, as its first forward would: a rollout may call a part of the model
+        # (a composite's thinker) before any forward of the whole, which would make that part a root
+        model._get_fsdp_state()._lazy_init()
         return model
 
     @contextmanager
