@@ -70,6 +70,13 @@ class TestJanus(AdapterContract):
         assert torch.equal(alone.extras["image_tokens"], in_batch.extras["image_tokens"])
 
 
+class TestEmu3(TestJanus):
+    """Emu3's text-to-image: units are the visual tokens, drawn row by row (a forced row end after
+    each row) under classifier-free guidance against a negative prompt."""
+    recipe = {**TestJanus.recipe, "task": "emu3",
+              "policy": {"model": "tiny:emu3", "image_area": 1024, "negative_prompt": "blurry", "guidance_scale": 3.0}}
+
+
 class TestCSM(AdapterContract):
     recipe = {"task": "csm", "policy": {"model": "tiny:csm-char", "max_new_frames": 4, "top_k": 0},
               "data": {"name": "arithmetic", "args": {"n_train": 16, "n_eval": 4, "digits": 1}},
