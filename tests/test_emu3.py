@@ -189,3 +189,21 @@ def test_shipped_recipe_trains_two_steps(tmp_path):
     for _ in range(2):
         metrics = trainer.train_step()
         assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
+
+
+@pytest.mark.slow  # 74 s on the loaded 2-core machine (2026-11-30): two launches of two steps
+def test_one_and_two_processes_give_the_same_weights(tmp_path):
+    """1 process and 2 (gloo on CPU, the default data-parallel strategy): the same rewards, loss and
+    weights after two steps with a KL to the frozen reference (the visual tokens' embeddings and the
+    text head run inside the wrapped forward), with the harness and tolerances of tests/test_sharding.py."""
+    from test_sharding import one_and_two_processes, write
+    recipe = write(tmp_path, {
+        "task": "emu3", "policy": {"model": "tiny:emu3", "image_area": 1024, "negative_prompt": NEGATIVE},
+        "seed": 0, "max_steps": 2, "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
+        "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "image_reward.py")],
+        "algorithm": {"group_size": 3, "beta": 0.04},
+        "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 2},
+        "logging": {"report_to": ["none"], "progress": False}})
+    one, weights = one_and_two_processes(recipe, tmp_path, 2)
+    assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
+    assert any("embed_tokens" in k for k in weights)
