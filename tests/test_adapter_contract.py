@@ -70,6 +70,14 @@ class TestJanus(AdapterContract):
         assert torch.equal(alone.extras["image_tokens"], in_batch.extras["image_tokens"])
 
 
+class TestEmu3(AdapterContract):
+    """Emu3's text-to-image: units are the visual tokens, drawn row by row (a forced row end after
+    each row) under classifier-free guidance against a negative prompt."""
+    recipe = {**TestJanus.recipe, "task": "emu3",
+              "policy": {"model": "tiny:emu3", "image_area": 1024, "negative_prompt": "blurry", "guidance_scale": 3.0}}
+    assert_same_draw = TestJanus.assert_same_draw  # the same tokens; images decoded in another batch
+
+
 class TestCSM(AdapterContract):
     recipe = {"task": "csm", "policy": {"model": "tiny:csm-char", "max_new_frames": 4, "top_k": 0},
               "data": {"name": "arithmetic", "args": {"n_train": 16, "n_eval": 4, "digits": 1}},
@@ -296,6 +304,20 @@ class TestThinkerWithJanus(TestThinkerWithPixelFlow):
     def assert_same_draw(self, alone, in_batch):
         assert alone.columns["thought"] == in_batch.columns["thought"]
         assert torch.equal(alone.extras["generator/image_tokens"], in_batch.extras["generator/image_tokens"])
+
+
+class TestThinkerWithEmu3(TestThinkerWithJanus):
+    """The thinker's text, then Emu3's visual tokens drawn from it."""
+    generator = {"model": "tiny:emu3", "image_area": 1024, "negative_prompt": "blurry", "guidance_scale": 3.0}
+    recipe = {**TestThinkerWithJanus.recipe,
+              "policy": {**composite_recipe({})["policy"], "generator_task": "emu3", "generator": generator}}
+
+    def reload_model(self, model, path):
+        from transformers import AutoModelForCausalLM, Emu3ForConditionalGeneration
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
+                               "generator": Emu3ForConditionalGeneration.from_pretrained(path / "generator")}).eval()
 
 
 def test_every_registered_adapter_runs_the_contract():

@@ -139,7 +139,8 @@ class JanusPolicy(Policy):
 
         return ImageTokenModel(decoder=decoder, text_embeddings=janus.get_input_embeddings(),
                                image_embeddings=janus.prepare_embeddings_for_image_generation,
-                               head=janus.model.generation_head, scores=scores, image_offset=offset)
+                               head=janus.model.generation_head, scores=scores,
+                               input_ids=lambda tokens: tokens + offset)
 
     def encode(self, prompts: Sequence[Any]) -> tuple[Tensor, Tensor]:
         """Left-padded prompt ids and mask [P, L]: the template, then the begin-of-image token."""
@@ -155,7 +156,8 @@ class JanusPolicy(Policy):
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            tokens, logp = sample_image_tokens(self.parts(self.model), ids, mask, uncond, self.num_tokens,
+            tokens, logp = sample_image_tokens(self.parts(self.model), torch.cat([ids, uncond]),
+                                               torch.cat([mask, mask]), self.num_tokens,
                                                self.cfg.guidance_scale, self.cfg.temperature, generators,
                                                group_size, greedy)
             images = decoded_pixels(self.janus.decode_image_tokens(tokens))
@@ -177,8 +179,8 @@ class JanusPolicy(Policy):
                  with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         device = next(model.parameters()).device
         x = {k: batch.extras[k].to(device) for k in ("prompt_ids", "prompt_mask", "uncond_ids", "image_tokens")}
-        return image_token_logprobs(self.parts(model), x["prompt_ids"], x["prompt_mask"],
-                                    x["uncond_ids"], x["image_tokens"], units, self.cfg.guidance_scale,
+        return image_token_logprobs(self.parts(model), torch.cat([x["prompt_ids"], x["uncond_ids"]]),
+                                    torch.cat([x["prompt_mask"]] * 2), x["image_tokens"], units, self.cfg.guidance_scale,
                                     self.cfg.temperature, with_entropy)
 
 
