@@ -1,0 +1,123 @@
+"""Dia over delayed decoder steps (tasks/speech/dia*.py): the step scores against transformers' own Dia
+logits processors, greedy rollouts against the stock `generate` (with guidance, an eos of its own, the
+frame limit, a reference voice) and their waveforms against `DiaProcessor.batch_decode`, the sampler's
+log-probs against the training forward's, and a hand-written step log-prob."""
+
+import math
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from mmrl.registry import ADAPTERS
+from mmrl.tasks.speech.dia_steps import step_logprobs, step_scores
+
+EOS_BIAS = 0.1  # added to channel 0's eos logit: the tiny model then ends "12" on its own (8 frames), not "34"
+
+
+def make_policy(**settings):
+    adapter = ADAPTERS.get("dia")
+    return adapter(adapter.Config(**{"model": "tiny:dia", "max_new_frames": 12, **settings}))
+
+
+def bias_eos(policy, bias=EOS_BIAS):
+    """A hook on Dia's output layer adding `bias` to channel 0's eos logit (flat index eos of K x V)."""
+    eos = torch.tensor([policy.eos])
+    return policy.model.logits_dense.register_forward_hook(
+        lambda module, args, out: out.index_add(-1, eos, torch.full(out.shape[:-1] + (1,), bias)))
+
+
+def test_step_scores_are_the_stock_processors():
+    """Random conditional / unconditional logits through our `step_scores` and through the list Dia's
+    `_get_logits_processor` builds for sampling (guidance, temperature, eos filter, top-k, top-p, delay
+    pattern): the same distributions, channel 0's eos forced where it is highest."""
+    policy = make_policy()
+    k, v = len(policy.delays), policy.model.config.decoder_config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cond, uncond = torch.randn(6, k, v, generator=gen) * 2, torch.randn(6, k, v, generator=gen) * 2
+    cond[0, 0, policy.eos] = 20.0  # row 0's channel 0 ends
+    config = GenerationConfig(do_sample=True, guidance_scale=3.0, temperature=1.8, top_k=5, top_p=0.9, max_length=64)
+    stock = policy.model._get_logits_processor(generation_config=config, input_ids_seq_length=1,
+                                               encoder_input_ids=torch.zeros(1, 1, dtype=torch.long),
+                                               logits_processor=None, device="cpu", model_kwargs={})
+    reference = stock(torch.zeros(6 * k, 1, dtype=torch.long), torch.cat([cond.reshape(-1, v), uncond.reshape(-1, v)]))
+    ours, ends = step_scores(cond, uncond, policy.eos, 3.0, 1.8, 5, 0.9)
+    assert ends.tolist() == [True] + [False] * 5
+    assert torch.allclose(torch.log_softmax(ours.reshape(-1, v), -1).exp(), torch.log_softmax(reference, -1).exp())
+
+
+def test_step_logprob_is_the_hand_written_sum_over_drawn_channels():
+    scores = torch.tensor([[[0.0, math.log(3.0), float("-inf")], [1.0, 1.0, 1.0]]])  # one step, two channels
+    tokens, drawn = torch.tensor([[1, 2]]), torch.tensor([[True, False]])
+    logp, entropy = step_logprobs(scores, tokens, drawn, with_entropy=True)
+    assert torch.allclose(logp, torch.tensor([math.log(0.75)]))
+    assert torch.allclose(entropy, torch.tensor([-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]))
+
+
+@pytest.mark.parametrize("guidance", [3.0, 1.0])
+def test_greedy_is_the_stock_generate_and_decodes_as_its_processor(guidance):
+    """Greedy rollouts (noise 0) equal `DiaForConditionalGeneration.generate(do_sample=False)` under the same
+    guidance and top-k, token for token: "12" ends on its own, "34" at the frame limit; the waveforms are
+    `DiaProcessor.batch_decode`'s of the stock output."""
+    policy = make_policy(guidance_scale=guidance)
+    hook = bias_eos(policy)
+    ended = []
+    for text in ("12", "34"):
+        batch = policy.rollout([text], 1, seeds=[0], greedy=True)
+        inputs = policy.processor(text=[policy.prompts.text_of(text)], return_tensors="pt", padding=True,
+                                  **policy.prompts.audio_kwargs)
+        stock = policy.model.generate(**inputs, max_new_tokens=12 + 1 + max(policy.delays), guidance_scale=guidance,
+                                      top_k=policy.cfg.top_k, do_sample=False)
+        assert torch.equal(batch.extras["decoder_ids"][0], stock[0])
+        wave = policy.processor.batch_decode(stock, **policy.prompts.audio_kwargs)[0]
+        assert torch.allclose(torch.from_numpy(batch.completions[0]["array"]), wave.clamp(-1, 1))
+        ended.append(batch.columns["ended"][0])
+    hook.remove()
+    assert ended == [True, False]
+
+
+def test_sampler_logprobs_are_the_training_forwards():
+    """Sampled with guidance, temperature, top-k and top-p: the recorded step log-probs equal the training
+    forward's over the batch; the units end max(delay) steps after channel 0's eos."""
+    policy = make_policy(top_k=8, top_p=0.8)
+    hook = bias_eos(policy, 0.05)
+    batch = policy.rollout(["12", "3456"], 3, seeds=[4, 5])
+    mask = batch.unit_mask.bool()
+    with torch.no_grad():
+        training, entropy = policy.logprobs(policy.model, batch, with_entropy=True)
+    hook.remove()
+    assert (training - batch.rollout_logp)[mask].abs().max() < 1e-4
+    assert (entropy[mask] >= 0).all() and (batch.rollout_logp[mask] < 0).any()
+    ends = batch.extras["decoder_ids"][:, :, 0].eq(policy.eos).float().argmax(1)
+    assert batch.unit_mask.sum(1).tolist() == (ends - 1 + max(policy.delays)).tolist()
+
+
+def test_a_reference_voice_is_the_stock_audio_prompt():
+    """A row with a reference voice: the greedy rollout equals the stock generate on DiaProcessor's text and
+    audio prompt; sampled rollouts' log-probs are the training forward's, with rows of other prompt lengths."""
+    policy = make_policy(voice_audio_column="voice", voice_text_column="voice_text", max_new_frames=5)
+    wave = (torch.randn(512 * 4, generator=torch.Generator().manual_seed(0)) * 0.1).numpy()  # 4 DAC frames
+    row = {"prompt": "42", "voice": {"array": wave, "sampling_rate": 44100}, "voice_text": "[S1] 7"}
+    prompt = policy.prompts.of(row)
+    assert prompt.start == 5
+    batch = policy.rollout([row], 1, seeds=[0], greedy=True)
+    inputs = policy.processor(text=["[S1] 7 [S1] 42"], audio=[wave], return_tensors="pt", padding=True,
+                              **policy.prompts.audio_kwargs)
+    stock = policy.model.generate(**inputs, max_new_tokens=5 + 1 + max(policy.delays), top_k=policy.cfg.top_k,
+                                  guidance_scale=3.0, do_sample=False)
+    assert torch.equal(batch.extras["decoder_ids"][0], stock[0])
+    batch = policy.rollout([row, "3"], 2, seeds=[1, 2])
+    with torch.no_grad():
+        training = policy.logprobs(policy.model, batch)[0]
+    assert (training - batch.rollout_logp)[batch.unit_mask.bool()].abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"temperature": 0.7}, "policy.temperature=0.7 must be >= 1"),
+    ({"guidance_scale": 0.5}, "policy.guidance_scale=0.5 must be >= 1"),
+    ({"voice_audio_column": "voice"}, "go together"),
+])
+def test_bad_settings_are_refused_by_name(setting, message):
+    adapter = ADAPTERS.get("dia")
+    problems = adapter.config_problems(adapter.Config(model="tiny:dia", **setting))
+    assert any(message in p for p in problems), problems
