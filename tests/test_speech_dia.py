@@ -4,13 +4,19 @@ frame limit, a reference voice) and their waveforms against `DiaProcessor.batch_
 log-probs against the training forward's, and a hand-written step log-prob."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from helpers import on_policy_step_changes
 from transformers import GenerationConfig
 
+from mmrl.config.parse import parse_config
 from mmrl.registry import ADAPTERS
 from mmrl.tasks.speech.dia_steps import step_logprobs, step_scores
+from mmrl.train.loop.trainer import Trainer
+
+LOUDNESS = str(Path(__file__).parent / "digit_reward.py")
 
 EOS_BIAS = 0.1  # added to channel 0's eos logit: the tiny model then ends "12" on its own (8 frames), not "34"
 
@@ -121,3 +127,78 @@ def test_bad_settings_are_refused_by_name(setting, message):
     adapter = ADAPTERS.get("dia")
     problems = adapter.config_problems(adapter.Config(model="tiny:dia", **setting))
     assert any(message in p for p in problems), problems
+
+
+RECIPE = {"task": "dia", "policy": {"model": "tiny:dia", "max_new_frames": 4, "top_k": 8},
+          "data": {"name": "arithmetic", "args": {"n_train": 8, "n_eval": 2, "digits": 1}},
+          "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [LOUDNESS],
+          "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2},
+          "logging": {"report_to": ["none"], "progress": False}, "max_steps": 1, "seed": 0}
+METHODS = {"grpo": {},
+           "gspo": {"ratio_level": "sequence", "eps_low": 3e-4, "eps_high": 4e-4},
+           "dapo": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token_mean"}}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_each_text_lm_method_trains_a_step_on_policy(method, tmp_path):
+    """GRPO, GSPO (sequence-level ratio) and DAPO (clip-higher, token-mean) each take a step that starts
+    exactly on-policy, with the sampler's log-probs the training forward's, and moves the decoder."""
+    t = Trainer(parse_config({**RECIPE, "algorithm": {"group_size": 3, **METHODS[method]}}, [f"output_dir={tmp_path}"]))
+    changed = on_policy_step_changes(t)
+    assert any("decoder.layers" in n for n in changed)
+
+
+def test_mask_truncated_leaves_completions_cut_at_the_frame_limit_out():
+    """policy.mask_truncated (DAPO's overlong filtering): a completion whose eos was forced has no units."""
+    policy = make_policy(max_new_frames=2, mask_truncated=True)
+    batch = policy.rollout(["12"], 3, seeds=[0])
+    assert batch.truncated.all() and not batch.unit_mask.any() and not batch.rollout_logp.any()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_lora_loads_in_the_stock_class_and_changes_its_greedy_output(tmp_path):
+    """A LoRA step on a saved tiny Dia, the adapter saved: DiaForConditionalGeneration plus
+    PeftModel.from_pretrained scores the rollouts as the trained policy does, and its stock greedy
+    `generate` differs from the base model's."""
+    from peft import PeftModel
+    from transformers import DiaForConditionalGeneration, DiaProcessor
+    base = make_policy()
+    base.save_pretrained(base.model, tmp_path / "base")
+    target = r".*decoder.*\.(q_proj|v_proj|gate_up_proj)"
+    t = Trainer(parse_config({**RECIPE, "policy": {**RECIPE["policy"], "model": str(tmp_path / "base")}},
+                             [f"output_dir={tmp_path / 'run'}", "optim.lora.r=4", "optim.lora.alpha=8",
+                              f"optim.lora.target_modules={target}", "optim.lr=0.2"]))
+    t.train_step()
+    t.policy.save_pretrained(t.unwrapped, tmp_path / "adapter")
+    loaded = PeftModel.from_pretrained(DiaForConditionalGeneration.from_pretrained(tmp_path / "base"),
+                                       tmp_path / "adapter").eval()
+    plain = DiaForConditionalGeneration.from_pretrained(tmp_path / "base").eval()
+    batch = t.policy.rollout(t.inputs.train_rows[:1], 2, seeds=[3])
+    mask = batch.unit_mask.bool()
+    with torch.no_grad():
+        trained = t.policy.logprobs(t.unwrapped.eval(), batch)[0][mask]
+        assert torch.allclose(t.policy.logprobs(loaded, batch)[0][mask], trained, atol=1e-5)
+    processor = DiaProcessor.from_pretrained(tmp_path / "base")
+    inputs = processor(text=["[S1] 12"], return_tensors="pt", padding=True, **base.prompts.audio_kwargs)
+    settings = {"max_new_tokens": 12, "guidance_scale": 3.0, "top_k": 8, "do_sample": False}
+    assert not torch.equal(loaded.generate(**inputs, **settings), plain.generate(**inputs, **settings))
+
+
+def test_the_recipe_trains_a_step_on_its_tiny_model(tmp_path):
+    """tts_dia.yaml as shipped (GSPO, LoRA on the decoder, Dia's sampling settings, asr_wer against the words
+    to say), with a tiny random Whisper registered as its ASR judge and short completions."""
+    import mmrl.rewards.wer as W
+    from test_rewards_wer import _tiny_whisper
+    from mmrl.config.parse import load_recipe
+    from mmrl.config.recipes import resolve_recipe
+    W.register_asr_model("tiny-tts-judge", *_tiny_whisper())
+    cfg = load_recipe(resolve_recipe("tts_dia"), [f"output_dir={tmp_path}", "policy.max_new_frames=3",
+                                                  "rewards.asr_wer.args.model=tiny-tts-judge", "max_steps=2",
+                                                  "logging.report_to=[none]", "logging.progress=false"])
+    t = Trainer(cfg)
+    assert t.stage.policy.guidance_scale == 3.0 and cfg.algorithm.ratio_level == "sequence"
+    trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and ".decoder." in n for n in trainable)
+    for _ in range(2):
+        metrics = t.train_step()
+        assert 0.0 <= metrics["reward/asr_wer"] <= 1.0 and torch.isfinite(torch.tensor(metrics["loss"]))

@@ -224,5 +224,11 @@ class DiaPolicy(Policy):
         return full_width(logp, entropy, batch.num_units, units)
 
     def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        """The model and its processor; a codec built in memory (a tiny model's) is saved beside them in
+        ``dac/`` and the processor names that folder (a hub codec keeps its own name)."""
         model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        codec = self.processor.audio_tokenizer
+        if not codec.name_or_path:
+            codec.save_pretrained(Path(path) / "dac")
+            codec.name_or_path = str((Path(path) / "dac").resolve())
         self.processor.save_pretrained(path)

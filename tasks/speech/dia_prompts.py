@@ -45,7 +45,7 @@ class DiaPrompts:
             rate = self.processor.feature_extractor.sampling_rate
             audio = [load_audio(row[self.cfg.voice_audio_column], rate)]
             text = f"{self.text_of(str(row[self.cfg.voice_text_column]))} {text}"
-        out = self.processor(text=[text], audio=audio, padding=True, return_tensors="pt", **self.audio_kwargs)
+        out = self.processor(text=[text], audio=audio, padding=False, return_tensors="pt", **self.audio_kwargs)
         mask = out["decoder_input_ids"][0].long()
         start = int(mask.shape[0] - (mask[:, 0] == self.pad).sum())
         return DiaPrompt(text_ids=out["input_ids"].long(), delay_mask=mask, start=start)
