@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
+from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.audio_lm import check_audio
@@ -112,6 +113,13 @@ class DiaPolicy(Policy):
     def rollout_columns(cls, cfg: DiaPolicyConfig) -> tuple[str, ...]:
         """`ended`: whether channel 0 wrote its eos itself (False: forced at max_new_frames)."""
         return ("ended",)
+
+    @classmethod
+    def memory_model(cls, cfg: DiaPolicyConfig, prompt_length: int) -> Any:
+        """Refused by name: no formula of the project's (causal LM, CSM's none) covers Dia's shape."""
+        raise UserError("mmrl plan: the adapter DiaPolicy has no memory formula yet (an encoder-decoder whose "
+                        "every step runs twice under guidance, conditional and unconditional rows, over K codebook "
+                        "heads; the causal-LM formula covers none of that); its memory is not planned")
 
     def __init__(self, cfg: DiaPolicyConfig):
         problems = self.config_problems(cfg)
