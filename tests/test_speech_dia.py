@@ -104,7 +104,7 @@ def test_a_reference_voice_is_the_stock_audio_prompt():
     policy = make_policy(voice_audio_column="voice", voice_text_column="voice_text", max_new_frames=5)
     wave = (torch.randn(512 * 4, generator=torch.Generator().manual_seed(0)) * 0.1).numpy()  # 4 DAC frames
     row = {"prompt": "42", "voice": {"array": wave, "sampling_rate": 44100}, "voice_text": "[S1] 7"}
-    prompt = policy.prompts.of(row)
+    prompt = policy.prompts.of(row, row["prompt"])
     assert prompt.start == 5
     batch = policy.rollout([row], 1, seeds=[0], greedy=True)
     inputs = policy.processor(text=["[S1] 7 [S1] 42"], audio=[wave], return_tensors="pt", padding=True,

@@ -146,7 +146,7 @@ class DiaPolicy(Policy):
     def max_units(self) -> int:
         return self.cfg.max_new_frames + max(1, max(self.delays))
 
-    def _scores(self, logits: Tensor, batch: int, ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def guided_scores(self, logits: Tensor, batch: int, ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Step scores [batch, K, V] from the model's logits [batch or 2 x batch, K, V] (conditional rows, then
         the unconditional ones under guidance), and channel 0's end decisions."""
         cfg = self.cfg
@@ -165,7 +165,7 @@ class DiaPolicy(Policy):
     @torch.no_grad()
     def _draw_group(self, row: Any, group_size: int, seed: int, greedy: bool) -> Rollout:
         """`group_size` completions of one prompt, a step at a time with a KV cache (module docstring)."""
-        prompt = self.prompts.of(row)
+        prompt = self.prompts.of(row, str(self.prompt_of(row)))
         generator = torch.Generator(device=self.device).manual_seed(int(seed))
         ids, free, logp, ends, ended = draw_steps(self, prompt, group_size, generator, greedy)
         start = prompt.start
@@ -225,7 +225,7 @@ class DiaPolicy(Policy):
         tokens = ex["decoder_ids"].gather(1, at[..., None].expand(-1, -1, channels))  # [B, width, K]
         drawn = ex["drawn"].gather(1, at[..., None].expand(-1, -1, channels))
         ends = (tokens[..., 0] == self.eos).reshape(-1)  # channel 0's end decisions as drawn
-        scores, _ = self._scores(step_logits.reshape(-1, channels, step_logits.shape[-1]), rows * width, ends)
+        scores, _ = self.guided_scores(step_logits.reshape(-1, channels, step_logits.shape[-1]), rows * width, ends)
         logp, entropy = step_logprobs(scores, tokens.reshape(-1, channels), drawn.reshape(-1, channels), with_entropy)
         logp = logp.reshape(rows, width)
         entropy = entropy.reshape(rows, width) if entropy is not None else None

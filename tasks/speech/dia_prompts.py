@@ -37,9 +37,9 @@ class DiaPrompts:
         text = text.strip()
         return text if text.startswith(SPEAKER_TAGS) else f"[{self.cfg.speaker}] {text}"
 
-    def of(self, row: Any) -> DiaPrompt:
-        """The prompt of a row (a text, or a dict with `prompt` and the voice columns)."""
-        text = self.text_of(str(row.get("prompt") if isinstance(row, dict) else row))
+    def of(self, row: Any, text: str) -> DiaPrompt:
+        """The prompt of a row whose text to say is `text` (a dict row may hold the voice columns)."""
+        text = self.text_of(text)
         audio = None
         if self.cfg.voice_audio_column and isinstance(row, dict):
             rate = self.processor.feature_extractor.sampling_rate

@@ -55,7 +55,7 @@ def draw_steps(policy: Any, prompt: DiaPrompt, group_size: int, generator: torch
                     cache=cache, use_cache=True)
         encoded, cache = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state), out.cache
         logits = out.logits.reshape(-1, len(delays), step_in.shape[1], out.logits.shape[-1])[:, :, -1]
-        scores, stops = policy._scores(logits, group_size)
+        scores, stops = policy.guided_scores(logits, group_size)
         probs = torch.softmax(scores.reshape(-1, scores.shape[-1]), dim=-1)
         tokens = (probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(-1))
         tokens = tokens.reshape(group_size, len(delays))
