@@ -1,8 +1,8 @@
 """AudioLDM 2 through the diffusion adapter on its tiny random pipeline (tiny:audioldm2): the DDIM
 path equals the stock pipeline's call (latents and waveform, with and without CFG), a prompt draws
 alike alone and beside a longer one, the sampler's log-probs equal the training forward's, the
-DDPM methods take an on-policy step, a trained LoRA loads in the stock pipeline's UNet and draws what
-the policy drew, a full fine-tune is a stock pipeline directory, the recipe trains with CLAP, the
+DDPM methods take an on-policy step and the flow-only ones are refused, a trained LoRA loads in the stock
+pipeline's UNet and draws what the policy drew (and its merged export is a stock pipeline), the recipe trains with CLAP, the
 duration is checked, and `mmrl plan` names the family it has no formula for."""
 
 import math
@@ -104,11 +104,15 @@ def test_every_ddpm_method_takes_an_on_policy_step(method, tmp_path):
     assert on_policy_step_changes(Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *METHODS[method]])))
 
 
-def test_trained_lora_loads_in_the_stock_pipeline_and_merged(tmp_path):
+def trained_lora(tmp_path):
+    """A LoRA trained one step at a large rate: (its checkpoint, the policy's noise-0 latents and completion)."""
     t = Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", "optim.lora.r=4", "optim.lr=0.05"]))
     t.train()
-    checkpoint = latest_checkpoint(tmp_path)
-    ours, completion = policy_sample(t.policy)
+    return latest_checkpoint(tmp_path), *policy_sample(t.policy)
+
+
+def test_trained_lora_loads_in_the_stock_pipeline(tmp_path):
+    checkpoint, ours, completion = trained_lora(tmp_path)
     pipe = TINY_MODELS.get("audioldm2")()  # the stock pipeline, as users build it
     base = stock_call(pipe, True)
     from peft import PeftModel  # diffusers has no LoRA loader for AudioLDM 2: PEFT's, on the stock UNet
@@ -117,10 +121,15 @@ def test_trained_lora_loads_in_the_stock_pipeline_and_merged(tmp_path):
     assert torch.allclose(tuned[0].float(), ours, atol=1e-5)
     assert (tuned - base).abs().max() > 1e-3  # the LoRA changed the output
     assert np.abs(stock_call(pipe, True, "np")[0] - completion["array"]).max() < 1e-6
-    from diffusers import DiffusionPipeline
+
+
+@pytest.mark.slow  # 15 s on the loaded 2-core machine (2026-11-30): a training step, the export, a pipeline reload
+def test_merged_lora_export_is_a_stock_pipeline_directory(tmp_path):
+    from diffusers import AudioLDM2Pipeline, DiffusionPipeline
+    checkpoint, ours, _ = trained_lora(tmp_path)
     assert main(["export", str(checkpoint), "--merge", str(tmp_path / "merged")]) == 0
     merged = DiffusionPipeline.from_pretrained(tmp_path / "merged")
-    assert type(merged) is type(pipe) and torch.allclose(stock_call(merged, True)[0].float(), ours, atol=1e-5)
+    assert type(merged) is AudioLDM2Pipeline and torch.allclose(stock_call(merged, True)[0].float(), ours, atol=1e-5)
 
 
 def test_recipe_trains_two_steps_with_clap(tmp_path):
@@ -146,3 +155,13 @@ def test_plan_names_the_family_it_has_no_formula_for(capsys):
     assert main(["plan", "t2a_audioldm2", "--prompt-tokens", "8"]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "AudioLDM2 (AudioLDM2Pipeline)" in err and "no memory formula" in err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.ratio_norm=grpo_guard"], r"GRPO-Guard's step scales are those of the Gaussian SDE steps"),
+    (["policy.sampler=cps"], r"policy.sampler='cps' does not fit"),
+    (["policy.units=forward_process", "policy.classifier_free_guidance=false", "algorithm.objective=nft"],
+     r"predicts eps")])
+def test_the_flow_only_methods_are_refused_by_name(overrides, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *overrides]))
