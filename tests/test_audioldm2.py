@@ -165,3 +165,20 @@ def test_plan_names_the_family_it_has_no_formula_for(capsys):
 def test_the_flow_only_methods_are_refused_by_name(overrides, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         Trainer(parse_config(RECIPE, [f"output_dir={tmp_path}", *overrides]))
+
+
+def test_a_bare_gpt2_language_model_is_wrapped_as_the_pipeline_declares_it():
+    """cvssp/audioldm2 saves its language model as GPT2Model, which the stock call cannot run on
+    transformers 5 (diffusers issue #12630): the family wraps it around the same weights."""
+    from transformers import GPT2Model
+
+    from mmrl.tasks.diffusion.audioldm2 import AudioLDM2
+    pipe = TINY_MODELS.get("audioldm2")()
+    reference = stock_call(pipe, True)
+    bare = GPT2Model(pipe.language_model.config).eval()
+    bare.load_state_dict(pipe.language_model.transformer.state_dict())
+    pipe.language_model = bare
+    with pytest.raises(AttributeError, match="GPT2Model"):
+        stock_call(pipe, True)
+    AudioLDM2(pipe, (0, 0))
+    assert pipe.language_model.transformer is bare and torch.equal(stock_call(pipe, True), reference)

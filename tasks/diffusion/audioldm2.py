@@ -12,7 +12,10 @@ the empty prompt as the negative (the stock call's default). The length is `poli
 seconds (null: the pipeline's, the UNet's `sample_size` latent frames: 10.24 s for cvssp/audioldm2),
 as the pipeline rounds it: int(seconds / hop) mel frames, up to a multiple of the VAE's factor. A
 completion is the vocoder's waveform (SpeechT5 HiFi-GAN) of the decoded mel spectrogram, cut to the
-duration's samples: {"array": float32 [S], "sampling_rate": the vocoder's}."""
+duration's samples: {"array": float32 [S], "sampling_rate": the vocoder's}. A checkpoint whose language
+model is a bare `GPT2Model` (cvssp/audioldm2's) cannot run the stock call on transformers 5 (no
+generation methods: diffusers issue #12630): the family wraps it in a `GPT2LMHeadModel` around the
+same weights, the head tied to the embeddings, as the pipeline declares it."""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ class AudioLDM2(SD15):
     pipeline = "AudioLDM2Pipeline"
     output = "audio"
     duration: float | None = None  # seconds of sound (`policy.duration`); None: the pipeline's default
+
+    def __init__(self, pipe, size, num_frames=1):
+        super().__init__(pipe, size, num_frames)
+        with_generating_language_model(pipe)
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
@@ -104,3 +111,18 @@ class AudioLDM2(SD15):
 
     def image_latents(self, pixels):
         raise ValueError(f"{type(self.pipe).__name__} draws sound: the supervised warm start encodes images")
+
+
+def with_generating_language_model(pipe) -> None:
+    """Give the pipeline a language model with the generation methods its `generate_language_model`
+    calls: a bare `GPT2Model` is wrapped in a `GPT2LMHeadModel` holding it (its head the tied embeddings)."""
+    from transformers import GenerationMixin, GPT2LMHeadModel
+    bare = pipe.language_model
+    if isinstance(bare, GenerationMixin):
+        return
+    with torch.device("meta"):
+        wrapped = GPT2LMHeadModel(bare.config)
+    wrapped.transformer = bare
+    wrapped.lm_head = torch.nn.Linear(bare.config.n_embd, bare.config.vocab_size, bias=False)
+    wrapped.lm_head.weight = bare.wte.weight
+    pipe.register_modules(language_model=wrapped.eval())
