@@ -347,6 +347,18 @@ class TestStableAudio3(TestDiffusion):
               "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}
 
 
+class TestAudioLDM2(TestDiffusion):
+    """Sound by DDPM: AudioLDM 2's latents are a mel spectrogram's; a completion is the vocoder's waveform."""
+    recipe = {**TestDiffusion.recipe, "policy": {"model": "tiny:audioldm2", "num_steps": 3, "eval_num_steps": 3,
+                                                 "sampler": "ddim", "noise_level": 1.0},
+              "data": {"name": "words_to_say", "args": {"n_train": 8, "n_eval": 2}},
+              "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}
+
+    def reload_model(self, model, path):
+        from diffusers import DiffusionPipeline
+        return DiffusionPipeline.from_pretrained(path).unet.eval()
+
+
 class TestLTX2(TestDiffusion):
     """Video with its sound: LTX-2's latents are the video's and the audio's in one action unit; a
     completion is {"frames", "array", "sampling_rate"}."""

@@ -115,6 +115,7 @@ SPEECH_JUDGES = Path(__file__).parent / "speech_judges.py"  # tiny CLAP and Whis
 DIGIT_REWARDS = Path(__file__).parent / "digit_reward.py"  # the test rewards (loudness: an audio completion's RMS)
 SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.mu=2"],  # 256 tokens, 128 steps, mu 12
                "t2a_stable_audio3": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
+               "t2a_audioldm2": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
                "t2av_ltx2": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
                "i2av_ltx2": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
                # the tiny Whisper hears the tiny CSM's sound as nothing (every WER 1, no advantage): loudness varies

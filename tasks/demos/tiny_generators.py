@@ -1,6 +1,7 @@
 """Tiny random pipelines of 2026's generators, assembled in memory from configs (tests, CPU
 recipes; no download): Qwen-Image and Qwen-Image-Edit (and Edit-Plus) over a tiny Qwen2.5-VL text encoder, Z-Image and
-FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components; Stable Audio 3 (sound) over a tiny T5Gemma encoder."""
+FLUX.2 [klein] over tiny Qwen3 encoders, FLUX.1 Kontext of tiny:flux's components; Stable Audio 3 (sound) over a tiny T5Gemma encoder, AudioLDM 2
+(sound as mel-spectrogram latents) over tiny CLAP, T5 and GPT-2 models."""
 
 from __future__ import annotations
 
@@ -151,3 +152,69 @@ def tiny_stable_audio3(seed: int = 0, layers: int = 1):
         return StableAudio3Pipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                                     duration_embedder=duration_embedder, transformer=transformer,
                                     scheduler=FlowMatchEulerDiscreteScheduler())
+
+
+def letter_tokenizers(max_length: int):
+    """AudioLDM 2's two tokenizers over single letters, built as their classes build themselves (so that
+    a saved pipeline reloads them alike): a byte-level BPE `RobertaTokenizer` without merges (space is
+    the byte symbol "\u0120") for CLAP, a unigram `T5Tokenizer` (space "\u2581") for T5; each
+    truncates at `max_length` tokens."""
+    from transformers import RobertaTokenizer, T5Tokenizer
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    roberta = RobertaTokenizer(vocab={t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<mask>", "\u0120",
+                                                                  *letters])},
+                               merges=[], model_max_length=max_length)
+    t5 = T5Tokenizer(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0), *((c, -3.0) for c in letters)],
+                     extra_ids=0, model_max_length=max_length)
+    return roberta, t5
+
+
+@TINY_MODELS.register("audioldm2")
+def tiny_audioldm2(seed: int = 0):
+    """An AudioLDM2Pipeline drawing 16 kHz sound: a tiny CLAP (its text tower reads the prompt, 16-d
+    projection) and a 1-layer T5 encoder (32-d) over letters, the projection model, a 1-layer GPT-2
+    (16-d) that generates the 8 "AudioMAE" embeddings, a 2-level AudioLDM 2 UNet (cross-attention to
+    the GPT-2 states and to the T5 states), a 2-level VAE of one mel channel (factor 2), a
+    SpeechT5 HiFi-GAN vocoder from 8 mel bins, 4 samples a mel frame (its weights drawn at 0.1, loud enough
+    to be heard); the DDIM scheduler. Its default
+    length (the UNet's 32 latent frames) is 0.016 s."""
+    from diffusers import (AudioLDM2Pipeline, AudioLDM2ProjectionModel, AudioLDM2UNet2DConditionModel, AutoencoderKL,
+                           DDIMScheduler)
+    from transformers import (ClapAudioConfig, ClapConfig, ClapFeatureExtractor, ClapModel, ClapTextConfig, GPT2Config,
+                              GPT2LMHeadModel, SpeechT5HifiGan, SpeechT5HifiGanConfig, T5Config, T5EncoderModel)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer, tokenizer_2 = letter_tokenizers(32)
+        text = ClapTextConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, max_position_embeddings=40, pad_token_id=1, projection_dim=16)
+        audio = ClapAudioConfig(window_size=4, num_mel_bins=64, spec_size=64, patch_size=4, patch_stride=(4, 4),
+                                hidden_size=16, projection_dim=16, depths=[1, 1], num_attention_heads=[2, 2],
+                                patch_embeds_hidden_size=16, enable_fusion=False)
+        clap = ClapModel(ClapConfig(text_config=text.to_dict(), audio_config=audio.to_dict(), projection_dim=16)).eval()
+        t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                     pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)).eval()
+        gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_head=2, n_layer=1, vocab_size=8, n_positions=64, bos_token_id=0, eos_token_id=0)).eval()
+        gpt2.config.max_new_tokens = 8
+        unet = AudioLDM2UNet2DConditionModel(block_out_channels=(16, 32), layers_per_block=1, sample_size=32,
+                                             in_channels=4, out_channels=4, norm_num_groups=8,
+                                             down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                             up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                                             cross_attention_dim=([None, 16, 32], [None, 16, 32]), attention_head_dim=4)
+        vae = AutoencoderKL(in_channels=1, out_channels=1, block_out_channels=(8, 8), layers_per_block=1,
+                            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                            latent_channels=4, norm_num_groups=4, scaling_factor=0.5).eval()
+        vocoder = SpeechT5HifiGan(SpeechT5HifiGanConfig(model_in_dim=8, sampling_rate=16000, upsample_initial_channel=16,
+                                                        upsample_rates=[2, 2], upsample_kernel_sizes=[4, 4],
+                                                        resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+                                                        normalize_before=False)).eval()
+        with torch.no_grad():  # HiFi-GAN's initialisation draws near-silence (1e-5): drawn so that its sound is heard
+            for param in vocoder.parameters():
+                param.normal_(0.0, 0.1)
+        scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                                  set_alpha_to_one=False, steps_offset=1)
+        return AudioLDM2Pipeline(
+            vae=vae, text_encoder=clap, text_encoder_2=t5, projection_model=AudioLDM2ProjectionModel(
+                text_encoder_dim=16, text_encoder_1_dim=32, langauge_model_dim=16).eval(),
+            language_model=gpt2, tokenizer=tokenizer, tokenizer_2=tokenizer_2,
+            feature_extractor=ClapFeatureExtractor(feature_size=64, sampling_rate=48000, hop_length=960, max_length_s=1),
+            unet=unet, scheduler=scheduler, vocoder=vocoder)

@@ -24,9 +24,10 @@ class DiffusionConfig:
     model: str = field(default="", metadata={"help": (
         "A diffusers pipeline: hub id, local path, or tiny:sd3 / tiny:flux / tiny:sd15 / tiny:pixel-flow / "
         "tiny:pixel-flow-unet / tiny:pixel-flow-video / tiny:wan-t2v / tiny:wan-i2v / tiny:hunyuan-video / tiny:stable-audio-3 / "
-        "tiny:ltx2 / tiny:ltx2-i2v (tiny random "
+        "tiny:audioldm2 / tiny:ltx2 / tiny:ltx2-i2v (tiny random "
         "pipelines; pixel-flow draws pixels directly, an MMDiT or a UNet, pixel-flow-video a clip's frames stacked "
-        "on a UNet's channels; pixel-flow-video, wan and hunyuan-video are video pipelines, stable-audio-3 a sound one, ltx2 (text) and ltx2-i2v "
+        "on a UNet's channels; pixel-flow-video, wan and hunyuan-video are video pipelines, "
+        "stable-audio-3 and audioldm2 sound ones, ltx2 (text) and ltx2-i2v "
         "(image) video with its sound).")})
     tiny_args: dict[str, Any] = field(default_factory=dict, metadata={"help": (
         "Keyword arguments of the tiny pipeline builder when model is tiny:NAME.")})
@@ -46,8 +47,9 @@ class DiffusionConfig:
         "examples export them; LTX-2 24, where it also sets the sound's length, num_frames / fps seconds, and the "
         "positions the model reads). Image families ignore it.")})
     duration: float | None = field(default=None, metadata={"help": (
-        "Sound families (Stable Audio 3): the seconds each completion lasts, the pipeline's duration "
-        "conditioning; null: the pipeline's own (10 s). Image and video families refuse it.")})
+        "Sound families: the seconds each completion lasts (Stable Audio 3: the pipeline's duration "
+        "conditioning, null its 10 s; AudioLDM 2: the mel spectrogram's length, null the UNet's sample_size, "
+        "10.24 s for cvssp/audioldm2). Image and video families refuse it.")})
     image_column: str | None = field(default=None, metadata={"help": (
         "Image-to-video (Wan I2V, LTX-2 I2V) and image editing (Qwen-Image-Edit / Edit-Plus, FLUX.1 Kontext): the column holding "
         "each prompt's conditioning (source) image (a path or a PIL image); required by those pipelines, unused "

@@ -8,8 +8,9 @@ stock pipeline's output), one denoiser call with its guidance, decoding to
 PIL images (a video: a list of frames), the warm start's noising, which policy settings it needs
 and the columns its completions carry to the rewards. Levels are sigmas s (flow) or cumulative
 alphas ab (eps models); `levels[k] -> levels[k + 1]` is step k. The families themselves live in
-`families.py` (images) and `video_families.py` (videos), a sound one in `stable_audio3.py`; a new one is one more class in either, or
-a module of its own imported in `tasks/diffusion/__init__.py`.
+`families.py` (images) and `video_families.py` (videos), the sound ones in `stable_audio3.py` and
+`audioldm2.py`; a new one is one more class in either, or a module of its own imported in
+`tasks/diffusion/__init__.py`.
 """
 
 from __future__ import annotations
