@@ -12,7 +12,7 @@ stg: the prompt's forward with the self-attention of the blocks `policy.stg_bloc
 value projection in its place; spatio-temporal guidance, s = `policy.stg_scale`, on where s > 0),
 iso: the prompt's forward without the audio-to-video and video-to-audio cross-attention (modality
 isolation, m = `policy.modality_scale`, on where m > 1), phi = `policy.guidance_rescale` (Lin et
-al.'s guidance rescale, on where phi > 0). One value of each for both streams: the stock call with
+al. 2023's guidance rescale, on where phi > 0). One value of each for both streams: the stock call with
 its `audio_*` settings None. The terms are part of the guided velocity: a caller asking for the
 model's own velocity (the warm start, DiffusionNFT) gets it without them."""
 
