@@ -163,7 +163,7 @@ class LTX2(VideoFamily):
             if terms.modality_scale > 1 else None
         video, audio = self._split(x.float())
         video = self._video_input(video, t.expand(len(x)).to(x.device), pos)[0]  # x0 of all the video's tokens (the rescale's std)
-        sigma = float(t.flatten()[0]) / self.pipe.scheduler.config.num_train_timesteps
+        sigma = t.flatten()[0].float() / self.pipe.scheduler.config.num_train_timesteps  # a 0-dim tensor: no device sync
         return guided_streams((video, audio), cond, uncond, stg, isolated, sigma, guidance_scale, terms)
 
     def _video_input(self, video: Tensor, timestep: Tensor, cond: dict) -> tuple[Tensor, Tensor]:

@@ -84,7 +84,7 @@ def rescaled(guided: Tensor, cond: Tensor, phi: float) -> Tensor:
 
 
 def guided_streams(x: Sequence[Tensor], cond: Sequence[Tensor], uncond: Sequence[Tensor] | None,
-                   stg: Sequence[Tensor] | None, isolated: Sequence[Tensor] | None, sigma: float,
+                   stg: Sequence[Tensor] | None, isolated: Sequence[Tensor] | None, sigma: float | Tensor,
                    guidance_scale: float, terms: GuidanceTerms) -> list[Tensor]:
     """The guided velocity of each stream (module docstring) from its latents x [B, ...] and the
     velocities [B, ...] of the forwards: the prompt's, the negative prompt's (None: no CFG), the
