@@ -80,8 +80,8 @@ def tiny_ltx2(seed: int = 0, layers: int = 1, perturbed_attn: bool = False):
     """An LTX2Pipeline (text to video with sound): a 2-layer Gemma 3 over characters (the pipeline
     stacks its 3 hidden states), the text connectors (one layer for each stream), a `layers`-layer
     LTX-2 audio-video transformer (4 video channels; audio latents of 2 channels over 2 mel bins,
-    4 features a token; `perturbed_attn`: self-attention that spatio-temporal guidance can skip, as
-    LTX-2.3's), the LTX-2 video VAE (2x space, 2x time), the audio VAE (16 kHz mels of 8
+    4 features a token; `perturbed_attn`: self-attention that spatio-temporal guidance can skip, the
+    transformer config's switch), the LTX-2 video VAE (2x space, 2x time), the audio VAE (16 kHz mels of 8
     bins, hop 160, 4x time), a vocoder upsampling 4x (so its sound is 400 samples a second, which
     its `output_sampling_rate` says), and the Euler flow scheduler."""
     from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,

@@ -13,9 +13,10 @@ one generator. The step levels are the stock call's: sigmas linspace(1, 1/n, n) 
 scheduler with the shift `mu` of the video's token count; the model reads the scheduler's
 timesteps (1000 sigma) for both streams. Classifier-free guidance is one batched call on
 [uncond, cond] with the empty prompt as the negative, u + g (c - u) on both streams at g =
-`policy.guidance_scale`: the stock call with `audio_guidance_scale` equal to `guidance_scale`, no
-guidance rescale and no spatio-temporal or modality-isolation guidance (those need more
-forwards per step and are not part of the policy). The frame rate is `policy.fps` (24 by
+`policy.guidance_scale`: the stock call with `audio_guidance_scale` equal to `guidance_scale`; its
+spatio-temporal guidance, modality isolation and guidance rescale (`policy.stg_scale`,
+`stg_blocks`, `modality_scale`, `guidance_rescale`; off by default) join it in x0 space as the
+stock call combines them (`ltx2_guidance.py`). The frame rate is `policy.fps` (24 by
 default, the stock call's): it sets the audio's length (num_frames / fps seconds) and the
 positions the model reads. A completion is a video with its sound: {"frames": the PIL frames,
 "array": float32 [S] mono (the vocoder's channels' mean), "sampling_rate": the vocoder's rate}
