@@ -368,6 +368,15 @@ class TestLTX2(TestDiffusion):
               "rewards": {"loudness": {"weight": 1.0}}, "reward_modules": [str(Path(__file__).parent / "digit_reward.py")]}
 
 
+@pytest.mark.slow  # 57 s on the loaded 2-core machine (2026-11-30; its three forwards a step), TestLTX2 runs by default
+class TestLTX2StockGuidance(TestDiffusion):
+    """LTX-2 with the stock call's guidance beyond CFG (STG, modality isolation, guidance rescale):
+    the rescale's std is each row's, so a row's steps do not depend on the rows beside it."""
+    recipe = {**TestLTX2.recipe, "policy": {**TestLTX2.recipe["policy"], "tiny_args": {"perturbed_attn": True},
+                                             "stg_scale": 1.0, "stg_blocks": [0], "modality_scale": 3.0,
+                                             "guidance_rescale": 0.7}}
+
+
 class TestLTX2ImageToVideo(TestDiffusion):
     """LTX-2 image to video with sound: each row's image is the clean first latent frame, outside the unit."""
     recipe = {**VIDEO_RECIPE, "policy": {"model": "tiny:ltx2-i2v", "image_column": "image", **VIDEO}}

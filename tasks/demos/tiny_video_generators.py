@@ -76,11 +76,12 @@ def tiny_hunyuan_video15(seed: int = 0, layers: int = 1, guidance_scale: float =
 
 
 @TINY_MODELS.register("ltx2")
-def tiny_ltx2(seed: int = 0, layers: int = 1):
+def tiny_ltx2(seed: int = 0, layers: int = 1, perturbed_attn: bool = False):
     """An LTX2Pipeline (text to video with sound): a 2-layer Gemma 3 over characters (the pipeline
     stacks its 3 hidden states), the text connectors (one layer for each stream), a `layers`-layer
     LTX-2 audio-video transformer (4 video channels; audio latents of 2 channels over 2 mel bins,
-    4 features a token), the LTX-2 video VAE (2x space, 2x time), the audio VAE (16 kHz mels of 8
+    4 features a token; `perturbed_attn`: self-attention that spatio-temporal guidance can skip, the
+    transformer config's switch), the LTX-2 video VAE (2x space, 2x time), the audio VAE (16 kHz mels of 8
     bins, hop 160, 4x time), a vocoder upsampling 4x (so its sound is 400 samples a second, which
     its `output_sampling_rate` says), and the Euler flow scheduler."""
     from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
@@ -94,7 +95,7 @@ def tiny_ltx2(seed: int = 0, layers: int = 1):
             in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
             cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
             audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=layers, qk_norm="rms_norm_across_heads",
-            caption_channels=32, rope_double_precision=False, rope_type="split")
+            caption_channels=32, rope_double_precision=False, rope_type="split", perturbed_attn=perturbed_attn)
         connectors = LTX2TextConnectors(
             caption_channels=32, text_proj_in_factor=3, video_connector_num_attention_heads=2,
             video_connector_attention_head_dim=16, video_connector_num_layers=1,
@@ -121,7 +122,7 @@ def tiny_ltx2(seed: int = 0, layers: int = 1):
 
 
 @TINY_MODELS.register("ltx2-i2v")
-def tiny_ltx2_i2v(seed: int = 0, layers: int = 1):
+def tiny_ltx2_i2v(seed: int = 0, layers: int = 1, perturbed_attn: bool = False):
     """An LTX2ImageToVideoPipeline of tiny:ltx2's components (image to video with sound)."""
     from diffusers import LTX2ImageToVideoPipeline
-    return LTX2ImageToVideoPipeline(**tiny_ltx2(seed, layers).components)
+    return LTX2ImageToVideoPipeline(**tiny_ltx2(seed, layers, perturbed_attn).components)

@@ -14,6 +14,7 @@ from typing import Any
 from ..model_loading import DTYPES
 from .config import DiffusionConfig
 from .family import Family, embedded_guidance_problem, family_of, image_column_problem
+from .ltx2_guidance import settings_problem as guidance_settings_problem
 from .pipeline_configs import PipelineConfigs, described_pipeline, loaded_configs
 from .samplers import EPS_SAMPLERS, KL_FORMS, LOGPROB_FORMS, SAMPLERS, flow_grpo_kl_factor
 
@@ -40,7 +41,8 @@ def family_problems(family: type[Family], described: PipelineConfigs, cfg: Diffu
     cannot take: its sizes, its conditioning image, its guidance, a sound's duration."""
     problems = [image_column_problem(family, cfg), embedded_guidance_problem(family, cfg),
                 family.guidance_scale_2_problem(described.configs) if cfg.guidance_scale_2 is not None else None,
-                family.duration_problem(described.configs, cfg.duration) if cfg.duration is not None else None]
+                family.duration_problem(described.configs, cfg.duration) if cfg.duration is not None else None,
+                family.guidance_terms_problem(described.configs, cfg)]
     return size_problems(described, cfg) + [p for p in problems if p]
 
 
@@ -80,6 +82,8 @@ def check_settings(cfg: DiffusionConfig) -> None:
     if cfg.guidance_scale_2 is not None and not cfg.classifier_free_guidance:
         raise ValueError(f"policy.guidance_scale_2={cfg.guidance_scale_2} is a CFG scale (the low-noise expert's); "
                          "policy.classifier_free_guidance is false")
+    if problem := guidance_settings_problem(cfg):
+        raise ValueError(problem)
     if cfg.cps_logprob not in LOGPROB_FORMS:
         raise ValueError(f"policy.cps_logprob={cfg.cps_logprob!r} is not one of {sorted(LOGPROB_FORMS)}")
     if cfg.cps_logprob != "gaussian" and cfg.sampler != "cps":

@@ -86,6 +86,23 @@ class DiffusionConfig:
         "true_cfg_scale): the embedding's value (the stock call's guidance_scale: 6.0 HunyuanVideo's default, 3.5 "
         "FLUX.1's, 2.5 Kontext's). "
         "Required then; without CFG the embedding takes policy.guidance_scale.")})
+    stg_scale: float = field(default=0.0, metadata={"help": (
+        "LTX-2: spatio-temporal guidance's scale s (the stock call's stg_scale, on both streams): one more forward "
+        "of the prompt per step with the self-attention of policy.stg_blocks skipped, x0 += s (x0_c - x0_stg) in "
+        "x0 space; 0 off (the stock call's default is 1.0). Needs policy.classifier_free_guidance true and a "
+        "transformer built with perturbed_attn; docs/methods.md.")})
+    stg_blocks: list[int] = field(default_factory=list, metadata={"help": (
+        "LTX-2: the zero-indexed transformer blocks spatio-temporal guidance skips the self-attention of (the "
+        "stock call's spatio_temporal_guidance_blocks: [28] its default and LTX-2.3's, [29] LTX-2.0's); required "
+        "with policy.stg_scale > 0, checked against the transformer's num_layers.")})
+    modality_scale: float = field(default=1.0, metadata={"help": (
+        "LTX-2: modality-isolation guidance's scale m (the stock call's modality_scale, on both streams): one more "
+        "forward of the prompt per step without the audio-video cross-attention, x0 += (m - 1) (x0_c - x0_iso); "
+        "1 off (the stock call's default is 3.0). Needs policy.classifier_free_guidance true.")})
+    guidance_rescale: float = field(default=0.0, metadata={"help": (
+        "LTX-2: guidance rescale phi (the stock call's guidance_rescale, on each stream): the guided x0 rescaled "
+        "to the conditional x0's std, mixed at phi; 0 off (the stock call's default is 0.7). No extra forward. "
+        "Needs policy.classifier_free_guidance true.")})
     sampler: str = field(default="flow_sde", metadata={"help": (
         "The stochastic denoising step: flow_sde (Flow-GRPO), dance (DanceGRPO), cps (coefficient-preserving), "
         "ode (deterministic) for flow models; ddim for eps models (SD 1.5)."),

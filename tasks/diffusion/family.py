@@ -117,6 +117,10 @@ class Family:
         its loaded modules (what its configs refuse, `checks.family_problems` refused before)."""
         self.embedded_scale = cfg.embedded_guidance_scale
         self.low_noise_scale = cfg.guidance_scale_2
+        configs = {name: dict(module.config) for name, module in self.pipe.components.items()
+                   if isinstance(getattr(module, "config", None), dict)}
+        if problem := self.guidance_terms_problem(configs, cfg):
+            raise ValueError(problem)
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
 
@@ -126,6 +130,18 @@ class Family:
         component `configs`; None where it does (a family of two experts says so)."""
         return (f"policy.guidance_scale_2 is set: {cls.__name__} has no low-noise expert to guide with it (Wan 2.2 "
                 "A14B's transformer_2); use policy.guidance_scale")
+
+    @classmethod
+    def guidance_terms_problem(cls, configs: Configs, cfg: Any) -> str | None:
+        """Why the guidance terms beyond CFG (`policy.stg_scale`, `stg_blocks`, `modality_scale`,
+        `guidance_rescale`: LTX-2's, `ltx2_guidance.py`) do not fit the pipeline of component
+        `configs`; None where they do (all off here: a family that takes them says so)."""
+        on = {"stg_scale": cfg.stg_scale > 0, "modality_scale": cfg.modality_scale > 1,
+              "guidance_rescale": cfg.guidance_rescale > 0}
+        if names := [name for name, value in on.items() if value]:
+            return (f"{', '.join(f'policy.{n}={getattr(cfg, n)}' for n in names)}: {cls.__name__} has no such guidance "
+                    "term (spatio-temporal guidance, modality isolation and guidance rescale are LTX-2's)")
+        return None
 
     def set_flow_shift(self, shift: float) -> None:
         """Replace the scheduler by the same one with timestep shift `shift` (`policy.flow_shift`)."""

@@ -13,9 +13,10 @@ one generator. The step levels are the stock call's: sigmas linspace(1, 1/n, n) 
 scheduler with the shift `mu` of the video's token count; the model reads the scheduler's
 timesteps (1000 sigma) for both streams. Classifier-free guidance is one batched call on
 [uncond, cond] with the empty prompt as the negative, u + g (c - u) on both streams at g =
-`policy.guidance_scale`: the stock call with `audio_guidance_scale` equal to `guidance_scale`, no
-guidance rescale and no spatio-temporal or modality-isolation guidance (those need more
-forwards per step and are not part of the policy). The frame rate is `policy.fps` (24 by
+`policy.guidance_scale`: the stock call with `audio_guidance_scale` equal to `guidance_scale`; its
+spatio-temporal guidance, modality isolation and guidance rescale (`policy.stg_scale`,
+`stg_blocks`, `modality_scale`, `guidance_rescale`; off by default) join it in x0 space as the
+stock call combines them (`ltx2_guidance.py`). The frame rate is `policy.fps` (24 by
 default, the stock call's): it sets the audio's length (num_frames / fps seconds) and the
 positions the model reads. A completion is a video with its sound: {"frames": the PIL frames,
 "array": float32 [S] mono (the vocoder's channels' mean), "sampling_rate": the vocoder's rate}
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .family import FAMILIES, Configs, split_cond
+from .ltx2_guidance import GuidanceTerms, blocks_problem, guided_streams
 from .video_families import VideoFamily
 
 
@@ -40,6 +42,7 @@ class LTX2(VideoFamily):
     max_sequence_length = 1024  # the stock call's prompt length (Gemma, left-padded)
     frame_rate = 24.0  # this run's frames per second (`check_settings`: policy.fps or `fps`)
     fixed_frames = 0  # leading latent frames that condition and are not denoised (image to video: 1)
+    guidance_terms = GuidanceTerms()  # STG, modality isolation, rescale (`check_settings`: the policy's)
 
     @classmethod
     def size_multiple(cls, configs: Configs) -> int:
@@ -52,6 +55,12 @@ class LTX2(VideoFamily):
     def check_settings(self, cfg):
         super().check_settings(cfg)
         self.frame_rate = float(cfg.fps or self.fps)
+        self.guidance_terms = GuidanceTerms.of(cfg)
+
+    @classmethod
+    def guidance_terms_problem(cls, configs, cfg):
+        """LTX-2 takes STG, modality isolation and guidance rescale; STG's blocks must be the transformer's."""
+        return blocks_problem(GuidanceTerms.of(cfg), configs.get("transformer") or {})
 
     # ----- the latents' geometry
     def _video_grid(self) -> tuple[int, int, int]:
@@ -112,23 +121,51 @@ class LTX2(VideoFamily):
 
     def predict(self, model, x, t, cond, guidance_scale, guided):
         pos, neg = split_cond(cond)
-        frames, height, width = self._video_grid()
+        text = ("video", "audio", "mask")  # what the guidance passes differ by (an image condition is read from `pos`)
+        prompt = {k: pos[k] for k in text}
+        if guided and self.guidance_terms.on:
+            return self._unit_velocity(*self._stock_guided(model, x, t, pos, {k: neg[k] for k in text}, guidance_scale))
+        return self._guided(lambda h, c: self._unit_velocity(*self._velocities(model, h, t, c, pos)), x, prompt,
+                            {k: neg[k] for k in text} if guided else None, guidance_scale)
 
-        def run(h, c):
-            video, audio = self._split(h)
-            timestep = t.expand(len(h)).to(h.device)
-            video, video_timestep = self._video_input(video, timestep, pos)
-            v, a = model(hidden_states=video.to(self.dtype), audio_hidden_states=audio.to(self.dtype),
-                         encoder_hidden_states=c["video"], audio_encoder_hidden_states=c["audio"],
-                         timestep=video_timestep, audio_timestep=timestep, sigma=timestep,
-                         encoder_attention_mask=c["mask"], audio_encoder_attention_mask=c["mask"],
-                         num_frames=frames, height=height, width=width, fps=self.frame_rate,
-                         audio_num_frames=self._audio_frames(), use_cross_timestep=True, return_dict=False)
-            v = v[:, self.fixed_frames * height * width:]  # the velocity of the unit's tokens
-            return torch.cat([v.float().flatten(1), a.float().flatten(1)], dim=1)
-        text = ("video", "audio", "mask")  # what the CFG passes differ by (an image condition is read from `pos`)
-        return self._guided(run, x, {k: pos[k] for k in text}, {k: neg[k] for k in text} if guided else None,
-                            guidance_scale)
+    def _velocities(self, model, h: Tensor, t: Tensor, c: dict, pos: dict, **perturbation) -> tuple[Tensor, Tensor]:
+        """The model's fp32 velocities (the video's over all its tokens [N, S, C_v], an image's
+        included; the sound's [N, L, C_a M]) at flat latents h [N, D], text conditioning `c` [N, ...]
+        and the transformer's `perturbation` keywords (STG's blocks, modality isolation)."""
+        frames, height, width = self._video_grid()
+        video, audio = self._split(h)
+        timestep = t.expand(len(h)).to(h.device)
+        video, video_timestep = self._video_input(video, timestep, pos)
+        v, a = model(hidden_states=video.to(self.dtype), audio_hidden_states=audio.to(self.dtype),
+                     encoder_hidden_states=c["video"], audio_encoder_hidden_states=c["audio"],
+                     timestep=video_timestep, audio_timestep=timestep, sigma=timestep,
+                     encoder_attention_mask=c["mask"], audio_encoder_attention_mask=c["mask"],
+                     num_frames=frames, height=height, width=width, fps=self.frame_rate,
+                     audio_num_frames=self._audio_frames(), use_cross_timestep=True, return_dict=False,
+                     **perturbation)
+        return v.float(), a.float()
+
+    def _unit_velocity(self, video: Tensor, audio: Tensor) -> Tensor:
+        """The flat velocity [N, D] of the unit's tokens (the conditioning frame's dropped) of a video's
+        velocity over all its tokens [N, S, C_v] and the sound's [N, L, C_a M]."""
+        _, height, width = self._video_grid()
+        return torch.cat([video[:, self.fixed_frames * height * width:].flatten(1), audio.flatten(1)], dim=1)
+
+    def _stock_guided(self, model, x: Tensor, t: Tensor, pos: dict, neg: dict, guidance_scale: float) -> list[Tensor]:
+        """The stock call's guided velocities (video over all its tokens, sound) with STG, modality
+        isolation and guidance rescale (`ltx2_guidance.py`): CFG's batched [uncond, cond] forward,
+        then the prompt's STG forward and its isolated one, as the stock call orders them."""
+        terms, prompt = self.guidance_terms, {k: pos[k] for k in neg}
+        joint = {k: torch.cat([neg[k], pos[k]]) for k in neg}
+        uncond, cond = zip(*(v.chunk(2) for v in self._velocities(model, torch.cat([x, x]), t, joint, pos)))
+        stg = self._velocities(model, x, t, prompt, pos, spatio_temporal_guidance_blocks=list(terms.stg_blocks)) \
+            if terms.stg_scale > 0 else None
+        isolated = self._velocities(model, x, t, prompt, pos, isolate_modalities=True) \
+            if terms.modality_scale > 1 else None
+        video, audio = self._split(x.float())
+        video = self._video_input(video, t.expand(len(x)).to(x.device), pos)[0]  # x0 of all the video's tokens (the rescale's std)
+        sigma = t.flatten()[0].float() / self.pipe.scheduler.config.num_train_timesteps  # a 0-dim tensor: no device sync
+        return guided_streams((video, audio), cond, uncond, stg, isolated, sigma, guidance_scale, terms)
 
     def _video_input(self, video: Tensor, timestep: Tensor, cond: dict) -> tuple[Tensor, Tensor]:
         """(the model's video tokens [B, S, C_v], their timesteps [B] or [B, S]) of the unit's tokens
