@@ -117,10 +117,6 @@ class Family:
         its loaded modules (what its configs refuse, `checks.family_problems` refused before)."""
         self.embedded_scale = cfg.embedded_guidance_scale
         self.low_noise_scale = cfg.guidance_scale_2
-        configs = {name: dict(module.config) for name, module in self.pipe.components.items()
-                   if isinstance(getattr(module, "config", None), dict)}
-        if problem := self.guidance_terms_problem(configs, cfg):
-            raise ValueError(problem)
         if cfg.vae_tiling and not hasattr(self.pipe.vae, "enable_tiling"):
             raise ValueError(f"policy.vae_tiling=true: the VAE of {type(self.pipe).__name__} has no tiled decoding")
 
