@@ -9,7 +9,9 @@ DanceGRPO, by DMD2 and by DMDR (the command is in the README):
    before and after) side by side -> OUT/samples.png (after the tiles of `--samples-base`, a figure of
    earlier cells whose runs are no longer at hand);
 3. per cell, from the sweeps' `sweep.csv`: the held-out reward and judge before and after, the greedy
-   reward after, and after - cell 0 paired by seed, mean and standard error over seeds -> study.json.
+   reward after, and after - cell 0 paired by seed, mean and standard error over seeds; and each cell's
+   judge and reward at one evaluation step (`--paired-step`) minus cell 0's there, paired by seed (for
+   cells of different lengths) -> study.json.
 
 Several sweeps of the same target and common settings may be given: their cells are numbered on in
 the order given (a cell added later by its own `mmrl sweep`).
@@ -73,6 +75,23 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return mean, sd / math.sqrt(n)
 
 
+def paired_at_step(sweeps: list[Path], step: int, names: dict[str, str]) -> dict:
+    """cell name -> {gold, proxy: (mean, SE) over seeds of the cell's evaluation at `step` minus cell 0's
+    there, paired by seed}: cells of different lengths compared where both evaluated."""
+    at: dict = defaultdict(dict)
+    for row in sweep_rows(sweeps, "sweep_evals.csv"):
+        if int(row["step"]) == step:
+            at[row["cell"]][row["seed"]] = row
+    out: dict = defaultdict(dict)
+    for cell, seeds in sorted(at.items(), key=lambda kv: int(kv[0])):
+        for key in ("gold", "proxy"):
+            diffs = [float(v[key]) - float(at["0"][s][key]) for s, v in seeds.items()
+                     if s in at["0"] and "nan" not in (v[key], at["0"][s][key]) and "" not in (v[key], at["0"][s][key])]
+            if diffs:
+                out[names.get(cell, cell)][key] = mean_se(diffs)
+    return dict(out)
+
+
 def judge_figure(data: dict, names: dict[str, str], path: Path) -> dict:
     import matplotlib
     matplotlib.use("Agg")
@@ -127,6 +146,8 @@ def main() -> None:
                         help="one or more finished sweeps (sweep.json, sweep.csv, sweep_evals.csv)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--names", nargs="*", default=[], help="a name per cell, in the sweeps' cell order")
+    parser.add_argument("--paired-step", type=int, default=20,
+                        help="the evaluation step at which every cell is compared with cell 0, paired by seed")
     parser.add_argument("--samples-base", type=Path, default=None,
                         help="an earlier samples figure whose tiles come first (its cells' runs not given)")
     args = parser.parse_args()
@@ -135,9 +156,10 @@ def main() -> None:
     table = judge_figure(curves(args.sweep), names, args.out / "judge.png")
     samples_figure(args.sweep, names, args.out / "samples.png", args.samples_base)
     final = final_table(args.sweep, names)
-    (args.out / "study.json").write_text(json.dumps({"cells": names, "final_mean_se": final,
-                                                     "by_step_mean_se": table}, indent=1))
-    print(json.dumps({"cells": names, "final": final}, indent=1))
+    paired = paired_at_step(args.sweep, args.paired_step, names)
+    (args.out / "study.json").write_text(json.dumps({"cells": names, "final_mean_se": final, "paired_step": args.paired_step,
+                                                     "minus_cell_0_at_paired_step": paired, "by_step_mean_se": table}, indent=1))
+    print(json.dumps({"cells": names, "final": final, "minus_cell_0_at_paired_step": paired}, indent=1))
 
 
 if __name__ == "__main__":

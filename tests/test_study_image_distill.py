@@ -1,5 +1,6 @@
 """scripts/study_image_distill.py on two small hand-made sweeps: the second sweep's cells numbered on
-after the first's, each cell's end-of-run means and its after - cell 0 paired by seed by hand."""
+after the first's, each cell's end-of-run means, its after - cell 0 and its evaluation at one step
+minus cell 0's there, paired by seed, by hand."""
 
 import csv
 import importlib.util
@@ -51,3 +52,7 @@ def test_a_later_sweeps_cells_follow_and_pair_with_cell_0_by_seed(tmp_path):
     steps = study.curves([first, later])
     assert steps["2"][20]["gold"] == [0.7, 0.6] and steps["1"][20]["gold"] == [] and steps["1"][20]["proxy"] == [0.7]
     assert math.isnan(study.mean_se([1.0])[1])
+    paired = study.paired_at_step([first, later], 20, {"2": "tdm_r1"})  # cell 0 evaluated seed 0 only
+    assert list(paired) == ["0", "tdm_r1"] and paired["0"]["gold"][0] == 0.0  # cell 1: no seed evaluated by both
+    assert abs(paired["tdm_r1"]["gold"][0] - 0.2) < 1e-12
+    assert abs(paired["tdm_r1"]["proxy"][0] - 0.3) < 1e-12
