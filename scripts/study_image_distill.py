@@ -6,8 +6,7 @@ DanceGRPO, by DMD2 and by DMDR (the command is in the README):
    reward (`proxy`) against RL steps, each cell's mean and standard error over seeds -> OUT/judge.png,
    the numbers in OUT/study.json;
 2. each cell's seed-0 `plots/samples.png` (the held-out prompts, the student's greedy 4-step drawings
-   before and after) side by side -> OUT/samples.png (after the tiles of `--samples-base`, a figure of
-   earlier cells whose runs are no longer at hand);
+   before and after) side by side -> OUT/samples.png;
 3. per cell, from the sweeps' `sweep.csv`: the held-out reward and judge before and after, the greedy
    reward after, and after - cell 0 paired by seed, mean and standard error over seeds; and each cell's
    judge and reward at one evaluation step (`--paired-step`) minus cell 0's there, paired by seed (for
@@ -114,7 +113,7 @@ def judge_figure(data: dict, names: dict[str, str], path: Path) -> dict:
     return table
 
 
-def samples_figure(sweeps: list[Path], names: dict[str, str], path: Path, base: Path | None) -> None:
+def samples_figure(sweeps: list[Path], names: dict[str, str], path: Path) -> None:
     from PIL import Image, ImageDraw
 
     from mmrl.experiments.sweep_grid import Run
@@ -125,14 +124,10 @@ def samples_figure(sweeps: list[Path], names: dict[str, str], path: Path, base: 
             if figure.is_file():
                 tiles.append((names.get(str(index), str(index)), Image.open(figure).convert("RGB")))
             index += 1
-    start = Image.open(base).convert("RGB") if base is not None else None
-    width = sum(t.width for _, t in tiles) + (start.width if start else 0)
-    height = max([t.height + 24 for _, t in tiles] + ([start.height] if start else []))
+    width = sum(t.width for _, t in tiles)
+    height = max(t.height for _, t in tiles) + 24
     canvas = Image.new("RGB", (width, height), "white")
     x = 0
-    if start is not None:
-        canvas.paste(start, (0, 0))
-        x = start.width
     for label, tile in tiles:
         canvas.paste(tile, (x, 24))
         ImageDraw.Draw(canvas).text((x + 8, 6), label, fill="black")
@@ -148,13 +143,11 @@ def main() -> None:
     parser.add_argument("--names", nargs="*", default=[], help="a name per cell, in the sweeps' cell order")
     parser.add_argument("--paired-step", type=int, default=20,
                         help="the evaluation step at which every cell is compared with cell 0, paired by seed")
-    parser.add_argument("--samples-base", type=Path, default=None,
-                        help="an earlier samples figure whose tiles come first (its cells' runs not given)")
     args = parser.parse_args()
     names = {str(i): name for i, name in enumerate(args.names)}
     args.out.mkdir(parents=True, exist_ok=True)
     table = judge_figure(curves(args.sweep), names, args.out / "judge.png")
-    samples_figure(args.sweep, names, args.out / "samples.png", args.samples_base)
+    samples_figure(args.sweep, names, args.out / "samples.png")
     final = final_table(args.sweep, names)
     paired = paired_at_step(args.sweep, args.paired_step, names)
     (args.out / "study.json").write_text(json.dumps({"cells": names, "final_mean_se": final, "paired_step": args.paired_step,
