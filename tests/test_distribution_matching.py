@@ -1,12 +1,14 @@
 """DMD2's gradient and loss (mmrl/core/distribution_matching.py) against hand-written references: a
 fake score equal to the real one gives zero gradient, the normalised gradient by hand, the loss's
-gradient in the sample g / D, the re-noising levels in their range."""
+gradient in the sample g / D, the re-noising levels in their range, DMDR's dynamic guidance (its
+cosine-decayed mix and the blended weights, against a LoRA at that scale written by hand)."""
 
 import torch
 
 import math
 
-from mmrl.core.distribution_matching import beta_levels, beta_schedule, dmd_gradient, dmd_loss, noise_levels
+from mmrl.core.distribution_matching import (beta_levels, beta_schedule, blend_weights, dmd_gradient, dmd_loss,
+                                             guidance_mix, noise_levels)
 
 
 def test_a_fake_score_equal_to_the_real_one_gives_zero_gradient():
@@ -68,3 +70,36 @@ def test_beta_levels_are_torch_beta_draws_from_the_generators_seed_in_range():
     assert torch.equal(got, want)
     assert 0.02 <= float(got.min()) and float(got.max()) <= 0.98
     assert abs(float((got.mean() - 0.02) / 0.96) - 4.0 / 5.5) < 0.01  # the Beta's mean a / (a + b)
+
+
+def test_dmdr_dynamic_guidance_mix_by_hand():
+    """m = scale (1 + cos(pi step / T)) / 2 before T, 0 from T on and always with T = 0 (Flow-Factory's
+    lora_scale_r with dynamic_step 0)."""
+    assert guidance_mix(0.25, 0, 1000) == 0.25
+    assert abs(guidance_mix(0.25, 250, 1000) - 0.25 * (1 + math.cos(math.pi / 4)) / 2) < 1e-15
+    assert abs(guidance_mix(0.25, 500, 1000) - 0.125) < 1e-15
+    assert guidance_mix(0.25, 1000, 1000) == 0.0 == guidance_mix(0.25, 4000, 1000) == guidance_mix(0.25, 0, 0)
+
+
+def test_blended_weights_are_a_lora_at_the_mix_scale_by_hand():
+    """A fake score W0 + B A (a LoRA at scale 1 merged) and the real W0: the blend at m is W0 + m B A, the
+    LoRA at scale m, on every floating tensor; an integer buffer is the real score's."""
+    torch.manual_seed(0)
+    real = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5))
+    real[1].running_mean.normal_()
+    b, a = torch.randn(5, 2), torch.randn(2, 6)
+    fake, blend = (torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5)) for _ in range(2))
+    fake.load_state_dict(real.state_dict())
+    with torch.no_grad():
+        fake[0].weight += b @ a
+        fake[1].running_mean += 1.0
+    fake[1].num_batches_tracked += 7
+    for m in (0.0, 0.25, 1.0):
+        blend_weights(blend, real, fake, m)
+        assert torch.allclose(blend[0].weight, real[0].weight + m * (b @ a), atol=1e-6)
+        assert torch.equal(blend[0].bias, real[0].bias)
+        assert torch.allclose(blend[1].running_mean, real[1].running_mean + m, atol=1e-6)
+        assert int(blend[1].num_batches_tracked) == 0
+        x = torch.randn(3, 6)
+        lora = x @ real[0].weight.T + m * (x @ a.T @ b.T) + real[0].bias
+        assert torch.allclose(blend[0](x), lora, atol=1e-5)

@@ -1,8 +1,10 @@
 """Distribution matching in the loop (`algorithm.distribution_matching`, DMD2 / DMDR) on the tiny SD3:
 a fake score equal to the real one gives zero DMD gradient; the student's gradient against one
 written by hand from the family's own predictions; the fake score's updates and the student's
-steps; the fake score and its optimizer through a checkpoint; DMDR keeps the reward advantage;
-the recipe errors that name the field."""
+steps; the fake score and its optimizer through a checkpoint; DMDR keeps the reward advantage and
+its dynamic guidance judges by the blended weights; the recipe errors that name the field."""
+
+import copy
 
 import pytest
 import torch
@@ -134,12 +136,43 @@ def test_dmdr_dynamic_renoise_levels_follow_the_schedule_and_its_step_survives_a
     assert resumed.updater.scores.steps == 1
 
 
+def test_dmdr_dynamic_guidance_judges_by_blended_weights_and_decays_to_the_teacher(tmp_path):
+    """dynamic_guidance m0 over T steps: at step 0 the student's DMD losses are those of a real score whose
+    weights are real + m0 (fake - real) by hand (same draws); m0 = 1 makes the real score the fake one (zero
+    loss); from step T on the real score is the teacher."""
+    extra = [f"{DM}.dynamic_guidance=0.5", f"{DM}.dynamic_guidance_steps=4", f"{DM}.fake_updates_per_step=1",
+             f"{DM}.fake_lr=1e-3", f"{DM}.real_guidance=false"]
+    t = dmd_trainer(tmp_path, *extra)
+    batch = t.prepare_batch(1)
+    pair, rows = t.updater.scores, torch.arange(len(batch.rollout))
+    t.updater.scores.prepared(batch, [rows], t.model)
+    assert pair.steps == 1 and pair.mix == 0.5 and pair.judge() is pair.guide
+    draws, mb = pair.draws, batch.rollout.select(rows)
+    got = pair.unit_losses(t.model, mb, slice(None)).detach()
+    teacher = pair.real
+    hand = {n: r + 0.5 * (f - r) if r.is_floating_point() else r
+            for (n, r), f in zip(teacher.state_dict().items(), pair.fake.state_dict().values())}
+    by_hand = copy.deepcopy(teacher)
+    by_hand.load_state_dict(hand)
+    pair.real, pair.mix, pair.draws = by_hand, 0.0, draws
+    want = pair.unit_losses(t.model, mb, slice(None)).detach()
+    assert got.abs().max() > 0 and torch.allclose(got, want, rtol=1e-4, atol=1e-7)
+    pair.real, pair.steps = teacher, 0
+    t.cfg.algorithm.distribution_matching.dynamic_guidance = 1.0
+    pair.refresh_guidance()
+    assert pair.unit_losses(t.model, mb, slice(None)).abs().max() == 0  # the real score is the fake one
+    pair.steps = 4
+    pair.refresh_guidance()
+    assert pair.mix == 0.0 and pair.judge() is pair.real
+
+
 @pytest.mark.parametrize("recipe, extra, message", [
     (TINY_RECIPE, [], "has no score model of its samples"),
     (IMAGE_RECIPE, ["algorithm.objective=wd1"], "algorithm.objective='wd1' takes none"),
     (IMAGE_RECIPE, [f"{DM}.min_level=0.9", f"{DM}.max_level=0.5"], f"{DM}.min_level=0.9"),
     (IMAGE_RECIPE, [f"{DM}.level_sampling=beta", f"{DM}.level_alpha=0"], f"{DM}.level_alpha=0"),
     (IMAGE_RECIPE, ["policy.units=forward_process", "algorithm.objective=nft"], "policy.units='forward_process'"),
+    (IMAGE_RECIPE, [f"{DM}.dynamic_guidance=0.25", f"{DM}.dynamic_guidance_steps=0"], f"{DM}.dynamic_guidance=0.25"),
 ])
 def test_recipe_errors_name_the_field(tmp_path, recipe, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -56,6 +56,16 @@ class DistributionMatchingConfig:
     level_decay_steps: int = field(default=1000, metadata={"help": (
         "Student steps over which DMDR's dynamic Beta decays to uniform (Flow-Factory's dynamic_step, 1000); "
         "0 keeps Beta(level_alpha, level_beta).")})
+    dynamic_guidance: float = field(default=0.0, metadata={"help": (
+        "DMDR's dynamic distribution guidance: the real score that judges the student is asked with weights "
+        "real + m (fake - real), m = dynamic_guidance c, c = (1 + cos(pi min(step / dynamic_guidance_steps, 1))) "
+        "/ 2, so early on the real score leans towards the fake one and from dynamic_guidance_steps on it is "
+        "the teacher; 0 (default): the teacher throughout. Flow-Factory's DMDR asks its fake score's LoRA at "
+        "scale lora_scale_r c for the real score and at lora_scale_f for the fake: set lora_scale_r / "
+        "lora_scale_f (0.25 in their examples). Costs one more copy of the score model's weights.")})
+    dynamic_guidance_steps: int = field(default=1000, metadata={"help": (
+        "Student steps over which dynamic_guidance decays to 0 (Flow-Factory's dynamic_step, the same cosine "
+        "as level_decay_steps); must be > 0 when dynamic_guidance is.")})
     surrogate_reward: SurrogateRewardConfig = field(default_factory=SurrogateRewardConfig, metadata={"help": (
         "TDM-R1's learned surrogate reward for the student, beside the DMD loss (docs/methods.md, 'TDM-R1').")})
 
@@ -73,6 +83,14 @@ class DistributionMatchingConfig:
             out.append(f"{where}.level_alpha={self.level_alpha}, level_beta={self.level_beta}: both must be > 0")
         if self.level_decay_steps < 0:
             out.append(f"{where}.level_decay_steps={self.level_decay_steps} must be >= 0")
+        if self.dynamic_guidance < 0:
+            out.append(f"{where}.dynamic_guidance={self.dynamic_guidance} must be >= 0")
+        if self.dynamic_guidance > 0 and self.dynamic_guidance_steps <= 0:
+            out.append(f"{where}.dynamic_guidance={self.dynamic_guidance} with dynamic_guidance_steps="
+                       f"{self.dynamic_guidance_steps}: the guidance would never apply; need steps > 0")
+        if self.dynamic_guidance > 0 and self.surrogate_reward.enabled:
+            out.append(f"{where}.dynamic_guidance={self.dynamic_guidance} is DMDR's; TDM-R1's surrogate reward "
+                       f"(surrogate_reward.enabled) judges against the teacher: set dynamic_guidance to 0")
         if self.surrogate_reward.enabled:
             out += self.surrogate_reward.problems()
             if self.with_reward:

@@ -9,7 +9,9 @@ x0_real, x0_fake [B, ...] gives (Yin et al. 2024, DMD2, in the authors' code's f
     loss   = 0.5 mean_d (x - sg(x - g))^2              d loss / d x = g / D
 so a step of gradient descent on the loss moves x along -g, towards the real distribution. A fake
 score equal to the real one gives g = 0. The levels t are uniform (DMD2) or drawn from DMDR's
-cosine-decayed Beta (its dynamic renoise sampling, `beta_schedule`, `beta_levels`).
+cosine-decayed Beta (its dynamic renoise sampling, `beta_schedule`, `beta_levels`). DMDR's dynamic
+distribution guidance asks the real score with weights real + m (fake - real), m cosine-decayed to 0
+(`guidance_mix`, `blend_weights`): Flow-Factory's real score, the fake score's LoRA at a decaying scale.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def dmd_gradient(sample: Tensor, real_clean: Tensor, fake_clean: Tensor) -> Tensor:
@@ -42,6 +44,11 @@ def noise_levels(n: int, low: float, high: float, generator: torch.Generator) ->
     return low + (high - low) * torch.rand(n, generator=generator)
 
 
+def cosine_decay(step: int, decay_steps: int) -> float:
+    """(1 + cos(pi min(step / decay_steps, 1))) / 2: 1 at step 0, 0 from `decay_steps` on (decay_steps > 0)."""
+    return 0.5 * (1.0 + math.cos(min(step / decay_steps, 1.0) * math.pi))
+
+
 def beta_schedule(alpha: float, beta: float, step: int, decay_steps: int) -> tuple[float, float]:
     """DMDR's dynamic renoise sampling: the Beta(a, b) the levels are drawn from at student step `step`,
     a = 1 + (alpha - 1) c, b = 1 + (beta - 1) c, c = (1 + cos(pi min(step / decay_steps, 1))) / 2: from
@@ -49,7 +56,7 @@ def beta_schedule(alpha: float, beta: float, step: int, decay_steps: int) -> tup
     steps; `decay_steps` 0 keeps Beta(alpha, beta)."""
     if decay_steps <= 0:
         return alpha, beta
-    c = 0.5 * (1.0 + math.cos(min(step / decay_steps, 1.0) * math.pi))
+    c = cosine_decay(step, decay_steps)
     return 1.0 + (alpha - 1.0) * c, 1.0 + (beta - 1.0) * c
 
 
@@ -61,3 +68,20 @@ def beta_levels(n: int, low: float, high: float, shape: tuple[float, float], gen
         torch.manual_seed(seed)
         t = torch.distributions.Beta(torch.tensor(float(shape[0])), torch.tensor(float(shape[1]))).sample((n,))
     return low + (high - low) * t.float()
+
+
+def guidance_mix(scale: float, step: int, decay_steps: int) -> float:
+    """DMDR's dynamic distribution guidance: the fake score's share m of the real score's weights at student
+    step `step`, scale cosine_decay(step, decay_steps); 0 with decay_steps 0 (Flow-Factory's lora_scale_r
+    schedule, which gives 0 when its dynamic_step is 0)."""
+    return scale * cosine_decay(step, decay_steps) if decay_steps > 0 else 0.0
+
+
+@torch.no_grad()
+def blend_weights(target: nn.Module, real: nn.Module, fake: nn.Module, mix: float) -> None:
+    """Set `target`'s floating parameters and buffers to real + mix (fake - real) (torch.lerp, in each
+    tensor's dtype), its other buffers to the real score's; the three modules share one architecture."""
+    real_state, fake_state = real.state_dict(), fake.state_dict()
+    for name, out in target.state_dict().items():
+        r, f = real_state[name], fake_state[name]
+        out.copy_(torch.lerp(r, f.to(r.dtype), mix) if r.is_floating_point() else r)

@@ -4,7 +4,8 @@ trained on the student's samples `fake_updates_per_step` times per student step 
 timescales), checkpointed with the run (`fake_score.safetensors`, `fake_score_optimizer.pt`); with
 `surrogate_reward` (TDM-R1) the pair also holds the surrogate reward model (surrogate_score.py),
 trained after the fake score, whose reward terms join each unit's DMD loss; the re-noising levels are
-uniform or DMDR's dynamic Beta at the pair's count of student steps. Each
+uniform or DMDR's dynamic Beta at the pair's count of student steps; with DMDR's dynamic guidance the
+student is judged by a third copy whose weights blend the real and the fake score's. Each
 trained unit's DMD loss is computed here from the student's clean predictions under grad and the two
 scores' predictions at the re-noised predictions (mmrl/core/distribution_matching.py); everything is
 asked through the policy's score hooks (mmrl/core/score_hooks.py), so no family is named."""
@@ -20,7 +21,8 @@ from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
 from mmrl.config.sections import TrainConfig
-from mmrl.core.distribution_matching import beta_levels, beta_schedule, dmd_gradient, dmd_loss, noise_levels
+from mmrl.core.distribution_matching import (beta_levels, beta_schedule, blend_weights, dmd_gradient, dmd_loss,
+                                             guidance_mix, noise_levels)
 from mmrl.core.policy import Policy, build_policy
 from mmrl.core.rollout import Rollout
 from mmrl.core.seeding import derive_seed
@@ -44,6 +46,10 @@ class ScorePair:
                                            weight_decay=optim.weight_decay, betas=tuple(optim.betas))
         self.draws = 0  # the random draws taken so far (noise levels and noise), each from its own seed
         self.steps = 0  # the student steps taken so far (DMDR's dynamic renoise schedule)
+        dm = cfg.algorithm.distribution_matching
+        # DMDR's dynamic guidance: the real score the student meets, real + mix (fake - real), refreshed each step
+        self.guide = copy.deepcopy(self.real) if dm.dynamic_guidance > 0 else None
+        self.mix = 0.0
         self.surrogate = SurrogateScore(cfg, policy, self.real) if cfg.algorithm.distribution_matching.surrogate_reward.enabled else None
 
     def start_from(self, student: nn.Module) -> None:
@@ -86,13 +92,25 @@ class ScorePair:
             levels = self.levels(len(x), dm.min_level, dm.max_level, gen)
             noise = torch.randn(x.shape, generator=gen)
             with torch.no_grad():
-                real, _ = self.policy.denoised(self.real, mb, x.detach(), levels, noise, dm.real_guidance)
+                real, _ = self.policy.denoised(self.judge(), mb, x.detach(), levels, noise, dm.real_guidance)
                 fake, _ = self.policy.denoised(self.fake, mb, x.detach(), levels, noise, False)
             loss = dmd_loss(x, dmd_gradient(x, real, fake))
             if self.surrogate is not None:
                 loss = loss + self.surrogate.reward_losses(mb, x, levels, noise, real, dm.real_guidance)
             losses.append(loss)
         return torch.stack(losses, 1)
+
+    def judge(self) -> nn.Module:
+        """The real score the student's DMD gradient asks: the teacher, or DMDR's blend while its mix is > 0."""
+        return self.guide if self.guide is not None and self.mix > 0 else self.real
+
+    def refresh_guidance(self) -> None:
+        """DMDR's dynamic guidance at this student step: mix = dynamic_guidance c(step), and the blend's
+        weights real + mix (fake - real) from the fake score as it is now (after its updates)."""
+        dm = self.cfg.algorithm.distribution_matching
+        self.mix = guidance_mix(dm.dynamic_guidance, self.steps, dm.dynamic_guidance_steps)
+        if self.guide is not None and self.mix > 0:
+            blend_weights(self.guide, self.real, self.fake, self.mix)
 
     def train_fake(self, rollout: Rollout, chunks: list[Tensor]) -> dict[str, float]:
         """`fake_updates_per_step` optimizer steps of the fake score's denoising loss on the student's
@@ -116,6 +134,9 @@ class ScorePair:
         batch.metrics.update(self.train_fake(batch.rollout, chunks))
         if self.surrogate is not None:
             batch.metrics.update(self.surrogate.train(batch.rollout, chunks, batch.advantages, student, self.generator))
+        self.refresh_guidance()
+        if self.guide is not None:
+            batch.metrics["dmd_guidance_mix"] = self.mix
         self.steps += 1
         if self.cfg.algorithm.distribution_matching.with_reward:
             return batch
