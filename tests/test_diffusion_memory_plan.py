@@ -132,7 +132,8 @@ def step_recipe(tmp_path, pipeline: str, side: int, guided: bool, frames: int = 
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return {"task": "diffusion",
             "policy": {"model": f"tiny:{pipeline}", "tiny_args": tiny_args, "height": side, "width": side,
-                       "num_steps": 4, "classifier_free_guidance": guided, "num_frames": frames},
+                       "num_steps": 4, "classifier_free_guidance": guided, "num_frames": frames,
+                       **({"sampler": "ddim"} if pipeline == "sd15" else {})},  # an eps model's sampler
             "data": {"path": str(data)}, "rewards": {"plan_pixels": {"weight": 1.0}},
             "algorithm": {"group_size": 2, "estimator": "grpo", "beta": 0.0},
             "optim": {"lr": 1e-5, "prompts_per_step": 2, "micro_batch_size": 4},
@@ -151,7 +152,8 @@ def cpu_peak(plan) -> int:
 @pytest.mark.slow  # 10-40 s each under the profiler on the loaded 2-core machine (2026-11-30)
 @pytest.mark.parametrize("pipeline,side,guided,frames,tiny_args", [
     ("sd3", 64, True, 1, {}), ("flux", 64, False, 1, {}), ("pixel-flow", 32, True, 1, {"size": 32}),
-    ("pixel-flow-unet", 32, True, 1, {"size": 32}), ("wan-t2v", 32, True, 5, {})])
+    ("pixel-flow-unet", 32, True, 1, {"size": 32}), ("wan-t2v", 32, True, 5, {}), ("flux2-klein", 64, True, 1, {}),
+    ("sd15", 32, True, 1, {})])
 def test_the_diffusion_plan_predicts_the_measured_peak(tmp_path, probe, pipeline, side, guided, frames, tiny_args):
     recipe = step_recipe(tmp_path, pipeline, side, guided, frames, **tiny_args)
     plan = plan_memory(parse_config(recipe), 1, prompt_length=len(PROMPTS[0]))

@@ -38,7 +38,7 @@ from .pipeline_configs import loaded_configs
 from .samplers import LOGPROB_FORMS, SAMPLERS
 
 # the families whose traced passes were checked against the allocation probe (docs/benchmarks.md)
-CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan")
+CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan", "Flux2Klein", "SD15")
 STATES = "rollouts' states (fp32 latents)"  # host memory, from the denoising loop on
 
 
@@ -165,6 +165,8 @@ def weightless_pipeline(cfg: Any) -> Any:
     if cfg.model.startswith("tiny:"):
         with torch.device("meta"):
             pipe = TINY_MODELS.get(cfg.model.removeprefix("tiny:"))(**cfg.tiny_args)
+        if getattr(pipe, "scheduler", None) is not None:  # its tables (a DDIM's alphas) made again off the meta device
+            pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     else:
         pipe = _from_files(cfg.model)
     pipe = pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype])

@@ -11,7 +11,8 @@ trace, are not counted (the plan counts the weights apart); parameters' gradient
 they are accumulated (the plan counts the gradients apart), so only their transient is seen.
 
 A value read off a meta tensor (`.item()`, `bool()`: a text encoder asking whether its padding
-mask is all ones, say) reads as 1 (True): the trace takes the branch of unpadded rows.
+mask is all ones, say) reads as 1 (True): the trace takes the branch of unpadded rows. A value read
+off a real tensor (a scheduler's table on the CPU: a DDIM step's alphas) is its own.
 
 On meta tensors PyTorch's scaled-dot-product attention would take its math path (the scores
 materialised); the trace runs the fused kernel instead (`fused_attention`, in PyTorch's place while the trace runs: its backward and a
@@ -40,7 +41,7 @@ class LiveBytes(TorchDispatchMode):
         self._holders: dict[int, int] = {}  # storage -> live tensors viewing it
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:  # a value read off a meta tensor: 1 (module docstring)
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:  # 1 (module docstring)
             return True if args[0].dtype == torch.bool else 1
         out = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(out):
