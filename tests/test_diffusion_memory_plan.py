@@ -105,6 +105,43 @@ def test_a_saved_pipeline_is_planned_from_its_files(tmp_path):
     assert plan_memory(saved, 1, 8).as_dict() == plan_memory(cfg, 1, 8).as_dict()
 
 
+def weightless_formula(recipe: str, *overrides: str):
+    """The diffusion formula of a recipe's policy (its pipeline built without weights; nothing traced)."""
+    from mmrl.config.parse import from_dict
+    from mmrl.config.rollouts import adapter_policy
+    from mmrl.registry import ADAPTERS
+    cfg = load_recipe(resolve_recipe(recipe), list(overrides))
+    adapter = ADAPTERS.get(cfg.task)
+    return adapter.memory_model(from_dict(adapter.Config, adapter_policy(cfg.policy), "policy"), 8)
+
+
+def test_the_sizes_searched_keep_the_aspect_and_the_frames_the_vaes_factor():
+    """Wan (tiny: 8-pixel multiples, a 4x temporal VAE) at 32 x 64 pixels: the resolution's k-th
+    step is 8k pixels on the longer side and half that on the other, the frames' 4(k - 1) + 1, up to
+    what the denoiser's positions cover."""
+    formula = weightless_formula("t2v_wan", "policy.height=32", "policy.width=64")
+    axes = formula.size_axes()
+    assert set(axes) == {"resolution", "frames"}
+    settings, sized = axes["resolution"].at(10)
+    assert settings == {"policy.height": 40, "policy.width": 80} and (sized.cfg.height, sized.cfg.width) == (40, 80)
+    assert axes["frames"].at(5)[0] == {"policy.num_frames": 17} and axes["frames"].at(1)[0] == {"policy.num_frames": 1}
+    # the tiny denoiser's rotary positions (rope_max_seq_len 32, patch 1 x 2 x 2) bound both searches
+    assert axes["resolution"].most == 32 and axes["frames"].most == 32
+    assert set(weightless_formula("t2i_demo").size_axes()) == {"resolution"}
+
+
+@pytest.mark.slow  # ~3 min on the loaded 2-core machine (a plan with its search, two checks at the sizes it found)
+def test_the_largest_resolution_fits_and_the_next_does_not():
+    device = 300 * 2 ** 20
+    found = demo_plan(gpu_memory=device).largest_sizes["resolution"]
+    side = found["policy.height"]
+    assert found == {"policy.height": side, "policy.width": side} and side > 16
+    assert demo_plan(f"policy.height={side}", f"policy.width={side}").peak <= device
+    step = weightless_formula("t2i_demo").size_axes()["resolution"].at(1)[0]["policy.height"]
+    bigger = side + step
+    assert demo_plan(f"policy.height={bigger}", f"policy.width={bigger}").peak > device
+
+
 @pytest.mark.parametrize("overrides,named", [
     (["policy.units=forward_process"], "policy.units='forward_process'"),
     (["policy.turning_points=true"], "policy.turning_points=True"),

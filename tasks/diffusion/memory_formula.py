@@ -21,13 +21,14 @@ of. Families whose traces were not checked against the allocation probe are refu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from mmrl.core.memory_model import MemoryModel
+from mmrl.core.memory_model import MemoryModel, SizeAxis
 from mmrl.errors import UserError
 
 from ..model_loading import DTYPES, TINY_MODELS
@@ -36,10 +37,13 @@ from .family import Family, family_of
 from .meta_trace import LiveBytes, traced_peak
 from .pipeline_configs import loaded_configs
 from .samplers import LOGPROB_FORMS, SAMPLERS
+from .video_families import VideoFamily
 
 # the families whose traced passes were checked against the allocation probe (docs/benchmarks.md)
 CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan", "Flux2Klein", "SD15")
 STATES = "rollouts' states (fp32 latents)"  # host memory, from the denoising loop on
+LONGEST_SIDE = 4096  # pixels: the resolution searched under --gpu-memory, where the family has no bound of its own
+LONGEST_VIDEO = 513  # frames: the frame counts searched under --gpu-memory
 
 
 class DiffusionMemory(MemoryModel):
@@ -50,6 +54,7 @@ class DiffusionMemory(MemoryModel):
     def __init__(self, pipe: Any, family: Family, cfg: Any, prompt_length: int):
         super().__init__(family.denoiser, cfg.gradient_checkpointing)
         self.pipe, self.fam, self.cfg = pipe, family, cfg
+        self.prompt_length = prompt_length
         self.prompt = "a" * max(prompt_length, 1)
         self.guided = cfg.classifier_free_guidance
         self.family = f"{type(family).__name__} pipeline (denoiser trained, text encoders and VAE frozen)"
@@ -124,6 +129,33 @@ class DiffusionMemory(MemoryModel):
         x, _ = self._inputs(rows)
         with torch.no_grad():
             self.fam.decode(x, self.cfg.height, self.cfg.width)
+
+    # ----- the sizes searched under --gpu-memory
+    def size_axes(self) -> dict[str, SizeAxis]:
+        """The resolution (the longer side in multiples of the family's size multiple up to its
+        largest, the recipe's aspect kept) and, for a video family, the frame count (k x the VAE's
+        temporal factor + 1, up to the most its denoiser takes)."""
+        configs = loaded_configs(self.pipe).configs
+        multiple = self.fam.size_multiple(configs)
+        longest = self.fam.max_size(configs) or LONGEST_SIDE
+        axes = {"resolution": SizeAxis(longest // multiple, lambda step: self._resolution(step * multiple, multiple))}
+        if isinstance(self.fam, VideoFamily):
+            factor, most = self.fam._temporal_factor(), min(self.fam.max_frames() or LONGEST_VIDEO, LONGEST_VIDEO)
+            axes["frames"] = SizeAxis((most - 1) // factor + 1,
+                                      lambda step: self._sized(num_frames=(step - 1) * factor + 1))
+        return axes
+
+    def _resolution(self, longer: int, multiple: int) -> tuple[dict[str, int], "DiffusionMemory"]:
+        """The recipe at `longer` pixels on its longer side, the shorter one scaled to the nearest multiple."""
+        short, long = sorted((self.cfg.height, self.cfg.width))
+        shorter = max(multiple, round(longer * short / long / multiple) * multiple)
+        tall = self.cfg.height >= self.cfg.width
+        return self._sized(height=longer if tall else shorter, width=shorter if tall else longer)
+
+    def _sized(self, **sizes: int) -> tuple[dict[str, int], "DiffusionMemory"]:
+        cfg = replace(self.cfg, **sizes)
+        family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
+        return {f"policy.{k}": v for k, v in sizes.items()}, DiffusionMemory(self.pipe, family, cfg, self.prompt_length)
 
     # ----- the MemoryModel interface
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
