@@ -35,12 +35,13 @@ from ..model_loading import DTYPES, TINY_MODELS
 from .checks import size_problems
 from .family import Family, family_of
 from .meta_trace import LiveBytes, traced_peak
+from .meta_values import KnownValues
 from .pipeline_configs import loaded_configs
 from .samplers import LOGPROB_FORMS, SAMPLERS
 from .video_families import VideoFamily
 
 # the families whose traced passes were checked against the allocation probe (docs/benchmarks.md)
-CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan", "Flux2Klein", "SD15")
+CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan", "Flux2Klein", "SD15", "QwenImage", "ZImage")
 STATES = "rollouts' states (fp32 latents)"  # host memory, from the denoising loop on
 LONGEST_SIDE = 4096  # pixels: the resolution searched under --gpu-memory, where the family has no bound of its own
 LONGEST_VIDEO = 513  # frames: the frame counts searched under --gpu-memory
@@ -61,6 +62,7 @@ class DiffusionMemory(MemoryModel):
         self.module.requires_grad_(True)
         self._lines: dict[str, tuple[int, int]] = {}  # pass -> (bytes at 0 rows, per row)
         self._made: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}  # rows -> `_inputs`
+        self._known = KnownValues()  # the conditioning's masks' values, made by `_encode`, read by the passes
 
     def frozen_bytes(self) -> dict[str, int]:
         return {name: sum(p.numel() * p.element_size() for p in module.parameters())
@@ -85,18 +87,18 @@ class DiffusionMemory(MemoryModel):
         if name == "conditioning":
             return sum(v.numel() * v.element_size() for v in self._inputs(rows)[1].values())
         if name == "encode":
-            return traced_peak(lambda: self._encode(rows))
+            return traced_peak(lambda: self._encode(rows), known=self._known)
         if name == "decode":
-            return traced_peak(lambda: self._decode(rows))
+            return traced_peak(lambda: self._decode(rows), known=self._known)
         x, cond = self._inputs(rows)
         step = torch.tensor(500.0, device="meta")  # a model timestep: its value changes no shape
         if name == "sample":
             with torch.no_grad():
-                return traced_peak(lambda: self._predict(x, step, cond))
-        return traced_peak(lambda: self._train(x, step, cond, name == "train checkpointed"), self.module)
+                return traced_peak(lambda: self._predict(x, step, cond), known=self._known)
+        return traced_peak(lambda: self._train(x, step, cond, name == "train checkpointed"), self.module, self._known)
 
     def _encode(self, rows: int) -> dict[str, torch.Tensor]:
-        with torch.no_grad(), LiveBytes():  # its values read as 1 (meta_trace.py), traced or not
+        with torch.no_grad(), LiveBytes(self._known):  # its masks' values known (meta_values.py), traced or not
             return self.fam.encode([self.prompt] * rows, self.guided)
 
     def _inputs(self, rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
