@@ -114,7 +114,12 @@ PIPELINES = {"pixel-flow": (lambda side, layers: {"size": side, "layers": layers
              "pixel-flow-unet": (lambda side, width: {"size": side, "channels": [width, 2 * width]}, True, False),
              "sd3": (lambda side, layers: {"layers": layers}, True, False),
              "flux": (lambda side, layers: {"layers": layers}, False, False),
-             "wan-t2v": (lambda side, frames: {}, True, True)}
+             "wan-t2v": (lambda side, frames: {}, True, True),
+             "qwen-image": (lambda side, layers: {"layers": layers}, True, False),
+             "z-image": (lambda side, layers: {"layers": layers}, True, False),
+             "flux2-klein": (lambda side, layers: {"layers": layers}, True, False),
+             "sd15": (lambda side, n: {}, True, False)}
+POLICY_OF = {"sd15": {"sampler": "ddim"}}  # a pipeline's settings other than the defaults (an eps model's sampler)
 
 
 def diffusion_recipe(side: int, layers: int, args, here: str) -> dict:
@@ -123,7 +128,7 @@ def diffusion_recipe(side: int, layers: int, args, here: str) -> dict:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     policy = {"model": f"tiny:{args.pipeline}", "tiny_args": tiny_args(side, layers), "height": side, "width": side,
               "num_steps": 4, "classifier_free_guidance": guided, "gradient_checkpointing": args.checkpointing,
-              "num_frames": layers if video else 1}
+              "num_frames": layers if video else 1, **POLICY_OF.get(args.pipeline, {})}
     return {"task": "diffusion", "policy": policy, "data": {"path": os.path.join(here, "prompts.jsonl")},
             "rewards": {"plan_pixels": {"weight": 1.0}},
             "algorithm": {"group_size": args.group, "estimator": "grpo", "beta": 0.0},

@@ -15,7 +15,8 @@ from mmrl.config.parse import from_dict, parse_config
 from mmrl.config.sections import DistributedConfig
 from mmrl.distributed import state_shares
 from mmrl.errors import UserError
-from mmrl.experiments.memory_plan import plan_memory, plan_table
+from mmrl.core.memory_model import MemoryModel, SizeAxis
+from mmrl.experiments.memory_plan import MemoryPlan, largest_size, plan_memory, plan_table
 from mmrl.registry import ADAPTERS
 
 RECIPES = Path(__file__).resolve().parents[1] / "tasks" / "recipes"
@@ -156,6 +157,46 @@ def test_the_largest_group_size_fits_and_one_more_does_not(tmp_path):
     assert text_plan(tmp_path, [f"algorithm.group_size={largest}"]).peak <= device
     assert text_plan(tmp_path, [f"algorithm.group_size={largest + 1}"]).peak > device
     assert "largest group size" in plan_table(plan)
+
+
+class SquareImages(MemoryModel):
+    """A hand formula: a pass keeps 3 fp32 channels of SIDE x SIDE pixels per row, 5 times over."""
+
+    def __init__(self, side: int):
+        super().__init__(torch.nn.Linear(1, 1, device="meta"), checkpointing=False)
+        self.side = side
+
+    def activation_bytes(self, rows, checkpointing):
+        return 5 * rows * 3 * self.side ** 2 * 4
+
+    def update_bytes(self, rows, prompts, trains_head):
+        return {"activations": self.activation_bytes(rows, False)}
+
+    def rollout_bytes(self, rows, group_size):
+        return {}
+
+    def size_axes(self):
+        return {"resolution": SizeAxis(64, lambda step: ({"side": 16 * step}, SquareImages(16 * step)))}
+
+
+def test_the_largest_resolution_by_hand():
+    """4 rows of the hand formula beside 1 MiB of training state in 16 MiB: 60 x side^2 x 4 bytes
+    <= 15 MiB gives side <= 256.0 (16 MiB: 16 x 16 steps); one byte less, 240; 1 MiB, none."""
+    state, rows = 2 ** 20, 4
+
+    def peak(formula):
+        return state + sum(formula.update_bytes(rows, 1, True).values())
+
+    axis = SquareImages(16).size_axes()["resolution"]
+    assert peak(SquareImages(256)) == 16 * 2 ** 20
+    assert largest_size(axis, peak, 16 * 2 ** 20) == {"side": 256}
+    assert largest_size(axis, peak, 16 * 2 ** 20 - 1) == {"side": 240}
+    assert largest_size(axis, peak, 2 ** 20) == {}
+    plan = MemoryPlan("hand", 1, 1, {"rollout": 4, "update": 4}, {}, {}, {}, {}, 0, False, 0,
+                      device_memory=16 * 2 ** 20, largest_group_size=1, largest_micro_batch=1,
+                      largest_sizes={"resolution": {"side": 256}, "frames": {}})
+    table = plan_table(plan)
+    assert "largest resolution: side=256" in table and "largest frames: none fits" in table
 
 
 @pytest.mark.parametrize("recipe,adapter", [("tts_csm", "CSMPolicy"), ("tts_dia", "DiaPolicy"),

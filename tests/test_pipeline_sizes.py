@@ -100,7 +100,8 @@ PUBLISHED = {
     "flux": ({"vae": {"block_out_channels": [128, 256, 512, 512]},  # FLUX.1-dev
               "transformer": {"patch_size": 1}}, 16, None),
     "sd15": ({"vae": {"block_out_channels": [128, 256, 512, 512]}, "unet": {"sample_size": 64}}, 8, None),
-    "wan": ({"vae": {"z_dim": 16}, "transformer": {"patch_size": [1, 2, 2]}}, 16, None),  # Wan2.1-T2V-1.3B
+    "wan": ({"vae": {"z_dim": 16}, "transformer": {"patch_size": [1, 2, 2], "rope_max_seq_len": 1024}}, 16,
+            16384),  # Wan2.1-T2V-1.3B: its rotary positions cover 1,024 patches a side
     "hunyuan_video": ({"vae": {"spatial_compression_ratio": 8}, "transformer": {"patch_size": 2}}, 16, None),
     # Qwen-Image, Z-Image and FLUX.2 [klein]: vae_scale_factor * 2 (diffusers 0.42.1)
     "qwen_image": ({"vae": {"temperal_downsample": [False, True, True]}, "transformer": {"patch_size": 2}}, 16, None),

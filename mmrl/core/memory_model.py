@@ -3,14 +3,27 @@ model: the model built without weights (meta parameters of the real build's shap
 the bytes of the passes a training step runs, by component, computed from its configuration alone.
 
 The engine adds the training state (weights, gradients, AdamW state, shared as the strategy shares
-them) and finds the largest group size and micro-batch that fit; an adapter returns a `MemoryModel`
+them) and finds the largest group size and micro-batch that fit, and the largest of each input size
+the formula offers (`SizeAxis`: a resolution, a frame count); an adapter returns a `MemoryModel`
 from `Policy.memory_model`, whose formula is its family's own (layers, heads, vocabulary, ...)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
 
 from torch import nn
+
+
+@dataclass(frozen=True)
+class SizeAxis:
+    """An input size the plan searches under `--gpu-memory` beside the group size and micro-batch
+    (an image's resolution, a video's frames): its allowed values are steps 1 .. `most`, and
+    `at(step)` is the recipe's settings there (a field's name -> its value) with the formula there."""
+
+    most: int                                                        # the largest step searched
+    at: Callable[[int], tuple[dict[str, int], "MemoryModel"]]        # step -> (settings, formula)
 
 
 class MemoryModel(ABC):
@@ -25,6 +38,11 @@ class MemoryModel(ABC):
     def frozen_bytes(self) -> dict[str, int]:
         """Bytes by component of the frozen modules the run holds beside `module` (the trained one):
         a pipeline's encoders and decoder, say, kept whole by every process. None here."""
+        return {}
+
+    def size_axes(self) -> dict[str, SizeAxis]:
+        """The input sizes the plan searches for the largest that fits (a name, as the plan prints
+        it -> its axis), each at the recipe's other sizes. None here."""
         return {}
 
     def host_bytes(self, rows: int, micro_batch: int) -> dict[str, int]:

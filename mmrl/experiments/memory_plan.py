@@ -1,6 +1,7 @@
 """The memory plan (`mmrl plan`, docs/memory-plan.md): one process's peak memory in a recipe's
 training step, by component, computed from the model's configuration alone (its weightless build:
-no weights are read), and the largest group size and micro-batch that fit a device's memory.
+no weights are read), and the largest group size, micro-batch and input sizes (the formula's
+`size_axes`: a resolution, a frame count) that fit a device's memory.
 
 Analytic, not traced: the training state is the weightless build's parameter count in its dtype
 (LoRA: the adapters alone take gradients and AdamW state; else the parameters the adapter trains,
@@ -20,7 +21,7 @@ from mmrl.config.parse import from_dict
 from mmrl.config.rollouts import adapter_policy
 from mmrl.config.sections import TrainConfig
 from mmrl.core.lora import with_lora
-from mmrl.core.memory_model import MemoryModel
+from mmrl.core.memory_model import MemoryModel, SizeAxis
 from mmrl.core.regularisers import regulariser_needs
 from mmrl.distributed import state_shares
 from mmrl.errors import UserError, reading_user_input
@@ -50,6 +51,9 @@ class MemoryPlan:
     device_memory: int | None = None     # bytes, --gpu-memory
     largest_group_size: int | None = None   # that fits device_memory at the recipe's micro-batch (0: none)
     largest_micro_batch: int | None = None  # that fits at the recipe's group size, at most a process's rows (0: none)
+    # per input size the formula searches ("resolution", "frames"): the settings of its largest value that
+    # fits at the recipe's group size, micro-batch and other sizes (field -> value; {}: none fits)
+    largest_sizes: dict[str, dict[str, int]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +135,23 @@ def plan_memory(cfg: TrainConfig, processes: int, prompt_length: int, device_mem
 
     return replace(plan, device_memory=device_memory, largest_group_size=_largest(lambda g: fits(g, micro)),
                    largest_micro_batch=_largest(lambda m: fits(group, m),
-                                                most=group * cfg.optim.prompts_per_step // processes))
+                                                most=group * cfg.optim.prompts_per_step // processes),
+                   largest_sizes={name: largest_size(axis, lambda sized: _peak(state, _passes(cfg, sized, rows)),
+                                                     device_memory) for name, axis in model.size_axes().items()})
+
+
+def largest_size(axis: SizeAxis, peak, device_memory: int) -> dict[str, int]:
+    """The settings of the largest step of `axis` whose formula's `peak` (a function of the formula,
+    the training state and rows unchanged) fits `device_memory`; {} where none does."""
+    formulas: dict[int, tuple[dict[str, int], MemoryModel]] = {}
+
+    def at(step: int) -> tuple[dict[str, int], MemoryModel]:
+        if step not in formulas:
+            formulas[step] = axis.at(step)
+        return formulas[step]
+
+    step = _largest(lambda s: peak(at(s)[1]) <= device_memory, most=axis.most)
+    return at(step)[0] if step else {}
 
 
 def plan_table(plan: MemoryPlan) -> str:
@@ -158,4 +178,7 @@ def plan_table(plan: MemoryPlan) -> str:
         lines += ["", f"in {plan.device_memory / 2 ** 30:g} GiB: largest group size {plan.largest_group_size} "
                       f"(at micro-batch {plan.rows['update']}), largest micro-batch {plan.largest_micro_batch} "
                       "(at the recipe's group size, at most a step's rows); 0: none fits"]
+        for name, settings in (plan.largest_sizes or {}).items():
+            found = " ".join(f"{key}={value}" for key, value in settings.items()) or "none fits"
+            lines.append(f"largest {name}: {found} (at the recipe's group size, micro-batch and other sizes)")
     return "\n".join(lines)

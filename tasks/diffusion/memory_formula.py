@@ -21,25 +21,30 @@ of. Families whose traces were not checked against the allocation probe are refu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from mmrl.core.memory_model import MemoryModel
+from mmrl.core.memory_model import MemoryModel, SizeAxis
 from mmrl.errors import UserError
 
 from ..model_loading import DTYPES, TINY_MODELS
 from .checks import size_problems
 from .family import Family, family_of
 from .meta_trace import LiveBytes, traced_peak
+from .meta_values import KnownValues
 from .pipeline_configs import loaded_configs
 from .samplers import LOGPROB_FORMS, SAMPLERS
+from .video_families import VideoFamily
 
 # the families whose traced passes were checked against the allocation probe (docs/benchmarks.md)
-CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan")
+CHECKED_FAMILIES = ("PixelFlow", "PixelFlowUNet", "SD3", "Flux", "Wan", "Flux2Klein", "SD15", "QwenImage", "ZImage")
 STATES = "rollouts' states (fp32 latents)"  # host memory, from the denoising loop on
+LONGEST_SIDE = 4096  # pixels: the resolution searched under --gpu-memory, where the family has no bound of its own
+LONGEST_VIDEO = 513  # frames: the frame counts searched under --gpu-memory
 
 
 class DiffusionMemory(MemoryModel):
@@ -50,12 +55,14 @@ class DiffusionMemory(MemoryModel):
     def __init__(self, pipe: Any, family: Family, cfg: Any, prompt_length: int):
         super().__init__(family.denoiser, cfg.gradient_checkpointing)
         self.pipe, self.fam, self.cfg = pipe, family, cfg
+        self.prompt_length = prompt_length
         self.prompt = "a" * max(prompt_length, 1)
         self.guided = cfg.classifier_free_guidance
         self.family = f"{type(family).__name__} pipeline (denoiser trained, text encoders and VAE frozen)"
         self.module.requires_grad_(True)
         self._lines: dict[str, tuple[int, int]] = {}  # pass -> (bytes at 0 rows, per row)
         self._made: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}  # rows -> `_inputs`
+        self._known = KnownValues()  # the conditioning's masks' values, made by `_encode`, read by the passes
 
     def frozen_bytes(self) -> dict[str, int]:
         return {name: sum(p.numel() * p.element_size() for p in module.parameters())
@@ -80,18 +87,18 @@ class DiffusionMemory(MemoryModel):
         if name == "conditioning":
             return sum(v.numel() * v.element_size() for v in self._inputs(rows)[1].values())
         if name == "encode":
-            return traced_peak(lambda: self._encode(rows))
+            return traced_peak(lambda: self._encode(rows), known=self._known)
         if name == "decode":
-            return traced_peak(lambda: self._decode(rows))
+            return traced_peak(lambda: self._decode(rows), known=self._known)
         x, cond = self._inputs(rows)
         step = torch.tensor(500.0, device="meta")  # a model timestep: its value changes no shape
         if name == "sample":
             with torch.no_grad():
-                return traced_peak(lambda: self._predict(x, step, cond))
-        return traced_peak(lambda: self._train(x, step, cond, name == "train checkpointed"), self.module)
+                return traced_peak(lambda: self._predict(x, step, cond), known=self._known)
+        return traced_peak(lambda: self._train(x, step, cond, name == "train checkpointed"), self.module, self._known)
 
     def _encode(self, rows: int) -> dict[str, torch.Tensor]:
-        with torch.no_grad(), LiveBytes():  # its values read as 1 (meta_trace.py), traced or not
+        with torch.no_grad(), LiveBytes(self._known):  # its masks' values known (meta_values.py), traced or not
             return self.fam.encode([self.prompt] * rows, self.guided)
 
     def _inputs(self, rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -124,6 +131,33 @@ class DiffusionMemory(MemoryModel):
         x, _ = self._inputs(rows)
         with torch.no_grad():
             self.fam.decode(x, self.cfg.height, self.cfg.width)
+
+    # ----- the sizes searched under --gpu-memory
+    def size_axes(self) -> dict[str, SizeAxis]:
+        """The resolution (the longer side in multiples of the family's size multiple up to its
+        largest, the recipe's aspect kept) and, for a video family, the frame count (k x the VAE's
+        temporal factor + 1, up to the most its denoiser takes)."""
+        configs = loaded_configs(self.pipe).configs
+        multiple = self.fam.size_multiple(configs)
+        longest = self.fam.max_size(configs) or LONGEST_SIDE
+        axes = {"resolution": SizeAxis(longest // multiple, lambda step: self._resolution(step * multiple, multiple))}
+        if isinstance(self.fam, VideoFamily):
+            factor, most = self.fam._temporal_factor(), min(self.fam.max_frames() or LONGEST_VIDEO, LONGEST_VIDEO)
+            axes["frames"] = SizeAxis((most - 1) // factor + 1,
+                                      lambda step: self._sized(num_frames=(step - 1) * factor + 1))
+        return axes
+
+    def _resolution(self, longer: int, multiple: int) -> tuple[dict[str, int], "DiffusionMemory"]:
+        """The recipe at `longer` pixels on its longer side, the shorter one scaled to the nearest multiple."""
+        short, long = sorted((self.cfg.height, self.cfg.width))
+        shorter = max(multiple, round(longer * short / long / multiple) * multiple)
+        tall = self.cfg.height >= self.cfg.width
+        return self._sized(height=longer if tall else shorter, width=shorter if tall else longer)
+
+    def _sized(self, **sizes: int) -> tuple[dict[str, int], "DiffusionMemory"]:
+        cfg = replace(self.cfg, **sizes)
+        family = family_of(self.pipe, (cfg.height, cfg.width), cfg.num_frames)
+        return {f"policy.{k}": v for k, v in sizes.items()}, DiffusionMemory(self.pipe, family, cfg, self.prompt_length)
 
     # ----- the MemoryModel interface
     def activation_bytes(self, rows: int, checkpointing: bool) -> int:
@@ -165,6 +199,8 @@ def weightless_pipeline(cfg: Any) -> Any:
     if cfg.model.startswith("tiny:"):
         with torch.device("meta"):
             pipe = TINY_MODELS.get(cfg.model.removeprefix("tiny:"))(**cfg.tiny_args)
+        if getattr(pipe, "scheduler", None) is not None:  # its tables (a DDIM's alphas) made again off the meta device
+            pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     else:
         pipe = _from_files(cfg.model)
     pipe = pipe if cfg.dtype == "float32" else pipe.to(DTYPES[cfg.dtype])

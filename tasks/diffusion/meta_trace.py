@@ -10,8 +10,11 @@ the graph holds stays counted until the graph frees it. Parameters and buffers, 
 trace, are not counted (the plan counts the weights apart); parameters' gradients are dropped as
 they are accumulated (the plan counts the gradients apart), so only their transient is seen.
 
-A value read off a meta tensor (`.item()`, `bool()`: a text encoder asking whether its padding
-mask is all ones, say) reads as 1 (True): the trace takes the branch of unpadded rows.
+Small integer and boolean tensors computed from known values (token ids and attention masks made
+by a tokenizer on the CPU, the lengths summed from them) keep their values beside the trace
+(`meta_values.py`), so a mask's selection and a length read off it are the run's. Another value
+read off a meta tensor (`.item()`, `bool()` of one computed from weights) reads as 1 (True). A
+value read off a real tensor (a scheduler's table on the CPU: a DDIM step's alphas) is its own.
 
 On meta tensors PyTorch's scaled-dot-product attention would take its math path (the scores
 materialised); the trace runs the fused kernel instead (`fused_attention`, in PyTorch's place while the trace runs: its backward and a
@@ -29,20 +32,31 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .meta_values import KnownValues
+
 
 class LiveBytes(TorchDispatchMode):
     """The bytes of operators' outputs live at each moment (`live`) and the most (`peak`)."""
 
-    def __init__(self):
+    def __init__(self, known: KnownValues | None = None):
         super().__init__()
         self.live = 0
         self.peak = 0
         self._holders: dict[int, int] = {}  # storage -> live tensors viewing it
+        self.known = known or KnownValues()  # small integer and boolean tensors' values (meta_values.py)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:  # a value read off a meta tensor: 1 (module docstring)
+        kwargs = kwargs or {}
+        read, value = self.known.read(func, args, kwargs)
+        if read:
+            return value
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:  # 1 (module docstring)
             return True if args[0].dtype == torch.bool else 1
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*self.known.indexed(func, args), **kwargs)
+        except NotImplementedError:  # a meta kernel that needs values (`nonzero`): computed from the known ones
+            out = self.known.computed(func, args, kwargs)
+        self.known.record(func, args, kwargs, out)
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self._hold(tensor)
@@ -75,12 +89,13 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
-def traced_peak(work: Callable[[], Any], module: nn.Module | None = None) -> int:
+def traced_peak(work: Callable[[], Any], module: nn.Module | None = None, known: KnownValues | None = None) -> int:
     """The most bytes live at once while `work` runs on meta tensors (its result dropped at the
-    end); with `module`, its parameters' gradients are dropped as soon as they are accumulated."""
+    end); with `module`, its parameters' gradients are dropped as soon as they are accumulated;
+    `known`: the values of earlier traces' tensors it reads (their conditioning's masks)."""
     hooks = [p.register_post_accumulate_grad_hook(_drop_grad) for p in module.parameters() if p.requires_grad] \
         if module is not None else []
-    trace, stock = LiveBytes(), F.scaled_dot_product_attention
+    trace, stock = LiveBytes(known), F.scaled_dot_product_attention
     F.scaled_dot_product_attention = fused_attention
     try:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t), trace:

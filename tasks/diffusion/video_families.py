@@ -26,6 +26,10 @@ class VideoFamily(Family):
         """How many frames the VAE compresses into one latent frame."""
         return self.pipe.vae_scale_factor_temporal
 
+    def max_frames(self) -> int | None:
+        """The most frames the denoiser can take (None: no bound of its own)."""
+        return None
+
     def check_settings(self, cfg):
         factor = self._temporal_factor()
         if cfg.num_frames < 1 or (cfg.num_frames - 1) % factor:
@@ -86,6 +90,17 @@ class Wan(VideoFamily):
     def size_multiple(cls, configs: Configs) -> int:
         """The Wan VAE's `scale_factor_spatial` (8 unless its config says) times the patch's side."""
         return (configs.get("vae") or {}).get("scale_factor_spatial", 8) * patch_size(configs)
+
+    @classmethod
+    def max_size(cls, configs: Configs) -> int | None:
+        """The denoiser's rotary positions cover `rope_max_seq_len` patches a side."""
+        most = (configs.get("transformer") or {}).get("rope_max_seq_len")
+        return most * cls.size_multiple(configs) if most else None
+
+    def max_frames(self) -> int | None:
+        """The frames whose latent frames the rotary positions cover (`rope_max_seq_len` patches)."""
+        config = self.denoiser.config
+        return (config.rope_max_seq_len * config.patch_size[0] - 1) * self._temporal_factor() + 1
 
     def __init__(self, pipe, size, num_frames=1):
         super().__init__(pipe, size, num_frames)
