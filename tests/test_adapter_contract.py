@@ -298,6 +298,18 @@ class TestThinkerWithJanus(TestThinkerWithPixelFlow):
         assert torch.equal(alone.extras["generator/image_tokens"], in_batch.extras["generator/image_tokens"])
 
 
+class TestJanusText(AdapterContract):
+    """Janus writing text through its language head (tasks/ar_image/janus_text.py)."""
+    recipe = {**TestCausalLM.recipe, "task": "janus_text",
+              "policy": {"model": "tiny:janus", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2, "patches": 2},
+                         "max_new_tokens": 8}}
+    stream_sizes = TestCausalLM.stream_sizes
+
+    def reload_model(self, model, path):
+        from transformers import JanusForConditionalGeneration
+        return JanusForConditionalGeneration.from_pretrained(path).eval()
+
+
 def test_every_registered_adapter_runs_the_contract():
     covered = {cls.recipe["task"] for cls in AdapterContract.__subclasses__()}
     missing = set(ADAPTERS.names()) - covered
