@@ -156,7 +156,7 @@ def test_the_t2i_r1_recipe_trains_two_steps(tmp_path):
         assert math.isfinite(metrics["loss"]) and metrics["ratio_max_dev"] == 0.0
 
 
-@pytest.mark.slow  # TIME s on the loaded 2-core machine (2026-11-30): two launches of two steps
+@pytest.mark.slow  # 100 s on the loaded 2-core machine (2026-11-30): two launches of two steps
 def test_one_and_two_processes_give_the_same_weights(tmp_path):
     """1 process and 2 (gloo on CPU, the default data-parallel strategy): the same rewards, loss and
     weights of the one module after two steps with a KL to the frozen reference, with the harness and
