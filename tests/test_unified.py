@@ -135,6 +135,8 @@ def test_what_sharing_leaves_to_the_thinker_is_checked(tmp_path):
         trainer(tmp_path, unified_recipe(generator_lr=0.1))
     with pytest.raises(Exception, match=r"policy\.freeze=generator: with policy\.shared_weights"):
         trainer(tmp_path, unified_recipe(freeze="generator"))
+    with pytest.raises(Exception, match=r"policy\.thinker\.rollout_engine=vllm: task janus_text samples with"):
+        trainer(tmp_path, unified_recipe(thinker={**JANUS, "rollout_engine": "vllm"}))
     with pytest.raises(Exception, match=r"policy\.thinker_template='\{thought\}' names only \{prompt\}"):
         trainer(tmp_path, unified_recipe(thinker_template="{thought}"))
     qwen = {"model": "tiny:qwen2-char", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2}, "max_new_tokens": 4}
@@ -169,3 +171,14 @@ def test_one_and_two_processes_give_the_same_weights(tmp_path):
     one, weights = one_and_two_processes(recipe, tmp_path, 2)
     assert any(r["loss"] != 0 for r in one) and any(r["kl"] > 0 for r in one)  # real updates happened
     assert weights and all(not k.startswith("generator/") for k in weights)
+
+
+def test_the_memory_plan_refuses_one_module_for_both_parts():
+    """The composite's formula counts each part's module apart: the shared form is refused by name."""
+    from mmrl.config.parse import from_dict
+    from mmrl.errors import UserError
+    from mmrl.tasks.composite.config import CompositeConfig
+    from mmrl.tasks.composite.memory_formula import composite_memory
+    cfg = from_dict(CompositeConfig, {**unified_recipe()["policy"], "thinker_task": "causal_lm"}, "policy")
+    with pytest.raises(UserError, match=r"policy\.shared_weights=true .* has no memory formula"):
+        composite_memory(cfg, 16)

@@ -37,6 +37,14 @@ class JanusTextPolicy(CausalLMPolicy):
 
     Config = CausalLMConfig
 
+    @classmethod
+    def config_problems(cls, cfg: CausalLMConfig) -> list[str]:
+        problems = super().config_problems(cfg)
+        if cfg.rollout_engine != "hf":
+            problems.append(f"policy.rollout_engine={cfg.rollout_engine}: task janus_text samples with transformers' "
+                            "generate (hf); the vLLM engine does not load Janus's unified model")
+        return problems
+
     def _load(self, cfg: CausalLMConfig) -> None:
         """Set `model` (a Janus checkpoint, or tiny:janus) and `tokenizer`; the model's `generate` is
         text mode's with the logits processors kept (`text_mode_generate`)."""
