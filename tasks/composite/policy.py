@@ -9,7 +9,8 @@ prompt and data columns, and the thinker's text in the `thought` column. The eng
 of an episode its one group-relative advantage and sees no parts: each part is its own adapter, its
 log-probs computed by that adapter on the units that fall in its columns (`units.py`), its module
 one part of the trained module (`model.py`), with its own learning rate (`Policy.parameter_groups`),
-its own LoRA, or frozen.
+its own LoRA, or frozen; or both parts run one unified model's module (`policy.shared_weights`,
+`build.py`), one set of weights trained by both kinds of unit.
 """
 
 from __future__ import annotations
