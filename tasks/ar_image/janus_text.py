@@ -36,6 +36,7 @@ class JanusTextPolicy(CausalLMPolicy):
     """`causal_lm` on a `JanusForConditionalGeneration` (module docstring)."""
 
     Config = CausalLMConfig
+    runs_in_rollout_worker = False  # not run in the asynchronous rollout worker (untested there)
 
     @classmethod
     def config_problems(cls, cfg: CausalLMConfig) -> list[str]:
