@@ -7,6 +7,7 @@ import torch
 from adapter_contract import AdapterContract
 from helpers import on_policy_step_changes
 from test_composite import PIXEL_FLOW, SD3, composite_recipe
+from test_unified import unified_recipe
 
 from mmrl.registry import ADAPTERS
 
@@ -330,6 +331,35 @@ class TestThinkerWithEmu3(TestThinkerWithJanus):
         from mmrl.tasks.composite.model import CompositeModel
         return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
                                "generator": Emu3ForConditionalGeneration.from_pretrained(path / "generator")}).eval()
+
+
+class TestJanusText(AdapterContract):
+    """Janus writing text through its language head (tasks/ar_image/janus_text.py)."""
+    recipe = {**TestCausalLM.recipe, "task": "janus_text",
+              "policy": {"model": "tiny:janus", "tiny_args": {"hidden": 32, "layers": 1, "heads": 2, "patches": 2},
+                         "max_new_tokens": 8}}
+    stream_sizes = TestCausalLM.stream_sizes
+
+    def reload_model(self, model, path):
+        from transformers import JanusForConditionalGeneration
+        return JanusForConditionalGeneration.from_pretrained(path).eval()
+
+
+class TestUnifiedJanus(TestThinkerWithPixelFlow):
+    """T2I-R1's form: one Janus writes its thought and draws from it (policy.shared_weights, tests/test_unified.py)."""
+    recipe = unified_recipe()
+
+    def reload_model(self, model, path):
+        """The one module, saved whole in the checkpoint directory, by the stock class."""
+        from transformers import JanusForConditionalGeneration
+
+        from mmrl.tasks.composite.model import CompositeModel
+        return CompositeModel({"thinker": JanusForConditionalGeneration.from_pretrained(path)},
+                              shared={"generator": "thinker"}).eval()
+
+    def assert_same_draw(self, alone, in_batch):
+        assert alone.columns["thought"] == in_batch.columns["thought"]
+        assert torch.equal(alone.extras["generator/image_tokens"], in_batch.extras["generator/image_tokens"])
 
 
 def test_every_registered_adapter_runs_the_contract():

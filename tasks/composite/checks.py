@@ -29,11 +29,35 @@ def composite_problems(cfg: CompositeConfig) -> list[str]:
         if clip is not None and (len(clip) != 2 or any(e < 0 for e in clip)):
             problems.append(f"policy.{name}_clip={clip} must be [eps_low, eps_high], both >= 0 (null: the "
                             "algorithm's)")
+    problems.extend(_shared_problems(cfg))
+    try:
+        cfg.thinker_template.format(prompt="")
+    except (KeyError, IndexError, ValueError) as err:
+        problems.append(f"policy.thinker_template={cfg.thinker_template!r} names only {{prompt}} "
+                        f"({type(err).__name__}: {err})")
     try:
         cfg.prompt_template.format(thought="", prompt="")
     except (KeyError, IndexError, ValueError) as err:
         problems.append(f"policy.prompt_template={cfg.prompt_template!r} names only {{thought}} and {{prompt}} "
                         f"({type(err).__name__}: {err})")
+    return problems
+
+
+def _shared_problems(cfg: CompositeConfig) -> list[str]:
+    """What `policy.shared_weights` leaves to the thinker's settings: one LoRA, one learning rate,
+    both parts trained."""
+    if not cfg.shared_weights:
+        return []
+    problems = []
+    if cfg.generator_lora.r:
+        problems.append(f"policy.generator_lora.r={cfg.generator_lora.r}: with policy.shared_weights the one "
+                        "module's LoRA is policy.thinker_lora; set the generator's rank to 0")
+    if cfg.generator_lr is not None:
+        problems.append(f"policy.generator_lr={cfg.generator_lr}: with policy.shared_weights the one module "
+                        "trains at policy.thinker_lr (null: optim.lr); leave generator_lr null")
+    if cfg.freeze != "none":
+        problems.append(f"policy.freeze={cfg.freeze}: with policy.shared_weights both parts train the one "
+                        "module; set freeze to none")
     return problems
 
 

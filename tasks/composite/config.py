@@ -38,6 +38,14 @@ class CompositeConfig:
     prompt_template: str = field(default="{thought}", metadata={"help": (
         "The generator's prompt made of the thinker's text: {thought} is the thinker's completion, {prompt} the "
         "row's prompt (e.g. '{prompt}. {thought}' keeps the request beside the rewrite).")})
+    shared_weights: bool = field(default=False, metadata={"help": (
+        "One unified model thinks and draws (T2I-R1's Janus-Pro: thinker_task janus_text, generator_task janus, "
+        "the same model): the generator draws with the thinker's module, one set of weights trained by both kinds "
+        "of unit, with one LoRA (thinker_lora) and one learning rate (thinker_lr); generator_lora, generator_lr "
+        "and freeze stay unset. The checkpoint is the one model, as the thinker's adapter writes it.")})
+    thinker_template: str = field(default="{prompt}", metadata={"help": (
+        "The thinker's prompt made of the row's prompt, {prompt} replaced by it (e.g. T2I-R1's reasoning prompt "
+        "in Janus-Pro's conversation format); the default hands the row's prompt as it is.")})
     thought_column: str = field(default="rewrite", metadata={"help": (
         "The data column of the text the thinker learns to write in the supervised warm start (warm_start.steps > "
         "0); the generator learns to draw warm_start.target_column from prompt_template of that text.")})

@@ -77,7 +77,11 @@ def generator_prompt_length(cfg: CompositeConfig, thinker: Any, prompt_length: i
 
 def composite_memory(cfg: CompositeConfig, prompt_length: int) -> CompositeMemory:
     """Each part's formula from its own adapter (a part task not checked inside a composite is
-    refused by name), the frozen part frozen and each part's LoRA applied as the policy applies them."""
+    refused by name), the frozen part frozen and each part's LoRA applied as the policy applies them.
+    One module serving both parts (`policy.shared_weights`) is refused: the formula holds two."""
+    if cfg.shared_weights:
+        raise UserError("mmrl plan: policy.shared_weights=true (one module thinks and draws) has no memory formula "
+                        "(the composite's counts each part's module apart); its memory is not planned")
     settings = {name: from_dict(ADAPTERS.get(cfg.part_task(name)).Config, cfg.part_settings(name), f"policy.{name}")
                 for name in PARTS}
     lengths = {"thinker": prompt_length,

@@ -1,7 +1,8 @@
 """The module a composite policy trains: its parts under their names, called through one forward.
 
-`CompositeModel.parts` holds each part's module (`thinker`, `generator`); `forward(part, ...)` runs
-the named part, so that a wrapper the strategy puts around the whole module (one that reduces the
+`CompositeModel.parts` holds each part's module (`thinker`, `generator`), or, where the parts share
+one module (`policy.shared_weights`), that module once under `thinker` with `shared` naming the part
+that uses it; `forward(part, ...)` runs the named part's module, so that a wrapper the strategy puts around the whole module (one that reduces the
 gradients in its own call) sees every part's forward. A part's adapter is handed a `PartCall`: it
 calls like the part's module (through the whole module's forward) and reads the part's attributes
 (its config, its output head) from the part itself.
@@ -15,14 +16,20 @@ from torch import nn
 
 
 class CompositeModel(nn.Module):
-    """The parts' modules by name; `forward(part, *args, **kwargs)` is `parts[part](*args, **kwargs)`."""
+    """The parts' modules by name; `shared` maps a part that holds no module of its own to the part
+    whose module it runs; `forward(part, *args, **kwargs)` is `part(part)(*args, **kwargs)`."""
 
-    def __init__(self, parts: dict[str, nn.Module]):
+    def __init__(self, parts: dict[str, nn.Module], shared: dict[str, str] | None = None):
         super().__init__()
         self.parts = nn.ModuleDict(parts)
+        self.shared = dict(shared or {})
+
+    def part(self, name: str) -> nn.Module:
+        """The module part `name` runs (its own, or the one it shares)."""
+        return self.parts[self.shared.get(name, name)]
 
     def forward(self, part: str, *args: Any, **kwargs: Any) -> Any:
-        return self.parts[part](*args, **kwargs)
+        return self.part(part)(*args, **kwargs)
 
 
 def composite_of(model: nn.Module) -> CompositeModel:
@@ -41,7 +48,7 @@ class PartCall:
 
     def __init__(self, whole: nn.Module, name: str):
         self.whole, self.name = whole, name
-        self.part = composite_of(whole).parts[name]
+        self.part = composite_of(whole).part(name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.whole(self.name, *args, **kwargs)

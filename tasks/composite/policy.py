@@ -9,7 +9,8 @@ prompt and data columns, and the thinker's text in the `thought` column. The eng
 of an episode its one group-relative advantage and sees no parts: each part is its own adapter, its
 log-probs computed by that adapter on the units that fall in its columns (`units.py`), its module
 one part of the trained module (`model.py`), with its own learning rate (`Policy.parameter_groups`),
-its own LoRA, or frozen.
+its own LoRA, or frozen; or both parts run one unified model's module (`policy.shared_weights`,
+`build.py`), one set of weights trained by both kinds of unit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.config.parse import from_dict
-from mmrl.core.lora import with_lora
 from mmrl.core.media import Medium
 from mmrl.core.parallel import ParallelView
 from mmrl.core.policy import Policy
@@ -33,10 +33,11 @@ from mmrl.core.seeding import derive_seed
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
+from .build import build_parts, thinker_prompts
 from .checks import composite_problems
 from .config import PARTS, CompositeConfig
 from .memory_formula import CompositeMemory, composite_memory
-from .model import CompositeModel, PartCall, composite_of
+from .model import PartCall, composite_of
 from .units import PartColumns, join_parts, part_rollout
 from .warm_start import composite_supervised_loss
 
@@ -55,17 +56,7 @@ class CompositePolicy(Policy):
         if problems:
             raise ValueError(problems[0])
         self.cfg = cfg
-        self.parts: dict[str, Policy] = {}
-        modules = {}
-        for name in PARTS:
-            adapter = ADAPTERS.get(cfg.part_task(name))
-            part = adapter(from_dict(adapter.Config, cfg.part_settings(name), f"policy.{name}"))
-            if cfg.freeze == name:
-                part.model.requires_grad_(False)
-            else:
-                part.model = with_lora(part.model, cfg.part_lora(name))
-            self.parts[name], modules[name] = part, part.model
-        self.model = CompositeModel(modules)
+        self.parts, self.model = build_parts(cfg)
         widths = [self.parts[name].max_units for name in PARTS]
         self.columns = [PartColumns(name, sum(widths[:i]), w) for i, (name, w) in enumerate(zip(PARTS, widths))]
 
@@ -138,9 +129,9 @@ class CompositePolicy(Policy):
         """One group per trained part, at its own learning rate (`policy.thinker_lr`, `generator_lr`)."""
         if hasattr(model, "peft_config"):  # refused with the recipe; a model wrapped since is refused here
             raise UserError(f"task composite {self.engine_lora_refused}")
-        parts = composite_of(model).parts
-        return [{"params": [p for p in parts[name].parameters() if p.requires_grad], "lr": self.cfg.part_lr(name, lr)}
-                for name in PARTS if self.trained(name)]
+        whole = composite_of(model)  # a part that shares another's module has no group of its own
+        return [{"params": [p for p in whole.part(name).parameters() if p.requires_grad],
+                 "lr": self.cfg.part_lr(name, lr)} for name in PARTS if self.trained(name) and name not in whole.shared]
 
     def pop_metrics(self) -> dict[str, float]:
         return {f"{name}/{k}": v for name, part in self.parts.items() for k, v in part.pop_metrics().items()}
@@ -157,14 +148,16 @@ class CompositePolicy(Policy):
         3. the record: the generator's completions and columns, the thinker's text as `thought`, and the
            parts' units side by side (`units.join_parts`)."""
         thinker, generator = self.parts["thinker"], self.parts["generator"]
-        thought = thinker.rollout(prompts, group_size, seeds, greedy)
+        own_rows = thinker_prompts(self.cfg, list(prompts), thinker.prompt_column, self.prompt_of)
+        thought = thinker.rollout(own_rows, group_size, seeds, greedy)
         rows = thought.group_id.tolist()
         own_prompts = [str(self.prompt_of(prompts[g])) for g in rows]
         texts = [self.cfg.prompt_template.format(thought=str(c), prompt=p)
                  for c, p in zip(thought.completions, own_prompts)]
         row_seeds = [derive_seed(seeds[g], k) for g, k in zip(rows, _index_in_group(rows))]
         drawn = generator.rollout(texts, 1, row_seeds, greedy)
-        base = Rollout(group_id=thought.group_id, prompts=thought.prompts, completions=drawn.completions,
+        shown = thought.prompts if own_rows == list(prompts) else own_prompts  # the rows' own, not the template's
+        base = Rollout(group_id=thought.group_id, prompts=shown, completions=drawn.completions,
                        unit_mask=thought.unit_mask, columns={**drawn.columns, "thought": list(thought.completions)},
                        truncated=thought.truncated, auxiliary=thought.auxiliary)
         columns = self.columns if not greedy else self._columns_of({"thinker": thought, "generator": drawn})
@@ -273,13 +266,15 @@ class CompositePolicy(Policy):
 
     def save_pretrained(self, model: nn.Module, path: Path, state_dict: dict[str, Tensor] | None = None) -> None:
         """Each part as its adapter writes it (a LoRA adapter or whole weights), in `path/thinker` and
-        `path/generator`."""
-        parts = composite_of(model).parts
+        `path/generator`; the one module of `policy.shared_weights` in `path`, as the thinker writes it."""
+        whole = composite_of(model)
         for name in PARTS:
+            if name in whole.shared:
+                continue
             prefix = f"parts.{name}."
             own = None if state_dict is None else {k[len(prefix):]: v for k, v in state_dict.items()
                                                    if k.startswith(prefix)}
-            self.parts[name].save_pretrained(parts[name], Path(path) / name, own)
+            self.parts[name].save_pretrained(whole.part(name), Path(path) / ("" if whole.shared else name), own)
 
 
 @contextmanager

@@ -1,10 +1,11 @@
 """The composite's supervised warm start (`warm_start.steps`): each trained part's own supervised
 loss on its own target, summed. The thinker learns to write the row's `policy.thought_column` after
-the row's prompt; the generator learns to draw the row's `warm_start.target_column` from the
-prompt that text makes through `policy.prompt_template` (what it is handed in a rollout when the
-thinker writes that text). A frozen part is not warm-started. The parts' parameters are disjoint,
-so each part's gradient is its own loss's, as if warm-started alone (AdamW per parameter; a global
-`warm_start.max_grad_norm` couples the two only through the clip)."""
+the row's prompt (through `policy.thinker_template`); the generator learns to draw the row's
+`warm_start.target_column` from the prompt that text makes through `policy.prompt_template` (what
+it is handed in a rollout when the thinker writes that text). A frozen part is not warm-started.
+Apart, the parts' parameters are disjoint, so each part's gradient is its own loss's, as if
+warm-started alone (AdamW per parameter; a global `warm_start.max_grad_norm` couples the two only
+through the clip); shared (`policy.shared_weights`), the one module's gradient is the sum of both."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from mmrl.errors import UserError
 
+from .build import thinker_prompts
 from .config import CompositeConfig
 from .model import PartCall
 
@@ -38,7 +40,8 @@ def composite_supervised_loss(cfg: CompositeConfig, parts: dict[str, Any], model
     drawn = generator_rows(cfg, rows, thinker.prompt_of, generator.prompt_column)
     losses = []
     if trained["thinker"]:
-        losses.append(thinker.supervised_loss(PartCall(model, "thinker"), rows, cfg.thought_column))
+        own = thinker_prompts(cfg, list(rows), thinker.prompt_column, thinker.prompt_of)
+        losses.append(thinker.supervised_loss(PartCall(model, "thinker"), own, cfg.thought_column))
     if trained["generator"]:
         losses.append(generator.supervised_loss(PartCall(model, "generator"), drawn, target_column))
     return sum(losses[1:], losses[0])
