@@ -1,5 +1,6 @@
 """Speech generators as policies over codec tokens: CSM (`csm`), one unit per codec frame, its
 log-prob the chain rule over the frame's codebooks (`codec_frames`), its prompts with an optional
-reference voice (`csm_prompts`)."""
+reference voice (`csm_prompts`); Qwen2.5-Omni's talker (`omni_talker`), one unit per single-codebook codec
+token, fed the frozen thinker's states of the text teacher-forced (`omni_talker_inputs`)."""
 
-from . import csm  # noqa: F401  (registration)
+from . import csm, omni_talker  # noqa: F401  (registration)
