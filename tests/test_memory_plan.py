@@ -158,7 +158,8 @@ def test_the_largest_group_size_fits_and_one_more_does_not(tmp_path):
     assert "largest group size" in plan_table(plan)
 
 
-@pytest.mark.parametrize("recipe,adapter", [("tts_csm", "CSMPolicy"), ("dlm_diffusion_gemma", "DLMPolicy"),
+@pytest.mark.parametrize("recipe,adapter", [("tts_csm", "CSMPolicy"), ("tts_omni_talker", "OmniTalkerPolicy"),
+                                            ("dlm_diffusion_gemma", "DLMPolicy"),
                                             ("t2v_hunyuan", "DiffusionPolicy"), ("t2i_nft", "DiffusionPolicy")])
 def test_a_family_without_a_formula_is_named(recipe, adapter, capsys):
     assert main(["plan", recipe, "--prompt-tokens", "16"]) != 0
