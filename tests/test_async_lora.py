@@ -119,7 +119,10 @@ SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.
                "i2av_ltx2": [f"reward_modules=[{SPEECH_JUDGES}]", "rewards.clap.args.model=tiny-clap"],
                # the tiny Whisper hears the tiny CSM's sound as nothing (every WER 1, no advantage): loudness varies
                "tts_csm": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]", "rewards.asr_wer.args.model=tiny-tts-judge",
-                           "rewards.loudness.weight=1.0", "policy.max_new_frames=3"]}
+                           "rewards.loudness.weight=1.0", "policy.max_new_frames=3"],
+               "tts_omni_talker": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]",
+                                   "rewards.asr_wer.args.model=tiny-tts-judge", "rewards.loudness.weight=1.0",
+                                   "policy.max_new_tokens=3", "policy.system_prompt="]}
 
 
 @pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)
