@@ -237,3 +237,10 @@ def test_an_unknown_voice_is_refused_by_name():
     from mmrl.errors import UserError
     with pytest.raises(UserError, match="policy.speaker='Ethan' is not a voice of 'tiny:qwen2_5-omni-talker'"):
         make_policy(speaker="Ethan")
+
+
+def test_a_prompt_that_is_not_text_to_say_is_named():
+    check = ADAPTERS.get("omni_talker").prompt_check(ADAPTERS.get("omni_talker").Config(**POLICY))
+    assert check("12") is None
+    assert check("  ") == "an empty prompt: task omni_talker needs text to say"
+    assert check([{"role": "user", "content": "12"}]) == "a list prompt: task omni_talker takes the text to say"

@@ -90,6 +90,15 @@ class OmniTalkerPolicy(Policy):
         return [message for failed, message in checks if failed]
 
     @classmethod
+    def prompt_check(cls, cfg: OmniTalkerConfig):
+        """A prompt is the text to say, the thinker's reply: a string with something in it."""
+        def check(prompt: Any) -> str | None:
+            if not isinstance(prompt, str):
+                return f"a {type(prompt).__name__} prompt: task omni_talker takes the text to say"
+            return None if prompt.strip() else "an empty prompt: task omni_talker needs text to say"
+        return check
+
+    @classmethod
     def output_kind(cls, cfg: OmniTalkerConfig) -> str:
         return "audio"
 

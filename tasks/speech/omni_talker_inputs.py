@@ -88,8 +88,9 @@ def processed_logits(logits: Tensor, seen: Tensor, suppress: int, penalty: float
 def seen_ids(prefix: Tensor, codes: Tensor, vocab: int) -> Tensor:
     """bool [B, T, V]: at each code position t, the ids among the prefix's codec ids `prefix` [B, L] (left padding
     with the mask id, which every prefix holds) and the codes before t (`codes` [B, T])."""
-    in_prefix = torch.zeros(prefix.shape[0], vocab, dtype=torch.bool, device=prefix.device)
-    in_prefix.scatter_(1, prefix, True)
-    onehot = nn.functional.one_hot(codes, vocab)
-    before = (onehot.cumsum(1) - onehot) > 0
-    return before | in_prefix[:, None]
+    batch, width = codes.shape
+    in_prefix = torch.zeros(batch, vocab, dtype=torch.bool, device=prefix.device).scatter_(1, prefix, True)
+    steps = torch.arange(width, device=codes.device)
+    first = torch.full((batch, vocab), width, dtype=torch.long, device=codes.device)
+    first = first.scatter_reduce(1, codes, steps.expand(batch, width), reduce="amin")  # each id's first position
+    return (steps[None, :, None] > first[:, None, :]) | in_prefix[:, None]
