@@ -101,6 +101,20 @@ class TestDia(AdapterContract):
         width = alone.extras["decoder_ids"].shape[1]
         assert torch.equal(alone.extras["decoder_ids"], in_batch.extras["decoder_ids"][:, :width])
 
+
+class TestOmniTalker(AdapterContract):
+    """Qwen2.5-Omni's talker: units are single-codebook codec tokens after the frozen thinker's teacher-forced reply."""
+    recipe = {"task": "omni_talker", "policy": {"model": "tiny:qwen2_5-omni-talker", "system_prompt": "",
+                                                "max_new_tokens": 4},
+              "data": {"name": "arithmetic", "args": {"n_train": 16, "n_eval": 4, "digits": 1}},
+              "rewards": {"loudness": {"weight": 1.0}},
+              "algorithm": {"group_size": 3}, "optim": {"lr": 1e-2, "prompts_per_step": 2}}
+    stream_sizes = (2,)
+
+    def assert_same_draw(self, alone, in_batch):
+        assert torch.equal(alone.extras["completion_codes"], in_batch.extras["completion_codes"][..., :alone.num_units])
+
+
 VIDEO = {"height": 32, "width": 32, "num_frames": 5, "num_steps": 3, "eval_num_steps": 3, "noise_level": 0.7}
 VIDEO_RECIPE = {**TestDiffusion.recipe, "rewards": {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}}}
 

@@ -424,7 +424,7 @@ def test_async_refuses_what_it_cannot_run_and_names_the_families_that_work(tmp_p
         validate(parse_config(TINY_RECIPE, [f"output_dir={tmp_path}", "task=trainer_only_lm", "rollout.mode=async",
                                             "rollout.max_staleness=-1", "rollout.stale_rows=keep"]))
     text = str(err.value)
-    assert "task='trainer_only_lm' (the rollout worker runs audio_lm, causal_lm, csm, dia, diffusion, dlm, janus, vlm)" in text
+    assert "task='trainer_only_lm' (the rollout worker runs audio_lm, causal_lm, csm, dia, diffusion, dlm, janus, omni_talker, vlm)" in text
     assert "rollout.max_staleness=-1" in text and "rollout.stale_rows=keep with algorithm.rollout_correction=none" in text
     with pytest.raises(ConfigError, match=r"rollout.mode=async with policy.units=forward_process \(no behaviour"):
         validate(parse_config(DIFFUSION_RECIPE, [f"output_dir={tmp_path}", "rollout.mode=async",

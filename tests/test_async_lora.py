@@ -122,7 +122,10 @@ SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.
                "tts_csm": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]", "rewards.asr_wer.args.model=tiny-tts-judge",
                            "rewards.loudness.weight=1.0", "policy.max_new_frames=3"],
                "tts_dia": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]", "rewards.asr_wer.args.model=tiny-tts-judge",
-                           "rewards.loudness.weight=1.0", "policy.max_new_frames=3"]}
+                           "rewards.loudness.weight=1.0", "policy.max_new_frames=3"],
+               "tts_omni_talker": [f"reward_modules=[{SPEECH_JUDGES},{DIGIT_REWARDS}]",
+                                   "rewards.asr_wer.args.model=tiny-tts-judge", "rewards.loudness.weight=1.0",
+                                   "policy.max_new_tokens=3", "policy.system_prompt="]}
 
 
 @pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)

@@ -200,6 +200,7 @@ def test_the_largest_resolution_by_hand():
 
 
 @pytest.mark.parametrize("recipe,adapter", [("tts_csm", "CSMPolicy"), ("tts_dia", "DiaPolicy"),
+                                            ("tts_omni_talker", "OmniTalkerPolicy"),
                                             ("dlm_diffusion_gemma", "DLMPolicy"),
                                             ("t2v_hunyuan", "DiffusionPolicy"), ("t2i_nft", "DiffusionPolicy")])
 def test_a_family_without_a_formula_is_named(recipe, adapter, capsys):

@@ -12,7 +12,7 @@ from mmrl.registry import DEMO_EVALUATORS, DEMO_FIGURES, DEMO_SAMPLE_WRITERS, DE
 from mmrl.train.loop.evaluation import Evaluator
 
 from ..diffusion.loading import PIPELINE_LOADERS
-from . import (tiny_diffusion_gemma, tiny_emu3, tiny_generators, tiny_janus, tiny_models, tiny_multimodal, tiny_pipelines,  # noqa: F401  (registration)
+from . import (tiny_diffusion_gemma, tiny_emu3, tiny_generators, tiny_janus, tiny_models, tiny_multimodal, tiny_omni_talker, tiny_pipelines,  # noqa: F401  (registration)
                tiny_speech, tiny_video_generators, tone_codec)
 from .evaluators import boxes_at_iou, exact_match, exact_transcript, tex_match, zoom_answers
 from .samples import write_samples

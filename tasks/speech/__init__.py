@@ -1,6 +1,8 @@
 """Speech generators as policies over codec tokens: CSM (`csm`), one unit per codec frame, its
 log-prob the chain rule over the frame's codebooks (`codec_frames`), its prompts with an optional
 reference voice (`csm_prompts`); Dia (`dia`), one unit per delayed decoder step, its guided scores and
-log-prob (`dia_steps`), its sampler (`dia_sampling`) and prompts (`dia_prompts`)."""
+log-prob (`dia_steps`), its sampler (`dia_sampling`) and prompts (`dia_prompts`); Qwen2.5-Omni's talker
+(`omni_talker`), one unit per single-codebook codec token, fed the frozen thinker's states of the text
+teacher-forced (`omni_talker_inputs`)."""
 
-from . import csm, dia  # noqa: F401  (registration)
+from . import csm, dia, omni_talker  # noqa: F401  (registration)
