@@ -101,6 +101,10 @@ class CompositePolicy(Policy):
 
     # ----- the parts ------------------------------------------------------------------------------
     def use_parallel(self, view: ParallelView) -> None:
+        if view.gathers_in_module_calls:  # 2 processes left the generator 7e-4 from 1 process's after a KL step
+            raise UserError(f"task composite under {view.description}: not equal to one process there (the "
+                            "generator's weights differ after a step with a KL term); use a strategy that gathers "
+                            "whole parts (docs/distributed.md)")
         super().use_parallel(view)
         for part in self.parts.values():
             part.use_parallel(view)
