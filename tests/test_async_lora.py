@@ -15,7 +15,7 @@ from helpers import TINY_RECIPE
 from test_async import AUDIO_RECIPE, DIFFUSION_RECIPE, DLM_RECIPE, VLM_RECIPE, draws_after_an_update, run
 
 from mmrl.config.parse import ConfigError, load_recipe, parse_config
-from mmrl.registry import load_plugins, shipped_recipes
+from mmrl.registry import ADAPTERS, load_plugins, shipped_recipes
 from mmrl.train.loop.trainer import Trainer
 from mmrl.serving.weights_broadcast import TRAINED, WHOLE
 from mmrl.train.plan.validate import validate
@@ -92,15 +92,23 @@ def lora_recipes() -> dict:
 LORA_RECIPES = lora_recipes()
 # refused by the worker for what their policy does, not for their LoRA (docs/async.md#what-the-worker-runs)
 FORWARD_PROCESS = {name for name, cfg in LORA_RECIPES.items() if cfg.policy.get("units") == "forward_process"}
+# and those whose adapter the worker does not run (Emu3: untested there)
+NOT_IN_WORKER = {name for name, cfg in LORA_RECIPES.items() if not ADAPTERS.get(cfg.task).runs_in_rollout_worker}
 
 
 def test_every_shipped_lora_recipe_validates_with_the_worker(tmp_path, no_model):
     """Each shipped recipe with a LoRA validates with rollout.mode=one_step_off, except DiffusionNFT's
-    forward-process units (no behaviour log-probs), refused for that alone."""
+    forward-process units (no behaviour log-probs) and the adapters the worker does not run, each
+    refused for that alone."""
     assert {"t2i_flowgrpo", "t2v_wan", "i2v_wan"} <= set(LORA_RECIPES) and "t2i_nft" in FORWARD_PROCESS
+    assert NOT_IN_WORKER == {"t2i_emu3"}
     for name in LORA_RECIPES:
         recipe = load_recipe(shipped_recipes()[name], [f"output_dir={tmp_path / name}", "rollout.mode=one_step_off"])
-        if name in FORWARD_PROCESS:
+        if name in NOT_IN_WORKER:
+            with pytest.raises(ConfigError, match=rf"^rollout.mode=one_step_off with task='{recipe.task}' \(the rollout "
+                                                  r"worker runs [a-z_, ]+\)$"):
+                validate(recipe)
+        elif name in FORWARD_PROCESS:
             with pytest.raises(ConfigError, match=r"^rollout.mode=one_step_off with policy.units=forward_process "
                                                   r"\(no behaviour log-probs to correct stale rows with\)$"):
                 validate(recipe)
@@ -129,7 +137,7 @@ SMALLER_FOR = {"dlm_d1": ["policy.gen_length=32", "policy.steps=16", "algorithm.
 
 
 @pytest.mark.slow  # 40-65 s each on 2 loaded cores (a worker process and two steps of the recipe's tiny model)
-@pytest.mark.parametrize("name", sorted(set(LORA_RECIPES) - FORWARD_PROCESS))
+@pytest.mark.parametrize("name", sorted(set(LORA_RECIPES) - FORWARD_PROCESS - NOT_IN_WORKER))
 def test_every_shipped_lora_recipe_trains_two_steps_with_the_worker(tmp_path, name):
     """The recipe (its tiny model, two steps of two prompt groups) with rollout.mode=one_step_off: the
     second step on rows one step old, and the adapter trained."""
