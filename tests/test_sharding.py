@@ -230,6 +230,12 @@ FAMILY_RECIPES = {
                    "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 16}},
                    "rewards": {"mean_red": {"weight": 1.0}}, "reward_modules": [str(HERE / "image_reward.py")],
                    "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
+    "hunyuan_video_15": {"task": "diffusion", "policy": {"model": "tiny:hunyuan-video-15", "height": 32, "width": 32,
+                                                         "num_frames": 5, "num_steps": 3, "eval_num_steps": 3,
+                                                         "noise_level": 0.7},
+                         "data": {"name": "colour_shapes", "args": {"n_train": 8, "n_eval": 2, "size": 32}},
+                         "rewards": {"colour_shape": {"weight": 1.0, "args": {"frames": "all"}}},
+                         "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}},
     **{name: {"task": "diffusion", "policy": {"model": f"tiny:{model}", "height": 16, "width": 16, "num_steps": 3,
                                               "eval_num_steps": 3, "noise_level": 0.7, **settings},
               "data": {"name": data, "args": {"n_train": 8, "n_eval": 2, "size": 32}},
@@ -237,13 +243,15 @@ FAMILY_RECIPES = {
               "optim": {"lr": 1e-3, "prompts_per_step": 2, "micro_batch_size": 4}}
        for name, model, data, settings in (
            ("z_image", "z-image", "colour_shapes", {}),
+           ("flux2_klein", "flux2-klein", "colour_shapes", {}),
            ("qwen_image_edit", "qwen-image-edit", "shape_edits", {"image_column": "image", "source_area": 1024}),
            ("flux_kontext", "flux-kontext", "shape_edits", {"image_column": "image", "source_area": 1024,
                                                             "classifier_free_guidance": False}))},
 }
 
 
-@pytest.mark.slow  # 1-1.5 min each on the loaded 2-core machine (z_image, qwen_image_edit, flux_kontext: 2026-11-30)
+@pytest.mark.slow  # 1-1.5 min each on the loaded 2-core machine (z_image, qwen_image_edit, flux_kontext, flux2_klein,
+# hunyuan_video_15: 2026-11-30)
 @pytest.mark.parametrize("family", list(FAMILY_RECIPES))
 def test_every_family_trains_sharded_as_on_one_process(tmp_path, family):
     cfg = {"rewards": {"digit_share": {"weight": 1.0}}, "reward_modules": [str(HERE / "digit_reward.py")],
