@@ -6,7 +6,7 @@ import pytest
 import torch
 from adapter_contract import AdapterContract
 from helpers import on_policy_step_changes
-from test_composite import PIXEL_FLOW, SD3, composite_recipe
+from test_composite import PAIRINGS, PIXEL_FLOW, SD3, composite_recipe
 from test_unified import unified_recipe
 
 from mmrl.registry import ADAPTERS
@@ -313,6 +313,31 @@ class TestThinkerWithSD3(TestThinkerWithPixelFlow):
         from mmrl.tasks.composite.model import CompositeModel
         return CompositeModel({"thinker": AutoModelForCausalLM.from_pretrained(path / "thinker"),
                                "generator": DiffusionPipeline.from_pretrained(path / "generator").transformer}).eval()
+
+
+VISION_PAIRING, VIDEO_PAIRING = PAIRINGS["vlm+pixel-flow"], PAIRINGS["causal_lm+wan-t2v"]
+
+
+class TestVisionThinkerWithPixelFlow(TestThinkerWithPixelFlow):
+    """A vision-language thinker (Qwen2.5-VL) reads the row's image and writes; the pixel flow draws its text."""
+    recipe = {**composite_recipe(VISION_PAIRING["generator"]),
+              **{k: VISION_PAIRING[k] for k in ("data", "rewards", "reward_modules")},
+              "policy": {**composite_recipe(VISION_PAIRING["generator"])["policy"], "thinker_task": "vlm",
+                         "thinker": VISION_PAIRING["thinker"]}}
+
+    def reload_model(self, model, path):
+        from transformers import AutoModelForImageTextToText
+
+        from mmrl.tasks.composite.model import CompositeModel
+        from mmrl.tasks.demos.pixel import PixelFlowPipeline
+        return CompositeModel({"thinker": AutoModelForImageTextToText.from_pretrained(path / "thinker"),
+                               "generator": PixelFlowPipeline.from_pretrained(path / "generator").transformer}).eval()
+
+
+class TestThinkerWithWanTextToVideo(TestThinkerWithSD3):
+    """The text thinker, then Wan 2.1 text-to-video drawing a clip of its text."""
+    recipe = {**composite_recipe(VIDEO_PAIRING["generator"], size=32), "rewards": VIDEO_PAIRING["rewards"],
+              "reward_modules": VIDEO_PAIRING["reward_modules"]}
 
 
 class TestThinkerWithJanus(TestThinkerWithPixelFlow):

@@ -1,8 +1,9 @@
 """The composite policy (`task: composite`, tasks/composite/): a thinker's tokens and a generator's
 denoising steps in one episode. Each part's learning rate, clip range, LoRA and freezing, how one
 rollout addresses the parts' units, the checks made before anything loads, and 1 against 2
-processes. (The adapter contract on two pairings, the character-level Qwen2 thinker with the pixel
-flow MMDiT and with SD3, is in tests/test_adapter_contract.py.)"""
+processes. (The adapter contract on its pairings, the character-level Qwen2 thinker with the pixel
+flow MMDiT, SD3, Wan 2.1 text-to-video, Janus and Emu3, the Qwen2.5-VL thinker with the pixel flow,
+and one Janus thinking and drawing, is in tests/test_adapter_contract.py.)"""
 
 from pathlib import Path
 
