@@ -132,6 +132,7 @@ DIFFUSION_RECIPE = {
     "logging": {"report_to": ["none"], "progress": False}, "seed": 0}
 
 
+@pytest.mark.slow  # 11 s on quiet cores (2026-11-30); the LoRA worker's diffusion case at staleness 0 stays in the default run
 def test_async_diffusion_at_staleness_0_is_the_synchronous_run(tmp_path):
     """The worker builds the same pipeline from the recipe and samples each group from its seed, with
     the SDE window of the step it is asked for (it moves every step): the same images' rewards,

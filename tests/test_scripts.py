@@ -295,6 +295,7 @@ def test_bench_rollout_vllm(tmp_path):
     assert_finite(report, "vllm_vs_hf_tokens_per_s", "logp_diff_max", "logp_diff_mean", "vllm.tokens_per_s")
 
 
+@pytest.mark.slow  # 15 s of the default run on quiet cores (2026-11-30), which reached 15 min; a benchmark smoke run
 def test_bench_sharding(tmp_path):
     report = bench("bench_sharding.py", tmp_path, "--cases", "lm", "--lm-hidden", "32", "--lm-layers", "1",
                    "--no-sharded-rollouts")

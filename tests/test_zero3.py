@@ -132,6 +132,7 @@ exit_without_teardown(0)
 
 
 @needs_deepspeed
+@pytest.mark.slow  # 9.5 s on quiet cores (2026-11-30); fsdp's bf16 test stays in the default run
 def test_bf16_under_zero3_computes_in_bf16_with_fp32_master_weights_state_and_logprobs(tmp_path):
     recipe = write(tmp_path, LM)
     report = run_script(tmp_path, ZERO3_BF16_CHECK, str(recipe), f"output_dir={tmp_path / 'run'}", ZERO3,
