@@ -21,14 +21,14 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.core.rollout import Rollout
-from mmrl.core.policy import Policy
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.rollout_batches import concat_padded, full_width, used_width
 from ..model_loading import DTYPES, load_tiny, pretrained
-from ..lm.audio_lm import check_audio, load_audio
+from ..lm.audio_lm import load_audio
 from .codec_frames import draw_frame, frame_logprobs
+from .speech_policy import ReferenceVoicePolicy
 from .csm_prompts import left_padded, prompt_embeddings, prompt_positions, turn_ids, voice_codes
 
 
@@ -65,12 +65,11 @@ class CSMConfig:
 
 
 @ADAPTERS.register("csm")
-class CSMPolicy(Policy):
+class CSMPolicy(ReferenceVoicePolicy):
     """CSM as a policy over codec frames (module docstring)."""
 
     Config = CSMConfig
     stage_fields = frozenset({"max_new_frames", "top_k", "mask_truncated"})
-    runs_in_rollout_worker = True  # its rollouts need the model alone, not a process group
 
     @classmethod
     def config_problems(cls, cfg: CSMConfig) -> list[str]:
@@ -85,28 +84,9 @@ class CSMPolicy(Policy):
             problems.append(f"policy.top_k={cfg.top_k} must be >= 0 (0: off)")
         if cfg.max_new_frames < 1:
             problems.append(f"policy.max_new_frames={cfg.max_new_frames} must be at least 1")
-        if (cfg.voice_audio_column is None) != (cfg.voice_text_column is None):
-            problems.append("policy.voice_audio_column and policy.voice_text_column go together (a reference voice is "
-                            "a clip and its transcript)")
+        if problem := cls.voice_columns_problem(cfg):
+            problems.append(problem)
         return problems
-
-    @classmethod
-    def media_columns(cls, cfg: CSMConfig) -> dict[str, Any]:
-        return {cfg.voice_audio_column: check_audio} if cfg.voice_audio_column else {}
-
-    @classmethod
-    def required_columns(cls, cfg: CSMConfig) -> dict[str, str]:
-        return {cfg.voice_text_column: "the reference voice's transcript"} if cfg.voice_text_column else {}
-
-    @classmethod
-    def output_kind(cls, cfg: CSMConfig) -> str:
-        return "audio"
-
-    @classmethod
-    def rollout_columns(cls, cfg: CSMConfig) -> tuple[str, ...]:
-        """`ended`: whether each completion ended with its end frame (False: cut at max_new_frames), for
-        the rewards that gate on it (`tts_stability`)."""
-        return ("ended",)
 
     def __init__(self, cfg: CSMConfig):
         problems = self.config_problems(cfg)

@@ -22,17 +22,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
-from ..lm.audio_lm import check_audio
 from ..lm.rollout_batches import full_width, used_width
 from ..model_loading import DTYPES, load_tiny, pretrained
 from .dia_prompts import DiaPrompts, frames_of, padded_right
 from .dia_sampling import draw_steps
 from .dia_steps import step_logprobs, step_scores
+from .speech_policy import ReferenceVoicePolicy
 
 
 @dataclass
@@ -75,12 +74,11 @@ class DiaPolicyConfig:
 
 
 @ADAPTERS.register("dia")
-class DiaPolicy(Policy):
+class DiaPolicy(ReferenceVoicePolicy):
     """Dia as a policy over delayed decoder steps (module docstring)."""
 
     Config = DiaPolicyConfig
     stage_fields = frozenset({"max_new_frames", "top_k", "top_p", "mask_truncated"})
-    runs_in_rollout_worker = True  # its rollouts need the model alone, not a process group
 
     @classmethod
     def config_problems(cls, cfg: DiaPolicyConfig) -> list[str]:
@@ -92,27 +90,8 @@ class DiaPolicy(Policy):
                   (cfg.top_k < 0, f"policy.top_k={cfg.top_k} must be >= 0 (0: off)"),
                   (not 0 < cfg.top_p <= 1, f"policy.top_p={cfg.top_p} must be in (0, 1]"),
                   (cfg.max_new_frames < 1, f"policy.max_new_frames={cfg.max_new_frames} must be at least 1"),
-                  ((cfg.voice_audio_column is None) != (cfg.voice_text_column is None),
-                   "policy.voice_audio_column and policy.voice_text_column go together (a reference voice is a "
-                   "clip and its transcript)")]
+                  (cls.voice_columns_problem(cfg) is not None, cls.voice_columns_problem(cfg))]
         return [message for failed, message in checks if failed]
-
-    @classmethod
-    def media_columns(cls, cfg: DiaPolicyConfig) -> dict[str, Any]:
-        return {cfg.voice_audio_column: check_audio} if cfg.voice_audio_column else {}
-
-    @classmethod
-    def required_columns(cls, cfg: DiaPolicyConfig) -> dict[str, str]:
-        return {cfg.voice_text_column: "the reference voice's transcript"} if cfg.voice_text_column else {}
-
-    @classmethod
-    def output_kind(cls, cfg: DiaPolicyConfig) -> str:
-        return "audio"
-
-    @classmethod
-    def rollout_columns(cls, cfg: DiaPolicyConfig) -> tuple[str, ...]:
-        """`ended`: whether channel 0 wrote its eos itself (False: forced at max_new_frames)."""
-        return ("ended",)
 
     @classmethod
     def memory_model(cls, cfg: DiaPolicyConfig, prompt_length: int) -> Any:

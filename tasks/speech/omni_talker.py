@@ -22,13 +22,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mmrl.core.policy import Policy
 from mmrl.core.rollout import Rollout
 from mmrl.errors import UserError
 from mmrl.registry import ADAPTERS
 
 from ..lm.rollout_batches import concat_padded, full_width, used_width
 from ..model_loading import DTYPES, load_tiny, pretrained
+from .speech_policy import SpeechPolicy
 from .omni_talker_inputs import (prefill_embeds, prefix_codes, processed_logits, seen_ids, talker_logits,
                                  thinker_states)
 
@@ -71,12 +71,11 @@ class OmniTalkerConfig:
 
 
 @ADAPTERS.register("omni_talker")
-class OmniTalkerPolicy(Policy):
+class OmniTalkerPolicy(SpeechPolicy):
     """Qwen2.5-Omni's talker as a policy over codec tokens (module docstring)."""
 
     Config = OmniTalkerConfig
     stage_fields = frozenset({"max_new_tokens", "top_k", "top_p", "mask_truncated"})
-    runs_in_rollout_worker = True  # its rollouts need the model alone, not a process group
 
     @classmethod
     def config_problems(cls, cfg: OmniTalkerConfig) -> list[str]:
@@ -97,15 +96,6 @@ class OmniTalkerPolicy(Policy):
                 return f"a {type(prompt).__name__} prompt: task omni_talker takes the text to say"
             return None if prompt.strip() else "an empty prompt: task omni_talker needs text to say"
         return check
-
-    @classmethod
-    def output_kind(cls, cfg: OmniTalkerConfig) -> str:
-        return "audio"
-
-    @classmethod
-    def rollout_columns(cls, cfg: OmniTalkerConfig) -> tuple[str, ...]:
-        """`ended`: whether each completion ended with an end token (False: cut at max_new_tokens)."""
-        return ("ended",)
 
     def __init__(self, cfg: OmniTalkerConfig):
         problems = self.config_problems(cfg)
